@@ -1,0 +1,1 @@
+"""The `kvstore` command line (click), a thin layer over the kvstore package."""

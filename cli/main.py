@@ -1,0 +1,135 @@
+"""`kvstore` command: serve, bench, stats."""
+import json
+import os
+import sys
+
+import click
+
+import kvstore
+from kvstore import bench as benchmod
+from kvstore.config import ServerConfig, parse_size
+from kvstore.errors import KVError
+
+
+def _fail(e):
+    raise click.ClickException(str(e))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(kvstore.__version__, prog_name="kvstore")
+def main():
+    """kvstore: a durable in-memory key-value store for IoT ingestion.
+
+    Speaks RESP2, so redis-cli, redis-py and redis-benchmark work unchanged.
+    Start a server with `kvstore serve`, load it with `kvstore bench`."""
+
+
+@main.command()
+@click.option("-c", "--config", "config_file", type=click.Path(dir_okay=False),
+              help="TOML config file (keys as the long options, e.g. max_memory = \"1gib\"); "
+                   "options given on the command line override it.")
+@click.option("--bind", help="IPv4 address to listen on.  [default: 127.0.0.1]")
+@click.option("--port", type=int, help="TCP port (0 = any free port).  [default: 6380]")
+@click.option("--threads", type=int, help="Poller threads (0 = one per core).  [default: 0]")
+@click.option("--max-memory", help="Memory bound for the table, e.g. 1073741824, 512mib, 4gb "
+                                   "(0 = unbounded). Writes past it get -OOM; nothing is evicted.")
+@click.option("--maxclients", type=int, help="Maximum client connections.  [default: 10000]")
+@click.option("--requirepass", help="Password clients must AUTH with.")
+@click.option("--accept", type=click.Choice(["reuseport", "handoff"]),
+              help="reuseport: one SO_REUSEPORT listener per poller; handoff: poller 0 accepts "
+                   "and hands connections round-robin.  [default: reuseport]")
+@click.option("--poll-policy", type=click.Choice(["direct", "strict"]),
+              help="EPOLLOUT policy: direct writes replies at the end of each poll round; strict "
+                   "waits for EPOLLOUT.  [default: direct]")
+@click.option("--data-dir", type=click.Path(file_okay=False),
+              help="Directory for this node's files.  [default: ./data]")
+def serve(config_file, **opts):
+    """Run a kvstore server until Ctrl-C or SIGTERM."""
+    try:
+        if opts.get("max_memory") is not None:
+            opts["max_memory"] = parse_size(opts["max_memory"], "--max-memory")
+        cfg = ServerConfig.load(config_file, **opts)
+        os.makedirs(cfg.data_dir, exist_ok=True)
+        server = kvstore.Server(config=cfg)
+    except (KVError, OSError) as e:
+        _fail(e)
+
+    def ready(srv):
+        mm = cfg.max_memory or "unbounded"
+        click.echo(f"kvstore {kvstore.__version__} listening on {cfg.bind}:{srv.port} "
+                   f"({cfg.effective_threads} pollers, accept {cfg.accept}, policy {cfg.poll_policy}, "
+                   f"max-memory {mm}, data-dir {os.path.abspath(cfg.data_dir)})")
+        sys.stdout.flush()
+
+    try:
+        server.serve_forever(on_ready=ready)
+    except KVError as e:
+        _fail(e)
+    click.echo("kvstore stopped", err=True)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Server address (IPv4).")
+@click.option("-p", "--port", default=6380, show_default=True, help="Server port.")
+@click.option("-t", "--threads", default=2, show_default=True, help="Client threads.")
+@click.option("-c", "--conns", default=50, show_default=True, help="Connections in total.")
+@click.option("-P", "--pipeline", default=1, show_default=True, help="Requests in flight per connection.")
+@click.option("-d", "--value-size", default=85, show_default=True, help="SET value size in bytes.")
+@click.option("-r", "--keyspace", default=1_000_000, show_default=True, help="Distinct keys (uniform).")
+@click.option("--ratio", default="1:0", show_default=True, help="SET:GET mix, e.g. 1:0, 1:9, 0:1.")
+@click.option("-n", "--requests", default=0, help="Stop after this many requests (0 = no bound).")
+@click.option("--duration", default=0.0, help="Stop after this many seconds (0 = no bound).")
+@click.option("--rate", default=0.0, help="Open loop at this many requests/s in total (0 = closed loop); "
+                                          "latency is measured from each request's scheduled time.")
+@click.option("--protocol", type=click.Choice(["resp", "memcache"]), default="resp", show_default=True,
+              help="resp for kvstore/Redis, memcache for memcached's text protocol.")
+@click.option("--check/--no-check", default=False, help="Verify every reply's content.")
+@click.option("-a", "--password", default=None, help="AUTH password (RESP).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench(as_json, **kw):
+    """Load a server and report throughput and latency percentiles.
+
+    Works against kvstore and any RESP server (Redis), or memcached with
+    --protocol memcache. Give --requests and/or --duration (default: 10 s)."""
+    if not kw["requests"] and not kw["duration"]:
+        kw["duration"] = 10.0
+    limit = f"{kw['duration']:g} s" if kw["duration"] else f"{kw['requests']} requests"
+
+    def progress(elapsed):
+        click.echo(f"\r  running {elapsed:5.1f} s (limit {limit})", nl=False, err=True)
+
+    try:
+        r = benchmod.run(progress=None if as_json else progress, **kw)
+    except KVError as e:
+        _fail(e)
+    if not as_json:
+        click.echo("\r" + " " * 40 + "\r", nl=False, err=True)
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    click.echo(f"{r['requests']} requests in {r['elapsed']:.2f} s: {r['throughput']:,.0f} req/s "
+               f"({r['sets']} SET, {r['gets']} GET, {r['hits']} hits, {r['misses']} misses, "
+               f"{r['errors']} errors)")
+    click.echo(f"latency us: mean {r['lat_mean_us']:.1f}  p50 {r['lat_p50_us']:.1f}  "
+               f"p90 {r['lat_p90_us']:.1f}  p99 {r['lat_p99_us']:.1f}  p99.9 {r['lat_p999_us']:.1f}  "
+               f"max {r['lat_max_us']:.1f}")
+    if r["errors"]:
+        click.echo(f"first error: {r['first_error']}", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("-p", "--port", default=6380, show_default=True)
+@click.option("-a", "--password", default=None)
+def stats(host, port, password):
+    """Print a running server's counters (commands, memory, syscalls per poller) as JSON."""
+    try:
+        with kvstore.Client(host=host, port=port, password=password, socket_timeout=5) as c:
+            click.echo(json.dumps(c.kvstore_stats(), indent=2, default=str))
+    except Exception as e:  # connection refused, auth, ...
+        _fail(f"cannot read stats from {host}:{port}: {e}")
+
+
+if __name__ == "__main__":
+    main()

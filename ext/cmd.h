@@ -1,0 +1,41 @@
+/* cmd.h - the command table and handlers of the RESP front door.
+ * Handlers run on the poller thread that owns the connection; they touch the
+ * shared table only through kvt_* (which locks per shard) and the server only
+ * through srv_* accessors. Arguments come from the network: every handler
+ * validates counts, numbers and option combinations before acting. */
+#ifndef KV_CMD_H
+#define KV_CMD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbuf.h"
+
+struct srv;
+struct kv_table;
+
+/* Per-connection state that commands read and change. */
+struct cmd_client {
+    uint64_t id;
+    int authenticated;       /* 1 when no password is required or AUTH succeeded */
+    int close_after_reply;   /* QUIT or a protocol error: send what is queued, then close */
+    char *name;              /* CLIENT SETNAME, malloc'd, NULL = none */
+    struct kvbuf *out;       /* replies are appended here */
+    struct srv *srv;
+    struct kv_table *table;
+    int poller;              /* index of the owning poller */
+    char addr[64];           /* peer "ip:port" */
+};
+
+/* Execute one request (argc >= 1). Appends exactly one reply to c->out.
+ * Returns 0, or -ENOMEM when even the reply could not be queued. */
+int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t *argl);
+
+/* Number of top-level commands in the table (COMMAND COUNT). */
+int cmd_count(void);
+
+/* Glob-style match as Redis's stringmatchlen (*, ?, [a-z], [^x], \x), case-insensitive
+ * when nocase. Used by CONFIG GET. */
+int cmd_glob_match(const char *pat, size_t plen, const char *s, size_t slen, int nocase);
+
+#endif

@@ -1,0 +1,77 @@
+/* kvbuf.h - growable byte buffer used for connection input/output and replies.
+ * Header-only; a buffer belongs to one thread at a time (no locking).
+ * Growth is geometric and capped by the caller's limits, never by declared sizes
+ * from untrusted input. */
+#ifndef KV_KVBUF_H
+#define KV_KVBUF_H
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct kvbuf {
+    char *p;
+    size_t len;  /* bytes in use */
+    size_t cap;  /* bytes allocated */
+};
+
+/* Make room for at least `more` bytes after len. Returns 0 or -ENOMEM. */
+static inline int kvbuf_reserve(struct kvbuf *b, size_t more)
+{
+    if (b->cap - b->len >= more)
+        return 0;
+    size_t need = b->len + more;
+    if (need < b->len)
+        return -ENOMEM;
+    size_t cap = b->cap ? b->cap : 256;
+    while (cap < need)
+        cap = cap * 2 > cap ? cap * 2 : need;
+    char *p = realloc(b->p, cap);
+    if (!p)
+        return -ENOMEM;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int kvbuf_append(struct kvbuf *b, const void *data, size_t n)
+{
+    int rc = kvbuf_reserve(b, n);
+    if (rc)
+        return rc;
+    memcpy(b->p + b->len, data, n);
+    b->len += n;
+    return 0;
+}
+
+/* Drop the first n bytes (already consumed), keeping the rest at the front. */
+static inline void kvbuf_consume(struct kvbuf *b, size_t n)
+{
+    if (n >= b->len) {
+        b->len = 0;
+        return;
+    }
+    memmove(b->p, b->p + n, b->len - n);
+    b->len -= n;
+}
+
+/* Release memory of a buffer that grew large and is now empty or nearly so. */
+static inline void kvbuf_shrink(struct kvbuf *b, size_t keep_cap)
+{
+    if (b->cap > keep_cap && b->len <= keep_cap) {
+        char *p = realloc(b->p, keep_cap);
+        if (p) {
+            b->p = p;
+            b->cap = keep_cap;
+        }
+    }
+}
+
+static inline void kvbuf_free(struct kvbuf *b)
+{
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+#endif

@@ -1,0 +1,68 @@
+/* resp.h - RESP2 request parser and reply encoder.
+ *
+ * The parser reads untrusted bytes from the network. It is incremental: state
+ * survives between calls, so a request split at any byte boundary parses the
+ * same, and bytes already scanned are not scanned again. It is zero-copy:
+ * arguments are (offset, length) pairs into the caller's buffer, relative to the
+ * start of the current request, so the caller may move or grow the buffer
+ * between calls. Every length and count is bounded (RESP_MAX_* below); memory
+ * grows only with bytes actually received. One parser per connection; not
+ * thread-safe.
+ */
+#ifndef KV_RESP_H
+#define KV_RESP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbuf.h"
+
+#define RESP_MAX_INLINE (64 * 1024)          /* Redis PROTO_INLINE_MAX_SIZE */
+#define RESP_MAX_MULTIBULK (1024 * 1024)     /* arguments per request */
+#define RESP_MAX_BULK (512LL * 1024 * 1024)  /* Redis proto-max-bulk-len default */
+#define RESP_MAX_UNAUTH_MULTIBULK 10         /* before AUTH, as Redis 7 */
+#define RESP_MAX_UNAUTH_BULK 16384
+
+enum { RESP_ERROR = -1, RESP_AGAIN = 0, RESP_DONE = 1 };
+
+struct resp_arg {
+    size_t off; /* from the start of the request */
+    size_t len;
+};
+
+struct resp_parser {
+    size_t scan;        /* bytes of the request consumed so far */
+    long long pending;  /* multibulk: arguments still to read; -1 = header not read */
+    long long bulk;     /* length of the bulk being read, -1 = its header not read */
+    int argc, argcap;
+    struct resp_arg *argv;
+    int unauth;         /* apply the tighter limits for unauthenticated clients */
+    const char *err;    /* after RESP_ERROR: the message, without "-ERR " */
+};
+
+void resp_parser_init(struct resp_parser *p);
+void resp_parser_free(struct resp_parser *p);
+
+/* Parse one request starting at buf (len bytes available from the request's
+ * start). Returns RESP_DONE (p->argc/argv hold it, p->scan is its length; an
+ * empty request has argc 0), RESP_AGAIN (need more bytes), or RESP_ERROR (p->err
+ * says why; the connection must be closed after replying). Call resp_reset after
+ * RESP_DONE before parsing the next request. Inline requests are unescaped in
+ * place, hence the non-const buffer. */
+int resp_parse(struct resp_parser *p, char *buf, size_t len);
+void resp_reset(struct resp_parser *p);
+
+/* Reply encoders. Each returns 0 or -ENOMEM. */
+int resp_add_status(struct kvbuf *b, const char *s);          /* +s\r\n */
+int resp_add_error(struct kvbuf *b, const char *s);           /* -s\r\n (s includes the code) */
+int resp_add_errorf(struct kvbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int resp_add_int(struct kvbuf *b, long long v);               /* :v\r\n */
+int resp_add_bulk(struct kvbuf *b, const void *p, size_t n);  /* $n\r\n...\r\n */
+int resp_add_bulk_str(struct kvbuf *b, const char *s);
+int resp_add_nil(struct kvbuf *b);                            /* $-1\r\n */
+int resp_add_array(struct kvbuf *b, long long n);             /* *n\r\n */
+
+/* Decimal formatting without printf, for hot paths; returns chars written. */
+int resp_ll2str(char *dst, long long v);
+
+#endif

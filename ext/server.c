@@ -1,0 +1,916 @@
+/* server.c - poller threads, connections, accept, INFO (see server.h).
+ * Threads: the control thread runs srv_create/start/stop; each poller thread owns
+ * its epoll fd, its listener (reuseport mode) and its connections. Cross-thread
+ * state: the client count and id counter (atomics), handoff queues (mutex), and
+ * per-poller stats (_Atomic, written by the owner only, read by INFO anywhere).
+ * Reads untrusted bytes from sockets; the parser (resp.c) bounds them. */
+#define _GNU_SOURCE
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cmd.h"
+#include "pollpolicy.h"
+#include "resp.h"
+#include "table.h"
+
+#define MAX_EVENTS 256
+#define READ_CHUNK (16 * 1024)         /* Redis PROTO_IOBUF_LEN */
+#define OUT_PAUSE (4 * 1024 * 1024)    /* stop reading a client whose unsent replies pass this */
+#define BUF_KEEP (64 * 1024)           /* shrink idle buffers above this */
+#define CRON_MS 100
+#define HOUSEKEEP_BUDGET 64
+#define OPS_SAMPLES 16
+
+enum tag { TAG_CONN = 1, TAG_LISTENER, TAG_EVENT };
+
+struct pstats { /* one writer (the poller), any reader */
+    _Atomic uint64_t epoll_wait, epoll_ctl, reads, writes, commands, accepted, clients;
+    _Atomic uint64_t bytes_in, bytes_out, protocol_errors;
+};
+
+struct conn;
+
+struct poller {
+    int idx;
+    struct srv *srv;
+    pthread_t th;
+    int started;
+    int epfd, lfd, evfd;
+    int listener_tag, event_tag; /* addresses used as epoll tags */
+    struct conn *all;            /* every connection of this poller (doubly linked) */
+    struct conn *pending;        /* connections with replies queued this round */
+    pthread_mutex_t q_lock;      /* guards q_fds: fds handed over by another poller */
+    int *q_fds, q_len, q_cap;
+    int64_t last_cron;
+    struct pstats st;
+} __attribute__((aligned(64)));
+
+struct conn {
+    int tag;                     /* TAG_CONN: must stay the first member */
+    int fd;
+    struct poller *p;
+    struct kvbuf in;
+    size_t in_off;               /* start of the request being parsed */
+    struct resp_parser rp;
+    struct kvbuf out;
+    size_t out_off;              /* bytes of out already sent */
+    struct cmd_client cl;
+    uint32_t interest;           /* events registered with epoll */
+    int paused;                  /* input not processed until replies drain */
+    int listed;                  /* on p->pending */
+    int closed;
+    struct conn *next_pending;
+    struct conn *prev, *next;
+    struct pp_conn pp;
+    const char **argv;
+    size_t *argl;
+    int argcap;
+};
+
+struct srv {
+    struct srv_config cfg;
+    char *bind, *requirepass, *config_file, *version; /* owned copies */
+    struct kv_table *table;
+    const struct pp_policy *policy;
+    int port;
+    int npollers;
+    struct poller *pollers;
+    _Atomic int stopping;
+    _Atomic uint64_t clients, next_id, total_conns, rejected, handoff_rr;
+    time_t start_time;
+    /* instantaneous_ops_per_sec: samples taken by poller 0's cron */
+    uint64_t ops_last;
+    int64_t ops_last_ms;
+    _Atomic uint64_t ops_samples[OPS_SAMPLES];
+    int ops_idx;
+};
+
+static inline void st_inc(_Atomic uint64_t *c, uint64_t d)
+{
+    /* single writer: a relaxed load+store is enough and avoids a locked RMW */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + d, memory_order_relaxed);
+}
+
+static inline uint64_t ld(_Atomic uint64_t *c) { return atomic_load_explicit(c, memory_order_relaxed); }
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- connections */
+
+static void conn_free(struct conn *c)
+{
+    struct poller *p = c->p;
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        p->all = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    kvbuf_free(&c->in);
+    kvbuf_free(&c->out);
+    resp_parser_free(&c->rp);
+    free(c->cl.name);
+    free(c->argv);
+    free(c->argl);
+    free(c);
+}
+
+static void list_pending(struct conn *c);
+
+/* Close now; the struct is freed by the end-of-round flush, so pointers held
+ * while handling this round's events stay valid. */
+static void conn_close(struct conn *c)
+{
+    if (c->closed)
+        return;
+    c->closed = 1;
+    close(c->fd); /* also removes it from the epoll set */
+    atomic_fetch_sub_explicit(&c->p->srv->clients, 1, memory_order_relaxed);
+    st_inc(&c->p->st.clients, (uint64_t)-1);
+    list_pending(c);
+}
+
+static void set_interest(struct conn *c, uint32_t ev)
+{
+    if (ev == c->interest)
+        return;
+    struct epoll_event e = {.events = ev, .data.ptr = c};
+    st_inc(&c->p->st.epoll_ctl, 1);
+    if (epoll_ctl(c->p->epfd, EPOLL_CTL_MOD, c->fd, &e) == 0)
+        c->interest = ev;
+    else
+        conn_close(c);
+}
+
+static void update_interest(struct conn *c, int spurious)
+{
+    int pending = c->out_off < c->out.len;
+    uint32_t ev = c->paused ? 0 : EPOLLIN;
+    if (c->p->srv->policy->want_out(&c->pp, pending, spurious))
+        ev |= EPOLLOUT;
+    set_interest(c, ev);
+}
+
+static void list_pending(struct conn *c)
+{
+    if (!c->listed) {
+        c->listed = 1;
+        c->next_pending = c->p->pending;
+        c->p->pending = c;
+    }
+}
+
+static void process_input(struct conn *c);
+
+/* Send queued replies until done or the socket is full. */
+static void conn_write(struct conn *c, int spurious)
+{
+    struct pstats *st = &c->p->st;
+    while (c->out_off < c->out.len) {
+        ssize_t n = send(c->fd, c->out.p + c->out_off, c->out.len - c->out_off, MSG_NOSIGNAL);
+        st_inc(&st->writes, 1);
+        if (n > 0) {
+            c->out_off += (size_t)n;
+            st_inc(&st->bytes_out, (uint64_t)n);
+        } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            if (errno == EAGAIN)
+                break;
+        } else {
+            conn_close(c);
+            return;
+        }
+    }
+    if (c->out_off == c->out.len) {
+        c->out.len = c->out_off = 0;
+        kvbuf_shrink(&c->out, BUF_KEEP);
+        if (c->cl.close_after_reply) {
+            conn_close(c);
+            return;
+        }
+        if (c->paused) { /* backlog drained: resume buffered requests */
+            c->paused = 0;
+            process_input(c);
+            if (c->closed)
+                return;
+            if (c->out.len) {
+                list_pending(c);
+                return;
+            }
+        }
+    }
+    update_interest(c, spurious);
+}
+
+static int grow_argv(struct conn *c, int argc)
+{
+    if (argc <= c->argcap)
+        return 0;
+    int cap = argc < 16 ? 16 : argc;
+    const char **v = realloc(c->argv, (size_t)cap * sizeof *v);
+    if (!v)
+        return -1;
+    c->argv = v;
+    size_t *l = realloc(c->argl, (size_t)cap * sizeof *l);
+    if (!l)
+        return -1;
+    c->argl = l;
+    c->argcap = cap;
+    return 0;
+}
+
+/* Parse and execute every complete request in the input buffer. */
+static void process_input(struct conn *c)
+{
+    struct poller *p = c->p;
+    while (!c->cl.close_after_reply) {
+        if (c->out.len - c->out_off > OUT_PAUSE) {
+            /* The client sends faster than it reads: stop taking requests (and
+             * drop EPOLLIN) until the replies drain, so memory stays bounded. */
+            c->paused = 1;
+            break;
+        }
+        c->rp.unauth = !c->cl.authenticated;
+        char *req = c->in.p + c->in_off;
+        int rc = resp_parse(&c->rp, req, c->in.len - c->in_off);
+        if (rc == RESP_AGAIN)
+            break;
+        if (rc == RESP_ERROR) {
+            resp_add_errorf(&c->out, "ERR %s", c->rp.err);
+            st_inc(&p->st.protocol_errors, 1);
+            c->cl.close_after_reply = 1;
+            break;
+        }
+        int argc = c->rp.argc;
+        if (argc > 0) {
+            if (grow_argv(c, argc)) {
+                conn_close(c);
+                return;
+            }
+            for (int i = 0; i < argc; i++) {
+                c->argv[i] = req + c->rp.argv[i].off;
+                c->argl[i] = c->rp.argv[i].len;
+            }
+            if (cmd_dispatch(&c->cl, argc, c->argv, c->argl)) {
+                conn_close(c);
+                return;
+            }
+            st_inc(&p->st.commands, 1);
+        }
+        c->in_off += c->rp.scan;
+        resp_reset(&c->rp);
+    }
+    if (c->in_off == c->in.len) {
+        c->in.len = c->in_off = 0;
+        kvbuf_shrink(&c->in, BUF_KEEP);
+    } else if (c->in_off > 0 && (c->in_off >= c->in.cap / 2 || c->in.cap - c->in.len < READ_CHUNK)) {
+        /* parser offsets are relative to the request start, so moving is safe */
+        kvbuf_consume(&c->in, c->in_off);
+        c->in_off = 0;
+    }
+}
+
+static void conn_readable(struct conn *c)
+{
+    struct poller *p = c->p;
+    if (c->cl.close_after_reply || c->paused)
+        return;
+    /* Read at least READ_CHUNK; inside a large bulk, grow with what has already
+     * arrived (geometric), never by the length the client merely declared. */
+    size_t want = READ_CHUNK;
+    if (c->rp.bulk > 0) {
+        size_t have = c->in.len - c->in_off - c->rp.scan;
+        size_t need = (size_t)c->rp.bulk + 2 > have ? (size_t)c->rp.bulk + 2 - have : 0;
+        size_t cap = c->in.len > READ_CHUNK ? c->in.len : READ_CHUNK;
+        want = need < cap ? need : cap;
+        if (want < READ_CHUNK)
+            want = READ_CHUNK;
+    }
+    if (kvbuf_reserve(&c->in, want)) {
+        conn_close(c);
+        return;
+    }
+    ssize_t n = read(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len);
+    st_inc(&p->st.reads, 1);
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EINTR)
+            conn_close(c);
+        return;
+    }
+    if (n == 0) {
+        /* Peer closed its side: answer what it already sent, then close. */
+        c->cl.close_after_reply = 1;
+        if (c->out_off == c->out.len)
+            conn_close(c);
+        else
+            list_pending(c);
+        return;
+    }
+    c->in.len += (size_t)n;
+    st_inc(&p->st.bytes_in, (uint64_t)n);
+    process_input(c);
+    if (!c->closed && (c->out.len > c->out_off || c->cl.close_after_reply))
+        list_pending(c);
+}
+
+static void format_addr(int fd, char *dst, size_t n)
+{
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    char ip[INET_ADDRSTRLEN] = "?";
+    if (getpeername(fd, (struct sockaddr *)&sa, &sl) == 0 && sa.sin_family == AF_INET)
+        inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+    snprintf(dst, n, "%s:%u", ip, (unsigned)ntohs(sa.sin_port));
+}
+
+static void conn_new(struct poller *p, int fd)
+{
+    struct srv *s = p->srv;
+    uint64_t n = atomic_fetch_add_explicit(&s->clients, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&s->total_conns, 1, memory_order_relaxed);
+    if (n >= (uint64_t)s->cfg.maxclients) {
+        static const char msg[] = "-ERR max number of clients reached\r\n";
+        ssize_t w = send(fd, msg, sizeof msg - 1, MSG_NOSIGNAL);
+        (void)w;
+        close(fd);
+        atomic_fetch_sub_explicit(&s->clients, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&s->rejected, 1, memory_order_relaxed);
+        return;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    struct conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        close(fd);
+        atomic_fetch_sub_explicit(&s->clients, 1, memory_order_relaxed);
+        return;
+    }
+    c->tag = TAG_CONN;
+    c->fd = fd;
+    c->p = p;
+    resp_parser_init(&c->rp);
+    c->cl.id = atomic_fetch_add_explicit(&s->next_id, 1, memory_order_relaxed) + 1;
+    c->cl.authenticated = !(s->requirepass && *s->requirepass);
+    c->cl.out = &c->out;
+    c->cl.srv = s;
+    c->cl.table = s->table;
+    c->cl.poller = p->idx;
+    format_addr(fd, c->cl.addr, sizeof c->cl.addr);
+    c->interest = EPOLLIN;
+    struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
+    st_inc(&p->st.epoll_ctl, 1);
+    if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &e)) {
+        close(fd);
+        atomic_fetch_sub_explicit(&s->clients, 1, memory_order_relaxed);
+        resp_parser_free(&c->rp);
+        free(c);
+        return;
+    }
+    c->next = p->all;
+    if (p->all)
+        p->all->prev = c;
+    p->all = c;
+    st_inc(&p->st.accepted, 1);
+    st_inc(&p->st.clients, 1);
+}
+
+static void handoff(struct poller *to, int fd)
+{
+    pthread_mutex_lock(&to->q_lock);
+    if (to->q_len == to->q_cap) {
+        int cap = to->q_cap ? to->q_cap * 2 : 64;
+        int *q = realloc(to->q_fds, (size_t)cap * sizeof *q);
+        if (!q) {
+            pthread_mutex_unlock(&to->q_lock);
+            close(fd);
+            return;
+        }
+        to->q_fds = q;
+        to->q_cap = cap;
+    }
+    to->q_fds[to->q_len++] = fd;
+    pthread_mutex_unlock(&to->q_lock);
+    uint64_t one = 1;
+    ssize_t w = write(to->evfd, &one, sizeof one); /* wakes the target's epoll_wait */
+    (void)w;
+}
+
+static void do_accept(struct poller *p)
+{
+    struct srv *s = p->srv;
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(p->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0)
+            return; /* EAGAIN, or EMFILE & co: level-triggered epoll retries */
+        if (s->cfg.accept_mode == SRV_ACCEPT_HANDOFF) {
+            uint64_t i2 = atomic_fetch_add_explicit(&s->handoff_rr, 1, memory_order_relaxed);
+            struct poller *to = &s->pollers[i2 % (uint64_t)s->npollers];
+            if (to != p) {
+                handoff(to, fd);
+                continue;
+            }
+        }
+        conn_new(p, fd);
+    }
+}
+
+static void drain_event(struct poller *p)
+{
+    uint64_t v;
+    ssize_t r = read(p->evfd, &v, sizeof v);
+    (void)r;
+    pthread_mutex_lock(&p->q_lock);
+    int n = p->q_len;
+    int fds[64];
+    /* take at most 64 per wakeup; the rest keep the eventfd readable */
+    if (n > 64)
+        n = 64;
+    memcpy(fds, p->q_fds, (size_t)n * sizeof *fds);
+    memmove(p->q_fds, p->q_fds + n, (size_t)(p->q_len - n) * sizeof *fds);
+    p->q_len -= n;
+    int more = p->q_len > 0;
+    pthread_mutex_unlock(&p->q_lock);
+    if (more) {
+        uint64_t one = 1;
+        ssize_t w = write(p->evfd, &one, sizeof one);
+        (void)w;
+    }
+    for (int i = 0; i < n; i++)
+        conn_new(p, fds[i]);
+}
+
+static void cron(struct poller *p, int64_t now)
+{
+    struct srv *s = p->srv;
+    p->last_cron = now;
+    /* each poller keeps its own slice of the shards rehashed and expired */
+    unsigned per = (KVT_SHARDS + (unsigned)s->npollers - 1) / (unsigned)s->npollers;
+    kvt_housekeep(s->table, (unsigned)p->idx * per, per, HOUSEKEEP_BUDGET);
+    if (p->idx == 0) {
+        uint64_t total = 0;
+        for (int i = 0; i < s->npollers; i++)
+            total += ld(&s->pollers[i].st.commands);
+        int64_t dt = now - s->ops_last_ms;
+        if (s->ops_last_ms && dt > 0)
+            atomic_store_explicit(&s->ops_samples[s->ops_idx++ % OPS_SAMPLES],
+                                  (total - s->ops_last) * 1000 / (uint64_t)dt, memory_order_relaxed);
+        s->ops_last = total;
+        s->ops_last_ms = now;
+    }
+}
+
+static void flush_round(struct poller *p)
+{
+    const struct pp_policy *pol = p->srv->policy;
+    while (p->pending) {
+        struct conn *c = p->pending;
+        p->pending = c->next_pending;
+        c->listed = 0;
+        if (c->closed) {
+            conn_free(c);
+            continue;
+        }
+        if (pol->write_at_round_end || c->cl.close_after_reply)
+            conn_write(c, 0);
+        else
+            update_interest(c, 0);
+    }
+}
+
+static void *poller_main(void *arg)
+{
+    struct poller *p = arg;
+    struct srv *s = p->srv;
+    struct epoll_event ev[MAX_EVENTS];
+    while (!atomic_load_explicit(&s->stopping, memory_order_acquire)) {
+        int n = epoll_wait(p->epfd, ev, MAX_EVENTS, CRON_MS);
+        st_inc(&p->st.epoll_wait, 1);
+        for (int i = 0; i < n; i++) {
+            int *tag = ev[i].data.ptr;
+            if (*tag == TAG_LISTENER) {
+                do_accept(p);
+            } else if (*tag == TAG_EVENT) {
+                drain_event(p);
+            } else {
+                struct conn *c = (struct conn *)tag;
+                uint32_t e = ev[i].events;
+                if (e & (EPOLLIN | EPOLLERR | EPOLLHUP))
+                    conn_readable(c);
+                if (!c->closed && (e & EPOLLOUT) && !c->listed)
+                    conn_write(c, c->out_off == c->out.len);
+            }
+        }
+        flush_round(p);
+        int64_t now = mono_ms();
+        if (now - p->last_cron >= CRON_MS)
+            cron(p, now);
+    }
+    for (struct conn *c = p->all; c; c = c->next)
+        conn_close(c);
+    flush_round(p); /* frees them all */
+    return NULL;
+}
+
+/* ---- listeners and lifecycle */
+
+static int make_listener(struct srv *s, int reuseport, char *err, size_t errlen)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
+    if (inet_pton(AF_INET, s->bind, &sa.sin_addr) != 1) {
+        snprintf(err, errlen, "invalid bind address '%s': expected an IPv4 address such as 127.0.0.1",
+                 s->bind);
+        return -EINVAL;
+    }
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        goto err;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one))
+        goto err;
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa))
+        goto err;
+    if (listen(fd, s->cfg.tcp_backlog > 0 ? s->cfg.tcp_backlog : 511))
+        goto err;
+    if (s->port == 0) { /* later listeners must share the port the kernel picked */
+        socklen_t sl = sizeof sa;
+        getsockname(fd, (struct sockaddr *)&sa, &sl);
+        s->port = ntohs(sa.sin_port);
+    }
+    return fd;
+err:;
+    int e = errno;
+    snprintf(err, errlen, "cannot listen on %s:%d: %s", s->bind, s->port, strerror(e));
+    if (fd >= 0)
+        close(fd);
+    return -e;
+}
+
+static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
+
+int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cfg, char *err,
+               size_t errlen)
+{
+    int rc = -EINVAL;
+    if (cfg->threads < 1 || cfg->threads > 1024) {
+        snprintf(err, errlen, "threads must be between 1 and 1024, got %d", cfg->threads);
+        return -EINVAL;
+    }
+    if (cfg->port < 0 || cfg->port > 65535) {
+        snprintf(err, errlen, "port must be between 0 and 65535, got %d", cfg->port);
+        return -EINVAL;
+    }
+    if (cfg->maxclients < 1) {
+        snprintf(err, errlen, "maxclients must be at least 1, got %d", cfg->maxclients);
+        return -EINVAL;
+    }
+    const struct pp_policy *pol = pp_find(cfg->poll_policy);
+    if (!pol) {
+        snprintf(err, errlen, "unknown poll policy '%s': expected one of %s", cfg->poll_policy,
+                 pp_names());
+        return -EINVAL;
+    }
+    struct srv *s = calloc(1, sizeof *s);
+    if (!s)
+        return -ENOMEM;
+    s->cfg = *cfg;
+    s->bind = strdup(cfg->bind ? cfg->bind : "127.0.0.1");
+    s->requirepass = dup_or_null(cfg->requirepass);
+    s->config_file = dup_or_null(cfg->config_file);
+    s->version = strdup(cfg->version ? cfg->version : "0");
+    s->cfg.bind = s->bind;
+    s->cfg.requirepass = s->requirepass;
+    s->cfg.config_file = s->config_file;
+    s->cfg.version = s->version;
+    s->cfg.poll_policy = pol->name;
+    s->policy = pol;
+    s->table = t;
+    s->port = cfg->port;
+    s->npollers = cfg->threads;
+    s->start_time = time(NULL);
+    s->pollers = aligned_alloc(64, sizeof *s->pollers * (size_t)s->npollers);
+    if (!s->pollers) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    memset(s->pollers, 0, sizeof *s->pollers * (size_t)s->npollers);
+    for (int i = 0; i < s->npollers; i++) {
+        struct poller *p = &s->pollers[i];
+        p->idx = i;
+        p->srv = s;
+        p->lfd = p->evfd = -1;
+        p->listener_tag = TAG_LISTENER;
+        p->event_tag = TAG_EVENT;
+        pthread_mutex_init(&p->q_lock, NULL);
+        p->epfd = epoll_create1(EPOLL_CLOEXEC);
+        p->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (p->epfd < 0 || p->evfd < 0) {
+            rc = -errno;
+            snprintf(err, errlen, "epoll/eventfd: %s", strerror(errno));
+            goto fail;
+        }
+        struct epoll_event e = {.events = EPOLLIN, .data.ptr = &p->event_tag};
+        epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->evfd, &e);
+        if (i == 0 || cfg->accept_mode == SRV_ACCEPT_REUSEPORT) {
+            p->lfd = make_listener(s, cfg->accept_mode == SRV_ACCEPT_REUSEPORT, err, errlen);
+            if (p->lfd < 0) {
+                rc = p->lfd;
+                goto fail;
+            }
+            struct epoll_event le = {.events = EPOLLIN, .data.ptr = &p->listener_tag};
+            epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->lfd, &le);
+        }
+    }
+    *out = s;
+    return 0;
+fail:
+    srv_destroy(s);
+    return rc;
+}
+
+int srv_start(struct srv *s, char *err, size_t errlen)
+{
+    for (int i = 0; i < s->npollers; i++) {
+        struct poller *p = &s->pollers[i];
+        int rc = pthread_create(&p->th, NULL, poller_main, p);
+        if (rc) {
+            snprintf(err, errlen, "cannot start poller thread: %s", strerror(rc));
+            srv_stop(s);
+            return -rc;
+        }
+        p->started = 1;
+        char name[16];
+        snprintf(name, sizeof name, "kv-poller-%d", i % 10000);
+        pthread_setname_np(p->th, name);
+    }
+    return 0;
+}
+
+void srv_stop(struct srv *s)
+{
+    /* release: pollers that see stopping also see everything written before it */
+    atomic_store_explicit(&s->stopping, 1, memory_order_release);
+    for (int i = 0; i < s->npollers; i++) {
+        uint64_t one = 1;
+        if (s->pollers[i].evfd >= 0) {
+            ssize_t w = write(s->pollers[i].evfd, &one, sizeof one);
+            (void)w;
+        }
+    }
+    for (int i = 0; i < s->npollers; i++) {
+        if (s->pollers[i].started) {
+            pthread_join(s->pollers[i].th, NULL);
+            s->pollers[i].started = 0;
+        }
+    }
+}
+
+void srv_destroy(struct srv *s)
+{
+    if (!s)
+        return;
+    srv_stop(s);
+    for (int i = 0; s->pollers && i < s->npollers; i++) {
+        struct poller *p = &s->pollers[i];
+        if (p->lfd >= 0)
+            close(p->lfd);
+        if (p->evfd >= 0)
+            close(p->evfd);
+        if (p->epfd >= 0)
+            close(p->epfd);
+        for (int j = 0; j < p->q_len; j++)
+            close(p->q_fds[j]);
+        free(p->q_fds);
+        pthread_mutex_destroy(&p->q_lock);
+    }
+    free(s->pollers);
+    free(s->bind);
+    free(s->requirepass);
+    free(s->config_file);
+    free(s->version);
+    free(s);
+}
+
+int srv_port(const struct srv *s) { return s->port; }
+const struct srv_config *srv_config(const struct srv *s) { return &s->cfg; }
+
+int srv_get_poller_stats(struct srv *s, int i, struct srv_poller_stats *st)
+{
+    if (i < 0 || i >= s->npollers)
+        return -EINVAL;
+    struct pstats *p = &s->pollers[i].st;
+    st->epoll_wait = ld(&p->epoll_wait);
+    st->epoll_ctl = ld(&p->epoll_ctl);
+    st->reads = ld(&p->reads);
+    st->writes = ld(&p->writes);
+    st->commands = ld(&p->commands);
+    st->accepted = ld(&p->accepted);
+    st->clients = ld(&p->clients);
+    st->bytes_in = ld(&p->bytes_in);
+    st->bytes_out = ld(&p->bytes_out);
+    return 0;
+}
+
+void srv_get_stats(struct srv *s, struct srv_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    st->pollers = s->npollers;
+    st->connected_clients = atomic_load_explicit(&s->clients, memory_order_relaxed);
+    st->total_connections = ld(&s->total_conns);
+    st->rejected_connections = ld(&s->rejected);
+    for (int i = 0; i < s->npollers; i++) {
+        struct pstats *p = &s->pollers[i].st;
+        st->total_commands += ld(&p->commands);
+        st->bytes_in += ld(&p->bytes_in);
+        st->bytes_out += ld(&p->bytes_out);
+        st->protocol_errors += ld(&p->protocol_errors);
+    }
+}
+
+void srv_reset_stats(struct srv *s)
+{
+    /* Only the counters INFO presents as totals since reset; each poller is the
+     * single writer of its stats, so a concurrent increment may be lost: fine for
+     * statistics, as in Redis's CONFIG RESETSTAT. */
+    for (int i = 0; i < s->npollers; i++) {
+        struct pstats *p = &s->pollers[i].st;
+        atomic_store_explicit(&p->epoll_wait, 0, memory_order_relaxed);
+        atomic_store_explicit(&p->epoll_ctl, 0, memory_order_relaxed);
+        atomic_store_explicit(&p->reads, 0, memory_order_relaxed);
+        atomic_store_explicit(&p->writes, 0, memory_order_relaxed);
+    }
+}
+
+/* ---- INFO */
+
+static void human_bytes(char *dst, size_t n, uint64_t v)
+{
+    const char *u[] = {"B", "K", "M", "G", "T"};
+    double d = (double)v;
+    int i = 0;
+    while (d >= 1024 && i < 4) {
+        d /= 1024;
+        i++;
+    }
+    snprintf(dst, n, "%.2f%s", d, u[i]);
+}
+
+static int kvbuf_printf(struct kvbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int kvbuf_printf(struct kvbuf *b, const char *fmt, ...)
+{
+    char tmp[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return -EINVAL;
+    return kvbuf_append(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+static const char *sections[] = {"server", "clients", "memory", "persistence", "stats",
+                                 "pollers", "cpu", "keyspace"};
+#define NSECTIONS (int)(sizeof sections / sizeof sections[0])
+
+static int want_section(int argc, const char **argv, const size_t *argl, const char *name)
+{
+    if (argc == 0)
+        return 1; /* default: every section we have */
+    for (int i = 0; i < argc; i++) {
+        if (argl[i] == strlen(name) && strncasecmp(argv[i], name, argl[i]) == 0)
+            return 1;
+        if ((argl[i] == 3 && strncasecmp(argv[i], "all", 3) == 0) ||
+            (argl[i] == 7 && strncasecmp(argv[i], "default", 7) == 0) ||
+            (argl[i] == 10 && strncasecmp(argv[i], "everything", 10) == 0))
+            return 1;
+    }
+    return 0;
+}
+
+int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, struct kvbuf *out)
+{
+    struct kvbuf b = {0};
+    struct srv_stats st;
+    struct kvt_stats ts;
+    srv_get_stats(s, &st);
+    kvt_get_stats(s->table, &ts);
+    char h1[32], h2[32];
+    int first = 1;
+    for (int si = 0; si < NSECTIONS; si++) {
+        const char *sec = sections[si];
+        if (!want_section(argc, argv, argl, sec))
+            continue;
+        if (!first)
+            kvbuf_append(&b, "\r\n", 2);
+        first = 0;
+        char title[32];
+        snprintf(title, sizeof title, "# %c%s\r\n", sec[0] - 32, sec + 1);
+        kvbuf_append(&b, title, strlen(title));
+        if (!strcmp(sec, "server")) {
+            struct utsname un;
+            uname(&un);
+            kvbuf_printf(&b,
+                         "kvstore_version:%s\r\n"
+                         "redis_version:7.0.0\r\n" /* the RESP command level we implement */
+                         "redis_mode:standalone\r\nos:%s %s %s\r\narch_bits:64\r\n"
+                         "multiplexing_api:epoll\r\npoll_policy:%s\r\naccept_mode:%s\r\n"
+                         "pollers:%d\r\nprocess_id:%d\r\ntcp_port:%d\r\n"
+                         "uptime_in_seconds:%lld\r\nconfig_file:%s\r\n",
+                         s->version, un.sysname, un.release, un.machine, s->policy->name,
+                         s->cfg.accept_mode == SRV_ACCEPT_HANDOFF ? "handoff" : "reuseport",
+                         s->npollers, (int)getpid(), s->port,
+                         (long long)(time(NULL) - s->start_time),
+                         s->config_file ? s->config_file : "");
+        } else if (!strcmp(sec, "clients")) {
+            kvbuf_printf(&b, "connected_clients:%llu\r\nmaxclients:%d\r\n",
+                         (unsigned long long)st.connected_clients, s->cfg.maxclients);
+        } else if (!strcmp(sec, "memory")) {
+            human_bytes(h1, sizeof h1, ts.used_memory);
+            human_bytes(h2, sizeof h2, ts.max_memory);
+            kvbuf_printf(&b,
+                         "used_memory:%llu\r\nused_memory_human:%s\r\nmaxmemory:%llu\r\n"
+                         "maxmemory_human:%s\r\nmaxmemory_policy:noeviction\r\n"
+                         "table_buckets:%llu\r\ntable_rehashing_shards:%llu\r\n"
+                         "mem_allocator:libc\r\n",
+                         (unsigned long long)ts.used_memory, h1, (unsigned long long)ts.max_memory,
+                         h2, (unsigned long long)ts.buckets, (unsigned long long)ts.rehashing);
+        } else if (!strcmp(sec, "persistence")) {
+            kvbuf_printf(&b, "loading:0\r\ndurability:none\r\naof_enabled:0\r\n"
+                             "rdb_changes_since_last_save:0\r\n");
+        } else if (!strcmp(sec, "stats")) {
+            uint64_t ops = 0;
+            for (int i = 0; i < OPS_SAMPLES; i++)
+                ops += atomic_load_explicit(&s->ops_samples[i], memory_order_relaxed);
+            kvbuf_printf(&b,
+                         "total_connections_received:%llu\r\ntotal_commands_processed:%llu\r\n"
+                         "instantaneous_ops_per_sec:%llu\r\ntotal_net_input_bytes:%llu\r\n"
+                         "total_net_output_bytes:%llu\r\nrejected_connections:%llu\r\n"
+                         "expired_keys:%llu\r\nevicted_keys:0\r\nkeyspace_hits:%llu\r\n"
+                         "keyspace_misses:%llu\r\noom_rejections:%llu\r\n"
+                         "total_error_replies_protocol:%llu\r\n",
+                         (unsigned long long)st.total_connections,
+                         (unsigned long long)st.total_commands,
+                         (unsigned long long)(ops / OPS_SAMPLES), (unsigned long long)st.bytes_in,
+                         (unsigned long long)st.bytes_out,
+                         (unsigned long long)st.rejected_connections,
+                         (unsigned long long)ts.expired_keys, (unsigned long long)ts.hits,
+                         (unsigned long long)ts.misses, (unsigned long long)ts.oom_rejections,
+                         (unsigned long long)st.protocol_errors);
+        } else if (!strcmp(sec, "pollers")) {
+            uint64_t tot[4] = {0};
+            for (int i = 0; i < s->npollers; i++) {
+                struct srv_poller_stats ps;
+                srv_get_poller_stats(s, i, &ps);
+                kvbuf_printf(&b,
+                             "poller%d:clients=%llu,commands=%llu,epoll_wait=%llu,epoll_ctl=%llu,"
+                             "read=%llu,write=%llu\r\n",
+                             i, (unsigned long long)ps.clients, (unsigned long long)ps.commands,
+                             (unsigned long long)ps.epoll_wait, (unsigned long long)ps.epoll_ctl,
+                             (unsigned long long)ps.reads, (unsigned long long)ps.writes);
+                tot[0] += ps.epoll_wait;
+                tot[1] += ps.epoll_ctl;
+                tot[2] += ps.reads;
+                tot[3] += ps.writes;
+            }
+            kvbuf_printf(&b,
+                         "total_epoll_wait_calls:%llu\r\ntotal_epoll_ctl_calls:%llu\r\n"
+                         "total_read_calls:%llu\r\ntotal_write_calls:%llu\r\n",
+                         (unsigned long long)tot[0], (unsigned long long)tot[1],
+                         (unsigned long long)tot[2], (unsigned long long)tot[3]);
+        } else if (!strcmp(sec, "cpu")) {
+            struct rusage ru;
+            getrusage(RUSAGE_SELF, &ru);
+            kvbuf_printf(&b, "used_cpu_sys:%ld.%06ld\r\nused_cpu_user:%ld.%06ld\r\n",
+                         (long)ru.ru_stime.tv_sec, (long)ru.ru_stime.tv_usec,
+                         (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec);
+        } else if (!strcmp(sec, "keyspace")) {
+            if (ts.keys)
+                kvbuf_printf(&b, "db0:keys=%llu,expires=%llu,avg_ttl=0\r\n",
+                             (unsigned long long)ts.keys, (unsigned long long)ts.expires);
+        }
+    }
+    int rc = resp_add_bulk(out, b.p ? b.p : "", b.len);
+    kvbuf_free(&b);
+    return rc;
+}

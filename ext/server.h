@@ -1,0 +1,68 @@
+/* server.h - the RESP server: per-core poller threads over one shared table.
+ *
+ * Each poller owns an epoll instance and the connections assigned to it; a
+ * connection is only ever touched by its poller thread. Connections reach a
+ * poller through its own SO_REUSEPORT listener (the kernel spreads them) or,
+ * in handoff mode, from poller 0's listener through a queue + eventfd. Replies
+ * are gathered per poll round and written at its end; when to keep EPOLLOUT in
+ * the interest set is decided by a pluggable policy (pollpolicy.h).
+ * srv_* functions are called from the control thread (Python), never from pollers,
+ * except the srv_info/srv_config_* accessors used by command handlers.
+ */
+#ifndef KV_SERVER_H
+#define KV_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvbuf.h"
+
+struct kv_table;
+struct srv;
+
+enum srv_accept_mode { SRV_ACCEPT_REUSEPORT = 0, SRV_ACCEPT_HANDOFF = 1 };
+
+struct srv_config {
+    const char *bind;        /* IPv4 address to listen on, e.g. "127.0.0.1" */
+    int port;                /* 0 = any free port (see srv_port) */
+    int threads;             /* poller threads, >= 1 */
+    int maxclients;          /* connections beyond this get an error and are closed */
+    const char *requirepass; /* NULL or "" = no AUTH required */
+    int accept_mode;         /* enum srv_accept_mode */
+    const char *poll_policy; /* "direct" (default) or "strict"; see pollpolicy.h */
+    const char *config_file; /* shown by INFO, may be NULL */
+    const char *version;     /* kvstore version shown by INFO/HELLO */
+    int tcp_backlog;
+};
+
+/* Per-poller counters; each is written only by its poller. */
+struct srv_poller_stats {
+    uint64_t epoll_wait, epoll_ctl, reads, writes;
+    uint64_t commands, accepted, clients, bytes_in, bytes_out;
+};
+
+struct srv_stats {
+    uint64_t connected_clients, total_connections, rejected_connections;
+    uint64_t total_commands, bytes_in, bytes_out, protocol_errors;
+    int pollers;
+};
+
+/* Create a server over table t (not owned) and bind its listeners. Nothing runs
+ * until srv_start. On failure returns -errno with a message in err. */
+int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cfg,
+               char *err, size_t errlen);
+int srv_start(struct srv *s, char *err, size_t errlen);
+/* Stop the pollers, close every connection, join the threads. Idempotent. */
+void srv_stop(struct srv *s);
+void srv_destroy(struct srv *s);
+
+int srv_port(const struct srv *s);
+void srv_get_stats(struct srv *s, struct srv_stats *st);
+int srv_get_poller_stats(struct srv *s, int i, struct srv_poller_stats *st);
+
+/* For command handlers (any poller thread). */
+const struct srv_config *srv_config(const struct srv *s);
+int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, struct kvbuf *out);
+void srv_reset_stats(struct srv *s);
+
+#endif

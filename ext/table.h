@@ -1,0 +1,99 @@
+/* table.h - the concurrent in-memory hash table every kvstore front end shares.
+ *
+ * Keys and values are binary-safe byte strings. The table is split into
+ * KVT_SHARDS shards, each a chained hash table with its own mutex and its own
+ * incremental rehash (two bucket arrays, a few buckets migrated per operation),
+ * so there is no global lock and no resize pause. Memory is accounted exactly
+ * (malloc_usable_size of every allocation, bucket arrays included) and bounded:
+ * a write that would pass max_memory fails with -ENOMEM and nothing is evicted.
+ *
+ * Thread safety: every kvt_* function may be called from any thread at any time.
+ * Callbacks (kvt_read_fn) run with the key's shard locked: they must be short and
+ * must not call back into the table.
+ */
+#ifndef KV_TABLE_H
+#define KV_TABLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVT_SHARDS 256
+#define KVT_MAX_VALUE (512u * 1024 * 1024) /* Redis's proto-max-bulk-len */
+
+struct kv_table;
+
+/* Flags for kvt_set. */
+#define KVT_NX (1 << 0)      /* only set if the key does not exist */
+#define KVT_XX (1 << 1)      /* only set if the key exists */
+#define KVT_KEEPTTL (1 << 2) /* keep the key's current expire time */
+
+/* Called with a value while its shard is locked. */
+typedef void (*kvt_read_fn)(void *arg, const char *val, size_t vlen);
+
+struct kvt_stats {
+    uint64_t keys;          /* live keys (expired but not yet reclaimed keys included) */
+    uint64_t expires;       /* keys with an expire time */
+    uint64_t used_memory;   /* bytes allocated by the table, exact */
+    uint64_t max_memory;    /* 0 = unbounded */
+    uint64_t buckets;       /* bucket slots over all shards */
+    uint64_t rehashing;     /* shards with a rehash in progress */
+    uint64_t expired_keys;  /* keys removed because their time passed */
+    uint64_t oom_rejections;/* writes refused by the memory bound */
+    uint64_t hits, misses;  /* lookups that found / did not find a live key */
+};
+
+/* Create a table bounded by max_memory bytes (0 = unbounded). Returns 0 or -errno. */
+int kvt_create(struct kv_table **out, uint64_t max_memory);
+void kvt_destroy(struct kv_table *t);
+void kvt_set_max_memory(struct kv_table *t, uint64_t max_memory);
+
+/* Look a key up; if live, call fn(arg, value, len) under the shard lock.
+ * Returns 1 found, 0 not found. */
+int kvt_get(struct kv_table *t, const void *key, size_t klen, kvt_read_fn fn, void *arg);
+
+/* Copy a value into buf (cap bytes). Returns the value length (which may be
+ * larger than cap: nothing copied then, call again with a larger buffer), or
+ * -ENOENT when the key is absent. */
+int64_t kvt_get_copy(struct kv_table *t, const void *key, size_t klen, void *buf, size_t cap);
+
+/* Set key to value. expire_ms: absolute unix time in ms, 0 = no expire.
+ * old_fn, if not NULL, is called with the previous value (SET ... GET) before it
+ * is replaced. Returns 1 set, 0 not set because of NX/XX, -ENOMEM over the memory
+ * bound, -E2BIG value or key too long. */
+int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen,
+            int flags, int64_t expire_ms, kvt_read_fn old_fn, void *old_arg);
+
+/* Delete. Returns 1 if a live key was removed, 0 otherwise. */
+int kvt_del(struct kv_table *t, const void *key, size_t klen);
+
+/* Returns 1 if the key exists and is live. */
+int kvt_exists(struct kv_table *t, const void *key, size_t klen);
+
+/* Add delta to the decimal integer stored at key (absent = 0), store it back.
+ * Returns 0 with *result set; -EINVAL value is not an integer; -ERANGE overflow;
+ * -ENOMEM over the memory bound. */
+int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, int64_t *result);
+
+/* Append to the value (absent = empty). Returns the new length, -ENOMEM, -E2BIG. */
+int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen);
+
+/* Length of the value, 0 when absent. */
+int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen);
+
+/* Remove every key. */
+void kvt_flush(struct kv_table *t);
+
+uint64_t kvt_count(struct kv_table *t);
+uint64_t kvt_used_memory(struct kv_table *t);
+void kvt_get_stats(struct kv_table *t, struct kvt_stats *st);
+
+/* Background housekeeping for shards [first, first+n): finish pending rehash
+ * steps and reclaim expired keys, doing at most `budget` bucket visits.
+ * Called periodically by pollers (each poller owns a slice of the shards).
+ * Returns the number of keys reclaimed. */
+int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budget);
+
+/* 64-bit keyed hash of a key (SipHash-1-3 with a per-process random key). */
+uint64_t kvt_hash(const void *key, size_t klen);
+
+#endif

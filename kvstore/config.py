@@ -1,0 +1,102 @@
+"""Server settings: defaults, TOML file, validation with messages that say what is accepted."""
+import dataclasses
+import os
+import re
+import tomllib
+
+from kvstore.errors import ConfigError
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
+          "tb": 1000**4, "tib": 1024**4}
+
+
+def parse_size(value, what="size"):
+    """Bytes from an int or a string like '64mb', '1gib', '512k' (Redis's units: k/m/g = 1000s,
+    kb/mb/gb as Redis = 1024s are spelled kib/mib/gib here to be unambiguous)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what}: expected a size such as 1048576, '64mb' or '1gib', got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{what}: must not be negative, got {value}")
+        return value
+    m = _SIZE.match(str(value))
+    if not m or (m.group(2) or "").lower() not in _UNITS:
+        raise ConfigError(f"{what}: expected a size such as 1048576, '64mb' or '1gib', got {value!r}")
+    return int(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+
+
+@dataclasses.dataclass
+class ServerConfig:
+    bind: str = "127.0.0.1"
+    port: int = 6380
+    threads: int = 0             # 0 = one poller per core
+    max_memory: int = 0          # bytes, 0 = unbounded
+    maxclients: int = 10000
+    requirepass: str = ""
+    accept: str = "reuseport"    # or "handoff"
+    poll_policy: str = "direct"  # or "strict"
+    data_dir: str = "data"
+    tcp_backlog: int = 511
+    config_file: str = ""
+
+    FIELDS_HELP = {
+        "bind": "IPv4 address to listen on",
+        "port": "TCP port, 0-65535 (0 = any free port)",
+        "threads": "poller threads, 0 = one per core",
+        "max_memory": "memory bound, bytes or '64mb'/'1gib', 0 = unbounded",
+        "maxclients": "maximum simultaneous client connections",
+        "requirepass": "password clients must AUTH with ('' = none)",
+        "accept": "how connections reach pollers: reuseport or handoff",
+        "poll_policy": "epoll EPOLLOUT policy: direct or strict",
+        "data_dir": "directory for the node's files",
+        "tcp_backlog": "listen() backlog",
+    }
+
+    def validate(self):
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"port: expected an integer from 0 to 65535, got {self.port!r}")
+        if not isinstance(self.threads, int) or not 0 <= self.threads <= 1024:
+            raise ConfigError(f"threads: expected an integer from 0 (one per core) to 1024, got {self.threads!r}")
+        if not isinstance(self.maxclients, int) or self.maxclients < 1:
+            raise ConfigError(f"maxclients: expected a positive integer, got {self.maxclients!r}")
+        self.max_memory = parse_size(self.max_memory, "max_memory")
+        if self.accept not in ("reuseport", "handoff"):
+            raise ConfigError(f"accept: expected 'reuseport' or 'handoff', got {self.accept!r}")
+        if self.poll_policy not in ("direct", "strict"):
+            raise ConfigError(f"poll_policy: expected 'direct' or 'strict', got {self.poll_policy!r}")
+        if not isinstance(self.requirepass, str):
+            raise ConfigError("requirepass: expected a string")
+        parts = str(self.bind).split(".")
+        if len(parts) != 4 or not all(p.isdigit() and int(p) < 256 for p in parts):
+            raise ConfigError(f"bind: expected an IPv4 address such as 127.0.0.1, got {self.bind!r}")
+        return self
+
+    @property
+    def effective_threads(self):
+        return self.threads or os.cpu_count() or 1
+
+    @classmethod
+    def load(cls, path=None, **overrides):
+        """Defaults, then the TOML file (if any), then overrides (None values ignored)."""
+        values = {}
+        if path:
+            try:
+                with open(path, "rb") as f:
+                    data = tomllib.load(f)
+            except FileNotFoundError:
+                raise ConfigError(f"config file {path}: no such file") from None
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"config file {path}: invalid TOML: {e}") from None
+            data = data.get("server", data)
+            known = {f.name for f in dataclasses.fields(cls)}
+            for k, v in data.items():
+                key = k.replace("-", "_")
+                if key not in known or key == "config_file":
+                    raise ConfigError(f"config file {path}: unknown setting {k!r}; known: "
+                                      + ", ".join(sorted(cls.FIELDS_HELP)))
+                values[key] = v
+            values["config_file"] = os.path.abspath(path)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values).validate()

@@ -1,0 +1,50 @@
+"""Exceptions raised by kvstore, and the one place C error codes become them."""
+import errno
+import os
+
+
+class KVError(Exception):
+    """Base class of every kvstore error."""
+
+
+class ConfigError(KVError, ValueError):
+    """A setting is invalid; the message says which and what is accepted."""
+
+
+class OutOfMemoryError(KVError, MemoryError):
+    """A write would pass the store's memory bound (nothing was evicted)."""
+
+
+class NotAnIntegerError(KVError, ValueError):
+    """INCR-family operation on a value that is not a 64-bit decimal integer."""
+
+
+class IntegerOverflowError(KVError, OverflowError):
+    """An increment would overflow a signed 64-bit integer."""
+
+
+class TooLargeError(KVError, ValueError):
+    """A key or value is longer than 512 MiB."""
+
+
+class ServerError(KVError, OSError):
+    """The server could not be created, started or reached."""
+
+
+class ProtocolError(KVError, ValueError):
+    """Malformed RESP input."""
+
+
+def raise_for(rc, message=""):
+    """Map a negative C return code (-errno) to the matching exception."""
+    if rc >= 0:
+        return rc
+    code = -rc
+    text = message or os.strerror(code)
+    if code == errno.ENOMEM:
+        raise OutOfMemoryError(text or "out of memory: the store's max_memory bound was reached")
+    if code == errno.E2BIG:
+        raise TooLargeError(text or "key or value longer than 512 MiB")
+    if code == errno.EINVAL:
+        raise ConfigError(text)
+    raise ServerError(code, text)

@@ -1,0 +1,89 @@
+"""Run the C RESP server in this process over a Store. Python only starts and stops it;
+poller threads serve every request in C."""
+import signal
+import threading
+
+from kvstore import __version__, errors
+from kvstore._native import ffi, lib
+from kvstore.config import ServerConfig
+from kvstore.store import Store
+
+
+class Server:
+    """Serve ``store`` over RESP2. Use as a context manager or call start()/stop()."""
+
+    def __init__(self, store=None, config=None, **settings):
+        self.config = (config or ServerConfig(**settings)).validate()
+        self.store = store or Store(max_memory=self.config.max_memory)
+        self._srv = None
+        self._keep = []
+
+    def start(self):
+        if self._srv is not None:
+            return self
+        c = self.config
+        cfg = ffi.new("struct srv_config *")
+        self._keep = [ffi.new("char[]", s.encode()) for s in
+                      (c.bind, c.requirepass, c.poll_policy, c.config_file, __version__)]
+        cfg.bind, cfg.requirepass, cfg.poll_policy, cfg.config_file, cfg.version = self._keep
+        cfg.port = c.port
+        cfg.threads = c.effective_threads
+        cfg.maxclients = c.maxclients
+        cfg.accept_mode = 1 if c.accept == "handoff" else 0
+        cfg.tcp_backlog = c.tcp_backlog
+        err = ffi.new("char[256]")
+        out = ffi.new("struct srv **")
+        rc = lib.srv_create(out, self.store._t, cfg, err, 256)
+        if rc < 0:
+            raise errors.ServerError(-rc, ffi.string(err).decode(errors="replace"))
+        rc = lib.srv_start(out[0], err, 256)
+        if rc < 0:
+            lib.srv_destroy(out[0])
+            raise errors.ServerError(-rc, ffi.string(err).decode(errors="replace"))
+        self._srv = out[0]
+        return self
+
+    @property
+    def port(self):
+        return lib.srv_port(self._srv) if self._srv is not None else self.config.port
+
+    def stats(self):
+        st = ffi.new("struct srv_stats *")
+        lib.srv_get_stats(self._srv, st)
+        d = {f: getattr(st, f) for f in ("connected_clients", "total_connections", "rejected_connections",
+                                         "total_commands", "bytes_in", "bytes_out", "protocol_errors")}
+        ps = ffi.new("struct srv_poller_stats *")
+        d["pollers"] = []
+        for i in range(st.pollers):
+            lib.srv_get_poller_stats(self._srv, i, ps)
+            d["pollers"].append({f: getattr(ps, f) for f in (
+                "epoll_wait", "epoll_ctl", "reads", "writes", "commands", "accepted", "clients",
+                "bytes_in", "bytes_out")})
+        return d
+
+    def stop(self):
+        if self._srv is not None:
+            lib.srv_stop(self._srv)
+            lib.srv_destroy(self._srv)
+            self._srv = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def serve_forever(self, on_ready=None):
+        """Start, block until SIGINT or SIGTERM, stop cleanly. For the main thread."""
+        stop = threading.Event()
+        old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.start()
+            if on_ready:
+                on_ready(self)
+            while not stop.wait(0.5):
+                pass
+        finally:
+            self.stop()
+            for s, h in old.items():
+                signal.signal(s, h)
