@@ -1,0 +1,44 @@
+# kvstore: `make run` sets everything up and serves on 127.0.0.1:6380;
+# `make test` sets everything up and runs the whole test suite (what CI runs).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 6380
+DATA_DIR ?= data
+APT_PACKAGES := gcc make libffi-dev redis-server redis-tools memcached
+
+.PHONY: run test deps venv dev ext clean
+
+run: dev
+	$(VENV)/bin/kvstore serve --port $(PORT) --data-dir $(DATA_DIR)
+
+test: dev
+	$(PY) -m pytest tests
+
+# System packages, only those missing (apt-get update first, as apt needs fresh lists).
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if ! $(PYTHON) -c 'import sysconfig, os, ensurepip; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' 2>/dev/null; then \
+		missing="$$missing python3-dev python3-venv"; fi; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+
+venv: $(VENV)/bin/python
+
+# The package in editable mode (builds the C extension in place) with test and plot extras.
+dev: deps venv
+	$(PY) -m pip install -q -e '.[test,bench]'
+
+# Rebuild only the C extension after editing ext/*.c.
+ext:
+	$(PY) setup.py -q build_ext --inplace
+
+clean:
+	rm -rf build *.egg-info kvstore/_ext*.so kvstore/_ext.c tests/c/bin
