@@ -38,7 +38,9 @@ dev: deps venv
 
 # Rebuild only the C extension after editing ext/*.c.
 ext:
-	$(PY) setup.py -q build_ext --inplace
+	$(PY) setup.py -q build_ext -b build/ext
+	@# replace by rename: running processes keep the old mapping instead of crashing
+	for f in build/ext/kvstore/_ext*.so; do cp $$f kvstore/.ext.tmp && mv kvstore/.ext.tmp kvstore/$$(basename $$f); done
 
 clean:
 	rm -rf build *.egg-info kvstore/_ext*.so kvstore/_ext.c tests/c/bin

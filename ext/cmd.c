@@ -181,13 +181,14 @@ static int set_name(struct cmd_client *c, const char *s, size_t n)
 
 static int c_hello(struct cmd_client *c, const struct cmd_args *a)
 {
-    int i = 1;
+    int i = 1, proto = c->resp;
     if (a->argc >= 2) {
         long long ver;
-        if (arg_ll(a, 1, &ver) || ver < 2 || ver > 3)
+        if (arg_ll(a, 1, &ver))
+            return reply_err(c, "ERR Protocol version is not an integer or out of range");
+        if (ver < 2 || ver > 3)
             return reply_err(c, "NOPROTO unsupported protocol version");
-        if (ver != 2)
-            return reply_err(c, "NOPROTO sorry, this protocol version is not supported.");
+        proto = (int)ver;
         i = 2;
     }
     const char *name = NULL;
@@ -217,13 +218,14 @@ static int c_hello(struct cmd_client *c, const struct cmd_args *a)
                             "same time");
     if (name && !set_name(c, name, namel))
         return 0;
-    resp_add_array(c->out, 14);
+    c->resp = proto;
+    resp_add_map(c->out, c->resp, 7);
     resp_add_bulk_str(c->out, "server");
     resp_add_bulk_str(c->out, "kvstore");
     resp_add_bulk_str(c->out, "version");
     resp_add_bulk_str(c->out, srv_config(c->srv)->version);
     resp_add_bulk_str(c->out, "proto");
-    resp_add_int(c->out, 2);
+    resp_add_int(c->out, c->resp);
     resp_add_bulk_str(c->out, "id");
     resp_add_int(c->out, (long long)c->id);
     resp_add_bulk_str(c->out, "mode");
@@ -261,7 +263,7 @@ static int c_client(struct cmd_client *c, const struct cmd_args *a)
     if (ARGIS(a, 1, "GETNAME")) {
         if (!sub_arity(c, a, 2, "client|getname"))
             return 0;
-        return c->name ? resp_add_bulk_str(c->out, c->name) : resp_add_nil(c->out);
+        return c->name ? resp_add_bulk_str(c->out, c->name) : resp_add_null(c->out, c->resp);
     }
     if (ARGIS(a, 1, "SETINFO")) /* redis-py >= 5 sends its name/version; accepted, not kept */
         return sub_arity(c, a, 4, "client|setinfo") ? reply_ok(c) : 0;
@@ -331,7 +333,7 @@ static int c_info(struct cmd_client *c, const struct cmd_args *a)
 static int c_get(struct cmd_client *c, const struct cmd_args *a)
 {
     if (!kvt_get(c->table, a->argv[1], a->argl[1], add_bulk_cb, c))
-        return resp_add_nil(c->out);
+        return resp_add_null(c->out, c->resp);
     return 0;
 }
 
@@ -391,8 +393,8 @@ static int c_set(struct cmd_client *c, const struct cmd_args *a)
         return reply_write_err(c, rc);
     }
     if (get)
-        return had_old ? 0 : resp_add_nil(c->out);
-    return rc ? reply_ok(c) : resp_add_nil(c->out);
+        return had_old ? 0 : resp_add_null(c->out, c->resp);
+    return rc ? reply_ok(c) : resp_add_null(c->out, c->resp);
 }
 
 static int c_mget(struct cmd_client *c, const struct cmd_args *a)
@@ -400,7 +402,7 @@ static int c_mget(struct cmd_client *c, const struct cmd_args *a)
     resp_add_array(c->out, a->argc - 1);
     for (int i = 1; i < a->argc; i++)
         if (!kvt_get(c->table, a->argv[i], a->argl[i], add_bulk_cb, c))
-            resp_add_nil(c->out);
+            resp_add_null(c->out, c->resp);
     return 0;
 }
 
@@ -492,12 +494,6 @@ static int c_strlen(struct cmd_client *c, const struct cmd_args *a)
 
 /* ---- CONFIG */
 
-struct cfg_param {
-    const char *name;
-    int kind; /* 0 string constant, 1 dynamic */
-    const char *value;
-};
-
 static const char *cfg_params[] = {"bind", "port", "maxclients", "maxmemory", "maxmemory-policy",
                                    "requirepass", "save", "appendonly", "databases", "timeout",
                                    "io-threads", "proto-max-bulk-len", "tcp-backlog", "poll-policy",
@@ -541,7 +537,7 @@ static int c_config(struct cmd_client *c, const struct cmd_args *a)
                     match[j] = 1;
                     count++;
                 }
-        resp_add_array(c->out, count * 2);
+        resp_add_map(c->out, c->resp, count);
         for (int j = 0; j < nparams; j++) {
             if (!match[j])
                 continue;
@@ -618,8 +614,12 @@ int cmd_count(void) { return NCOMMANDS; }
 
 static const struct cmd_def *lookup(const char *name, size_t n)
 {
+    if (n == 0)
+        return NULL;
+    int first = tolower_ascii((unsigned char)name[0]);
     for (int i = 0; i < NCOMMANDS; i++)
-        if (strlen(commands[i].name) == n && !strncasecmp(commands[i].name, name, n))
+        if (commands[i].name[0] == first && strlen(commands[i].name) == n &&
+            !strncasecmp(commands[i].name, name, n))
             return &commands[i];
     return NULL;
 }
@@ -659,7 +659,7 @@ static void add_info(struct cmd_client *c, const struct cmd_def *d)
 static void add_docs(struct cmd_client *c, const struct cmd_def *d)
 {
     resp_add_bulk_str(c->out, d->name);
-    resp_add_array(c->out, 6);
+    resp_add_map(c->out, c->resp, 3);
     resp_add_bulk_str(c->out, "summary");
     resp_add_bulk_str(c->out, d->summary);
     resp_add_bulk_str(c->out, "since");
@@ -691,13 +691,13 @@ static int c_command(struct cmd_client *c, const struct cmd_args *a)
             if (d)
                 add_info(c, d);
             else
-                resp_add_nil(c->out);
+                resp_add_null(c->out, c->resp);
         }
         return 0;
     }
     if (ARGIS(a, 1, "DOCS")) {
         if (a->argc == 2) {
-            resp_add_array(c->out, 2 * NCOMMANDS);
+            resp_add_map(c->out, c->resp, NCOMMANDS);
             for (int i = 0; i < NCOMMANDS; i++)
                 add_docs(c, &commands[i]);
             return 0;
@@ -705,7 +705,7 @@ static int c_command(struct cmd_client *c, const struct cmd_args *a)
         int n = 0;
         for (int i = 2; i < a->argc; i++)
             n += lookup(a->argv[i], a->argl[i]) != NULL;
-        resp_add_array(c->out, 2 * n);
+        resp_add_map(c->out, c->resp, n);
         for (int i = 2; i < a->argc; i++) {
             const struct cmd_def *d = lookup(a->argv[i], a->argl[i]);
             if (d)

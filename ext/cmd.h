@@ -18,6 +18,7 @@ struct kv_table;
 struct cmd_client {
     uint64_t id;
     int authenticated;       /* 1 when no password is required or AUTH succeeded */
+    int resp;                /* protocol chosen with HELLO: 2 (default) or 3 */
     int close_after_reply;   /* QUIT or a protocol error: send what is queued, then close */
     char *name;              /* CLIENT SETNAME, malloc'd, NULL = none */
     struct kvbuf *out;       /* replies are appended here */

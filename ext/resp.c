@@ -327,6 +327,16 @@ int resp_add_int(struct kvbuf *b, long long v) { return add_prefixed_num(b, ':',
 int resp_add_array(struct kvbuf *b, long long n) { return add_prefixed_num(b, '*', n); }
 int resp_add_nil(struct kvbuf *b) { return kvbuf_append(b, "$-1\r\n", 5); }
 
+int resp_add_null(struct kvbuf *b, int proto)
+{
+    return proto == 3 ? kvbuf_append(b, "_\r\n", 3) : resp_add_nil(b);
+}
+
+int resp_add_map(struct kvbuf *b, int proto, long long pairs)
+{
+    return proto == 3 ? add_prefixed_num(b, '%', pairs) : add_prefixed_num(b, '*', pairs * 2);
+}
+
 int resp_add_bulk(struct kvbuf *b, const void *p, size_t n)
 {
     if (kvbuf_reserve(b, n + 32))

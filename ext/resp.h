@@ -61,6 +61,9 @@ int resp_add_bulk(struct kvbuf *b, const void *p, size_t n);  /* $n\r\n...\r\n *
 int resp_add_bulk_str(struct kvbuf *b, const char *s);
 int resp_add_nil(struct kvbuf *b);                            /* $-1\r\n */
 int resp_add_array(struct kvbuf *b, long long n);             /* *n\r\n */
+/* RESP3-aware forms: proto 3 uses null "_" and maps "%n"; proto 2 "$-1" and "*2n". */
+int resp_add_null(struct kvbuf *b, int proto);
+int resp_add_map(struct kvbuf *b, int proto, long long pairs);
 
 /* Decimal formatting without printf, for hot paths; returns chars written. */
 int resp_ll2str(char *dst, long long v);

@@ -90,6 +90,7 @@ struct srv {
     struct kv_table *table;
     const struct pp_policy *policy;
     int port;
+    int port_probed;
     int npollers;
     struct poller *pollers;
     _Atomic int stopping;
@@ -167,7 +168,9 @@ static void set_interest(struct conn *c, uint32_t ev)
 static void update_interest(struct conn *c, int spurious)
 {
     int pending = c->out_off < c->out.len;
-    uint32_t ev = c->paused ? 0 : EPOLLIN;
+    /* No EPOLLIN while input is not wanted: level-triggered epoll would report
+     * it again on every round (busy loop) for bytes we refuse to read. */
+    uint32_t ev = (c->paused || c->cl.close_after_reply) ? 0 : EPOLLIN;
     if (c->p->srv->policy->want_out(&c->pp, pending, spurious))
         ev |= EPOLLOUT;
     set_interest(c, ev);
@@ -372,6 +375,7 @@ static void conn_new(struct poller *p, int fd)
     resp_parser_init(&c->rp);
     c->cl.id = atomic_fetch_add_explicit(&s->next_id, 1, memory_order_relaxed) + 1;
     c->cl.authenticated = !(s->requirepass && *s->requirepass);
+    c->cl.resp = 2;
     c->cl.out = &c->out;
     c->cl.srv = s;
     c->cl.table = s->table;
@@ -515,7 +519,9 @@ static void *poller_main(void *arg)
             } else {
                 struct conn *c = (struct conn *)tag;
                 uint32_t e = ev[i].events;
-                if (e & (EPOLLIN | EPOLLERR | EPOLLHUP))
+                if ((e & EPOLLERR) || ((e & EPOLLHUP) && (c->paused || c->cl.close_after_reply)))
+                    conn_close(c); /* reported whatever the interest set: never ignore them */
+                else if (e & (EPOLLIN | EPOLLHUP))
                     conn_readable(c);
                 if (!c->closed && (e & EPOLLOUT) && !c->listed)
                     conn_write(c, c->out_off == c->out.len);
@@ -542,10 +548,22 @@ static int make_listener(struct srv *s, int reuseport, char *err, size_t errlen)
                  s->bind);
         return -EINVAL;
     }
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int fd = -1, one = 1;
+    if (reuseport && s->port != 0 && !s->port_probed) {
+        /* SO_REUSEPORT would let us silently join another server's port (same
+         * uid) and split its traffic. A plain bind first fails if anyone holds it. */
+        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            goto err;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, (struct sockaddr *)&sa, sizeof sa))
+            goto err;
+        close(fd);
+        s->port_probed = 1;
+    }
+    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         goto err;
-    int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one))
         goto err;
@@ -557,6 +575,7 @@ static int make_listener(struct srv *s, int reuseport, char *err, size_t errlen)
         socklen_t sl = sizeof sa;
         getsockname(fd, (struct sockaddr *)&sa, &sl);
         s->port = ntohs(sa.sin_port);
+        s->port_probed = 1; /* the kernel gave us a free port: nobody else holds it */
     }
     return fd;
 err:;

@@ -70,7 +70,7 @@ def run(host="127.0.0.1", port=6380, threads=2, conns=50, pipeline=1, value_size
         msg = ffi.string(res.error).decode(errors="replace")
         if rc == -22:
             raise ConfigError(msg)
-        raise ServerError(-rc, msg)
+        raise ServerError(msg, -rc)
     out = {f: getattr(res, f) for f in RESULT_FIELDS}
     out["first_error"] = ffi.string(res.first_error).decode(errors="replace")
     return out

@@ -28,7 +28,14 @@ class TooLargeError(KVError, ValueError):
 
 
 class ServerError(KVError, OSError):
-    """The server could not be created, started or reached."""
+    """The server could not be created, started or reached; .errno holds the C code if any."""
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        self.errno = code
+
+    def __str__(self):
+        return str(self.args[0])
 
 
 class ProtocolError(KVError, ValueError):
@@ -47,4 +54,4 @@ def raise_for(rc, message=""):
         raise TooLargeError(text or "key or value longer than 512 MiB")
     if code == errno.EINVAL:
         raise ConfigError(text)
-    raise ServerError(code, text)
+    raise ServerError(text, code)

@@ -48,6 +48,7 @@ class Node:
             return self
         if self.data_dir is None:
             self.data_dir = tempfile.mkdtemp(prefix="kvstore-node-")
+        os.makedirs(self.data_dir, exist_ok=True)
         self.log_path = self.log_path or os.path.join(self.data_dir, "server.log")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=self._log)

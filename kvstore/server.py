@@ -14,7 +14,7 @@ class Server:
 
     def __init__(self, store=None, config=None, **settings):
         self.config = (config or ServerConfig(**settings)).validate()
-        self.store = store or Store(max_memory=self.config.max_memory)
+        self.store = store if store is not None else Store(max_memory=self.config.max_memory)
         self._srv = None
         self._keep = []
 
@@ -35,11 +35,11 @@ class Server:
         out = ffi.new("struct srv **")
         rc = lib.srv_create(out, self.store._t, cfg, err, 256)
         if rc < 0:
-            raise errors.ServerError(-rc, ffi.string(err).decode(errors="replace"))
+            raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
         rc = lib.srv_start(out[0], err, 256)
         if rc < 0:
             lib.srv_destroy(out[0])
-            raise errors.ServerError(-rc, ffi.string(err).decode(errors="replace"))
+            raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
         self._srv = out[0]
         return self
 
