@@ -42,21 +42,17 @@
 
 enum { K_SET, K_GET };
 enum { PS_LINE, PS_BULK, PS_CRLF, PS_END };
-enum { RES_OK, RES_HIT, RES_MISS, RES_ERR, RES_ODD }; /* RES_ODD: well-formed but not what the command returns */
+enum { RES_OK, RES_HIT, RES_MISS, RES_ERR, RES_ODD }; /* ODD: well-formed, but not what the command returns */
 
 struct slot { uint64_t t, key; int kind; };         /* t: latency start (send or scheduled time) */
 struct seg { const char *ext; size_t off, len; };   /* ext == NULL: bytes live in obuf at off */
 
 struct conn {
     int fd, want_out, auth_pending, dirty;
-    struct slot *ring;                 /* queued + in flight, oldest first; replies arrive in order */
-    uint32_t rhead, rcount;
-    char *obuf;                        /* append-only until fully sent, so segments can hold offsets */
-    size_t ocap, olen;
-    struct seg *segs;
-    size_t nseg, segcap, shead, sdone; /* shead/sdone: first unsent segment and bytes of it already sent */
-    char *rbuf;
-    size_t rcap, rpos, rlen;
+    struct slot *ring; uint32_t rhead, rcount; /* queued + in flight, oldest first; replies come in order */
+    char *obuf; size_t ocap, olen;     /* obuf is append-only until all sent: segments can hold offsets */
+    struct seg *segs; size_t nseg, segcap, shead, sdone; /* shead/sdone: first unsent seg, bytes of it sent */
+    char *rbuf; size_t rcap, rpos, rlen;
     int pst, bres, cmp, bad;           /* parser state; bad: current reply already counted as mismatch */
     uint64_t bleft, boff;
     char dig[12];                      /* key digits of the GET whose value is being compared */
@@ -73,21 +69,18 @@ struct run {
     _Atomic uint64_t left;             /* request budget not yet handed to a worker */
     _Atomic int failed;
     pthread_mutex_t mu;                /* guards err/msg: the first failure wins */
-    int err;
-    char msg[256];
+    int err; char msg[256];
 };
 
 struct worker {
-    struct run *r;
-    pthread_t tid;
+    struct run *r; pthread_t tid;
     int epfd, idx, nconn, sending, pwait2, rr;
     struct conn *conns;
     uint64_t rng, budget, inflight, t0, sched, last_rx;
     double interval;                   /* open loop: ns between this worker's scheduled sends */
     uint64_t requests, sets, gets, hits, misses, errors, bsent, brecv;
     uint64_t first_send, last_reply, lat_sum, lat_max, first_error_t;
-    char first_error[128];
-    uint64_t hist[HIST_LEN];
+    char first_error[128]; uint64_t hist[HIST_LEN];
 };
 
 static uint64_t mono_ns(void)
@@ -101,8 +94,7 @@ static uint64_t mono_ns(void)
 static void sanitize(char *s)
 {
     for (; *s; s++)
-        if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f)
-            *s = '?';
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s >= 0x7f) *s = '?';
 }
 
 __attribute__((format(printf, 3, 4)))
@@ -111,12 +103,8 @@ static int fail(struct run *r, int err, const char *fmt, ...)
     va_list ap;
     pthread_mutex_lock(&r->mu);
     if (!atomic_load(&r->failed)) {
-        r->err = err;
-        va_start(ap, fmt);
-        vsnprintf(r->msg, sizeof r->msg, fmt, ap);
-        va_end(ap);
-        sanitize(r->msg);
-        atomic_store(&r->failed, 1);
+        va_start(ap, fmt), vsnprintf(r->msg, sizeof r->msg, fmt, ap), va_end(ap);
+        sanitize(r->msg), r->err = err, atomic_store(&r->failed, 1);
     }
     pthread_mutex_unlock(&r->mu);
     return err;
@@ -133,23 +121,16 @@ __attribute__((format(printf, 2, 3)))
 static void note_error(struct worker *w, const char *fmt, ...)
 {
     va_list ap;
-    if (w->first_error[0])
-        return;
-    va_start(ap, fmt);
-    vsnprintf(w->first_error, sizeof w->first_error, fmt, ap);
-    va_end(ap);
-    sanitize(w->first_error);
-    w->first_error_t = mono_ns();
+    if (w->first_error[0]) return;
+    va_start(ap, fmt), vsnprintf(w->first_error, sizeof w->first_error, fmt, ap), va_end(ap);
+    sanitize(w->first_error), w->first_error_t = mono_ns();
 }
 
 __attribute__((format(printf, 2, 3)))
 static int proto_err(struct worker *w, const char *fmt, ...)
 {
-    char buf[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
+    char buf[160]; va_list ap;
+    va_start(ap, fmt), vsnprintf(buf, sizeof buf, fmt, ap), va_end(ap);
     w->errors++;
     note_error(w, "protocol error: %s", buf);
     return fail(w->r, -EPROTO, "protocol error from %s:%d: %s", w->r->cfg->host, w->r->cfg->port, buf);
@@ -174,43 +155,35 @@ static inline void fmt12(char *d, uint64_t k)
 {
     for (int i = 10; i >= 0; i -= 2) {
         unsigned v = (unsigned)(k % 100);
-        k /= 100;
-        d[i] = (char)('0' + v / 10);
-        d[i + 1] = (char)('0' + v % 10);
+        k /= 100, d[i] = (char)('0' + v / 10), d[i + 1] = (char)('0' + v % 10);
     }
 }
 
 static inline unsigned hist_index(uint64_t v)
 {
-    if (v > HIST_MAX_NS)
-        v = HIST_MAX_NS;
-    if (v < (1u << SUB_BITS))
-        return (unsigned)v;
+    if (v > HIST_MAX_NS) v = HIST_MAX_NS;
+    if (v < (1u << SUB_BITS)) return (unsigned)v;
     unsigned msb = 63u - (unsigned)__builtin_clzll(v);
     return ((msb - SUB_BITS + 1) << SUB_BITS) + (unsigned)(v >> (msb - SUB_BITS)) - (1u << SUB_BITS);
 }
 
-static double hist_mid(unsigned i)
-{
-    if (i < (1u << SUB_BITS))
-        return i;
-    unsigned shift = (i >> SUB_BITS) - 1;
-    uint64_t lo = (uint64_t)((i & ((1u << SUB_BITS) - 1)) + (1u << SUB_BITS)) << shift;
-    return (double)lo + (double)((1ull << shift) - 1) / 2.0;
-}
-
+/* Value at rank ceil(q * total) (HdrHistogram's rule): its bucket's midpoint, capped by the exact max; in us */
 static double percentile(const uint64_t *h, uint64_t total, double q, uint64_t max)
 {
-    double want = q * (double)total;
+    double want = q * (double)total, v = (double)max;
     uint64_t need = (uint64_t)want, cum = 0;
-    if ((double)need < want || !need)
-        need++;
-    for (unsigned i = 0; i < HIST_LEN; i++)
-        if ((cum += h[i]) >= need) {
-            double v = hist_mid(i);
-            return (v > (double)max ? (double)max : v) / 1000.0;
-        }
-    return (double)max / 1000.0;
+    unsigned i = 0;
+    if ((double)need < want || !need) need++;
+    while (i < HIST_LEN - 1 && (cum += h[i]) < need) i++;
+    if (i < (1u << SUB_BITS)) {
+        v = i < v ? i : v;
+    } else {
+        unsigned shift = (i >> SUB_BITS) - 1;
+        double mid = (double)((uint64_t)((i & ((1u << SUB_BITS) - 1)) + (1u << SUB_BITS)) << shift) +
+                     (double)((1ull << shift) - 1) / 2.0;
+        v = mid < v ? mid : v;
+    }
+    return v / 1000.0;
 }
 
 /* ---- output: requests are copied into obuf; huge values are referenced, not copied ---- */
@@ -219,13 +192,10 @@ static char *out_reserve(struct conn *c, size_t n)
 {
     if (c->olen + n > c->ocap) {
         size_t cap = c->ocap ? c->ocap : 4096;
-        while (cap < c->olen + n)
-            cap *= 2;
+        while (cap < c->olen + n) cap *= 2;
         char *p = realloc(c->obuf, cap);
-        if (!p)
-            return NULL;
-        c->obuf = p;
-        c->ocap = cap;
+        if (!p) return NULL;
+        c->obuf = p, c->ocap = cap;
     }
     return c->obuf + c->olen;
 }
@@ -235,23 +205,16 @@ static int out_seg(struct conn *c, const char *ext, size_t n)
     if (!ext && c->nseg) {
         /* contiguous obuf bytes merge, so a batch of small requests is a single iovec */
         struct seg *s = &c->segs[c->nseg - 1];
-        if (!s->ext && s->off + s->len == c->olen) {
-            s->len += n;
-            c->olen += n;
-            return 0;
-        }
+        if (!s->ext && s->off + s->len == c->olen) { s->len += n; c->olen += n; return 0; }
     }
     if (c->nseg == c->segcap) {
         size_t cap = c->segcap ? 2 * c->segcap : 16;
         struct seg *p = realloc(c->segs, cap * sizeof *p);
-        if (!p)
-            return -ENOMEM;
-        c->segs = p;
-        c->segcap = cap;
+        if (!p) return -ENOMEM;
+        c->segs = p, c->segcap = cap;
     }
     c->segs[c->nseg++] = (struct seg){ ext, ext ? 0 : c->olen, n };
-    if (!ext)
-        c->olen += n;
+    if (!ext) c->olen += n;
     return 0;
 }
 
@@ -264,54 +227,38 @@ static int enqueue(struct worker *w, struct conn *c, uint64_t t_lat, uint64_t no
              : below(w, (uint64_t)cfg->set_ratio + (uint64_t)cfg->get_ratio) < (uint64_t)cfg->set_ratio
              ? K_SET : K_GET;
     char d[12], *p;
-
     fmt12(d, key);
     if (kind == K_GET) {
-        if (!(p = out_reserve(c, r->get_len)))
-            return -ENOMEM;
-        memcpy(p, r->get_t, r->get_len);
-        memcpy(p + r->get_key, d, 12);
-        if (out_seg(c, NULL, r->get_len))
-            return -ENOMEM;
+        if (!(p = out_reserve(c, r->get_len))) return -ENOMEM;
+        memcpy(p, r->get_t, r->get_len), memcpy(p + r->get_key, d, 12);
+        if (out_seg(c, NULL, r->get_len)) return -ENOMEM;
     } else {
         /* value = filler with the key's digits over its first min(12,n) and, if n >= 24, last 12 bytes */
         size_t k = r->vsize < 12 ? (size_t)r->vsize : 12;
-        if (!(p = out_reserve(c, r->set_len)))
-            return -ENOMEM;
-        memcpy(p, r->set_t, r->set_len);
-        memcpy(p + r->set_key, d, 12);
+        if (!(p = out_reserve(c, r->set_len))) return -ENOMEM;
+        memcpy(p, r->set_t, r->set_len), memcpy(p + r->set_key, d, 12);
         memcpy(p + r->set_val, d + 12 - k, k);
-        if (r->vsize >= 24 && !r->large)
-            memcpy(p + r->set_val + r->vsize - 12, d, 12);
-        if (out_seg(c, NULL, r->set_len))
-            return -ENOMEM;
+        if (r->vsize >= 24 && !r->large) memcpy(p + r->set_val + r->vsize - 12, d, 12);
+        if (out_seg(c, NULL, r->set_len)) return -ENOMEM;
         if (r->large) {
-            if (out_seg(c, r->filler + 12, r->vsize - 24) || !(p = out_reserve(c, 14)))
-                return -ENOMEM;
-            memcpy(p, d, 12);
-            memcpy(p + 12, "\r\n", 2);
-            if (out_seg(c, NULL, 14))
-                return -ENOMEM;
+            if (out_seg(c, r->filler + 12, r->vsize - 24) || !(p = out_reserve(c, 14))) return -ENOMEM;
+            memcpy(p, d, 12), memcpy(p + 12, "\r\n", 2);
+            if (out_seg(c, NULL, 14)) return -ENOMEM;
         }
     }
     uint32_t i = c->rhead + c->rcount;
-    if (i >= r->depth)
-        i -= r->depth;
+    if (i >= r->depth) i -= r->depth;
     c->ring[i] = (struct slot){ t_lat, key, kind };
-    c->rcount++;
-    w->inflight++;
-    if (!w->first_send)
-        w->first_send = now;
+    c->rcount++, w->inflight++;
+    if (!w->first_send) w->first_send = now;
     return 0;
 }
 
 static int set_out(struct worker *w, struct conn *c, int on)
 {
-    if (c->want_out == on)
-        return 0;
+    if (c->want_out == on) return 0;
     struct epoll_event ev = { .events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = c };
-    if (epoll_ctl(w->epfd, EPOLL_CTL_MOD, c->fd, &ev) < 0)
-        return sys_fail(w->r, errno, "epoll_ctl for");
+    if (epoll_ctl(w->epfd, EPOLL_CTL_MOD, c->fd, &ev) < 0) return sys_fail(w->r, errno, "epoll_ctl for");
     c->want_out = on;
     return 0;
 }
@@ -332,22 +279,15 @@ static int flush(struct worker *w, struct conn *c)
         struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
         ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT); /* NOSIGNAL: no SIGPIPE in Python */
         if (k < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                return set_out(w, c, 1);
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return set_out(w, c, 1);
             return sys_fail(w->r, errno, "write to");
         }
         w->bsent += (uint64_t)k;
         for (size_t left = (size_t)k; left;) {
             size_t rem = c->segs[c->shead].len - c->sdone;
-            if (left < rem) {
-                c->sdone += left;
-                break;
-            }
-            left -= rem;
-            c->sdone = 0;
-            c->shead++;
+            if (left < rem) { c->sdone += left; break; }
+            left -= rem, c->sdone = 0, c->shead++;
         }
         if ((size_t)k < want)
             return set_out(w, c, 1); /* socket buffer full: resume on EPOLLOUT */
@@ -360,13 +300,11 @@ static int flush(struct worker *w, struct conn *c)
 static int take_budget(struct worker *w)
 {
     struct run *r = w->r;
-    if (!r->bounded)
-        return 1;
+    if (!r->bounded) return 1;
     if (!w->budget) {
         uint64_t cur = atomic_load(&r->left), take;
         do {
-            if (!cur)
-                return 0;
+            if (!cur) return 0;
             take = cur < r->chunk ? cur : r->chunk;
         } while (!atomic_compare_exchange_weak(&r->left, &cur, cur - take));
         w->budget = take;
@@ -377,82 +315,52 @@ static int take_budget(struct worker *w)
 
 static int fill(struct worker *w, struct conn *c)
 {
-    if (c->rcount >= w->r->depth || c->olen >= OUT_SOFT)
-        return 0;
+    if (c->rcount >= w->r->depth || c->olen >= OUT_SOFT) return 0;
     uint64_t now = mono_ns();
     while (c->rcount < w->r->depth && c->olen < OUT_SOFT) {
-        if (!take_budget(w)) {
-            w->sending = 0;
-            break;
-        }
-        if (enqueue(w, c, now, now) < 0)
-            return fail(w->r, -ENOMEM, "out of memory queueing requests");
+        if (!take_budget(w)) { w->sending = 0; break; }
+        if (enqueue(w, c, now, now) < 0) return fail(w->r, -ENOMEM, "out of memory queueing requests");
     }
     return 0;
 }
-
-/* ---- input ---- */
 
 static int complete(struct worker *w, struct conn *c, uint64_t now, int res)
 {
     const struct slot *s = &c->ring[c->rhead];
     uint64_t lat = now > s->t ? now - s->t : 0;
-    if (++c->rhead == w->r->depth)
-        c->rhead = 0;
-    c->rcount--;
-    w->inflight--;
-    w->requests++;
-    if (s->kind == K_SET)
-        w->sets++;
-    else
-        w->gets++;
-    if (res == RES_HIT)
-        w->hits++;
-    else if (res == RES_MISS)
-        w->misses++;
-    if (res == RES_ERR || c->bad)
-        w->errors++;
-    c->bad = 0;
-    w->lat_sum += lat;
-    if (lat > w->lat_max)
-        w->lat_max = lat;
-    w->hist[hist_index(lat)]++;
-    w->last_reply = now;
+    if (++c->rhead == w->r->depth) c->rhead = 0;
+    c->rcount--, w->inflight--, w->requests++;
+    *(s->kind == K_SET ? &w->sets : &w->gets) += 1;
+    w->hits += res == RES_HIT, w->misses += res == RES_MISS, w->errors += res == RES_ERR || c->bad;
+    c->bad = 0, w->lat_sum += lat, w->hist[hist_index(lat)]++, w->last_reply = now;
+    if (lat > w->lat_max) w->lat_max = lat;
     return 0;
 }
 
 __attribute__((format(printf, 3, 4)))
 static void mismatch(struct worker *w, struct conn *c, const char *fmt, ...)
 {
-    char buf[112];
-    va_list ap;
+    char buf[112]; va_list ap;
     const struct slot *s = &c->ring[c->rhead];
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
+    va_start(ap, fmt), vsnprintf(buf, sizeof buf, fmt, ap), va_end(ap);
     c->bad = 1;
     note_error(w, "%s key:%012llu: %s", s->kind == K_SET ? "SET" : "GET", (unsigned long long)s->key, buf);
 }
 
 static int odd(struct worker *w, struct conn *c, const char *p, size_t len, uint64_t now)
 {
-    if (w->r->check)
-        mismatch(w, c, "unexpected reply '%.*s'", SHOW(p, len));
+    if (w->r->check) mismatch(w, c, "unexpected reply '%.*s'", SHOW(p, len));
     return complete(w, c, now, RES_ODD);
 }
 
 /* Strict decimal: optional '-' (if allowed), 1..18 digits, nothing else. */
 static int parse_num(const char *p, size_t len, int neg_ok, int64_t *out)
 {
-    int neg = 0;
-    int64_t v = 0;
-    if (len && p[0] == '-' && neg_ok)
-        neg = 1, p++, len--;
-    if (!len || len > 18)
-        return -1;
+    int64_t v = 0, neg = 0;
+    if (len && p[0] == '-' && neg_ok) neg = 1, p++, len--;
+    if (!len || len > 18) return -1;
     for (size_t i = 0; i < len; i++) {
-        if (p[i] < '0' || p[i] > '9')
-            return -1;
+        if (p[i] < '0' || p[i] > '9') return -1;
         v = v * 10 + (p[i] - '0');
     }
     *out = neg ? -v : v;
@@ -461,19 +369,13 @@ static int parse_num(const char *p, size_t len, int neg_ok, int64_t *out)
 
 static void bulk_begin(struct worker *w, struct conn *c, uint64_t n, int res)
 {
-    c->bres = res;
-    c->bleft = n;
-    c->boff = 0;
-    c->cmp = 0;
+    c->bres = res, c->bleft = n, c->boff = 0, c->cmp = 0;
     if (w->r->check && res == RES_ODD)
         mismatch(w, c, "unexpected value reply of %llu bytes", (unsigned long long)n);
     else if (w->r->check && n != w->r->vsize)
         mismatch(w, c, "value length %llu, expected %llu", (unsigned long long)n,
                  (unsigned long long)w->r->vsize);
-    else if (w->r->check) {
-        fmt12(c->dig, c->ring[c->rhead].key);
-        c->cmp = 1;
-    }
+    else if (w->r->check) { fmt12(c->dig, c->ring[c->rhead].key); c->cmp = 1; }
     c->pst = n ? PS_BULK : PS_CRLF;
 }
 
@@ -482,20 +384,14 @@ static int64_t value_diff(const struct run *r, const char *dig, uint64_t off, co
 {
     uint64_t n = r->vsize, k = n < 12 ? n : 12, tail = n >= 24 ? n - 12 : n;
     while (len) {
-        const char *e;
-        uint64_t m;
-        if (off < k)
-            e = dig + 12 - k + off, m = k - off;
-        else if (off < tail)
-            e = r->filler + off, m = tail - off;
-        else
-            e = dig + (off - tail), m = n - off;
-        if (m > len)
-            m = len;
+        const char *e; uint64_t m;
+        if (off < k) e = dig + 12 - k + off, m = k - off;
+        else if (off < tail) e = r->filler + off, m = tail - off;
+        else e = dig + (off - tail), m = n - off;
+        if (m > len) m = len;
         if (memcmp(p, e, m))
             for (uint64_t i = 0;; i++)
-                if (p[i] != e[i])
-                    return (int64_t)(off + i);
+                if (p[i] != e[i]) return (int64_t)(off + i);
         off += m, p += m, len -= m;
     }
     return -1;
@@ -505,33 +401,26 @@ static int resp_line(struct worker *w, struct conn *c, const char *p, size_t len
 {
     int64_t n;
     if (c->auth_pending) {
-        if (len == 3 && !memcmp(p, "+OK", 3)) {
-            c->auth_pending = 0;
-            return 0;
-        }
+        if (len == 3 && !memcmp(p, "+OK", 3)) { c->auth_pending = 0; return 0; }
         return fail(w->r, -EACCES, "AUTH on %s:%d failed: %.*s", w->r->cfg->host, w->r->cfg->port,
-                    SHOW(p, len));
+                    SHOW(p + (len && p[0] == '-'), len - (len && p[0] == '-')));
     }
-    if (!c->rcount)
-        return proto_err(w, "reply '%.*s' with no request outstanding", SHOW(p, len));
+    if (!c->rcount) return proto_err(w, "reply '%.*s' with no request outstanding", SHOW(p, len));
     int kind = c->ring[c->rhead].kind;
     switch (p[0]) {
     case '+':
-        if (kind == K_SET && len == 3 && !memcmp(p, "+OK", 3))
-            return complete(w, c, now, RES_OK);
+        if (kind == K_SET && len == 3 && !memcmp(p, "+OK", 3)) return complete(w, c, now, RES_OK);
         return odd(w, c, p, len, now);
     case '-':
         note_error(w, "%.*s", SHOW(p + 1, len - 1));
         return complete(w, c, now, RES_ERR);
     case ':':
-        if (parse_num(p + 1, len - 1, 1, &n))
-            break;
+        if (parse_num(p + 1, len - 1, 1, &n)) break;
         return odd(w, c, p, len, now);
     case '$':
-        if (parse_num(p + 1, len - 1, 1, &n) || n < -1 || n > (int64_t)MAX_VALUE)
-            break;
-        if (n == -1)
-            return kind == K_GET ? complete(w, c, now, RES_MISS) : odd(w, c, p, len, now);
+        if (parse_num(p + 1, len - 1, 1, &n) || n < -1) break;
+        if (n > (int64_t)MAX_VALUE) return proto_err(w, "bulk length %lld over 512 MiB", (long long)n);
+        if (n == -1) return kind == K_GET ? complete(w, c, now, RES_MISS) : odd(w, c, p, len, now);
         bulk_begin(w, c, (uint64_t)n, kind == K_GET ? RES_HIT : RES_ODD);
         return 0;
     }
@@ -546,47 +435,36 @@ static int mc_value(struct worker *w, struct conn *c, const char *p, size_t len,
     /* "VALUE <key> <flags> <bytes>[ <cas>]" */
     const char *e = p + len, *k = p + 6, *ke = memchr(k, ' ', (size_t)(e - k)), *f, *fe = NULL, *b, *be;
     int64_t flags, n;
-    if (ke)
-        f = ke + 1, fe = memchr(f, ' ', (size_t)(e - f));
-    if (!fe)
-        return proto_err(w, "bad VALUE line '%.*s'", SHOW(p, len));
+    if (ke) f = ke + 1, fe = memchr(f, ' ', (size_t)(e - f));
+    if (!fe) return proto_err(w, "bad VALUE line '%.*s'", SHOW(p, len));
     b = fe + 1;
-    if (!(be = memchr(b, ' ', (size_t)(e - b))))
-        be = e;
+    if (!(be = memchr(b, ' ', (size_t)(e - b)))) be = e;
     if (parse_num(f, (size_t)(fe - f), 0, &flags) || parse_num(b, (size_t)(be - b), 0, &n) ||
         n > (int64_t)MAX_VALUE)
         return proto_err(w, "bad VALUE line '%.*s'", SHOW(p, len));
+    char d[12]; int wrong = 0;
     if (kind == K_GET && w->r->check) {
-        char d[12];
         fmt12(d, c->ring[c->rhead].key);
-        if (ke - k != 16 || memcmp(k, "key:", 4) || memcmp(k + 4, d, 12)) {
+        if ((wrong = ke - k != 16 || memcmp(k, "key:", 4) || memcmp(k + 4, d, 12)))
             mismatch(w, c, "VALUE for key '%.*s'", SHOW(k, (size_t)(ke - k)));
-            bulk_begin(w, c, (uint64_t)n, RES_HIT);
-            c->cmp = 0;
-            return 0;
-        }
     }
     bulk_begin(w, c, (uint64_t)n, kind == K_GET ? RES_HIT : RES_ODD);
+    c->cmp &= !wrong;
     return 0;
 }
 
 static int mc_line(struct worker *w, struct conn *c, const char *p, size_t len, uint64_t now)
 {
     if (c->pst == PS_END) {
-        if (!LINE_IS("END"))
-            return proto_err(w, "expected END after VALUE data, got '%.*s'", SHOW(p, len));
+        if (!LINE_IS("END")) return proto_err(w, "expected END after VALUE data, got '%.*s'", SHOW(p, len));
         c->pst = PS_LINE;
         return complete(w, c, now, c->bres);
     }
-    if (!c->rcount)
-        return proto_err(w, "reply '%.*s' with no request outstanding", SHOW(p, len));
+    if (!c->rcount) return proto_err(w, "reply '%.*s' with no request outstanding", SHOW(p, len));
     int kind = c->ring[c->rhead].kind;
-    if (LINE_IS("STORED"))
-        return kind == K_SET ? complete(w, c, now, RES_OK) : odd(w, c, p, len, now);
-    if (LINE_IS("END"))
-        return kind == K_GET ? complete(w, c, now, RES_MISS) : odd(w, c, p, len, now);
-    if (LINE_HAS("VALUE "))
-        return mc_value(w, c, p, len, kind);
+    if (LINE_IS("STORED")) return kind == K_SET ? complete(w, c, now, RES_OK) : odd(w, c, p, len, now);
+    if (LINE_IS("END")) return kind == K_GET ? complete(w, c, now, RES_MISS) : odd(w, c, p, len, now);
+    if (LINE_HAS("VALUE ")) return mc_value(w, c, p, len, kind);
     if (LINE_IS("ERROR") || LINE_HAS("CLIENT_ERROR") || LINE_HAS("SERVER_ERROR") ||
         LINE_IS("NOT_STORED") || LINE_IS("EXISTS") || LINE_IS("NOT_FOUND")) {
         note_error(w, "%.*s", SHOW(p, len));
@@ -608,31 +486,21 @@ static int parse(struct worker *w, struct conn *c, uint64_t now)
                 mismatch(w, c, "value differs at byte %lld", (long long)at);
                 c->cmp = 0;
             }
-            c->boff += m;
-            c->bleft -= m;
-            c->rpos += m;
-            if (!c->bleft)
-                c->pst = PS_CRLF;
+            c->boff += m, c->bleft -= m, c->rpos += m;
+            if (!c->bleft) c->pst = PS_CRLF;
             continue;
         }
         if (c->pst == PS_CRLF) {
-            if (avail < 2)
-                break;
-            if (p[0] != '\r' || p[1] != '\n')
-                return proto_err(w, "value not followed by CRLF");
+            if (avail < 2) break;
+            if (p[0] != '\r' || p[1] != '\n') return proto_err(w, "value not followed by CRLF");
             c->rpos += 2;
-            if (r->mc) {
-                c->pst = PS_END;
-                continue;
-            }
-            c->pst = PS_LINE;
-            complete(w, c, now, c->bres);
+            if (r->mc) { c->pst = PS_END; continue; }
+            c->pst = PS_LINE, complete(w, c, now, c->bres);
             continue;
         }
         char *nl = memchr(p, '\n', avail);
         if (!nl) {
-            if (avail >= MAX_LINE)
-                return proto_err(w, "reply line longer than %d bytes", MAX_LINE);
+            if (avail >= MAX_LINE) return proto_err(w, "reply line longer than %d bytes", MAX_LINE);
             break;
         }
         if (nl == p || nl[-1] != '\r')
@@ -640,8 +508,7 @@ static int parse(struct worker *w, struct conn *c, uint64_t now)
         size_t len = (size_t)(nl - p) - 1;
         c->rpos += len + 2;
         int rc = r->mc ? mc_line(w, c, p, len, now) : resp_line(w, c, p, len, now);
-        if (rc < 0)
-            return rc;
+        if (rc < 0) return rc;
     }
     return 0;
 }
@@ -651,8 +518,7 @@ static int conn_read(struct worker *w, struct conn *c)
     /* only an incomplete line (< MAX_LINE) or CRLF is ever left over, so this move is small */
     if (c->rpos) {
         memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
-        c->rlen -= c->rpos;
-        c->rpos = 0;
+        c->rlen -= c->rpos, c->rpos = 0;
     }
     ssize_t n = read(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen);
     if (n < 0)
@@ -662,13 +528,9 @@ static int conn_read(struct worker *w, struct conn *c)
         return fail(w->r, -ECONNRESET, "connection to %s:%d closed by server", w->r->cfg->host,
                     w->r->cfg->port);
     uint64_t now = mono_ns();
-    w->brecv += (uint64_t)n;
-    w->last_rx = now;
-    c->rlen += (size_t)n;
+    w->brecv += (uint64_t)n, w->last_rx = now, c->rlen += (size_t)n;
     return parse(w, c, now);
 }
-
-/* ---- worker loop ---- */
 
 /* epoll_wait only sleeps in whole ms, far too coarse for open-loop schedules at thousands of req/s per
  * thread; epoll_pwait2 (Linux 5.11, glibc 2.35) takes ns. Without it we sleep the whole ms and spin
@@ -679,8 +541,7 @@ static int wait_events(struct worker *w, struct epoll_event *ev, int max, int64_
     if (w->pwait2) {
         struct timespec ts = { tmo / 1000000000, tmo % 1000000000 };
         int n = epoll_pwait2(w->epfd, ev, max, &ts, NULL);
-        if (n >= 0 || errno != ENOSYS)
-            return n;
+        if (n >= 0 || errno != ENOSYS) return n;
         w->pwait2 = 0;
     }
 #endif
@@ -693,44 +554,31 @@ static int open_tick(struct worker *w, uint64_t now, int64_t *tmo)
 {
     struct run *r = w->r;
     if (now < w->t0) {
-        if ((int64_t)(w->t0 - now) < *tmo)
-            *tmo = (int64_t)(w->t0 - now);
+        if ((int64_t)(w->t0 - now) < *tmo) *tmo = (int64_t)(w->t0 - now);
         return 0;
     }
     uint64_t due = (uint64_t)((double)(now - w->t0) / w->interval) + 1;
     int miss = 0;
     while (w->sched < due && miss < w->nconn) {
         struct conn *c = &w->conns[w->rr];
-        if (++w->rr == w->nconn)
-            w->rr = 0;
-        if (c->auth_pending || c->rcount >= r->depth || c->olen >= OUT_SOFT) {
-            miss++;
-            continue;
-        }
-        if (!take_budget(w)) {
-            w->sending = 0;
-            break;
-        }
+        if (++w->rr == w->nconn) w->rr = 0;
+        if (c->auth_pending || c->rcount >= r->depth || c->olen >= OUT_SOFT) { miss++; continue; }
+        if (!take_budget(w)) { w->sending = 0; break; }
         if (enqueue(w, c, w->t0 + (uint64_t)((double)w->sched * w->interval), now) < 0)
             return fail(r, -ENOMEM, "out of memory queueing requests");
-        w->sched++;
-        c->dirty = 1;
-        miss = 0;
+        w->sched++, c->dirty = 1, miss = 0;
     }
     for (int i = 0; i < w->nconn; i++) {
         struct conn *c = &w->conns[i];
-        if (!c->dirty)
-            continue;
+        if (!c->dirty) continue;
         c->dirty = 0;
-        if (!c->want_out && flush(w, c) < 0)
-            return -1;
+        if (!c->want_out && flush(w, c) < 0) return -1;
     }
     if (w->sched < due || !w->sending)
         return 0; /* all pipelines full: a reply wakes us */
     uint64_t next = w->t0 + (uint64_t)((double)w->sched * w->interval);
     int64_t d = next > now ? (int64_t)(next - now) : 0;
-    if (d < *tmo)
-        *tmo = d;
+    if (d < *tmo) *tmo = d;
     return 0;
 }
 
@@ -742,70 +590,49 @@ static void *worker_main(void *arg)
     struct epoll_event ev[256];
     int open = cfg->rate > 0;
     uint64_t now = mono_ns();
-
     if (open) /* the default 50 us timer slack would smear the schedule; this thread is ours */
         prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
-    w->sending = 1;
-    w->pwait2 = 1;
-    w->last_rx = now;
+    w->sending = w->pwait2 = 1, w->last_rx = now;
     w->t0 = now + (uint64_t)(w->interval * w->idx / cfg->threads); /* interleave the threads' ticks */
     for (int i = 0; i < w->nconn; i++) {
         struct conn *c = &w->conns[i];
         if (r->auth_t) {
             char *p = out_reserve(c, r->auth_len);
-            if (!p || out_seg(c, NULL, r->auth_len)) {
-                fail(r, -ENOMEM, "out of memory");
-                return NULL;
-            }
-            memcpy(p, r->auth_t, r->auth_len);
-            c->auth_pending = 1;
+            if (!p || out_seg(c, NULL, r->auth_len)) { fail(r, -ENOMEM, "out of memory"); return NULL; }
+            memcpy(p, r->auth_t, r->auth_len), c->auth_pending = 1;
         } else if (!open && fill(w, c) < 0) {
             return NULL;
         }
-        if (flush(w, c) < 0)
-            return NULL;
+        if (flush(w, c) < 0) return NULL;
     }
     /* *stop is written by another thread with no lock; an atomic load keeps that well-defined */
     while (!atomic_load_explicit(&r->failed, memory_order_relaxed) &&
            !(cfg->stop && __atomic_load_n(cfg->stop, __ATOMIC_RELAXED))) {
         int64_t tmo = IDLE_NS;
         now = mono_ns();
-        if (w->sending && r->deadline && now >= r->deadline)
-            w->sending = 0;
-        if (open && w->sending && open_tick(w, now, &tmo) < 0)
-            break;
-        if (!w->sending && (!w->inflight || (r->deadline && now >= r->deadline + DRAIN_NS)))
-            break;
+        if (w->sending && r->deadline && now >= r->deadline) w->sending = 0;
+        if (open && w->sending && open_tick(w, now, &tmo) < 0) break;
+        if (!w->sending && (!w->inflight || (r->deadline && now >= r->deadline + DRAIN_NS))) break;
         if (w->sending && r->deadline && (int64_t)(r->deadline - now) < tmo)
             tmo = (int64_t)(r->deadline - now);
         if (w->inflight && now - w->last_rx > STALL_NS) {
-            fail(r, -ETIMEDOUT, "no reply from %s:%d for %llu s", cfg->host, cfg->port, STALL_NS / 1000000000ull);
+            fail(r, -ETIMEDOUT, "no reply from %s:%d for %llu s", cfg->host, cfg->port, STALL_NS / 1000000000);
             break;
         }
         int n = wait_events(w, ev, 256, tmo);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            sys_fail(r, errno, "epoll_wait for");
-            break;
-        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) { sys_fail(r, errno, "epoll_wait for"); break; }
         for (int i = 0; i < n; i++) {
             struct conn *c = ev[i].data.ptr;
             uint32_t e = ev[i].events;
-            if ((e & (EPOLLIN | EPOLLERR | EPOLLHUP)) && conn_read(w, c) < 0)
-                return NULL;
-            if ((e & EPOLLOUT) && flush(w, c) < 0)
-                return NULL;
-            if (!open && w->sending && !c->auth_pending && fill(w, c) < 0)
-                return NULL;
-            if (c->shead < c->nseg && !c->want_out && flush(w, c) < 0)
-                return NULL;
+            if ((e & (EPOLLIN | EPOLLERR | EPOLLHUP)) && conn_read(w, c) < 0) return NULL;
+            if ((e & EPOLLOUT) && flush(w, c) < 0) return NULL;
+            if (!open && w->sending && !c->auth_pending && fill(w, c) < 0) return NULL;
+            if (c->shead < c->nseg && !c->want_out && flush(w, c) < 0) return NULL;
         }
     }
     return NULL;
 }
-
-/* ---- setup ---- */
 
 #define BAD(...) return snprintf(err, n, __VA_ARGS__), -EINVAL
 
@@ -813,26 +640,19 @@ static int validate(const struct lg_config *c, struct in_addr *addr, char *err, 
 {
     if (!c->host || inet_pton(AF_INET, c->host, addr) != 1)
         BAD("host must be an IPv4 dotted address, got '%.64s'", c->host ? c->host : "(null)");
-    if (c->port < 1 || c->port > 65535)
-        BAD("port must be 1..65535, got %d", c->port);
-    if (c->threads < 1)
-        BAD("threads must be >= 1, got %d", c->threads);
-    if (c->conns < c->threads)
-        BAD("conns (%d) must be >= threads (%d)", c->conns, c->threads);
-    if (c->pipeline < 1 || c->pipeline > 100000)
-        BAD("pipeline must be 1..100000, got %d", c->pipeline);
+    if (c->port < 1 || c->port > 65535) BAD("port must be 1..65535, got %d", c->port);
+    if (c->threads < 1) BAD("threads must be >= 1, got %d", c->threads);
+    if (c->conns < c->threads) BAD("conns (%d) must be >= threads (%d)", c->conns, c->threads);
+    if (c->pipeline < 1 || c->pipeline > 100000) BAD("pipeline must be 1..100000, got %d", c->pipeline);
     if (c->value_size < 1 || (uint64_t)c->value_size > MAX_VALUE)
-        BAD("value_size must be 1..%llu, got %d", MAX_VALUE, c->value_size);
+        BAD("value_size must be 1..512 MiB, got %d", c->value_size);
     if (c->keyspace < 1 || c->keyspace > MAX_KEYSPACE)
         BAD("keyspace must be 1..10^12 (keys are key:%%012llu), got %llu", (unsigned long long)c->keyspace);
     if (c->set_ratio < 0 || c->get_ratio < 0 || (!c->set_ratio && !c->get_ratio))
         BAD("set_ratio and get_ratio must be >= 0 and not both 0, got %d:%d", c->set_ratio, c->get_ratio);
-    if (!(c->duration >= 0 && c->duration < 1e9))
-        BAD("duration must be 0..1e9 seconds, got %g", c->duration);
-    if (!c->requests && !(c->duration > 0))
-        BAD("at least one of requests and duration must be > 0");
-    if (!(c->rate >= 0 && c->rate < 1e12))
-        BAD("rate must be >= 0 (and finite), got %g", c->rate);
+    if (!(c->duration >= 0 && c->duration < 1e9)) BAD("duration must be 0..1e9 seconds, got %g", c->duration);
+    if (!c->requests && !(c->duration > 0)) BAD("at least one of requests and duration must be > 0");
+    if (!(c->rate >= 0 && c->rate < 1e12)) BAD("rate must be >= 0 (and finite), got %g", c->rate);
     if (c->proto != LG_PROTO_RESP && c->proto != LG_PROTO_MEMCACHE)
         BAD("proto must be LG_PROTO_RESP or LG_PROTO_MEMCACHE, got %d", c->proto);
     return 0;
@@ -845,11 +665,9 @@ static int build_templates(struct run *r)
     char hdr[96];
     int h = r->mc ? snprintf(hdr, sizeof hdr, "set key:000000000000 0 0 %llu\r\n", n)
                   : snprintf(hdr, sizeof hdr, "*3\r\n$3\r\nSET\r\n$16\r\nkey:000000000000\r\n$%llu\r\n", n);
-    static const char get_resp[] = "*2\r\n$3\r\nGET\r\n$16\r\nkey:000000000000\r\n", get_mc[] = "get key:000000000000\r\n";
-
-    r->large = n > LARGE_VALUE;
-    r->set_key = r->get_key = r->mc ? 8 : 22;
-    r->set_val = (size_t)h;
+    static const char get_resp[] = "*2\r\n$3\r\nGET\r\n$16\r\nkey:000000000000\r\n";
+    static const char get_mc[] = "get key:000000000000\r\n";
+    r->large = n > LARGE_VALUE, r->set_key = r->get_key = r->mc ? 8 : 22, r->set_val = (size_t)h;
     r->set_len = (size_t)h + (r->large ? 12 : n + 2);
     r->get_len = r->mc ? sizeof get_mc - 1 : sizeof get_resp - 1;
     /* the full filler is needed to send large values and to verify; a GET-only run needs no more than
@@ -857,71 +675,47 @@ static int build_templates(struct run *r)
     size_t fl = r->check || cfg->set_ratio || !r->large ? n : 12;
     if (!(r->filler = malloc(fl)) || !(r->set_t = malloc(r->set_len)) || !(r->get_t = malloc(r->get_len)))
         return fail(r, -ENOMEM, "out of memory for %llu-byte values", n);
-    for (size_t i = 0; i < fl; i++)
-        r->filler[i] = (char)('a' + i % 26);
+    for (size_t i = 0; i < fl; i++) r->filler[i] = (char)('a' + i % 26);
     memcpy(r->set_t, hdr, (size_t)h);
     memcpy(r->set_t + h, r->filler, r->large ? 12 : n);
-    if (!r->large)
-        memcpy(r->set_t + r->set_len - 2, "\r\n", 2);
+    if (!r->large) memcpy(r->set_t + r->set_len - 2, "\r\n", 2);
     memcpy(r->get_t, r->mc ? get_mc : get_resp, r->get_len);
     if (cfg->password && !r->mc) {
         size_t pl = strlen(cfg->password);
-        if (!(r->auth_t = malloc(pl + 64)))
-            return fail(r, -ENOMEM, "out of memory");
-        r->auth_len = (size_t)snprintf(r->auth_t, pl + 64, "*2\r\n$4\r\nAUTH\r\n$%zu\r\n%s\r\n", pl, cfg->password);
+        if (!(r->auth_t = malloc(pl + 64))) return fail(r, -ENOMEM, "out of memory");
+        r->auth_len = (size_t)snprintf(r->auth_t, pl + 64, "*2\r\n$4\r\nAUTH\r\n$%zu\r\n%s\r\n", pl,
+                                       cfg->password);
     }
     return 0;
 }
 
 static int connect_all(struct run *r, struct conn *cs, int n, const struct in_addr *addr)
 {
-    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)r->cfg->port), .sin_addr = *addr };
+    struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)r->cfg->port),
+                              .sin_addr = *addr };
     struct pollfd *pf = calloc((size_t)n, sizeof *pf);
     int pending = 0, rc = 0, one = 1;
-    if (!pf)
-        return fail(r, -ENOMEM, "out of memory");
+    if (!pf) return fail(r, -ENOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-        if (fd < 0) {
-            rc = sys_fail(r, errno, "connect to");
-            goto out;
-        }
-        cs[i].fd = fd;
-        pf[i].fd = -1;
+        if (fd < 0) { rc = sys_fail(r, errno, "connect to"); goto out; }
+        cs[i].fd = fd, pf[i].fd = -1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0)
-            continue;
-        if (errno != EINPROGRESS) {
-            rc = sys_fail(r, errno, "connect to");
-            goto out;
-        }
-        pf[i] = (struct pollfd){ .fd = fd, .events = POLLOUT };
-        pending++;
+        if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) continue;
+        if (errno != EINPROGRESS) { rc = sys_fail(r, errno, "connect to"); goto out; }
+        pf[i] = (struct pollfd){ .fd = fd, .events = POLLOUT }, pending++;
     }
     for (uint64_t end = mono_ns() + CONNECT_MS * 1000000ull; pending;) {
         uint64_t now = mono_ns();
-        if (now >= end) {
-            rc = sys_fail(r, ETIMEDOUT, "connect to");
-            goto out;
-        }
+        if (now >= end) { rc = sys_fail(r, ETIMEDOUT, "connect to"); goto out; }
         int k = poll(pf, (nfds_t)n, (int)((end - now + 999999) / 1000000));
-        if (k < 0 && errno != EINTR) {
-            rc = sys_fail(r, errno, "connect to");
-            goto out;
-        }
+        if (k < 0 && errno != EINTR) { rc = sys_fail(r, errno, "connect to"); goto out; }
         for (int i = 0; k > 0 && i < n; i++) {
-            int e = 0;
-            socklen_t l = sizeof e;
-            if (pf[i].fd < 0 || !pf[i].revents)
-                continue;
-            if (getsockopt(pf[i].fd, SOL_SOCKET, SO_ERROR, &e, &l) < 0)
-                e = errno;
-            if (e) {
-                rc = sys_fail(r, e, "connect to");
-                goto out;
-            }
-            pf[i].fd = -1;
-            pending--;
+            int e = 0; socklen_t l = sizeof e;
+            if (pf[i].fd < 0 || !pf[i].revents) continue;
+            if (getsockopt(pf[i].fd, SOL_SOCKET, SO_ERROR, &e, &l) < 0) e = errno;
+            if (e) { rc = sys_fail(r, e, "connect to"); goto out; }
+            pf[i].fd = -1, pending--;
         }
     }
 out:
@@ -935,28 +729,22 @@ static int setup(struct run *r, struct worker *ws, struct conn *cs, const struct
     uint64_t want = (uint64_t)r->depth * (r->vsize + 64);
     size_t rcap = want < (32u << 10) ? (32u << 10) : want > (512u << 10) ? (512u << 10) : (size_t)want;
     int rc, at = 0;
-
-    if ((rc = connect_all(r, cs, cfg->conns, addr)) < 0)
-        return rc;
+    if ((rc = connect_all(r, cs, cfg->conns, addr)) < 0) return rc;
     for (int t = 0; t < cfg->threads; t++) {
         struct worker *w = &ws[t];
-        w->r = r;
-        w->idx = t;
+        w->r = r, w->idx = t;
         w->rng = cfg->seed ^ (0x632be59bd9b4e019ull * (uint64_t)(t + 1));
         w->interval = cfg->rate > 0 ? 1e9 * cfg->threads / cfg->rate : 0;
-        w->conns = cs + at;
-        w->nconn = cfg->conns / cfg->threads + (t < cfg->conns % cfg->threads);
+        w->conns = cs + at, w->nconn = cfg->conns / cfg->threads + (t < cfg->conns % cfg->threads);
         at += w->nconn;
-        if ((w->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0)
-            return sys_fail(r, errno, "epoll_create for");
+        if ((w->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) return sys_fail(r, errno, "epoll_create for");
         for (int i = 0; i < w->nconn; i++) {
             struct conn *c = &w->conns[i];
             struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
             c->rcap = rcap;
             if (!(c->ring = calloc(r->depth, sizeof *c->ring)) || !(c->rbuf = malloc(rcap)))
                 return fail(r, -ENOMEM, "out of memory for %d connections", cfg->conns);
-            if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, c->fd, &ev) < 0)
-                return sys_fail(r, errno, "epoll_ctl for");
+            if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, c->fd, &ev) < 0) return sys_fail(r, errno, "epoll_ctl for");
         }
     }
     return 0;
@@ -970,28 +758,21 @@ static void merge(struct worker *ws, int nw, struct lg_result *out)
         out->requests += w->requests, out->sets += w->sets, out->gets += w->gets;
         out->hits += w->hits, out->misses += w->misses, out->errors += w->errors;
         out->bytes_sent += w->bsent, out->bytes_received += w->brecv;
-        sum += w->lat_sum;
-        max = w->lat_max > max ? w->lat_max : max;
-        if (w->first_send && (!first || w->first_send < first))
-            first = w->first_send;
-        if (w->last_reply > last)
-            last = w->last_reply;
-        if (w->first_error[0] && (!ferr_t || w->first_error_t < ferr_t)) {
-            ferr_t = w->first_error_t;
-            memcpy(out->first_error, w->first_error, sizeof out->first_error);
-        }
+        sum += w->lat_sum, max = w->lat_max > max ? w->lat_max : max;
+        if (w->first_send && (!first || w->first_send < first)) first = w->first_send;
+        if (w->last_reply > last) last = w->last_reply;
+        if (w->first_error[0] && (!ferr_t || w->first_error_t < ferr_t))
+            ferr_t = w->first_error_t, memcpy(out->first_error, w->first_error, sizeof out->first_error);
         if (t)
-            for (unsigned i = 0; i < HIST_LEN; i++)
-                ws[0].hist[i] += w->hist[i];
+            for (unsigned i = 0; i < HIST_LEN; i++) ws[0].hist[i] += w->hist[i];
     }
     out->elapsed = last > first && first ? (double)(last - first) / 1e9 : 0;
     out->throughput = out->elapsed > 0 ? (double)out->requests / out->elapsed : 0;
     if (out->requests) {
         out->lat_mean_us = (double)sum / (double)out->requests / 1000.0;
-        out->lat_p50_us = percentile(ws[0].hist, out->requests, 0.50, max);
-        out->lat_p90_us = percentile(ws[0].hist, out->requests, 0.90, max);
-        out->lat_p99_us = percentile(ws[0].hist, out->requests, 0.99, max);
-        out->lat_p999_us = percentile(ws[0].hist, out->requests, 0.999, max);
+        double *at[] = { &out->lat_p50_us, &out->lat_p90_us, &out->lat_p99_us, &out->lat_p999_us };
+        static const double q[] = { 0.50, 0.90, 0.99, 0.999 };
+        for (int i = 0; i < 4; i++) *at[i] = percentile(ws[0].hist, out->requests, q[i], max);
         out->lat_max_us = (double)max / 1000.0;
     }
 }
@@ -1000,44 +781,28 @@ int lg_run(const struct lg_config *cfg, struct lg_result *out)
 {
     struct in_addr addr;
     struct run *r;
-    struct worker *ws = NULL;
-    struct conn *cs = NULL;
+    struct worker *ws = NULL; struct conn *cs = NULL;
     int rc, started = 0;
     sigset_t all, old;
-
-    if (!out)
-        return -EINVAL;
+    if (!out) return -EINVAL;
     memset(out, 0, sizeof *out);
-    if (!cfg) {
-        snprintf(out->error, sizeof out->error, "config is NULL");
-        return -EINVAL;
-    }
-    if ((rc = validate(cfg, &addr, out->error, sizeof out->error)) < 0)
-        return rc;
+    if (!cfg) { snprintf(out->error, sizeof out->error, "config is NULL"); return -EINVAL; }
+    if ((rc = validate(cfg, &addr, out->error, sizeof out->error)) < 0) return rc;
     if (!(r = calloc(1, sizeof *r))) {
         snprintf(out->error, sizeof out->error, "out of memory");
         return -ENOMEM;
     }
     pthread_mutex_init(&r->mu, NULL);
-    r->cfg = cfg;
-    r->vsize = (uint64_t)cfg->value_size;
-    r->keyspace = cfg->keyspace;
-    r->depth = (uint32_t)cfg->pipeline;
-    r->mc = cfg->proto == LG_PROTO_MEMCACHE;
-    r->check = !!cfg->check;
+    r->cfg = cfg, r->vsize = (uint64_t)cfg->value_size, r->keyspace = cfg->keyspace;
+    r->depth = (uint32_t)cfg->pipeline, r->mc = cfg->proto == LG_PROTO_MEMCACHE, r->check = !!cfg->check;
     if ((ws = calloc((size_t)cfg->threads, sizeof *ws)))
-        for (int t = 0; t < cfg->threads; t++)
-            ws[t].epfd = -1;
+        for (int t = 0; t < cfg->threads; t++) ws[t].epfd = -1;
     if ((cs = calloc((size_t)cfg->conns, sizeof *cs)))
-        for (int i = 0; i < cfg->conns; i++)
-            cs[i].fd = -1;
-    if (!ws || !cs)
-        rc = fail(r, -ENOMEM, "out of memory");
-    else if ((rc = build_templates(r)) >= 0)
-        rc = setup(r, ws, cs, &addr);
+        for (int i = 0; i < cfg->conns; i++) cs[i].fd = -1;
+    if (!ws || !cs) rc = fail(r, -ENOMEM, "out of memory");
+    else if ((rc = build_templates(r)) >= 0) rc = setup(r, ws, cs, &addr);
     if (rc >= 0) {
-        r->bounded = cfg->requests > 0;
-        atomic_store(&r->left, cfg->requests);
+        r->bounded = cfg->requests > 0, atomic_store(&r->left, cfg->requests);
         r->chunk = cfg->requests / ((uint64_t)cfg->threads * 64);
         r->chunk = r->chunk < 1 ? 1 : r->chunk > 1024 ? 1024 : r->chunk;
         r->deadline = cfg->duration > 0 ? mono_ns() + (uint64_t)(cfg->duration * 1e9) : 0;
@@ -1050,26 +815,18 @@ int lg_run(const struct lg_config *cfg, struct lg_result *out)
                 break;
             }
         pthread_sigmask(SIG_SETMASK, &old, NULL);
-        for (int t = 0; t < started; t++)
-            pthread_join(ws[t].tid, NULL);
+        for (int t = 0; t < started; t++) pthread_join(ws[t].tid, NULL);
         merge(ws, cfg->threads, out);
     }
     rc = 0;
-    if (atomic_load(&r->failed)) {
-        rc = r->err;
-        memcpy(out->error, r->msg, sizeof out->error);
-    }
+    if (atomic_load(&r->failed)) { rc = r->err; memcpy(out->error, r->msg, sizeof out->error); }
     for (int t = 0; ws && t < cfg->threads; t++)
-        if (ws[t].epfd >= 0)
-            close(ws[t].epfd);
+        if (ws[t].epfd >= 0) close(ws[t].epfd);
     for (int i = 0; cs && i < cfg->conns; i++) {
-        if (cs[i].fd >= 0)
-            close(cs[i].fd);
+        if (cs[i].fd >= 0) close(cs[i].fd);
         free(cs[i].ring), free(cs[i].obuf), free(cs[i].segs), free(cs[i].rbuf);
     }
-    free(ws), free(cs);
-    free(r->filler), free(r->set_t), free(r->get_t), free(r->auth_t);
-    pthread_mutex_destroy(&r->mu);
-    free(r);
+    free(ws), free(cs), free(r->filler), free(r->set_t), free(r->get_t), free(r->auth_t);
+    pthread_mutex_destroy(&r->mu), free(r);
     return rc;
 }

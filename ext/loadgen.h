@@ -43,7 +43,7 @@ struct lg_config {
 
 struct lg_result {
     uint64_t requests, sets, gets, hits, misses, errors;  /* errors = error replies + check mismatches
-                                                             (+1 for a protocol error, which also fails) */
+                                                             (+ protocol errors, which also fail the run) */
     uint64_t bytes_sent, bytes_received;                  /* socket payload bytes, incl. AUTH */
     double elapsed;          /* seconds from first send to last reply */
     double throughput;       /* replies per second */

@@ -9,6 +9,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -53,6 +54,7 @@ struct poller {
     pthread_t th;
     int started;
     int epfd, lfd, evfd;
+    int spare_fd;                /* reserved descriptor for shedding connections at EMFILE */
     int listener_tag, event_tag; /* addresses used as epoll tags */
     struct conn *all;            /* every connection of this poller (doubly linked) */
     struct conn *pending;        /* connections with replies queued this round */
@@ -425,8 +427,21 @@ static void do_accept(struct poller *p)
     struct srv *s = p->srv;
     for (int i = 0; i < 64; i++) {
         int fd = accept4(p->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0)
-            return; /* EAGAIN, or EMFILE & co: level-triggered epoll retries */
+        if (fd < 0) {
+            if ((errno == EMFILE || errno == ENFILE) && p->spare_fd >= 0) {
+                /* Out of descriptors: the pending connection would keep the
+                 * level-triggered listener readable forever (a busy loop). Spend
+                 * the spare descriptor to accept it and close it at once. */
+                close(p->spare_fd);
+                fd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
+                if (fd >= 0)
+                    close(fd);
+                atomic_fetch_add_explicit(&s->rejected, 1, memory_order_relaxed);
+                p->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+                continue;
+            }
+            return; /* EAGAIN: nothing more to accept */
+        }
         if (s->cfg.accept_mode == SRV_ACCEPT_HANDOFF) {
             uint64_t i2 = atomic_fetch_add_explicit(&s->handoff_rr, 1, memory_order_relaxed);
             struct poller *to = &s->pollers[i2 % (uint64_t)s->npollers];
@@ -634,11 +649,14 @@ int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cf
         goto fail;
     }
     memset(s->pollers, 0, sizeof *s->pollers * (size_t)s->npollers);
+    for (int i = 0; i < s->npollers; i++) /* so a failed create never closes fd 0 */
+        s->pollers[i].epfd = s->pollers[i].lfd = s->pollers[i].evfd = s->pollers[i].spare_fd = -1;
     for (int i = 0; i < s->npollers; i++) {
         struct poller *p = &s->pollers[i];
         p->idx = i;
         p->srv = s;
         p->lfd = p->evfd = -1;
+        p->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
         p->listener_tag = TAG_LISTENER;
         p->event_tag = TAG_EVENT;
         pthread_mutex_init(&p->q_lock, NULL);
@@ -718,6 +736,8 @@ void srv_destroy(struct srv *s)
             close(p->evfd);
         if (p->epfd >= 0)
             close(p->epfd);
+        if (p->spare_fd >= 0)
+            close(p->spare_fd);
         for (int j = 0; j < p->q_len; j++)
             close(p->q_fds[j]);
         free(p->q_fds);

@@ -1,6 +1,8 @@
 """Run the C RESP server in this process over a Store. Python only starts and stops it;
 poller threads serve every request in C."""
+import resource
 import signal
+import sys
 import threading
 
 from kvstore import __version__, errors
@@ -18,9 +20,25 @@ class Server:
         self._srv = None
         self._keep = []
 
+    def _raise_fd_limit(self):
+        """Like Redis: make room for maxclients connections (+ a margin for our own fds)."""
+        need = self.config.maxclients + 64
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft >= need:
+            return
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            target = soft
+        if target < need:
+            print(f"kvstore: warning: open-file limit {target} is below maxclients + 64 = {need}; "
+                  f"connections beyond ~{target - 64} will be refused by accept()", file=sys.stderr)
+
     def start(self):
         if self._srv is not None:
             return self
+        self._raise_fd_limit()
         c = self.config
         cfg = ffi.new("struct srv_config *")
         self._keep = [ffi.new("char[]", s.encode()) for s in
