@@ -1,0 +1,94 @@
+"""Shared pieces of the experiment scripts: servers under test, CPU accounting, CSV."""
+import csv
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process, all threads (from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_port(port, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), 0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+class Proc:
+    """A server process started for a measurement and stopped after it."""
+
+    def __init__(self, name, argv, port, protocol="resp"):
+        self.name, self.argv, self.port, self.protocol = name, argv, port, protocol
+        self.proc = None
+
+    def start(self):
+        if not shutil.which(self.argv[0]):
+            raise RuntimeError(f"{self.argv[0]} is not installed (make deps installs it)")
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_port(self.port)
+        except RuntimeError as e:
+            self.stop()
+            raise RuntimeError(f"{self.name} did not start: {self.proc.stderr.read().decode()[-500:]}") from e
+        return self
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def redis_server(port):
+    d = tempfile.mkdtemp(prefix="kv-redis-")
+    return Proc("redis", ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
+                          "--dir", d, "--bind", "127.0.0.1"], port)
+
+
+def memcached(port, threads=2):
+    argv = ["memcached", "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-t", str(threads),
+            "-m", "4096", "-c", "4096"]
+    if os.geteuid() == 0:
+        argv += ["-u", "root"]  # memcached refuses to run as root without -u
+    return Proc("memcached", argv, port, "memcache")
+
+
+def write_csv(path, rows):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

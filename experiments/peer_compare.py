@@ -1,0 +1,193 @@
+"""kvstore vs Redis vs memcached on the same machine, the same loads, in the same run.
+
+Loads: 85-byte values, 1 M keys, SET and GET, pipeline 1 and 16, 50 connections,
+driven by redis-benchmark (RESP servers only) and by `kvstore bench` (the C load
+generator; memcached through its text protocol). Each round runs every server once
+per load, A B C A B C ..., so drift on this shared machine hits all alike; medians
+are reported. Server CPU seconds come from /proc for each run.
+
+    python experiments/peer_compare.py                    # full run -> results/peer_compare.{csv,png}
+    python experiments/peer_compare.py --rounds 1 --requests 200000   # quick
+    python experiments/peer_compare.py --plot-only
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+from kvstore import Node  # noqa: E402
+from kvstore import bench as kvbench  # noqa: E402
+
+CSV = os.path.join(common.RESULTS, "peer_compare.csv")
+PNG = os.path.join(common.RESULTS, "peer_compare.png")
+
+
+class KvNode:
+    name, protocol = "kvstore", "resp"
+
+    def __init__(self, threads):
+        self.node = Node(port=0, threads=threads)
+
+    def start(self):
+        self.node.start()
+        self.port = self.node.port
+        return self
+
+    @property
+    def pid(self):
+        return self.node.pid
+
+    def stop(self):
+        self.node.stop()
+
+
+def run_redis_benchmark(port, op, pipeline, conns, requests, keyspace, value_size):
+    cmd = ["redis-benchmark", "-p", str(port), "-t", op.lower(), "-P", str(pipeline), "-c", str(conns),
+           "-n", str(requests), "-d", str(value_size), "-r", str(keyspace), "--csv", "--threads", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    line = [ln for ln in out.splitlines() if ln.startswith(f'"{op.upper()}"')][-1]
+    f = [x.strip('"') for x in line.split(",")]
+    # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+    return {"throughput": float(f[1]), "p50_us": float(f[4]) * 1000, "p99_us": float(f[6]) * 1000}
+
+
+def run_kvstore_bench(port, protocol, op, pipeline, conns, requests, keyspace, value_size, threads):
+    r = kvbench.run(port=port, protocol=protocol, threads=threads, conns=conns, pipeline=pipeline,
+                    value_size=value_size, keyspace=keyspace, ratio="1:0" if op == "SET" else "0:1",
+                    requests=requests)
+    if r["errors"]:
+        raise RuntimeError(f"kvstore bench on port {port}: {r['errors']} errors, first: {r['first_error']}")
+    return {"throughput": r["throughput"], "p50_us": r["lat_p50_us"], "p99_us": r["lat_p99_us"],
+            "hit_ratio": r["hits"] / r["gets"] if r["gets"] else ""}
+
+
+def measure(args):
+    servers = [KvNode(args.kv_threads), common.redis_server(common.free_port()),
+               common.memcached(common.free_port(), args.memcached_threads)]
+    rows = []
+    try:
+        for s in servers:
+            s.start()
+            print(f"preloading {s.name} with {args.preload:,} random SETs over {args.keyspace:,} keys", flush=True)
+            run_kvstore_bench(s.port, s.protocol, "SET", 16, args.conns, args.preload, args.keyspace,
+                              args.value_size, args.client_threads)
+        loads = [(tool, op, p) for tool in ("redis-benchmark", "kvstore-bench")
+                 for op in ("SET", "GET") for p in args.pipelines]
+        total = args.rounds * sum(1 for t, _, _ in loads for s in servers
+                                  if not (t == "redis-benchmark" and s.protocol != "resp"))
+        done = 0
+        t0 = time.monotonic()
+        for rnd in range(args.rounds):
+            for tool, op, p in loads:
+                for s in servers:
+                    if tool == "redis-benchmark" and s.protocol != "resp":
+                        continue  # redis-benchmark speaks RESP only
+                    n = args.requests if p > 1 else args.requests // 4
+                    cpu0 = common.cpu_seconds(s.pid)
+                    w0 = time.monotonic()
+                    if tool == "redis-benchmark":
+                        r = run_redis_benchmark(s.port, op, p, args.conns, n, args.keyspace, args.value_size)
+                    else:
+                        r = run_kvstore_bench(s.port, s.protocol, op, p, args.conns, n, args.keyspace,
+                                              args.value_size, args.client_threads)
+                    wall = time.monotonic() - w0
+                    cpu = common.cpu_seconds(s.pid) - cpu0
+                    row = {"round": rnd, "tool": tool, "server": s.name, "op": op, "pipeline": p,
+                           "conns": args.conns, "requests": n, "wall_s": round(wall, 3),
+                           "server_cpu_s": round(cpu, 3), "req_per_cpu_s": round(n / cpu) if cpu else "",
+                           **{k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}}
+                    rows.append(row)
+                    done += 1
+                    eta = (time.monotonic() - t0) / done * (total - done)
+                    print(f"[{done}/{total}, eta {eta:.0f} s] round {rnd} {tool:15s} {s.name:9s} {op} P{p:<3d}"
+                          f" {r['throughput']:>12,.0f} req/s  p50 {r['p50_us']:7.0f} us  p99 {r['p99_us']:7.0f} us"
+                          f"  server cpu {cpu:5.2f} s", flush=True)
+                    common.write_csv(CSV, rows)  # keep what is measured even if interrupted
+    finally:
+        for s in servers:
+            s.stop()
+    return rows
+
+
+def summarize(rows):
+    """Median per (tool, op, pipeline, server) and kvstore's ratios to the others."""
+    groups = {}
+    for r in rows:
+        key = (r["tool"], r["op"], int(r["pipeline"]), r["server"])
+        groups.setdefault(key, []).append(r)
+    med = {}
+    for key, rs in groups.items():
+        med[key] = {f: statistics.median(float(r[f]) for r in rs if r[f] not in ("", None))
+                    for f in ("throughput", "p50_us", "p99_us", "server_cpu_s", "req_per_cpu_s")}
+    lines = []
+    for (tool, op, p, server), m in sorted(med.items()):
+        line = (f"{tool:15s} {op} P{p:<3d} {server:9s} {m['throughput']:>11,.0f} req/s  p50 {m['p50_us']:6.0f} us"
+                f"  p99 {m['p99_us']:6.0f} us  {m['req_per_cpu_s']:>11,.0f} req/cpu-s")
+        if server != "kvstore" and (tool, op, p, "kvstore") in med:
+            k = med[(tool, op, p, "kvstore")]
+            line += (f"   kvstore/{server}: {k['throughput'] / m['throughput']:.2f}x req/s, "
+                     f"{k['req_per_cpu_s'] / m['req_per_cpu_s']:.2f}x req/cpu-s")
+        lines.append(line)
+    return med, "\n".join(lines)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    med, _ = summarize(rows)
+    tools = sorted({k[0] for k in med})
+    loads = sorted({(k[1], k[2]) for k in med})
+    servers = ["kvstore", "redis", "memcached"]
+    colors = {"kvstore": "#1f77b4", "redis": "#d62728", "memcached": "#2ca02c"}
+    fig, axes = plt.subplots(2, len(tools), figsize=(7 * len(tools), 8), squeeze=False)
+    for ti, tool in enumerate(tools):
+        for mi, (metric, label) in enumerate((("throughput", "requests/s"), ("req_per_cpu_s", "requests per server CPU-second"))):
+            ax = axes[mi][ti]
+            width = 0.8 / len(servers)
+            for si, s in enumerate(servers):
+                xs, ys = [], []
+                for li, (op, p) in enumerate(loads):
+                    if (tool, op, p, s) in med:
+                        xs.append(li + si * width)
+                        ys.append(med[(tool, op, p, s)][metric])
+                ax.bar(xs, ys, width, label=s, color=colors[s])
+            ax.set_xticks([i + 0.4 - width / 2 for i in range(len(loads))])
+            ax.set_xticklabels([f"{op} P{p}" for op, p in loads])
+            ax.set_ylabel(label)
+            ax.set_title(f"{tool}: {label} (median)")
+            ax.legend()
+            ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("kvstore vs Redis 7 vs memcached -t2 — 85-byte values, 1 M keys, 50 connections, 2-core VM")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="A B C rounds per load (default 3)")
+    ap.add_argument("--requests", type=int, default=1_000_000, help="requests per P16 run (P1 runs use a quarter)")
+    ap.add_argument("--preload", type=int, default=3_000_000, help="random SETs before measuring")
+    ap.add_argument("--keyspace", type=int, default=1_000_000)
+    ap.add_argument("--value-size", type=int, default=85)
+    ap.add_argument("--conns", type=int, default=50)
+    ap.add_argument("--pipelines", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--kv-threads", type=int, default=2, help="kvstore poller threads")
+    ap.add_argument("--memcached-threads", type=int, default=2)
+    ap.add_argument("--client-threads", type=int, default=2, help="kvstore bench client threads")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the CSV")
+    args = ap.parse_args()
+    rows = common.read_csv(CSV) if args.plot_only else measure(args)
+    print(summarize(rows)[1])
+    plot(rows, PNG)
+
+
+if __name__ == "__main__":
+    main()
