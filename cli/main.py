@@ -31,8 +31,9 @@ def main():
 @click.option("--bind", help="IPv4 address to listen on.  [default: 127.0.0.1]")
 @click.option("--port", type=int, help="TCP port (0 = any free port).  [default: 6380]")
 @click.option("--threads", type=int, help="Poller threads (0 = one per core).  [default: 0]")
-@click.option("--max-memory", help="Memory bound for the table, e.g. 1073741824, 512mib, 4gb "
-                                   "(0 = unbounded). Writes past it get -OOM; nothing is evicted.")
+@click.option("--max-memory", help="Memory bound for the table: bytes or a size with Redis's units, "
+                                   "e.g. 512mb, 4gb (1024-based) or 500m (1000-based); 0 = unbounded. "
+                                   "Writes past it get -OOM; nothing is evicted.")
 @click.option("--maxclients", type=int, help="Maximum client connections.  [default: 10000]")
 @click.option("--requirepass", help="Password clients must AUTH with.")
 @click.option("--accept", type=click.Choice(["reuseport", "handoff"]),

@@ -157,7 +157,8 @@ def plot(rows, path):
                     if (tool, op, p, s) in med:
                         xs.append(li + si * width)
                         ys.append(med[(tool, op, p, s)][metric])
-                ax.bar(xs, ys, width, label=s, color=colors[s])
+                if xs:  # redis-benchmark cannot drive memcached
+                    ax.bar(xs, ys, width, label=s, color=colors[s])
             ax.set_xticks([i + 0.4 - width / 2 for i in range(len(loads))])
             ax.set_xticklabels([f"{op} P{p}" for op, p in loads])
             ax.set_ylabel(label)

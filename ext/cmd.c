@@ -213,7 +213,7 @@ static int c_hello(struct cmd_client *c, const struct cmd_args *a)
         return 0;
     if (!c->authenticated)
         return reply_err(c, "NOAUTH HELLO must be called with the client already authenticated, "
-                            "otherwise the HELLO <proto> AUTH <user> <pass> option can be used to "
+                            "otherwise the HELLO AUTH <user> <pass> option can be used to "
                             "authenticate the client and select the RESP protocol version at the "
                             "same time");
     if (name && !set_name(c, name, namel))
@@ -271,7 +271,7 @@ static int c_client(struct cmd_client *c, const struct cmd_args *a)
         char line[256];
         snprintf(line, sizeof line, "id=%llu addr=%s name=%s poller=%d\n", (unsigned long long)c->id,
                  c->addr, c->name ? c->name : "", c->poller);
-        return resp_add_bulk_str(c->out, line);
+        return resp_add_verbatim(c->out, c->resp, line, strlen(line));
     }
     if (ARGIS(a, 1, "HELP")) {
         static const char *help[] = {"CLIENT <subcommand> [<arg> ...]. Subcommands are:",
@@ -325,7 +325,7 @@ static int c_time(struct cmd_client *c, const struct cmd_args *a)
 
 static int c_info(struct cmd_client *c, const struct cmd_args *a)
 {
-    return srv_info(c->srv, a->argc - 1, a->argv + 1, a->argl + 1, c->out);
+    return srv_info(c->srv, a->argc - 1, a->argv + 1, a->argl + 1, c->resp, c->out);
 }
 
 /* ---- strings */
@@ -361,9 +361,12 @@ static int c_set(struct cmd_client *c, const struct cmd_args *a)
             get = 1;
         } else if (ARGIS(a, i, "KEEPTTL") && !unit) {
             flags |= KVT_KEEPTTL;
-        } else if (!unit && !(flags & KVT_KEEPTTL) && next &&
+        } else if (!(flags & KVT_KEEPTTL) && next &&
                    (ARGIS(a, i, "EX") || ARGIS(a, i, "PX") || ARGIS(a, i, "EXAT") || ARGIS(a, i, "PXAT"))) {
-            unit = ARGIS(a, i, "EX") ? 1 : ARGIS(a, i, "PX") ? 2 : ARGIS(a, i, "EXAT") ? 3 : 4;
+            int u = ARGIS(a, i, "EX") ? 1 : ARGIS(a, i, "PX") ? 2 : ARGIS(a, i, "EXAT") ? 3 : 4;
+            if (unit && unit != u) /* the same option twice is fine (last wins), as in Redis */
+                return reply_err(c, ERR_SYNTAX);
+            unit = u;
             if (arg_ll(a, ++i, &ttl))
                 return reply_err(c, ERR_INT);
         } else {
@@ -499,12 +502,41 @@ static const char *cfg_params[] = {"bind", "port", "maxclients", "maxmemory", "m
                                    "io-threads", "proto-max-bulk-len", "tcp-backlog", "poll-policy",
                                    "threads"};
 
+/* Redis's memtoull: digits then an optional unit b, k, kb, m, mb, g, gb
+ * (k/m/g are powers of 1000, kb/mb/gb of 1024), case-insensitive. */
+static int parse_memory(const char *p, size_t n, unsigned long long *out)
+{
+    size_t i = 0;
+    unsigned long long v = 0;
+    if (n == 0 || n > 40)
+        return -1;
+    for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) {
+        if (v > (~0ULL - 9) / 10)
+            return -1;
+        v = v * 10 + (unsigned)(p[i] - '0');
+    }
+    if (i == 0)
+        return -1;
+    static const struct { const char *u; unsigned long long mul; } units[] = {
+        {"", 1}, {"b", 1}, {"k", 1000}, {"kb", 1024}, {"m", 1000000}, {"mb", 1024 * 1024},
+        {"g", 1000000000ULL}, {"gb", 1024ULL * 1024 * 1024}};
+    for (size_t u = 0; u < sizeof units / sizeof *units; u++) {
+        if (strlen(units[u].u) == n - i && !strncasecmp(units[u].u, p + i, n - i)) {
+            if (v > ~0ULL / units[u].mul)
+                return -1;
+            *out = v * units[u].mul;
+            return 0;
+        }
+    }
+    return -1;
+}
+
 static void cfg_value(struct cmd_client *c, const char *name, char *dst, size_t n)
 {
     const struct srv_config *cfg = srv_config(c->srv);
     struct kvt_stats st;
     if (!strcmp(name, "bind")) snprintf(dst, n, "%s", cfg->bind);
-    else if (!strcmp(name, "port")) snprintf(dst, n, "%d", cfg->port ? cfg->port : 0);
+    else if (!strcmp(name, "port")) snprintf(dst, n, "%d", srv_port(c->srv));
     else if (!strcmp(name, "maxclients")) snprintf(dst, n, "%d", cfg->maxclients);
     else if (!strcmp(name, "maxmemory")) {
         kvt_get_stats(c->table, &st);
@@ -527,24 +559,41 @@ static int c_config(struct cmd_client *c, const struct cmd_args *a)
     if (ARGIS(a, 1, "GET")) {
         if (!sub_arity(c, a, -3, "config|get"))
             return 0;
-        int nparams = sizeof cfg_params / sizeof *cfg_params;
-        char match[sizeof cfg_params / sizeof *cfg_params] = {0};
+        /* Each parameter once; named as the client spelled it when it asked by
+         * exact name, as Redis 7 does, by its own name when a pattern matched. */
+        enum { NP = sizeof cfg_params / sizeof *cfg_params };
+        int from_arg[NP];
         int count = 0;
-        for (int i = 2; i < a->argc; i++)
-            for (int j = 0; j < nparams; j++)
-                if (!match[j] && cmd_glob_match(a->argv[i], a->argl[i], cfg_params[j],
-                                                strlen(cfg_params[j]), 1)) {
-                    match[j] = 1;
+        for (int j = 0; j < NP; j++)
+            from_arg[j] = -1;
+        for (int i = 2; i < a->argc; i++) {
+            int pattern = memchr(a->argv[i], '*', a->argl[i]) || memchr(a->argv[i], '?', a->argl[i]) ||
+                          memchr(a->argv[i], '[', a->argl[i]);
+            for (int j = 0; j < NP; j++) {
+                if (from_arg[j] != -1)
+                    continue;
+                if (pattern ? cmd_glob_match(a->argv[i], a->argl[i], cfg_params[j], strlen(cfg_params[j]), 1)
+                            : (a->argl[i] == strlen(cfg_params[j]) &&
+                               !strncasecmp(a->argv[i], cfg_params[j], a->argl[i]))) {
+                    from_arg[j] = pattern ? -2 : i;
                     count++;
                 }
+            }
+        }
         resp_add_map(c->out, c->resp, count);
-        for (int j = 0; j < nparams; j++) {
-            if (!match[j])
-                continue;
-            char v[128];
-            cfg_value(c, cfg_params[j], v, sizeof v);
-            resp_add_bulk_str(c->out, cfg_params[j]);
-            resp_add_bulk_str(c->out, v);
+        for (int i = 2; i <= a->argc; i++) { /* exact names in the order asked, then patterns */
+            int want = i < a->argc ? i : -2;
+            for (int j = 0; j < NP; j++) {
+                if (from_arg[j] != want)
+                    continue;
+                char v[128];
+                cfg_value(c, cfg_params[j], v, sizeof v);
+                if (from_arg[j] >= 0)
+                    resp_add_bulk(c->out, a->argv[i], a->argl[i]);
+                else
+                    resp_add_bulk_str(c->out, cfg_params[j]);
+                resp_add_bulk_str(c->out, v);
+            }
         }
         return 0;
     }
@@ -552,11 +601,11 @@ static int c_config(struct cmd_client *c, const struct cmd_args *a)
         if (!sub_arity(c, a, -4, "config|set"))
             return 0;
         if (a->argc == 4 && ARGIS(a, 2, "maxmemory")) {
-            long long v;
-            if (arg_ll(a, 3, &v) || v < 0)
+            unsigned long long v;
+            if (parse_memory(a->argv[3], a->argl[3], &v))
                 return resp_add_errorf(c->out, "ERR CONFIG SET failed (possibly related to argument "
-                                               "'maxmemory') - argument couldn't be parsed into an integer");
-            kvt_set_max_memory(c->table, (uint64_t)v);
+                                               "'maxmemory') - argument must be a memory value");
+            kvt_set_max_memory(c->table, v);
             return reply_ok(c);
         }
         return resp_add_errorf(c->out, "ERR Unknown option or number of arguments for CONFIG SET - '%.*s'",
@@ -627,7 +676,7 @@ static const struct cmd_def *lookup(const char *name, size_t n)
 static void add_flags(struct cmd_client *c, int f)
 {
     int n = !!(f & F_WRITE) + !!(f & F_READONLY) + !!(f & F_NOAUTH) + !!(f & F_FAST) + !!(f & F_DENYOOM);
-    resp_add_array(c->out, n);
+    resp_add_set(c->out, c->resp, n);
     if (f & F_WRITE) resp_add_status(c->out, "write");
     if (f & F_READONLY) resp_add_status(c->out, "readonly");
     if (f & F_DENYOOM) resp_add_status(c->out, "denyoom");

@@ -87,6 +87,11 @@ static int fail(struct resp_parser *p, const char *msg)
     return RESP_ERROR;
 }
 
+static inline int is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
 static int hexval(char c)
 {
     if (c >= '0' && c <= '9') return c - '0';
@@ -112,7 +117,7 @@ static int parse_inline(struct resp_parser *p, char *buf, size_t len)
     char *s = buf;
     p->argc = 0;
     while (1) {
-        while (s < end && (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r' || *s == '\v' || *s == '\f'))
+        while (s < end && is_space(*s))
             s++;
         if (s == end)
             break;
@@ -142,7 +147,7 @@ static int parse_inline(struct resp_parser *p, char *buf, size_t len)
                 } else if (*s == '"') {
                     s++;
                     /* closing quote must be followed by a space or the end */
-                    if (s < end && *s != ' ' && *s != '\t')
+                    if (s < end && !is_space(*s))
                         return fail(p, "Protocol error: unbalanced quotes in request");
                     done = 1;
                 } else {
@@ -156,14 +161,14 @@ static int parse_inline(struct resp_parser *p, char *buf, size_t len)
                     s += 2;
                 } else if (*s == '\'') {
                     s++;
-                    if (s < end && *s != ' ' && *s != '\t')
+                    if (s < end && !is_space(*s))
                         return fail(p, "Protocol error: unbalanced quotes in request");
                     done = 1;
                 } else {
                     *w++ = *s++;
                 }
             } else {
-                if (s == end || *s == ' ' || *s == '\t' || *s == '\r' || *s == '\n') {
+                if (s == end || is_space(*s)) {
                     done = 1;
                 } else if (*s == '"') {
                     inq = 1;
@@ -197,8 +202,7 @@ int resp_parse(struct resp_parser *p, char *buf, size_t len)
                 return fail(p, "Protocol error: too big mbulk count string");
             return RESP_AGAIN;
         }
-        if (cr[1] != '\n') /* Redis accepts only \r\n; a lone \r is an invalid length */
-            return fail(p, "Protocol error: invalid multibulk length");
+        /* Like Redis, the byte after '\r' is skipped unchecked. */
         long long n;
         if (parse_len(buf + 1, cr, &n) || n > RESP_MAX_MULTIBULK)
             return fail(p, "Protocol error: invalid multibulk length");
@@ -228,7 +232,7 @@ int resp_parse(struct resp_parser *p, char *buf, size_t len)
                 return fail(p, msg);
             }
             long long n;
-            if (cr[1] != '\n' || parse_len(s + 1, cr, &n) || n < 0 || n > RESP_MAX_BULK)
+            if (parse_len(s + 1, cr, &n) || n < 0 || n > RESP_MAX_BULK)
                 return fail(p, "Protocol error: invalid bulk length");
             if (p->unauth && n > RESP_MAX_UNAUTH_BULK)
                 return fail(p, "Protocol error: unauthenticated bulk length");
@@ -335,6 +339,21 @@ int resp_add_null(struct kvbuf *b, int proto)
 int resp_add_map(struct kvbuf *b, int proto, long long pairs)
 {
     return proto == 3 ? add_prefixed_num(b, '%', pairs) : add_prefixed_num(b, '*', pairs * 2);
+}
+
+int resp_add_set(struct kvbuf *b, int proto, long long n)
+{
+    return add_prefixed_num(b, proto == 3 ? '~' : '*', n);
+}
+
+int resp_add_verbatim(struct kvbuf *b, int proto, const char *p, size_t n)
+{
+    if (proto != 3)
+        return resp_add_bulk(b, p, n);
+    if (add_prefixed_num(b, '=', (long long)n + 4) || kvbuf_append(b, "txt:", 4) ||
+        kvbuf_append(b, p, n))
+        return -ENOMEM;
+    return kvbuf_append(b, "\r\n", 2);
 }
 
 int resp_add_bulk(struct kvbuf *b, const void *p, size_t n)

@@ -18,7 +18,8 @@
 #include "kvbuf.h"
 
 #define RESP_MAX_INLINE (64 * 1024)          /* Redis PROTO_INLINE_MAX_SIZE */
-#define RESP_MAX_MULTIBULK (1024 * 1024)     /* arguments per request */
+#define RESP_MAX_MULTIBULK 2147483647LL     /* arguments per request: Redis 7 (INT_MAX); memory
+                                              * still grows only with arguments received */
 #define RESP_MAX_BULK (512LL * 1024 * 1024)  /* Redis proto-max-bulk-len default */
 #define RESP_MAX_UNAUTH_MULTIBULK 10         /* before AUTH, as Redis 7 */
 #define RESP_MAX_UNAUTH_BULK 16384
@@ -64,6 +65,9 @@ int resp_add_array(struct kvbuf *b, long long n);             /* *n\r\n */
 /* RESP3-aware forms: proto 3 uses null "_" and maps "%n"; proto 2 "$-1" and "*2n". */
 int resp_add_null(struct kvbuf *b, int proto);
 int resp_add_map(struct kvbuf *b, int proto, long long pairs);
+int resp_add_set(struct kvbuf *b, int proto, long long n);              /* "~n" / "*n" */
+/* RESP3 verbatim string "=len\r\ntxt:..." (proto 3) or a bulk string (proto 2). */
+int resp_add_verbatim(struct kvbuf *b, int proto, const char *p, size_t n);
 
 /* Decimal formatting without printf, for hot paths; returns chars written. */
 int resp_ll2str(char *dst, long long v);

@@ -847,7 +847,8 @@ static int want_section(int argc, const char **argv, const size_t *argl, const c
     return 0;
 }
 
-int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, struct kvbuf *out)
+int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, int proto,
+             struct kvbuf *out)
 {
     struct kvbuf b = {0};
     struct srv_stats st;
@@ -949,7 +950,7 @@ int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, str
                              (unsigned long long)ts.keys, (unsigned long long)ts.expires);
         }
     }
-    int rc = resp_add_bulk(out, b.p ? b.p : "", b.len);
+    int rc = resp_add_verbatim(out, proto, b.p ? b.p : "", b.len);
     kvbuf_free(&b);
     return rc;
 }

@@ -62,7 +62,9 @@ int srv_get_poller_stats(struct srv *s, int i, struct srv_poller_stats *st);
 
 /* For command handlers (any poller thread). */
 const struct srv_config *srv_config(const struct srv *s);
-int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, struct kvbuf *out);
+/* INFO [section ...] reply (a verbatim string in RESP3) appended to out. */
+int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, int proto,
+             struct kvbuf *out);
 void srv_reset_stats(struct srv *s);
 
 #endif

@@ -624,12 +624,17 @@ void kvt_flush(struct kv_table *t)
 {
     for (int i = 0; i < KVT_SHARDS; i++) {
         struct shard *s = &t->shards[i];
+        /* The fresh bucket array is charged without the bound: a flush must work
+         * even when max_memory was lowered below usage or concurrent writers
+         * took the room it frees. It is the shard's minimum footprint. */
+        struct kvt_entry **fresh = calloc(INITIAL_BUCKETS, sizeof *fresh);
+        if (!fresh)
+            abort(); /* a 32-byte allocation failing: nothing sensible is left to do */
+        atomic_fetch_add_explicit(&t->used_memory, malloc_usable_size(fresh), memory_order_relaxed);
         pthread_mutex_lock(&s->lock);
         do_clear(t, s);
-        s->ht[0] = buckets_new(t, INITIAL_BUCKETS);
-        s->size[0] = s->ht[0] ? INITIAL_BUCKETS : 0;
-        if (!s->ht[0]) /* cannot happen: clearing freed far more than this */
-            abort();
+        s->ht[0] = fresh;
+        s->size[0] = INITIAL_BUCKETS;
         pthread_mutex_unlock(&s->lock);
     }
 }

@@ -6,25 +6,27 @@ import tomllib
 
 from kvstore.errors import ConfigError
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2,
-          "mib": 1024**2, "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4,
-          "tb": 1000**4, "tib": 1024**4}
+_SIZE = re.compile(r"^\s*(\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
+# Redis's units (k/m/g: powers of 1000; kb/mb/gb: powers of 1024), plus the explicit kib/mib/gib.
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1024, "kib": 1024, "m": 1000**2, "mb": 1024**2,
+          "mib": 1024**2, "g": 1000**3, "gb": 1024**3, "gib": 1024**3, "t": 1000**4, "tb": 1024**4,
+          "tib": 1024**4}
 
 
 def parse_size(value, what="size"):
-    """Bytes from an int or a string like '64mb', '1gib', '512k' (Redis's units: k/m/g = 1000s,
-    kb/mb/gb as Redis = 1024s are spelled kib/mib/gib here to be unambiguous)."""
+    """Bytes from an int or a string such as '64mb', '1gb', '512k' — Redis's units:
+    k/m/g are powers of 1000, kb/mb/gb (and kib/mib/gib) powers of 1024."""
     if isinstance(value, bool):
-        raise ConfigError(f"{what}: expected a size such as 1048576, '64mb' or '1gib', got {value!r}")
+        raise ConfigError(f"{what}: expected a size such as 1048576, '64mb' or '1gb', got {value!r}")
     if isinstance(value, int):
         if value < 0:
             raise ConfigError(f"{what}: must not be negative, got {value}")
         return value
     m = _SIZE.match(str(value))
-    if not m or (m.group(2) or "").lower() not in _UNITS:
-        raise ConfigError(f"{what}: expected a size such as 1048576, '64mb' or '1gib', got {value!r}")
-    return int(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"{what}: expected a size such as 1048576, '64mb' or '1gb' "
+                          f"(units b, k, kb, m, mb, g, gb, as Redis), got {value!r}")
+    return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
 @dataclasses.dataclass
@@ -45,7 +47,7 @@ class ServerConfig:
         "bind": "IPv4 address to listen on",
         "port": "TCP port, 0-65535 (0 = any free port)",
         "threads": "poller threads, 0 = one per core",
-        "max_memory": "memory bound, bytes or '64mb'/'1gib', 0 = unbounded",
+        "max_memory": "memory bound, bytes or '64mb'/'1gb' (Redis units), 0 = unbounded",
         "maxclients": "maximum simultaneous client connections",
         "requirepass": "password clients must AUTH with ('' = none)",
         "accept": "how connections reach pollers: reuseport or handoff",
