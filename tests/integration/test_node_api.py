@@ -63,7 +63,7 @@ def test_node_lifecycle_health_and_stats(tmp_path):
             c.set(f"k{i}", "v" * 85)
         st = node.stats()
         assert st["total_commands_processed"] >= 100
-        assert st["maxmemory"] == 16_000_000
+        assert st["maxmemory"] == 16 * 1024 * 1024  # Redis units: mb = 1024*1024
         assert len(st["poller_stats"]) == 2
         assert sum(p["commands"] for p in st["poller_stats"]) >= 100
         assert st["total_epoll_wait_calls"] > 0 and st["total_read_calls"] > 0

@@ -1,0 +1,116 @@
+"""Build the C stress programs against ext/ with sanitizers and run them.
+
+  table_stress.c  concurrent table stress (includes ext/table.c), built twice:
+                  -fsanitize=thread and -fsanitize=address,undefined
+  resp_fuzz.c     mutational fuzzer of ext/resp.c, -fsanitize=address,undefined
+
+Binaries go to tests/c/bin/ (gitignored). A run fails on a non-zero exit status or
+on any sanitizer report in its output. To reproduce a failure by hand, run the
+command printed in the failure message (same environment variables). The seed can
+be changed with KVSTORE_C_SEED=<n>.
+"""
+import os
+import shlex
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+EXT = ROOT / "ext"
+BIN = HERE / "bin"
+
+SEED = int(os.environ.get("KVSTORE_C_SEED", "1"))
+TABLE_OPS = 500_000      # operations per worker thread and phase
+FUZZ_ITERATIONS = 200_000
+RUN_TIMEOUT = 240        # seconds per run: generous for a slow, shared machine
+
+COMMON = ["-std=gnu11", "-g", "-O1", "-Wall", "-Wno-unused-parameter", "-pthread", f"-I{EXT}"]
+TSAN = ["-fsanitize=thread"]
+ASAN_UBSAN = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+
+ENV = {
+    "TSAN_OPTIONS": "halt_on_error=1:handle_abort=1:second_deadlock_stack=1",
+    "ASAN_OPTIONS": "abort_on_error=1:detect_leaks=1:handle_abort=1",
+    "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+}
+
+SANITIZER_MARKERS = (
+    "WARNING: ThreadSanitizer",
+    "ERROR: ThreadSanitizer",
+    "ERROR: AddressSanitizer",
+    "ERROR: LeakSanitizer",
+    "runtime error:",          # UBSan
+    "Sanitizer:DEADLYSIGNAL",
+)
+
+BUILDS = {
+    "table_stress_tsan": (["table_stress.c"], TSAN),
+    "table_stress_asan": (["table_stress.c"], ASAN_UBSAN),  # ext/table.c is #included
+    "resp_fuzz_asan": (["resp_fuzz.c", str(EXT / "resp.c")], ASAN_UBSAN),
+}
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+
+def _build(name):
+    sources, flags = BUILDS[name]
+    BIN.mkdir(exist_ok=True)
+    out = BIN / name
+    tmp = BIN / f".{name}.{uuid.uuid4().hex}"  # concurrent sessions must not clobber each other
+    cmd = ["gcc", *COMMON, *flags, *[str(HERE / s) if not os.path.isabs(s) else s for s in sources],
+           "-o", str(tmp)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        pytest.fail(f"build of {name} failed:\n$ {shlex.join(cmd)}\n{r.stderr[-5000:]}")
+    os.replace(tmp, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def binaries():
+    built = {}
+
+    def get(name):
+        if name not in built:
+            built[name] = _build(name)
+        return built[name]
+    return get
+
+
+def _run(binary, *args):
+    cmd = [str(binary), *map(str, args)]
+    env = {**os.environ, **ENV}
+    shown = " ".join(f"{k}={v}" for k, v in ENV.items()) + " " + shlex.join(cmd)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env,
+                           timeout=RUN_TIMEOUT, cwd=ROOT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"timed out after {RUN_TIMEOUT}s: {shown}\n{(e.stderr or b'')[-5000:]!r}")
+    output = r.stdout + r.stderr
+    reports = [m for m in SANITIZER_MARKERS if m in output]
+    if r.returncode != 0 or reports:
+        pytest.fail(f"exit status {r.returncode}, sanitizer reports {reports}\n$ {shown}\n{output[-8000:]}",
+                    pytrace=False)
+    assert output.rstrip().endswith("ok"), output[-2000:]
+    return output
+
+
+@pytest.mark.parametrize("mode", ["chaos", "flush", "exact"])
+def test_table_stress_tsan(binaries, mode):
+    _run(binaries("table_stress_tsan"), SEED, mode, TABLE_OPS)
+
+
+@pytest.mark.parametrize("mode", ["chaos", "flush", "exact"])
+def test_table_stress_asan_ubsan(binaries, mode):
+    _run(binaries("table_stress_asan"), SEED, mode, TABLE_OPS)
+
+
+@pytest.mark.parametrize("seed_offset", [0, 1])
+def test_resp_fuzz_asan_ubsan(binaries, seed_offset):
+    out = _run(binaries("resp_fuzz_asan"), SEED + seed_offset, FUZZ_ITERATIONS)
+    assert "requests parsed" in out
