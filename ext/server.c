@@ -38,6 +38,7 @@
 #define CRON_MS 100
 #define HOUSEKEEP_BUDGET 64
 #define OPS_SAMPLES 16
+#define BATCH 32                       /* requests parsed (and prefetched) before running them */
 
 enum tag { TAG_CONN = 1, TAG_LISTENER, TAG_EVENT };
 
@@ -47,6 +48,12 @@ struct pstats { /* one writer (the poller), any reader */
 };
 
 struct conn;
+
+struct batch_req {
+    int arg0, argc;  /* slice of the poller's argv/argl */
+    size_t end;      /* input offset just past this request */
+    uint64_t h;      /* hash of the first key, for prefetching */
+};
 
 struct poller {
     int idx;
@@ -61,6 +68,11 @@ struct poller {
     pthread_mutex_t q_lock;      /* guards q_fds: fds handed over by another poller */
     int *q_fds, q_len, q_cap;
     int64_t last_cron;
+    /* scratch for the batch being run (process_input): requests and their arguments */
+    struct batch_req batch[BATCH];
+    const char **argv;
+    size_t *argl;
+    int argcap;
     struct pstats st;
 } __attribute__((aligned(64)));
 
@@ -81,9 +93,6 @@ struct conn {
     struct conn *next_pending;
     struct conn *prev, *next;
     struct pp_conn pp;
-    const char **argv;
-    size_t *argl;
-    int argcap;
 };
 
 struct srv {
@@ -135,8 +144,6 @@ static void conn_free(struct conn *c)
     kvbuf_free(&c->out);
     resp_parser_free(&c->rp);
     free(c->cl.name);
-    free(c->argv);
-    free(c->argl);
     free(c);
 }
 
@@ -228,27 +235,37 @@ static void conn_write(struct conn *c, int spurious)
     update_interest(c, spurious);
 }
 
-static int grow_argv(struct conn *c, int argc)
+/* Make room in the poller's scratch arrays for n argument slots. */
+static int grow_args(struct poller *p, int n)
 {
-    if (argc <= c->argcap)
+    if (n <= p->argcap)
         return 0;
-    int cap = argc < 16 ? 16 : argc;
-    const char **v = realloc(c->argv, (size_t)cap * sizeof *v);
+    int cap = p->argcap ? p->argcap : 64;
+    while (cap < n)
+        cap *= 2;
+    const char **v = realloc(p->argv, (size_t)cap * sizeof *v);
     if (!v)
         return -1;
-    c->argv = v;
-    size_t *l = realloc(c->argl, (size_t)cap * sizeof *l);
+    p->argv = v;
+    size_t *l = realloc(p->argl, (size_t)cap * sizeof *l);
     if (!l)
         return -1;
-    c->argl = l;
-    c->argcap = cap;
+    p->argl = l;
+    p->argcap = cap;
     return 0;
 }
 
-/* Parse and execute every complete request in the input buffer. */
+/* Parse and execute every complete request in the input buffer.
+ *
+ * Requests are parsed in batches of up to BATCH before any runs, so the table
+ * lines their keys need can be prefetched together (kvt_prefetch): with
+ * pipelining a single read brings many requests, and their cache misses then
+ * overlap instead of stalling one after another. Arguments of a batch point
+ * into the input buffer, which does not move until the batch has run. */
 static void process_input(struct conn *c)
 {
     struct poller *p = c->p;
+    struct kv_table *t = p->srv->table;
     while (!c->cl.close_after_reply) {
         if (c->out.len - c->out_off > OUT_PAUSE) {
             /* The client sends faster than it reads: stop taking requests (and
@@ -256,35 +273,83 @@ static void process_input(struct conn *c)
             c->paused = 1;
             break;
         }
-        c->rp.unauth = !c->cl.authenticated;
-        char *req = c->in.p + c->in_off;
-        int rc = resp_parse(&c->rp, req, c->in.len - c->in_off);
-        if (rc == RESP_AGAIN)
+        /* Before AUTH one request at a time: AUTH changes the limits for the next. */
+        int max = c->cl.authenticated ? BATCH : 1;
+        int n = 0, nargs = 0, perr = 0;
+        size_t off = c->in_off;
+        while (n < max) {
+            c->rp.unauth = !c->cl.authenticated;
+            int rc = resp_parse(&c->rp, c->in.p + off, c->in.len - off);
+            if (rc == RESP_AGAIN)
+                break;
+            if (rc == RESP_ERROR) {
+                perr = 1;
+                break;
+            }
+            int argc = c->rp.argc;
+            if (argc > 0) {
+                if (grow_args(p, nargs + argc)) {
+                    conn_close(c);
+                    return;
+                }
+                for (int i = 0; i < argc; i++) {
+                    p->argv[nargs + i] = c->in.p + off + c->rp.argv[i].off;
+                    p->argl[nargs + i] = c->rp.argv[i].len;
+                }
+                p->batch[n].arg0 = nargs;
+                p->batch[n].argc = argc;
+                p->batch[n].end = off + c->rp.scan;
+                nargs += argc;
+                n++;
+            }
+            off += c->rp.scan;
+            resp_reset(&c->rp);
+        }
+        if (n > 1) {
+            for (int i = 0; i < n; i++) {
+                struct batch_req *b = &p->batch[i];
+                b->h = b->argc > 1 ? kvt_hash(p->argv[b->arg0 + 1], p->argl[b->arg0 + 1]) : 0;
+                if (b->argc > 1)
+                    kvt_prefetch(t, b->h, 1);
+            }
+            for (int stage = 2; stage <= 3; stage++)
+                for (int i = 0; i < n; i++)
+                    if (p->batch[i].argc > 1)
+                        kvt_prefetch(t, p->batch[i].h, stage);
+        }
+        int i = 0;
+        for (; i < n; i++) {
+            struct batch_req *b = &p->batch[i];
+            if (c->out.len - c->out_off > OUT_PAUSE) {
+                c->paused = 1;
+                break;
+            }
+            if (cmd_dispatch(&c->cl, b->argc, p->argv + b->arg0, p->argl + b->arg0)) {
+                conn_close(c);
+                return;
+            }
+            st_inc(&p->st.commands, 1);
+            c->in_off = b->end;
+            if (c->cl.close_after_reply) { /* QUIT: what follows it is not run */
+                i++;
+                break;
+            }
+        }
+        if (i < n || c->paused || c->cl.close_after_reply) {
+            /* Stopped inside the batch: what follows is parsed again later, so
+             * forget any partial progress the parser made past it. */
+            resp_reset(&c->rp);
             break;
-        if (rc == RESP_ERROR) {
+        }
+        c->in_off = off; /* also steps over empty requests ("*0") after the last one */
+        if (perr) {
             resp_add_errorf(&c->out, "ERR %s", c->rp.err);
             st_inc(&p->st.protocol_errors, 1);
             c->cl.close_after_reply = 1;
             break;
         }
-        int argc = c->rp.argc;
-        if (argc > 0) {
-            if (grow_argv(c, argc)) {
-                conn_close(c);
-                return;
-            }
-            for (int i = 0; i < argc; i++) {
-                c->argv[i] = req + c->rp.argv[i].off;
-                c->argl[i] = c->rp.argv[i].len;
-            }
-            if (cmd_dispatch(&c->cl, argc, c->argv, c->argl)) {
-                conn_close(c);
-                return;
-            }
-            st_inc(&p->st.commands, 1);
-        }
-        c->in_off += c->rp.scan;
-        resp_reset(&c->rp);
+        if (n < max)
+            break; /* the rest of the buffer is an incomplete request */
     }
     if (c->in_off == c->in.len) {
         c->in.len = c->in_off = 0;
@@ -741,6 +806,8 @@ void srv_destroy(struct srv *s)
         for (int j = 0; j < p->q_len; j++)
             close(p->q_fds[j]);
         free(p->q_fds);
+        free(p->argv);
+        free(p->argl);
         pthread_mutex_destroy(&p->q_lock);
     }
     free(s->pollers);

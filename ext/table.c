@@ -183,6 +183,16 @@ static inline char *entry_val(struct kvt_entry *e) { return (char *)e->data + e-
 
 /* ---- shard internals (caller holds s->lock) */
 
+/* ht[0]/size[0] are also read without the lock by kvt_prefetch, which only feeds
+ * the values to prefetch instructions (never dereferences them). Writers use
+ * relaxed atomic stores so those reads are not data races; plain reads under the
+ * lock stay plain. */
+static inline void set_ht0(struct shard *s, struct kvt_entry **b, uint64_t size)
+{
+    __atomic_store_n(&s->ht[0], b, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->size[0], size, __ATOMIC_RELAXED);
+}
+
 static struct kvt_entry **buckets_new(struct kv_table *t, uint64_t n)
 {
     struct kvt_entry **b = calloc(n, sizeof *b);
@@ -226,8 +236,7 @@ static void do_rehash_step(struct kv_table *t, struct shard *s, int n)
         }
         if ((uint64_t)s->rehashidx >= s->size[0]) {
             buckets_free(t, s->ht[0]);
-            s->ht[0] = s->ht[1];
-            s->size[0] = s->size[1];
+            set_ht0(s, s->ht[1], s->size[1]);
             s->ht[1] = NULL;
             s->size[1] = 0;
             s->rehashidx = -1;
@@ -343,12 +352,12 @@ int kvt_create(struct kv_table **out, uint64_t max_memory)
         struct shard *s = &t->shards[i];
         pthread_mutex_init(&s->lock, NULL);
         s->rehashidx = -1;
-        s->ht[0] = buckets_new(t, INITIAL_BUCKETS);
-        if (!s->ht[0]) {
+        struct kvt_entry **b = buckets_new(t, INITIAL_BUCKETS);
+        if (!b) {
             kvt_destroy(t);
             return -ENOMEM;
         }
-        s->size[0] = INITIAL_BUCKETS;
+        set_ht0(s, b, INITIAL_BUCKETS);
     }
     *out = t;
     return 0;
@@ -366,9 +375,10 @@ static void do_clear(struct kv_table *t, struct shard *s)
             }
         }
         buckets_free(t, s->ht[i]);
-        s->ht[i] = NULL;
-        s->size[i] = 0;
     }
+    set_ht0(s, NULL, 0);
+    s->ht[1] = NULL;
+    s->size[1] = 0;
     s->rehashidx = -1;
     s->cursor = 0;
     atomic_store_explicit(&s->used, 0, memory_order_relaxed);
@@ -633,8 +643,7 @@ void kvt_flush(struct kv_table *t)
         atomic_fetch_add_explicit(&t->used_memory, malloc_usable_size(fresh), memory_order_relaxed);
         pthread_mutex_lock(&s->lock);
         do_clear(t, s);
-        s->ht[0] = fresh;
-        s->size[0] = INITIAL_BUCKETS;
+        set_ht0(s, fresh, INITIAL_BUCKETS);
         pthread_mutex_unlock(&s->lock);
     }
 }
@@ -708,4 +717,33 @@ int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budge
         pthread_mutex_unlock(&s->lock);
     }
     return reclaimed;
+}
+
+void kvt_prefetch(struct kv_table *t, uint64_t h, int stage)
+{
+    struct shard *s = shard_of(t, h);
+    if (stage == 1) {
+        __builtin_prefetch(s, 1, 3); /* the lock and the table pointers share this line */
+        return;
+    }
+    if (stage == 3) {
+        /* The chain's first entry: reading the slot needs the lock (the array may
+         * be freed by a finishing rehash); its line is cached after stage 2. */
+        pthread_mutex_lock(&s->lock);
+        if (s->size[0]) {
+            struct kvt_entry *e = s->ht[0][h & (s->size[0] - 1)];
+            if (e) {
+                __builtin_prefetch(e, 0, 3);
+                __builtin_prefetch((char *)e + 64, 0, 3);
+            }
+        }
+        pthread_mutex_unlock(&s->lock);
+        return;
+    }
+    /* Possibly stale (a rehash may finish meanwhile): only ever prefetched, and a
+     * prefetch of any address is harmless. */
+    struct kvt_entry **b = __atomic_load_n(&s->ht[0], __ATOMIC_RELAXED);
+    uint64_t size = __atomic_load_n(&s->size[0], __ATOMIC_RELAXED);
+    if (b && size)
+        __builtin_prefetch(&b[h & (size - 1)], 0, 3);
 }

@@ -93,6 +93,12 @@ void kvt_get_stats(struct kv_table *t, struct kvt_stats *st);
  * Returns the number of keys reclaimed. */
 int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budget);
 
+/* Batched lookups (MICA-style): for a batch of keys, call stage 1 for every key
+ * (pulls the shard's lock line), then stage 2 for every key (pulls the bucket
+ * slot), then run the operations; their cache misses then overlap instead of
+ * being paid one after another. Lock-free, never dereferences anything. */
+void kvt_prefetch(struct kv_table *t, uint64_t h, int stage);
+
 /* 64-bit keyed hash of a key (SipHash-1-3 with a per-process random key). */
 uint64_t kvt_hash(const void *key, size_t klen);
 

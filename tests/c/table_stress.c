@@ -242,6 +242,10 @@ static void *chaos_worker(void *p)
     for (uint64_t op = 0; op < a->ops; op++) {
         int klen = snprintf(key, sizeof key, "key:%u", (unsigned)ts_below(&r, CHAOS_KEYS));
         uint64_t which = ts_below(&r, 1000);
+        /* the server's batched prefetch runs concurrently with rehashes and flushes */
+        uint64_t h = kvt_hash(key, (size_t)klen);
+        for (int stage = 1; stage <= 3; stage++)
+            kvt_prefetch(t, h, stage);
         if (which < 300) {
             size_t n = random_value(&r, val, MAX_VALUE_LEN);
             int flags = 0;
