@@ -28,9 +28,10 @@ PNG = os.path.join(common.RESULTS, "peer_compare.png")
 
 
 class KvNode:
-    name, protocol = "kvstore", "resp"
+    protocol = "resp"
 
     def __init__(self, threads):
+        self.name = f"kvstore-{threads}p"
         self.node = Node(port=0, threads=threads)
 
     def start(self):
@@ -67,7 +68,7 @@ def run_kvstore_bench(port, protocol, op, pipeline, conns, requests, keyspace, v
 
 
 def measure(args):
-    servers = [KvNode(args.kv_threads), common.redis_server(common.free_port()),
+    servers = [*(KvNode(t) for t in args.kv_threads), common.redis_server(common.free_port()),
                common.memcached(common.free_port(), args.memcached_threads)]
     rows = []
     try:
@@ -128,11 +129,13 @@ def summarize(rows):
     for (tool, op, p, server), m in sorted(med.items()):
         line = (f"{tool:15s} {op} P{p:<3d} {server:9s} {m['throughput']:>11,.0f} req/s  p50 {m['p50_us']:6.0f} us"
                 f"  p99 {m['p99_us']:6.0f} us  {m['req_per_cpu_s']:>11,.0f} req/cpu-s")
-        if server != "kvstore" and (tool, op, p, "kvstore") in med:
-            k = med[(tool, op, p, "kvstore")]
-            line += (f"   kvstore/{server}: {k['throughput'] / m['throughput']:.2f}x req/s, "
-                     f"{k['req_per_cpu_s'] / m['req_per_cpu_s']:.2f}x req/cpu-s")
         lines.append(line)
+        if not server.startswith("kvstore"):
+            for kv in sorted(k[3] for k in med if k[:3] == (tool, op, p) and k[3].startswith("kvstore")):
+                k = med[(tool, op, p, kv)]
+                lines.append(f"{'':40s}{kv}/{server}: {k['throughput'] / m['throughput']:.2f}x req/s, "
+                             f"{k['req_per_cpu_s'] / m['req_per_cpu_s']:.2f}x req/cpu-s, "
+                             f"p99 {k['p99_us'] / m['p99_us']:.2f}x")
     return med, "\n".join(lines)
 
 
@@ -144,11 +147,15 @@ def plot(rows, path):
     med, _ = summarize(rows)
     tools = sorted({k[0] for k in med})
     loads = sorted({(k[1], k[2]) for k in med})
-    servers = ["kvstore", "redis", "memcached"]
-    colors = {"kvstore": "#1f77b4", "redis": "#d62728", "memcached": "#2ca02c"}
-    fig, axes = plt.subplots(2, len(tools), figsize=(7 * len(tools), 8), squeeze=False)
+    servers = sorted({k[3] for k in med if k[3].startswith("kvstore")}, reverse=True) + ["redis", "memcached"]
+    palette = ["#1f77b4", "#6baed6", "#9ecae1"]
+    colors = {"redis": "#d62728", "memcached": "#2ca02c",
+              **{s: palette[i % 3] for i, s in enumerate(x for x in servers if x.startswith("kvstore"))}}
+    metrics = (("throughput", "requests/s"), ("req_per_cpu_s", "requests per server CPU-second"),
+               ("p99_us", "p99 latency (us), lower is better"))
+    fig, axes = plt.subplots(len(metrics), len(tools), figsize=(7 * len(tools), 11), squeeze=False)
     for ti, tool in enumerate(tools):
-        for mi, (metric, label) in enumerate((("throughput", "requests/s"), ("req_per_cpu_s", "requests per server CPU-second"))):
+        for mi, (metric, label) in enumerate(metrics):
             ax = axes[mi][ti]
             width = 0.8 / len(servers)
             for si, s in enumerate(servers):
@@ -165,7 +172,8 @@ def plot(rows, path):
             ax.set_title(f"{tool}: {label} (median)")
             ax.legend()
             ax.grid(axis="y", alpha=0.3)
-    fig.suptitle("kvstore vs Redis 7 vs memcached -t2 — 85-byte values, 1 M keys, 50 connections, 2-core VM")
+    fig.suptitle("kvstore (N pollers: kvstore-Np) vs Redis 7 vs memcached -t2 — 85-byte values, 1 M keys, "
+                 "50 connections; client and servers share a 2-core VM")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
@@ -180,7 +188,8 @@ def main():
     ap.add_argument("--value-size", type=int, default=85)
     ap.add_argument("--conns", type=int, default=50)
     ap.add_argument("--pipelines", type=int, nargs="+", default=[1, 16])
-    ap.add_argument("--kv-threads", type=int, default=2, help="kvstore poller threads")
+    ap.add_argument("--kv-threads", type=int, nargs="+", default=[2, 1],
+                    help="kvstore poller counts to measure, each as its own server (default: 2 1)")
     ap.add_argument("--memcached-threads", type=int, default=2)
     ap.add_argument("--client-threads", type=int, default=2, help="kvstore bench client threads")
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the CSV")
