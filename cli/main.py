@@ -99,12 +99,13 @@ def bench(as_json, **kw):
     def progress(elapsed):
         click.echo(f"\r  running {elapsed:5.1f} s (limit {limit})", nl=False, err=True)
 
+    live = not as_json and sys.stderr.isatty()  # a progress line only where it can be redrawn
     try:
-        r = benchmod.run(progress=None if as_json else progress, **kw)
+        r = benchmod.run(progress=progress if live else None, **kw)
     except KVError as e:
         _fail(e)
-    if not as_json:
-        click.echo("\r" + " " * 40 + "\r", nl=False, err=True)
+    if live:
+        click.echo("\r\033[K", nl=False, err=True)
     if as_json:
         click.echo(json.dumps(r, indent=2))
         return

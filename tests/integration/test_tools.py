@@ -1,14 +1,17 @@
 """Off-the-shelf tools against kvstore: redis-cli, redis-cli --pipe, redis-benchmark,
 and kvstore's own `kvstore bench` (also against redis-server, as a reference)."""
 import json
+import os
 import re
 import shutil
 import subprocess
+import socket
 import sys
+import time
 
 import pytest
 
-from conftest import PASSWORD, client, resp_cmd
+from conftest import PASSWORD, _need, client, free_port, resp_cmd
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -239,3 +242,51 @@ def test_kvstore_bench_reports_errors(kv_auth, bench_available):
     assert res["errors"] == 100 and res["first_error"].startswith("NOAUTH"), res
     ok = kvstore_bench(kv_auth.port, "-n", "2000", "-a", PASSWORD, "--check", "--ratio", "1:1", "--json")
     assert ok["errors"] == 0 and ok["requests"] == 2000, ok
+
+
+@pytest.mark.timeout(60)
+def test_kvstore_bench_fixed_rate_is_open_loop(kv_fresh, bench_available):
+    """--rate schedules requests: never more than rate x duration are sent, and a light
+    load reaches its schedule; latency percentiles are ordered."""
+    res = kvstore_bench(kv_fresh.port, "--rate", "2000", "--duration", "1.5", "-c", "4", "--json")
+    assert res["errors"] == 0
+    assert res["requests"] <= 2000 * 1.5 + 4  # the schedule bounds what is sent
+    assert res["requests"] >= 2000 * 1.5 * 0.5, res  # and a light load keeps close to it
+    assert 0 < res["lat_p50_us"] <= res["lat_p99_us"] <= res["lat_p999_us"] <= res["lat_max_us"]
+
+
+@pytest.mark.timeout(60)
+def test_kvstore_bench_memcache_protocol(bench_available, tmp_path):
+    """The same tool drives memcached's text protocol, replies checked."""
+    _need("memcached")
+    port = free_port()
+    argv = ["memcached", "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-t", "2"]
+    if os.geteuid() == 0:
+        argv += ["-u", "root"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        res = kvstore_bench(port, "--protocol", "memcache", "-n", "20000", "-P", "8", "--ratio", "1:1",
+                            "-r", "1000", "--check", "--json")
+        assert res["errors"] == 0, res["first_error"]
+        assert res["requests"] == 20000 and res["hits"] > 0
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--ratio", "x"], "ratio: expected SET:GET"),
+    (["--ratio", "0:0"], "not both 0"),
+    (["-P", "0"], "pipeline"),
+    (["-c", "1", "-t", "2"], "conns"),
+])
+def test_kvstore_bench_rejects_bad_options(kv, bench_available, args, message):
+    r = run(KVSTORE + ["bench", "-p", str(kv.port), "-n", "10"] + args, timeout=30)
+    assert r.returncode != 0 and message in r.stderr.decode(), r.stderr
