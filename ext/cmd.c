@@ -51,6 +51,7 @@ static const char ERR_BIG[] = "ERR string exceeds maximum allowed size (proto-ma
 
 static int reply_ok(struct cmd_client *c) { return kvbuf_append(c->out, "+OK\r\n", 5); }
 static int reply_err(struct cmd_client *c, const char *e) { return resp_add_error(c->out, e); }
+static int reply_write_err(struct cmd_client *c, int64_t rc);
 
 /* Redis's string2ll on an argument. */
 static int arg_ll(const struct cmd_args *a, int i, long long *v)
@@ -307,8 +308,8 @@ static int c_flushall(struct cmd_client *c, const struct cmd_args *a)
 {
     if (a->argc > 2 || (a->argc == 2 && !ARGIS(a, 1, "ASYNC") && !ARGIS(a, 1, "SYNC")))
         return reply_err(c, ERR_SYNTAX);
-    kvt_flush(c->table);
-    return reply_ok(c);
+    int rc = kvt_flush(c->table);
+    return rc < 0 ? reply_write_err(c, rc) : reply_ok(c);
 }
 
 static int c_time(struct cmd_client *c, const struct cmd_args *a)
@@ -343,6 +344,11 @@ static int reply_write_err(struct cmd_client *c, int64_t rc)
         return reply_err(c, ERR_OOM);
     if (rc == -E2BIG)
         return reply_err(c, ERR_BIG);
+    if (rc == -EAGAIN)
+        return reply_err(c, "ERR durability log backlog full (the disk cannot keep up), write refused: retry");
+    if (rc == -EIO)
+        return reply_err(c, "ERR durability log failed (I/O error, see the server's log): writes refused "
+                            "until restart");
     return resp_add_errorf(c->out, "ERR %s", strerror((int)-rc));
 }
 
@@ -437,8 +443,12 @@ static int c_mset(struct cmd_client *c, const struct cmd_args *a)
 static int c_del(struct cmd_client *c, const struct cmd_args *a)
 {
     long long n = 0;
-    for (int i = 1; i < a->argc; i++)
-        n += kvt_del(c->table, a->argv[i], a->argl[i]);
+    for (int i = 1; i < a->argc; i++) {
+        int rc = kvt_del(c->table, a->argv[i], a->argl[i]);
+        if (rc < 0)
+            return reply_write_err(c, rc);
+        n += rc;
+    }
     return resp_add_int(c->out, n);
 }
 

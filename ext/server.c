@@ -30,6 +30,7 @@
 #include "pollpolicy.h"
 #include "resp.h"
 #include "table.h"
+#include "wal.h"
 
 #define MAX_EVENTS 256
 #define READ_CHUNK (16 * 1024)         /* Redis PROTO_IOBUF_LEN */
@@ -64,6 +65,7 @@ struct poller {
     int spare_fd;                /* reserved descriptor for shedding connections at EMFILE */
     int listener_tag, event_tag; /* addresses used as epoll tags */
     struct conn *all;            /* every connection of this poller (doubly linked) */
+    struct conn *waiting;        /* connections with replies held for the log (doubly linked) */
     struct conn *pending;        /* connections with replies queued this round */
     pthread_mutex_t q_lock;      /* guards q_fds: fds handed over by another poller */
     int *q_fds, q_len, q_cap;
@@ -93,11 +95,18 @@ struct conn {
     struct conn *next_pending;
     struct conn *prev, *next;
     struct pp_conn pp;
+    /* Replies held until the log makes what they depend on durable: from
+     * holds[i].off on, out waits for LSN holds[i].lsn (offsets and LSNs ascend). */
+    struct hold { size_t off; uint64_t lsn; } *holds;
+    int hold_head, hold_n, hold_cap;
+    uint64_t hold_max;
+    int waiting;                 /* on the poller's waiting list */
+    struct conn *wprev, *wnext;
 };
 
 struct srv {
     struct srv_config cfg;
-    char *bind, *requirepass, *config_file, *version; /* owned copies */
+    char *bind, *requirepass, *config_file, *version, *durability; /* owned copies */
     struct kv_table *table;
     const struct pp_policy *policy;
     int port;
@@ -142,12 +151,79 @@ static void conn_free(struct conn *c)
         c->next->prev = c->prev;
     kvbuf_free(&c->in);
     kvbuf_free(&c->out);
+    free(c->holds);
     resp_parser_free(&c->rp);
     free(c->cl.name);
     free(c);
 }
 
 static void list_pending(struct conn *c);
+
+static void wait_add(struct conn *c)
+{
+    if (c->waiting)
+        return;
+    c->waiting = 1;
+    c->wprev = NULL;
+    c->wnext = c->p->waiting;
+    if (c->wnext)
+        c->wnext->wprev = c;
+    c->p->waiting = c;
+}
+
+static void wait_del(struct conn *c)
+{
+    if (!c->waiting)
+        return;
+    c->waiting = 0;
+    if (c->wprev)
+        c->wprev->wnext = c->wnext;
+    else
+        c->p->waiting = c->wnext;
+    if (c->wnext)
+        c->wnext->wprev = c->wprev;
+}
+
+/* End of the part of out that may be sent now: up to the first reply still
+ * waiting for its LSN to become durable. */
+static size_t sendable_end(struct conn *c)
+{
+    if (!c->hold_n)
+        return c->out.len;
+    uint64_t durable = wal_durable_lsn(c->p->srv->cfg.wal);
+    while (c->hold_n && c->holds[c->hold_head].lsn <= durable) {
+        c->hold_head++;
+        c->hold_n--;
+    }
+    if (!c->hold_n) {
+        c->hold_head = 0;
+        return c->out.len;
+    }
+    return c->holds[c->hold_head].off;
+}
+
+/* The reply just appended at out[off..] depends on LSN need. */
+static int hold_reply(struct conn *c, size_t off, uint64_t need)
+{
+    if (need <= c->hold_max || need <= wal_durable_lsn(c->p->srv->cfg.wal))
+        return 0; /* already behind an earlier hold, or already durable */
+    if (c->hold_head + c->hold_n == c->hold_cap) {
+        if (c->hold_head) { /* reuse the consumed front */
+            memmove(c->holds, c->holds + c->hold_head, (size_t)c->hold_n * sizeof *c->holds);
+            c->hold_head = 0;
+        } else {
+            int cap = c->hold_cap ? c->hold_cap * 2 : 16;
+            struct hold *h = realloc(c->holds, (size_t)cap * sizeof *h);
+            if (!h)
+                return -1;
+            c->holds = h;
+            c->hold_cap = cap;
+        }
+    }
+    c->holds[c->hold_head + c->hold_n++] = (struct hold){off, need};
+    c->hold_max = need;
+    return 0;
+}
 
 /* Close now; the struct is freed by the end-of-round flush, so pointers held
  * while handling this round's events stay valid. */
@@ -156,6 +232,7 @@ static void conn_close(struct conn *c)
     if (c->closed)
         return;
     c->closed = 1;
+    wait_del(c);
     close(c->fd); /* also removes it from the epoll set */
     atomic_fetch_sub_explicit(&c->p->srv->clients, 1, memory_order_relaxed);
     st_inc(&c->p->st.clients, (uint64_t)-1);
@@ -176,7 +253,10 @@ static void set_interest(struct conn *c, uint32_t ev)
 
 static void update_interest(struct conn *c, int spurious)
 {
-    int pending = c->out_off < c->out.len;
+    size_t end = sendable_end(c);
+    int pending = c->out_off < end; /* bytes the socket could take now */
+    if (end < c->out.len)
+        wait_add(c); /* the rest goes out when the log catches up */
     /* No EPOLLIN while input is not wanted: level-triggered epoll would report
      * it again on every round (busy loop) for bytes we refuse to read. */
     uint32_t ev = (c->paused || c->cl.close_after_reply) ? 0 : EPOLLIN;
@@ -200,8 +280,9 @@ static void process_input(struct conn *c);
 static void conn_write(struct conn *c, int spurious)
 {
     struct pstats *st = &c->p->st;
-    while (c->out_off < c->out.len) {
-        ssize_t n = send(c->fd, c->out.p + c->out_off, c->out.len - c->out_off, MSG_NOSIGNAL);
+    size_t end = sendable_end(c);
+    while (c->out_off < end) {
+        ssize_t n = send(c->fd, c->out.p + c->out_off, end - c->out_off, MSG_NOSIGNAL);
         st_inc(&st->writes, 1);
         if (n > 0) {
             c->out_off += (size_t)n;
@@ -216,6 +297,7 @@ static void conn_write(struct conn *c, int spurious)
     }
     if (c->out_off == c->out.len) {
         c->out.len = c->out_off = 0;
+        c->hold_max = 0;
         kvbuf_shrink(&c->out, BUF_KEEP);
         if (c->cl.close_after_reply) {
             conn_close(c);
@@ -324,7 +406,14 @@ static void process_input(struct conn *c)
                 c->paused = 1;
                 break;
             }
+            size_t reply_at = c->out.len;
+            kvt_lsn_reset();
             if (cmd_dispatch(&c->cl, b->argc, p->argv + b->arg0, p->argl + b->arg0)) {
+                conn_close(c);
+                return;
+            }
+            uint64_t need = kvt_lsn_touched(); /* 0 without a log */
+            if (need && hold_reply(c, reply_at, need)) {
                 conn_close(c);
                 return;
             }
@@ -519,6 +608,29 @@ static void do_accept(struct poller *p)
     }
 }
 
+/* The log moved on (or failed): send the replies it released. */
+static void release_waiting(struct poller *p)
+{
+    struct wal *w = p->srv->cfg.wal;
+    if (!w || !p->waiting)
+        return;
+    int failed = wal_failed(w);
+    struct conn *list = p->waiting;
+    p->waiting = NULL;
+    for (struct conn *c = list; c; c->waiting = 0, c = c->wnext)
+        ;
+    while (list) {
+        struct conn *c = list;
+        list = c->wnext;
+        if (c->closed)
+            continue;
+        if (failed)
+            conn_close(c); /* their writes can never be acknowledged */
+        else
+            conn_write(c, 0); /* re-lists itself if something is still held */
+    }
+}
+
 static void drain_event(struct poller *p)
 {
     uint64_t v;
@@ -542,6 +654,7 @@ static void drain_event(struct poller *p)
     }
     for (int i = 0; i < n; i++)
         conn_new(p, fds[i]);
+    release_waiting(p);
 }
 
 static void cron(struct poller *p, int64_t now)
@@ -698,6 +811,8 @@ int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cf
     s->requirepass = dup_or_null(cfg->requirepass);
     s->config_file = dup_or_null(cfg->config_file);
     s->version = strdup(cfg->version ? cfg->version : "0");
+    s->durability = strdup(cfg->durability ? cfg->durability : "none");
+    s->cfg.durability = s->durability;
     s->cfg.bind = s->bind;
     s->cfg.requirepass = s->requirepass;
     s->cfg.config_file = s->config_file;
@@ -734,6 +849,10 @@ int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cf
         }
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = &p->event_tag};
         epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->evfd, &e);
+        if (cfg->wal && wal_subscribe(cfg->wal, p->evfd)) {
+            snprintf(err, errlen, "too many pollers for the log's wake-up list");
+            goto fail;
+        }
         if (i == 0 || cfg->accept_mode == SRV_ACCEPT_REUSEPORT) {
             p->lfd = make_listener(s, cfg->accept_mode == SRV_ACCEPT_REUSEPORT, err, errlen);
             if (p->lfd < 0) {
@@ -815,6 +934,7 @@ void srv_destroy(struct srv *s)
     free(s->requirepass);
     free(s->config_file);
     free(s->version);
+    free(s->durability);
     free(s);
 }
 
@@ -963,8 +1083,23 @@ int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, int
                          (unsigned long long)ts.used_memory, h1, (unsigned long long)ts.max_memory,
                          h2, (unsigned long long)ts.buckets, (unsigned long long)ts.rehashing);
         } else if (!strcmp(sec, "persistence")) {
-            kvbuf_printf(&b, "loading:0\r\ndurability:none\r\naof_enabled:0\r\n"
-                             "rdb_changes_since_last_save:0\r\n");
+            kvbuf_printf(&b, "loading:0\r\ndurability:%s\r\naof_enabled:0\r\n"
+                             "rdb_changes_since_last_save:0\r\n", s->durability);
+            if (s->cfg.wal) {
+                struct wal_stats ws;
+                wal_get_stats(s->cfg.wal, &ws);
+                kvbuf_printf(&b,
+                             "log_appended_lsn:%llu\r\nlog_durable_lsn:%llu\r\nlog_groups:%llu\r\n"
+                             "log_records:%llu\r\nlog_bytes:%llu\r\nlog_max_group_records:%llu\r\n"
+                             "log_syncs:%llu\r\nlog_sync_avg_us:%.1f\r\nlog_sync_max_us:%.1f\r\n"
+                             "log_failed:%d\r\n",
+                             (unsigned long long)ws.appended_lsn, (unsigned long long)ws.durable_lsn,
+                             (unsigned long long)ws.groups, (unsigned long long)ws.records,
+                             (unsigned long long)ws.bytes, (unsigned long long)ws.max_group_records,
+                             (unsigned long long)ws.syncs,
+                             ws.syncs ? (double)ws.sync_ns_total / (double)ws.syncs / 1000.0 : 0.0,
+                             (double)ws.sync_ns_max / 1000.0, ws.failed);
+            }
         } else if (!strcmp(sec, "stats")) {
             uint64_t ops = 0;
             for (int i = 0; i < OPS_SAMPLES; i++)

@@ -19,6 +19,7 @@
 
 struct kv_table;
 struct srv;
+struct wal;
 
 enum srv_accept_mode { SRV_ACCEPT_REUSEPORT = 0, SRV_ACCEPT_HANDOFF = 1 };
 
@@ -33,6 +34,9 @@ struct srv_config {
     const char *config_file; /* shown by INFO, may be NULL */
     const char *version;     /* kvstore version shown by INFO/HELLO */
     int tcp_backlog;
+    struct wal *wal;         /* durability log (not owned) or NULL: replies then wait for
+                                the LSN their request wrote or read to be durable */
+    const char *durability;  /* mode name for INFO: "none", "disk", ... */
 };
 
 /* Per-poller counters; each is written only by its poller. */

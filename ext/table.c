@@ -25,6 +25,7 @@
 struct kvt_entry {
     struct kvt_entry *next;
     uint64_t hash;
+    uint64_t lsn;            /* log record that wrote this value, 0 = none */
     int64_t expire_ms;       /* unix ms, 0 = none */
     uint32_t klen, vlen;
     uint32_t cap;            /* bytes usable in data[] */
@@ -52,7 +53,38 @@ struct kv_table {
     _Atomic uint64_t used_memory __attribute__((aligned(64)));
     _Atomic uint64_t max_memory;
     _Atomic uint64_t oom_rejections;
+    kvt_log_fn log;          /* set before the table is shared, never changed while in use */
+    void *log_arg;
 };
+
+static __thread uint64_t touched_lsn;
+
+void kvt_lsn_reset(void) { touched_lsn = 0; }
+uint64_t kvt_lsn_touched(void) { return touched_lsn; }
+
+static inline void touch(uint64_t lsn)
+{
+    if (lsn > touched_lsn)
+        touched_lsn = lsn;
+}
+
+void kvt_set_log(struct kv_table *t, kvt_log_fn fn, void *arg)
+{
+    t->log = fn;
+    t->log_arg = arg;
+}
+
+/* Log a mutation (caller holds the shard lock). Returns the LSN, 0 without a logger, or -errno. */
+static int64_t do_log(struct kv_table *t, int op, const void *key, size_t klen, const void *v1,
+                      size_t n1, const void *v2, size_t n2, int64_t expire)
+{
+    if (!t->log)
+        return 0;
+    int64_t lsn = t->log(t->log_arg, op, key, klen, v1, n1, v2, n2, expire);
+    if (lsn > 0)
+        touch((uint64_t)lsn);
+    return lsn;
+}
 
 /* ---- hashing: SipHash-1-3, keyed per process so clients cannot pick colliding keys */
 
@@ -162,6 +194,7 @@ static struct kvt_entry *entry_new(struct kv_table *t, uint64_t h, const void *k
     }
     e->next = NULL;
     e->hash = h;
+    e->lsn = 0;
     e->expire_ms = 0;
     e->klen = (uint32_t)klen;
     e->vlen = (uint32_t)vlen;
@@ -408,6 +441,7 @@ int kvt_get(struct kv_table *t, const void *key, size_t klen, kvt_read_fn fn, vo
     struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
     if (ref) {
         cnt_add(&s->hits, 1);
+        touch((*ref)->lsn);
         if (fn)
             fn(arg, entry_val(*ref), (*ref)->vlen);
     } else {
@@ -448,9 +482,13 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
     struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
     struct kvt_entry *e = ref ? *ref : NULL;
     int rc = 1;
-    if (old_fn && e)
+    if (old_fn && e) {
+        touch(e->lsn);
         old_fn(old_arg, entry_val(e), e->vlen);
+    }
     if (((flags & KVT_NX) && e) || ((flags & KVT_XX) && !e)) {
+        if (e)
+            touch(e->lsn); /* the reply reveals that the key exists */
         rc = 0;
         goto out;
     }
@@ -459,8 +497,14 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
     size_t need = klen + vlen;
     /* Overwrite in place when the value fits and would not waste over half the block. */
     if (e && need <= e->cap && e->cap <= 2 * need + 64) {
+        int64_t lsn = do_log(t, 1, key, klen, val, vlen, NULL, 0, expire_ms);
+        if (lsn < 0) {
+            rc = (int)lsn;
+            goto out;
+        }
         memcpy(entry_val(e), val, vlen);
         e->vlen = (uint32_t)vlen;
+        e->lsn = (uint64_t)lsn;
         cnt_add(&s->expires, (expire_ms != 0) - (e->expire_ms != 0));
         e->expire_ms = expire_ms;
         goto out;
@@ -470,6 +514,13 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
         rc = -ENOMEM;
         goto out;
     }
+    int64_t lsn = do_log(t, 1, key, klen, val, vlen, NULL, 0, expire_ms);
+    if (lsn < 0) {
+        entry_free(t, ne);
+        rc = (int)lsn;
+        goto out;
+    }
+    ne->lsn = (uint64_t)lsn;
     ne->expire_ms = expire_ms;
     if (e)
         do_replace(t, s, ref, ne);
@@ -485,17 +536,26 @@ int kvt_del(struct kv_table *t, const void *key, size_t klen)
     uint64_t h = kvt_hash(key, klen);
     struct shard *s = lock_shard(t, h);
     struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
-    if (ref)
-        do_unlink(t, s, ref);
+    int rc = ref != NULL;
+    if (ref) {
+        int64_t lsn = do_log(t, 2, key, klen, NULL, 0, NULL, 0, 0);
+        if (lsn < 0)
+            rc = (int)lsn;
+        else
+            do_unlink(t, s, ref);
+    }
     pthread_mutex_unlock(&s->lock);
-    return ref != NULL;
+    return rc;
 }
 
 int kvt_exists(struct kv_table *t, const void *key, size_t klen)
 {
     uint64_t h = kvt_hash(key, klen);
     struct shard *s = lock_shard(t, h);
-    int found = do_find_live(t, s, h, key, klen) != NULL;
+    struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
+    int found = ref != NULL;
+    if (ref)
+        touch((*ref)->lsn);
     pthread_mutex_unlock(&s->lock);
     return found;
 }
@@ -558,14 +618,27 @@ int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, 
     char num[24];
     int n = snprintf(num, sizeof num, "%lld", (long long)cur);
     if (e && klen + (size_t)n <= e->cap) {
+        int64_t lsn = do_log(t, 1, key, klen, num, (size_t)n, NULL, 0, e->expire_ms);
+        if (lsn < 0) {
+            rc = (int)lsn;
+            goto out;
+        }
         memcpy(entry_val(e), num, (size_t)n);
         e->vlen = (uint32_t)n;
+        e->lsn = (uint64_t)lsn;
     } else {
         struct kvt_entry *ne = entry_new(t, h, key, klen, num, (size_t)n, 0);
         if (!ne) {
             rc = -ENOMEM;
             goto out;
         }
+        int64_t lsn = do_log(t, 1, key, klen, num, (size_t)n, NULL, 0, e ? e->expire_ms : 0);
+        if (lsn < 0) {
+            entry_free(t, ne);
+            rc = (int)lsn;
+            goto out;
+        }
+        ne->lsn = (uint64_t)lsn;
         if (e) {
             ne->expire_ms = e->expire_ms; /* INCR keeps the TTL, as in Redis */
             do_replace(t, s, ref, ne);
@@ -592,8 +665,14 @@ int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void 
         goto out;
     }
     if (e && klen + oldlen + vlen <= e->cap) {
+        int64_t lsn = do_log(t, 1, key, klen, entry_val(e), oldlen, val, vlen, e->expire_ms);
+        if (lsn < 0) {
+            rc = lsn;
+            goto out;
+        }
         memcpy(entry_val(e) + oldlen, val, vlen);
         e->vlen = (uint32_t)(oldlen + vlen);
+        e->lsn = (uint64_t)lsn;
     } else if (e) {
         /* Grow with room to spare so repeated APPENDs are amortized O(1). */
         size_t extra = oldlen + vlen < 1024 * 1024 ? oldlen + vlen : 1024 * 1024;
@@ -602,9 +681,16 @@ int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void 
             rc = -ENOMEM;
             goto out;
         }
+        int64_t lsn = do_log(t, 1, key, klen, entry_val(e), oldlen, val, vlen, e->expire_ms);
+        if (lsn < 0) {
+            entry_free(t, ne);
+            rc = lsn;
+            goto out;
+        }
         memcpy(entry_val(ne) + oldlen, val, vlen);
         ne->vlen = (uint32_t)(oldlen + vlen);
         ne->expire_ms = e->expire_ms;
+        ne->lsn = (uint64_t)lsn;
         do_replace(t, s, ref, ne);
     } else {
         struct kvt_entry *ne = entry_new(t, h, key, klen, val, vlen, 0);
@@ -612,6 +698,13 @@ int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void 
             rc = -ENOMEM;
             goto out;
         }
+        int64_t lsn = do_log(t, 1, key, klen, val, vlen, NULL, 0, 0);
+        if (lsn < 0) {
+            entry_free(t, ne);
+            rc = lsn;
+            goto out;
+        }
+        ne->lsn = (uint64_t)lsn;
         do_insert(t, s, ne);
     }
     rc = (int64_t)(oldlen + vlen);
@@ -626,26 +719,61 @@ int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen)
     struct shard *s = lock_shard(t, h);
     struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
     int64_t n = ref ? (*ref)->vlen : 0;
+    if (ref)
+        touch((*ref)->lsn);
     pthread_mutex_unlock(&s->lock);
     return n;
 }
 
-void kvt_flush(struct kv_table *t)
+/* Remove the shard's entries written before LSN upto (all, without a logger). */
+static void do_clear_before(struct kv_table *t, struct shard *s, uint64_t upto)
 {
+    for (int i = 0; i < 2; i++) {
+        for (uint64_t j = 0; j < s->size[i]; j++) {
+            struct kvt_entry **ref = &s->ht[i][j];
+            while (*ref) {
+                if ((*ref)->lsn < upto)
+                    do_unlink(t, s, ref);
+                else
+                    ref = &(*ref)->next;
+            }
+        }
+    }
+}
+
+int kvt_flush(struct kv_table *t)
+{
+    if (!t->log) {
+        for (int i = 0; i < KVT_SHARDS; i++) {
+            /* The fresh bucket array is charged without the bound: a flush must
+             * work even when max_memory was lowered below usage or concurrent
+             * writers took the room it frees. It is the shard's minimum footprint. */
+            struct kvt_entry **fresh = calloc(INITIAL_BUCKETS, sizeof *fresh);
+            if (!fresh)
+                return -ENOMEM;
+            atomic_fetch_add_explicit(&t->used_memory, malloc_usable_size(fresh), memory_order_relaxed);
+            struct shard *s = &t->shards[i];
+            pthread_mutex_lock(&s->lock);
+            do_clear(t, s);
+            set_ht0(s, fresh, INITIAL_BUCKETS);
+            pthread_mutex_unlock(&s->lock);
+        }
+        return 0;
+    }
+    /* Logged: the FLUSH record gets LSN F first; then each shard drops what was
+     * written before F. A write logged after F survives here exactly as it does
+     * in a replay (FLUSH, then the write), whichever shard order we take. Entries
+     * without an LSN (replayed before the log was attached) predate F. */
+    int64_t f = do_log(t, 3, NULL, 0, NULL, 0, NULL, 0, 0);
+    if (f < 0)
+        return (int)f;
     for (int i = 0; i < KVT_SHARDS; i++) {
         struct shard *s = &t->shards[i];
-        /* The fresh bucket array is charged without the bound: a flush must work
-         * even when max_memory was lowered below usage or concurrent writers
-         * took the room it frees. It is the shard's minimum footprint. */
-        struct kvt_entry **fresh = calloc(INITIAL_BUCKETS, sizeof *fresh);
-        if (!fresh)
-            abort(); /* a 32-byte allocation failing: nothing sensible is left to do */
-        atomic_fetch_add_explicit(&t->used_memory, malloc_usable_size(fresh), memory_order_relaxed);
         pthread_mutex_lock(&s->lock);
-        do_clear(t, s);
-        set_ht0(s, fresh, INITIAL_BUCKETS);
+        do_clear_before(t, s, (uint64_t)f);
         pthread_mutex_unlock(&s->lock);
     }
+    return 0;
 }
 
 uint64_t kvt_count(struct kv_table *t)

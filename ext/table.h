@@ -42,6 +42,24 @@ struct kvt_stats {
     uint64_t hits, misses;  /* lookups that found / did not find a live key */
 };
 
+/* Durability hook. When set, every mutation is logged before it is applied,
+ * with the key's shard lock held (so per-key log order is apply order): SET and
+ * the results of INCR/APPEND as op 1 with the full new value (v1 then v2) and the
+ * expire time, DEL as op 2, FLUSHALL as op 3 (with every shard locked). The
+ * logger returns the record's LSN (> 0) or -errno; on error the mutation is not
+ * applied and the operation returns that error. Expiry is not logged: replay
+ * applies the absolute expire time. Entries remember the LSN that wrote them. */
+typedef int64_t (*kvt_log_fn)(void *arg, int op, const void *key, size_t klen, const void *v1,
+                              size_t n1, const void *v2, size_t n2, int64_t expire_ms);
+void kvt_set_log(struct kv_table *t, kvt_log_fn fn, void *arg);
+
+/* The largest LSN that the calling thread's table operations since its last
+ * kvt_lsn_reset() wrote or read (0 without a logger): a reply to a request must
+ * not leave before this LSN is durable, or a client could see a write that a
+ * crash would undo. Thread-local. */
+void kvt_lsn_reset(void);
+uint64_t kvt_lsn_touched(void);
+
 /* Create a table bounded by max_memory bytes (0 = unbounded). Returns 0 or -errno. */
 int kvt_create(struct kv_table **out, uint64_t max_memory);
 void kvt_destroy(struct kv_table *t);
@@ -63,7 +81,7 @@ int64_t kvt_get_copy(struct kv_table *t, const void *key, size_t klen, void *buf
 int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen,
             int flags, int64_t expire_ms, kvt_read_fn old_fn, void *old_arg);
 
-/* Delete. Returns 1 if a live key was removed, 0 otherwise. */
+/* Delete. Returns 1 if a live key was removed, 0 otherwise, -errno if logging failed. */
 int kvt_del(struct kv_table *t, const void *key, size_t klen);
 
 /* Returns 1 if the key exists and is live. */
@@ -80,8 +98,8 @@ int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void 
 /* Length of the value, 0 when absent. */
 int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen);
 
-/* Remove every key. */
-void kvt_flush(struct kv_table *t);
+/* Remove every key. Returns 0 or -errno if logging failed (nothing removed then). */
+int kvt_flush(struct kv_table *t);
 
 uint64_t kvt_count(struct kv_table *t);
 uint64_t kvt_used_memory(struct kv_table *t);

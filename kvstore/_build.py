@@ -9,7 +9,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT = os.path.relpath(os.path.join(HERE, "..", "ext"))
-SOURCES = ["table.c", "resp.c", "cmd.c", "pollpolicy.c", "server.c", "loadgen.c"]
+SOURCES = ["table.c", "resp.c", "cmd.c", "pollpolicy.c", "server.c", "loadgen.c", "crc32c.c", "wal.c"]
 
 CDEF = """
 struct kv_table;
@@ -29,7 +29,10 @@ int kvt_exists(struct kv_table *t, const void *key, size_t klen);
 int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, int64_t *result);
 int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen);
 int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen);
-void kvt_flush(struct kv_table *t);
+int kvt_flush(struct kv_table *t);
+typedef int64_t (*kvt_log_fn)(void *arg, int op, const void *key, size_t klen, const void *v1,
+                              size_t n1, const void *v2, size_t n2, int64_t expire_ms);
+void kvt_set_log(struct kv_table *t, kvt_log_fn fn, void *arg);
 uint64_t kvt_count(struct kv_table *t);
 uint64_t kvt_used_memory(struct kv_table *t);
 void kvt_get_stats(struct kv_table *t, struct kvt_stats *st);
@@ -49,7 +52,7 @@ struct srv;
 struct srv_config {
     const char *bind; int port; int threads; int maxclients; const char *requirepass;
     int accept_mode; const char *poll_policy; const char *config_file; const char *version;
-    int tcp_backlog;
+    int tcp_backlog; struct wal *wal; const char *durability;
 };
 struct srv_poller_stats {
     uint64_t epoll_wait, epoll_ctl, reads, writes;
@@ -67,6 +70,29 @@ void srv_destroy(struct srv *s);
 int srv_port(const struct srv *s);
 void srv_get_stats(struct srv *s, struct srv_stats *st);
 int srv_get_poller_stats(struct srv *s, int i, struct srv_poller_stats *st);
+
+struct wal;
+struct wal_config { const char *dir; int sync; uint64_t segment_bytes; uint64_t max_pending; uint64_t first_lsn;
+                   uint32_t sync_delay_us; };
+struct wal_stats {
+    uint64_t appended_lsn, durable_lsn, groups, records, bytes, syncs;
+    uint64_t sync_ns_total, sync_ns_max, max_group_records; int failed;
+};
+struct wal_recovery {
+    uint64_t records, first_lsn, last_lsn, segments, bytes, truncated_bytes; char problem[512];
+};
+int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t errlen);
+int wal_start(struct wal *w);
+void wal_close(struct wal *w);
+int64_t wal_log_fn(void *arg, int op, const void *key, size_t klen, const void *v1, size_t n1,
+                   const void *v2, size_t n2, int64_t expire_ms);
+uint64_t wal_durable_lsn(struct wal *w);
+int wal_failed(struct wal *w);
+const char *wal_error(struct wal *w);
+void wal_get_stats(struct wal *w, struct wal_stats *st);
+int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int repair,
+                struct wal_recovery *rec, char *err, size_t errlen);
+uint32_t crc32c(uint32_t crc, const void *p, size_t n);
 
 struct lg_config {
     const char *host; int port; int threads; int conns; int pipeline; int value_size;
@@ -90,10 +116,12 @@ ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "kvstore._ext",
-    '#include "table.h"\n#include "resp.h"\n#include "server.h"\n#include "loadgen.h"\n',
+    '#include "table.h"\n#include "resp.h"\n#include "server.h"\n#include "loadgen.h"\n'
+    '#include "wal.h"\n#include "crc32c.h"\n',
     sources=[os.path.join(EXT, s) for s in SOURCES],
     include_dirs=[EXT],
     extra_compile_args=["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wno-unused-parameter",
+                        "-Wno-format-truncation",
                         "-fvisibility=hidden"],
     extra_link_args=["-pthread"],
 )

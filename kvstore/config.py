@@ -29,6 +29,9 @@ def parse_size(value, what="size"):
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
+DURABILITY_MODES = ("none", "disk")
+
+
 @dataclasses.dataclass
 class ServerConfig:
     bind: str = "127.0.0.1"
@@ -40,6 +43,7 @@ class ServerConfig:
     accept: str = "reuseport"    # or "handoff"
     poll_policy: str = "direct"  # or "strict"
     data_dir: str = "data"
+    durability: str = "none"     # none | disk
     tcp_backlog: int = 511
     config_file: str = ""
 
@@ -52,7 +56,8 @@ class ServerConfig:
         "requirepass": "password clients must AUTH with ('' = none)",
         "accept": "how connections reach pollers: reuseport or handoff",
         "poll_policy": "epoll EPOLLOUT policy: direct or strict",
-        "data_dir": "directory for the node's files",
+        "data_dir": "directory for the node's files (the log lives in <data_dir>/log)",
+        "durability": "none (memory only) or disk (acknowledge after the log is fdatasync'ed)",
         "tcp_backlog": "listen() backlog",
     }
 
@@ -66,6 +71,8 @@ class ServerConfig:
         self.max_memory = parse_size(self.max_memory, "max_memory")
         if self.accept not in ("reuseport", "handoff"):
             raise ConfigError(f"accept: expected 'reuseport' or 'handoff', got {self.accept!r}")
+        if self.durability not in DURABILITY_MODES:
+            raise ConfigError(f"durability: expected one of {', '.join(DURABILITY_MODES)}, got {self.durability!r}")
         if self.poll_policy not in ("direct", "strict"):
             raise ConfigError(f"poll_policy: expected 'direct' or 'strict', got {self.poll_policy!r}")
         if not isinstance(self.requirepass, str):

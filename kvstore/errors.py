@@ -38,6 +38,10 @@ class ServerError(KVError, OSError):
         return str(self.args[0])
 
 
+class CorruptLogError(KVError, ValueError):
+    """The durability log is damaged before its end; nothing after the damage was applied."""
+
+
 class ProtocolError(KVError, ValueError):
     """Malformed RESP input."""
 
@@ -54,4 +58,8 @@ def raise_for(rc, message=""):
         raise TooLargeError(text or "key or value longer than 512 MiB")
     if code == errno.EINVAL:
         raise ConfigError(text)
+    if code == errno.EAGAIN:
+        raise ServerError(message or "durability log backlog full: write refused, retry", code)
+    if code == errno.EIO:
+        raise ServerError(message or "durability log failed: writes refused until restart", code)
     raise ServerError(text, code)

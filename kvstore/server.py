@@ -1,5 +1,6 @@
 """Run the C RESP server in this process over a Store. Python only starts and stops it;
 poller threads serve every request in C."""
+import os
 import resource
 import signal
 import sys
@@ -7,6 +8,7 @@ import threading
 
 from kvstore import __version__, errors
 from kvstore._native import ffi, lib
+from kvstore import durability
 from kvstore.config import ServerConfig
 from kvstore.store import Store
 
@@ -19,6 +21,8 @@ class Server:
         self.store = store if store is not None else Store(max_memory=self.config.max_memory)
         self._srv = None
         self._keep = []
+        self.log = None
+        self.recovery = None
 
     def _raise_fd_limit(self):
         """Like Redis: make room for maxclients connections (+ a margin for our own fds)."""
@@ -40,10 +44,16 @@ class Server:
             return self
         self._raise_fd_limit()
         c = self.config
+        if c.durability == "disk" and self.log is None:
+            os.makedirs(c.data_dir, exist_ok=True)
+            self.recovery = durability.recover(self.store, c.data_dir)
+            self.log = durability.Log(self.store, c.data_dir, self.recovery.last_lsn + 1, sync=True)
         cfg = ffi.new("struct srv_config *")
         self._keep = [ffi.new("char[]", s.encode()) for s in
-                      (c.bind, c.requirepass, c.poll_policy, c.config_file, __version__)]
-        cfg.bind, cfg.requirepass, cfg.poll_policy, cfg.config_file, cfg.version = self._keep
+                      (c.bind, c.requirepass, c.poll_policy, c.config_file, __version__, c.durability)]
+        (cfg.bind, cfg.requirepass, cfg.poll_policy, cfg.config_file, cfg.version,
+         cfg.durability) = self._keep
+        cfg.wal = self.log._w if self.log else ffi.NULL
         cfg.port = c.port
         cfg.threads = c.effective_threads
         cfg.maxclients = c.maxclients
@@ -53,10 +63,12 @@ class Server:
         out = ffi.new("struct srv **")
         rc = lib.srv_create(out, self.store._t, cfg, err, 256)
         if rc < 0:
+            self._close_log()
             raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
         rc = lib.srv_start(out[0], err, 256)
         if rc < 0:
             lib.srv_destroy(out[0])
+            self._close_log()
             raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
         self._srv = out[0]
         return self
@@ -79,11 +91,17 @@ class Server:
                 "bytes_in", "bytes_out")})
         return d
 
+    def _close_log(self):
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+
     def stop(self):
         if self._srv is not None:
             lib.srv_stop(self._srv)
             lib.srv_destroy(self._srv)
             self._srv = None
+        self._close_log()  # after the pollers: nothing appends any more
 
     def __enter__(self):
         return self.start()

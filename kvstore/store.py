@@ -93,7 +93,7 @@ class Store:
         n = 0
         for key in keys:
             k = _b(key)
-            n += lib.kvt_del(self._t, k, len(k))
+            n += errors.raise_for(lib.kvt_del(self._t, k, len(k)))
         return n
 
     def __delitem__(self, key):
@@ -119,7 +119,7 @@ class Store:
         return errors.raise_for(lib.kvt_append(self._t, k, len(k), v, len(v)))
 
     def flush(self):
-        lib.kvt_flush(self._t)
+        errors.raise_for(lib.kvt_flush(self._t))
 
     # -- memory and statistics
     @property

@@ -1,0 +1,585 @@
+/* wal.c - group-committed write-ahead log and its recovery (see wal.h).
+ * Threads: any number of appenders (under w->lock, held only for a memcpy), one log
+ * thread doing the I/O. Lock order: a table shard lock, then w->lock. fsync
+ * ordering: a group's durable LSN is published only after its write() and
+ * fdatasync() returned; a new segment's directory entry is synced (fsync of the
+ * directory) before records in it can count as durable. */
+#define _GNU_SOURCE
+#include "wal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "crc32c.h"
+#include "kvbuf.h"
+#include "table.h"
+
+#define MAX_LEN (512u * 1024 * 1024)
+#define MAX_NOTIFY 1024
+static const char SEG_MAGIC[8] = {'K', 'V', 'S', 'W', 'A', 'L', '0', '1'};
+
+struct wal {
+    char *dir;
+    int dirfd, fd;
+    int sync;
+    uint32_t sync_delay_us;
+    uint64_t seg_limit, seg_size, max_pending;
+    pthread_mutex_t lock;     /* guards buf, active, next_lsn, first_in_buf, stop */
+    pthread_cond_t cond;      /* signalled when the active buffer becomes non-empty or on stop */
+    struct kvbuf buf[2];
+    int active;
+    uint64_t next_lsn, appended_lsn, first_in_buf[2];
+    int stop, running;
+    pthread_t th;
+    _Atomic uint64_t durable_lsn;
+    _Atomic int failed;
+    char error[256];          /* written once by the log thread before failed is set (release) */
+    pthread_mutex_t notify_lock;
+    int notify[MAX_NOTIFY], nnotify;
+    _Atomic uint64_t groups, records, bytes, syncs, sync_ns_total, sync_ns_max, max_group;
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
+static uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void seg_name(char *dst, size_t n, const char *dir, uint64_t first)
+{
+    snprintf(dst, n, "%s/wal-%016" PRIx64 ".log", dir, first);
+}
+
+/* Create the segment whose first record has LSN first; its name and header are
+ * synced (file and directory) so a crash cannot lose the file holding synced records. */
+static int seg_create(struct wal *w, uint64_t first, char *err, size_t errlen)
+{
+    char path[4096];
+    seg_name(path, sizeof path, w->dir, first);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "cannot create log segment %s: %s", path, strerror(e));
+        return -e;
+    }
+    unsigned char hdr[WAL_SEG_HDR];
+    memcpy(hdr, SEG_MAGIC, 8);
+    put64(hdr + 8, first);
+    int rc = write_all(fd, (const char *)hdr, sizeof hdr);
+    if (!rc && fdatasync(fd))
+        rc = -errno;
+    if (!rc && fsync(w->dirfd))
+        rc = -errno;
+    if (rc) {
+        snprintf(err, errlen, "cannot write log segment %s: %s", path, strerror(-rc));
+        close(fd);
+        return rc;
+    }
+    if (w->fd >= 0)
+        close(w->fd);
+    w->fd = fd;
+    w->seg_size = WAL_SEG_HDR;
+    return 0;
+}
+
+int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t errlen)
+{
+    struct wal *w = calloc(1, sizeof *w);
+    if (!w)
+        return -ENOMEM;
+    w->fd = -1;
+    w->dir = strdup(cfg->dir);
+    w->sync = cfg->sync;
+    w->sync_delay_us = cfg->sync_delay_us;
+    w->seg_limit = cfg->segment_bytes ? cfg->segment_bytes : 64u << 20;
+    w->max_pending = cfg->max_pending ? cfg->max_pending : 256u << 20;
+    w->next_lsn = cfg->first_lsn ? cfg->first_lsn : 1;
+    w->appended_lsn = w->next_lsn - 1;
+    atomic_init(&w->durable_lsn, w->next_lsn - 1);
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->cond, NULL);
+    pthread_mutex_init(&w->notify_lock, NULL);
+    if (mkdir(cfg->dir, 0755) && errno != EEXIST) {
+        int e = errno;
+        snprintf(err, errlen, "cannot create log directory %s: %s", cfg->dir, strerror(e));
+        wal_close(w);
+        return -e;
+    }
+    w->dirfd = open(cfg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (w->dirfd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "cannot open log directory %s: %s", cfg->dir, strerror(e));
+        w->dirfd = -1;
+        wal_close(w);
+        return -e;
+    }
+    int rc = seg_create(w, w->next_lsn, err, errlen);
+    if (rc) {
+        wal_close(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const void *v1,
+                   uint32_t n1, const void *v2, uint32_t n2, int64_t expire_ms)
+{
+    if (atomic_load_explicit(&w->failed, memory_order_relaxed))
+        return -EIO;
+    uint32_t vlen = n1 + n2;
+    size_t rec = WAL_HDR + (size_t)klen + vlen + WAL_TRAILER;
+    unsigned char hdr[WAL_HDR];
+    memset(hdr, 0, sizeof hdr);
+    put32(hdr + 4, klen);
+    put32(hdr + 8, vlen);
+    hdr[12] = (unsigned char)op;
+    put64(hdr + 16, (uint64_t)expire_ms);
+    /* The CRC of everything but the LSN is computed outside the lock. */
+    uint32_t crc = crc32c(0, hdr + 4, WAL_HDR - 4);
+    crc = crc32c(crc, key, klen);
+    if (n1)
+        crc = crc32c(crc, v1, n1);
+    if (n2)
+        crc = crc32c(crc, v2, n2);
+
+    pthread_mutex_lock(&w->lock);
+    struct kvbuf *b = &w->buf[w->active];
+    if (b->len + rec > w->max_pending || kvbuf_reserve(b, rec)) {
+        pthread_mutex_unlock(&w->lock);
+        return -EAGAIN;
+    }
+    uint64_t lsn = w->next_lsn++;
+    unsigned char *p = (unsigned char *)b->p + b->len;
+    put64(p + rec - WAL_TRAILER, lsn);
+    put32(hdr, crc32c(crc, p + rec - WAL_TRAILER, WAL_TRAILER));
+    memcpy(p, hdr, WAL_HDR);
+    memcpy(p + WAL_HDR, key, klen);
+    if (n1)
+        memcpy(p + WAL_HDR + klen, v1, n1);
+    if (n2)
+        memcpy(p + WAL_HDR + klen + n1, v2, n2);
+    int was_empty = b->len == 0;
+    if (was_empty)
+        w->first_in_buf[w->active] = lsn;
+    b->len += rec;
+    w->appended_lsn = lsn;
+    pthread_mutex_unlock(&w->lock);
+    if (was_empty) /* the log thread sleeps only while the buffer is empty */
+        pthread_cond_signal(&w->cond);
+    return (int64_t)lsn;
+}
+
+int64_t wal_log_fn(void *arg, int op, const void *key, size_t klen, const void *v1, size_t n1,
+                   const void *v2, size_t n2, int64_t expire_ms)
+{
+    return wal_append(arg, op, key, (uint32_t)klen, v1, (uint32_t)n1, v2, (uint32_t)n2, expire_ms);
+}
+
+static void notify_all(struct wal *w)
+{
+    uint64_t one = 1;
+    pthread_mutex_lock(&w->notify_lock);
+    for (int i = 0; i < w->nnotify; i++) {
+        ssize_t r = write(w->notify[i], &one, sizeof one);
+        (void)r; /* EAGAIN: the counter is already non-zero, the poller will wake */
+    }
+    pthread_mutex_unlock(&w->notify_lock);
+}
+
+static void fail(struct wal *w, const char *what, int e)
+{
+    snprintf(w->error, sizeof w->error, "%s: %s", what, strerror(e));
+    atomic_store_explicit(&w->failed, 1, memory_order_release);
+    notify_all(w);
+}
+
+static void *log_thread(void *arg)
+{
+    struct wal *w = arg;
+    char err[256];
+    for (;;) {
+        pthread_mutex_lock(&w->lock);
+        while (w->buf[w->active].len == 0 && !w->stop)
+            pthread_cond_wait(&w->cond, &w->lock);
+        struct kvbuf *b = &w->buf[w->active];
+        if (b->len == 0) { /* stop requested and nothing left */
+            pthread_mutex_unlock(&w->lock);
+            break;
+        }
+        uint64_t first = w->first_in_buf[w->active], upto = w->appended_lsn;
+        uint64_t nrec = upto - first + 1;
+        w->active ^= 1; /* appends continue into the other buffer meanwhile */
+        pthread_mutex_unlock(&w->lock);
+
+        if (w->seg_size >= w->seg_limit) {
+            if (!w->sync && fdatasync(w->fd)) {
+                fail(w, "log sync", errno);
+                break;
+            }
+            if (seg_create(w, first, err, sizeof err)) {
+                snprintf(w->error, sizeof w->error, "%s", err);
+                atomic_store_explicit(&w->failed, 1, memory_order_release);
+                notify_all(w);
+                break;
+            }
+        }
+        int rc = write_all(w->fd, b->p, b->len);
+        if (rc) {
+            fail(w, "log write", -rc);
+            break;
+        }
+        w->seg_size += b->len;
+        if (w->sync) {
+            if (w->sync_delay_us)
+                usleep(w->sync_delay_us);
+            uint64_t t0 = now_ns();
+            if (fdatasync(w->fd)) {
+                fail(w, "log fdatasync", errno);
+                break;
+            }
+            uint64_t dt = now_ns() - t0;
+            atomic_fetch_add_explicit(&w->syncs, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&w->sync_ns_total, dt, memory_order_relaxed);
+            if (dt > atomic_load_explicit(&w->sync_ns_max, memory_order_relaxed))
+                atomic_store_explicit(&w->sync_ns_max, dt, memory_order_relaxed);
+        }
+        atomic_fetch_add_explicit(&w->groups, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&w->records, nrec, memory_order_relaxed);
+        atomic_fetch_add_explicit(&w->bytes, b->len, memory_order_relaxed);
+        if (nrec > atomic_load_explicit(&w->max_group, memory_order_relaxed))
+            atomic_store_explicit(&w->max_group, nrec, memory_order_relaxed);
+        b->len = 0;
+        kvbuf_shrink(b, 1u << 20);
+        /* release: a poller that reads this LSN may tell clients their writes are safe */
+        atomic_store_explicit(&w->durable_lsn, upto, memory_order_release);
+        notify_all(w);
+    }
+    return NULL;
+}
+
+int wal_start(struct wal *w)
+{
+    int rc = pthread_create(&w->th, NULL, log_thread, w);
+    if (rc)
+        return -rc;
+    pthread_setname_np(w->th, "kv-wal");
+    w->running = 1;
+    return 0;
+}
+
+void wal_close(struct wal *w)
+{
+    if (!w)
+        return;
+    if (w->running) {
+        pthread_mutex_lock(&w->lock);
+        w->stop = 1;
+        pthread_mutex_unlock(&w->lock);
+        pthread_cond_signal(&w->cond);
+        pthread_join(w->th, NULL);
+        w->running = 0;
+    }
+    if (w->fd >= 0) {
+        fdatasync(w->fd);
+        close(w->fd);
+    }
+    if (w->dirfd >= 0)
+        close(w->dirfd);
+    kvbuf_free(&w->buf[0]);
+    kvbuf_free(&w->buf[1]);
+    pthread_mutex_destroy(&w->lock);
+    pthread_cond_destroy(&w->cond);
+    pthread_mutex_destroy(&w->notify_lock);
+    free(w->dir);
+    free(w);
+}
+
+uint64_t wal_durable_lsn(struct wal *w)
+{
+    return atomic_load_explicit(&w->durable_lsn, memory_order_acquire);
+}
+
+int wal_failed(struct wal *w) { return atomic_load_explicit(&w->failed, memory_order_acquire); }
+const char *wal_error(struct wal *w) { return wal_failed(w) ? w->error : ""; }
+
+int wal_subscribe(struct wal *w, int evfd)
+{
+    pthread_mutex_lock(&w->notify_lock);
+    int rc = -ENOSPC;
+    if (w->nnotify < MAX_NOTIFY) {
+        w->notify[w->nnotify++] = evfd;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&w->notify_lock);
+    return rc;
+}
+
+void wal_get_stats(struct wal *w, struct wal_stats *st)
+{
+    pthread_mutex_lock(&w->lock);
+    st->appended_lsn = w->appended_lsn;
+    pthread_mutex_unlock(&w->lock);
+    st->durable_lsn = wal_durable_lsn(w);
+    st->groups = atomic_load_explicit(&w->groups, memory_order_relaxed);
+    st->records = atomic_load_explicit(&w->records, memory_order_relaxed);
+    st->bytes = atomic_load_explicit(&w->bytes, memory_order_relaxed);
+    st->syncs = atomic_load_explicit(&w->syncs, memory_order_relaxed);
+    st->sync_ns_total = atomic_load_explicit(&w->sync_ns_total, memory_order_relaxed);
+    st->sync_ns_max = atomic_load_explicit(&w->sync_ns_max, memory_order_relaxed);
+    st->max_group_records = atomic_load_explicit(&w->max_group, memory_order_relaxed);
+    st->failed = wal_failed(w);
+}
+
+/* ---- recovery */
+
+struct seg {
+    uint64_t first;
+    char name[64];
+};
+
+static int seg_cmp(const void *a, const void *b)
+{
+    uint64_t x = ((const struct seg *)a)->first, y = ((const struct seg *)b)->first;
+    return x < y ? -1 : x > y;
+}
+
+static int list_segments(const char *dir, struct seg **out, int *n)
+{
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) {
+            *out = NULL;
+            *n = 0;
+            return 0;
+        }
+        return -errno;
+    }
+    struct seg *v = NULL;
+    int cnt = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        uint64_t first;
+        char tail[8];
+        if (strlen(de->d_name) != 24 || sscanf(de->d_name, "wal-%16" SCNx64 ".%3s", &first, tail) != 2 ||
+            strcmp(tail, "log"))
+            continue;
+        if (cnt == cap) {
+            cap = cap ? cap * 2 : 16;
+            struct seg *nv = realloc(v, (size_t)cap * sizeof *v);
+            if (!nv) {
+                free(v);
+                closedir(d);
+                return -ENOMEM;
+            }
+            v = nv;
+        }
+        v[cnt].first = first;
+        snprintf(v[cnt].name, sizeof v[cnt].name, "%s", de->d_name);
+        cnt++;
+    }
+    closedir(d);
+    qsort(v, (size_t)cnt, sizeof *v, seg_cmp);
+    *out = v;
+    *n = cnt;
+    return 0;
+}
+
+static int read_file(const char *path, unsigned char **data, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    if (fstat(fd, &st)) {
+        int e = errno;
+        close(fd);
+        return -e;
+    }
+    unsigned char *p = malloc(st.st_size ? (size_t)st.st_size : 1);
+    if (!p) {
+        close(fd);
+        return -ENOMEM;
+    }
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t r = read(fd, p + got, (size_t)st.st_size - got);
+        if (r <= 0) {
+            int e = r < 0 ? errno : EIO;
+            free(p);
+            close(fd);
+            return -e;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    *data = p;
+    *len = got;
+    return 0;
+}
+
+static int apply(struct kv_table *t, int op, const unsigned char *key, uint32_t klen,
+                 const unsigned char *val, uint32_t vlen, int64_t expire)
+{
+    if (op == WAL_SET) {
+        int rc = kvt_set(t, key, klen, val, vlen, 0, expire, NULL, NULL);
+        return rc < 0 ? rc : 0;
+    }
+    if (op == WAL_DEL) {
+        kvt_del(t, key, klen);
+        return 0;
+    }
+    kvt_flush(t);
+    return 0;
+}
+
+int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int repair,
+                struct wal_recovery *rec, char *err, size_t errlen)
+{
+    memset(rec, 0, sizeof *rec);
+    struct seg *segs = NULL;
+    int nseg = 0, rc = list_segments(dir, &segs, &nseg);
+    if (rc) {
+        snprintf(err, errlen, "cannot list log directory %s: %s", dir, strerror(-rc));
+        return rc;
+    }
+    uint64_t prev = 0;
+    rc = 0;
+    for (int si = 0; si < nseg && !rc; si++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, segs[si].name);
+        unsigned char *d = NULL;
+        size_t len = 0;
+        rc = read_file(path, &d, &len);
+        if (rc) {
+            snprintf(err, errlen, "cannot read %s: %s", path, strerror(-rc));
+            break;
+        }
+        rec->segments++;
+        int last = si == nseg - 1;
+        if (len < WAL_SEG_HDR || memcmp(d, SEG_MAGIC, 8) || get64(d + 8) != segs[si].first) {
+            if (last && len < WAL_SEG_HDR) { /* created, crashed before its header was written */
+                snprintf(rec->problem, sizeof rec->problem, "%s: empty segment (header cut short), ignored", path);
+                free(d);
+                break;
+            }
+            snprintf(err, errlen, "%s: bad segment header: not a kvstore log segment or corrupt", path);
+            free(d);
+            rc = -EILSEQ;
+            break;
+        }
+        size_t off = WAL_SEG_HDR;
+        while (off < len) {
+            size_t left = len - off;
+            const unsigned char *p = d + off;
+            const char *why = NULL;
+            int cut = 0; /* the record runs past the end of the file */
+            uint32_t klen = 0, vlen = 0;
+            size_t recl = 0;
+            if (left < WAL_HDR + WAL_TRAILER) {
+                why = "record header cut short";
+                cut = 1;
+            } else {
+                klen = get32(p + 4);
+                vlen = get32(p + 8);
+                if (klen > MAX_LEN || vlen > MAX_LEN || p[12] < WAL_SET || p[12] > WAL_FLUSH) {
+                    why = "impossible record header";
+                } else if ((recl = WAL_HDR + (size_t)klen + vlen + WAL_TRAILER) > left) {
+                    why = "record cut short";
+                    cut = 1;
+                } else if (crc32c(0, p + 4, recl - 4) != get32(p)) {
+                    why = "CRC mismatch";
+                }
+            }
+            if (why) {
+                /* Torn tail: the damage reaches the end of the last segment, as a
+                 * crash during a write leaves it (a record cut short, the final
+                 * record's bytes partly written, or unwritten zeroed space).
+                 * Anything else is corruption with data after it. */
+                int torn = last && (cut || recl == left);
+                if (!torn && last) {
+                    size_t z = off;
+                    while (z < len && d[z] == 0)
+                        z++;
+                    torn = z == len;
+                }
+                if (torn) {
+                    rec->truncated_bytes = left;
+                    snprintf(rec->problem, sizeof rec->problem,
+                             "torn tail in %s at offset %zu (%s): %zu bytes after LSN %" PRIu64 " %s",
+                             path, off, why, left, prev, repair ? "truncated" : "ignored");
+                    if (repair && truncate(path, (off_t)off)) {
+                        snprintf(err, errlen, "cannot truncate %s: %s", path, strerror(errno));
+                        rc = -errno;
+                    }
+                } else {
+                    snprintf(err, errlen,
+                             "log corrupt in %s at offset %zu (%s) after LSN %" PRIu64
+                             ": %zu bytes follow that cannot be trusted; nothing after it was applied",
+                             path, off, why, prev, left);
+                    rc = -EILSEQ;
+                }
+                break;
+            }
+            uint64_t lsn = get64(p + recl - WAL_TRAILER);
+            if (lsn <= prev) {
+                snprintf(err, errlen, "log corrupt in %s at offset %zu: LSN %" PRIu64 " after %" PRIu64,
+                         path, off, lsn, prev);
+                rc = -EILSEQ;
+                break;
+            }
+            prev = lsn;
+            if (lsn > after_lsn) {
+                int arc = apply(t, p[12], p + WAL_HDR, klen, p + WAL_HDR + klen, vlen, (int64_t)get64(p + 16));
+                if (arc) {
+                    snprintf(err, errlen, "cannot apply LSN %" PRIu64 " from %s: %s (raise --max-memory?)",
+                             lsn, path, strerror(-arc));
+                    rc = arc;
+                    break;
+                }
+                if (!rec->first_lsn)
+                    rec->first_lsn = lsn;
+                rec->last_lsn = lsn;
+                rec->records++;
+            }
+            rec->bytes += recl;
+            off += recl;
+        }
+        free(d);
+    }
+    if (!rec->last_lsn)
+        rec->last_lsn = prev > after_lsn ? prev : after_lsn;
+    free(segs);
+    return rc;
+}
