@@ -419,20 +419,19 @@ static int c_mset(struct cmd_client *c, const struct cmd_args *a)
 {
     if (a->argc % 2 == 0)
         return reply_err(c, "ERR wrong number of arguments for 'mset' command");
-    /* Refuse up front when the whole batch cannot fit, so an OOM does not leave
-     * half of it applied. (Concurrent writers may still take the room meanwhile;
-     * then the rest fails with OOM and the reply says so.) */
-    struct kvt_stats st;
-    kvt_get_stats(c->table, &st);
-    if (st.max_memory) {
+    /* As Redis: the memory bound is checked once, for the whole command (with a
+     * generous per-key overhead), then every key is set without it, so an MSET is
+     * never half applied because the bound was reached halfway. */
+    uint64_t max = kvt_max_memory(c->table);
+    if (max) {
         uint64_t need = 0;
         for (int i = 1; i < a->argc; i += 2)
-            need += a->argl[i] + a->argl[i + 1] + 48;
-        if (st.used_memory + need > st.max_memory)
+            need += a->argl[i] + a->argl[i + 1] + 64;
+        if (kvt_used_memory(c->table) + need > max)
             return reply_err(c, ERR_OOM);
     }
     for (int i = 1; i < a->argc; i += 2) {
-        int rc = kvt_set(c->table, a->argv[i], a->argl[i], a->argv[i + 1], a->argl[i + 1], 0, 0,
+        int rc = kvt_set(c->table, a->argv[i], a->argl[i], a->argv[i + 1], a->argl[i + 1], KVT_NOBOUND, 0,
                          NULL, NULL);
         if (rc < 0)
             return reply_write_err(c, rc);

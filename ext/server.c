@@ -39,6 +39,7 @@
 #define CRON_MS 100
 #define HOUSEKEEP_BUDGET 64
 #define OPS_SAMPLES 16
+#define QUERYBUF_MAX (1024LL * 1024 * 1024) /* unparsed input one client may buffer */
 #define BATCH 32                       /* requests parsed (and prefetched) before running them */
 
 enum tag { TAG_CONN = 1, TAG_LISTENER, TAG_EVENT };
@@ -233,7 +234,12 @@ static void conn_close(struct conn *c)
         return;
     c->closed = 1;
     wait_del(c);
-    close(c->fd); /* also removes it from the epoll set */
+    /* Explicitly: close() removes the fd from epoll only if no other descriptor
+     * (e.g. a forked child's copy) refers to the socket; otherwise events for
+     * this freed connection would keep arriving. */
+    epoll_ctl(c->p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    st_inc(&c->p->st.epoll_ctl, 1);
+    close(c->fd);
     atomic_fetch_sub_explicit(&c->p->srv->clients, 1, memory_order_relaxed);
     st_inc(&c->p->st.clients, (uint64_t)-1);
     list_pending(c);
@@ -295,6 +301,14 @@ static void conn_write(struct conn *c, int spurious)
             return;
         }
     }
+    if (c->out_off > BUF_KEEP && c->out_off < c->out.len && c->out_off >= c->out.len / 2) {
+        /* A client that always keeps some replies unread would otherwise make
+         * out grow by everything ever sent to it: drop the sent half. */
+        for (int i = 0; i < c->hold_n; i++)
+            c->holds[c->hold_head + i].off -= c->out_off;
+        kvbuf_consume(&c->out, c->out_off);
+        c->out_off = 0;
+    }
     if (c->out_off == c->out.len) {
         c->out.len = c->out_off = 0;
         c->hold_max = 0;
@@ -322,6 +336,8 @@ static int grow_args(struct poller *p, int n)
 {
     if (n <= p->argcap)
         return 0;
+    if (n > (1 << 29))
+        return -1; /* cannot happen below QUERYBUF_MAX (>= 6 bytes an argument) */
     int cap = p->argcap ? p->argcap : 64;
     while (cap < n)
         cap *= 2;
@@ -357,13 +373,20 @@ static void process_input(struct conn *c)
         }
         /* Before AUTH one request at a time: AUTH changes the limits for the next. */
         int max = c->cl.authenticated ? BATCH : 1;
-        int n = 0, nargs = 0, perr = 0;
+        int n = 0, nargs = 0, perr = 0, again = 0;
         size_t off = c->in_off;
         while (n < max) {
+            /* An inline request is unescaped in place when parsed, so it must not
+             * be parsed twice: it only starts a batch (and ends it), never waits in
+             * one that a pause may cut short. */
+            if (n > 0 && off < c->in.len && c->in.p[off] != '*')
+                break;
             c->rp.unauth = !c->cl.authenticated;
             int rc = resp_parse(&c->rp, c->in.p + off, c->in.len - off);
-            if (rc == RESP_AGAIN)
+            if (rc == RESP_AGAIN) {
+                again = 1;
                 break;
+            }
             if (rc == RESP_ERROR) {
                 perr = 1;
                 break;
@@ -384,8 +407,11 @@ static void process_input(struct conn *c)
                 nargs += argc;
                 n++;
             }
+            int was_inline = c->in.p[off] != '*';
             off += c->rp.scan;
             resp_reset(&c->rp);
+            if (was_inline)
+                break;
         }
         if (n > 1) {
             for (int i = 0; i < n; i++) {
@@ -437,7 +463,7 @@ static void process_input(struct conn *c)
             c->cl.close_after_reply = 1;
             break;
         }
-        if (n < max)
+        if (again)
             break; /* the rest of the buffer is an incomplete request */
     }
     if (c->in_off == c->in.len) {
@@ -455,6 +481,12 @@ static void conn_readable(struct conn *c)
     struct poller *p = c->p;
     if (c->cl.close_after_reply || c->paused)
         return;
+    if (c->in.len - c->in_off > QUERYBUF_MAX) {
+        /* One request may not buffer more than this (Redis's client-query-buffer-limit):
+         * a client declaring endless 512 MiB arguments is dropped. */
+        conn_close(c);
+        return;
+    }
     /* Read at least READ_CHUNK; inside a large bulk, grow with what has already
      * arrived (geometric), never by the length the client merely declared. */
     size_t want = READ_CHUNK;
@@ -642,8 +674,10 @@ static void drain_event(struct poller *p)
     /* take at most 64 per wakeup; the rest keep the eventfd readable */
     if (n > 64)
         n = 64;
-    memcpy(fds, p->q_fds, (size_t)n * sizeof *fds);
-    memmove(p->q_fds, p->q_fds + n, (size_t)(p->q_len - n) * sizeof *fds);
+    if (n) {
+        memcpy(fds, p->q_fds, (size_t)n * sizeof *fds);
+        memmove(p->q_fds, p->q_fds + n, (size_t)(p->q_len - n) * sizeof *fds);
+    }
     p->q_len -= n;
     int more = p->q_len > 0;
     pthread_mutex_unlock(&p->q_lock);

@@ -148,9 +148,9 @@ uint64_t kvt_hash(const void *key, size_t len)
 
 /* ---- memory accounting */
 
-static int mem_charge(struct kv_table *t, size_t n)
+static int mem_charge(struct kv_table *t, size_t n, int bounded)
 {
-    uint64_t max = atomic_load_explicit(&t->max_memory, memory_order_relaxed);
+    uint64_t max = bounded ? atomic_load_explicit(&t->max_memory, memory_order_relaxed) : 0;
     uint64_t prev = atomic_fetch_add_explicit(&t->used_memory, n, memory_order_relaxed);
     if (max && prev + n > max) {
         atomic_fetch_sub_explicit(&t->used_memory, n, memory_order_relaxed);
@@ -179,14 +179,14 @@ static int64_t now_ms(void)
 
 /* ---- entries */
 
-static struct kvt_entry *entry_new(struct kv_table *t, uint64_t h, const void *key, size_t klen,
-                                   const void *val, size_t vlen, size_t extra)
+static struct kvt_entry *entry_new_b(struct kv_table *t, uint64_t h, const void *key, size_t klen,
+                                     const void *val, size_t vlen, size_t extra, int bounded)
 {
     struct kvt_entry *e = malloc(sizeof *e + klen + vlen + extra);
     if (!e)
         return NULL;
     size_t usable = malloc_usable_size(e);
-    if (mem_charge(t, usable)) {
+    if (mem_charge(t, usable, bounded)) {
         free(e);
         atomic_fetch_add_explicit(&t->oom_rejections, 1, memory_order_relaxed);
         errno = ENOMEM;
@@ -204,6 +204,12 @@ static struct kvt_entry *entry_new(struct kv_table *t, uint64_t h, const void *k
     if (vlen)
         memcpy(e->data + klen, val, vlen);
     return e;
+}
+
+static struct kvt_entry *entry_new(struct kv_table *t, uint64_t h, const void *key, size_t klen,
+                                   const void *val, size_t vlen, size_t extra)
+{
+    return entry_new_b(t, h, key, klen, val, vlen, extra, 1);
 }
 
 static void entry_free(struct kv_table *t, struct kvt_entry *e)
@@ -231,7 +237,7 @@ static struct kvt_entry **buckets_new(struct kv_table *t, uint64_t n)
     struct kvt_entry **b = calloc(n, sizeof *b);
     if (!b)
         return NULL;
-    if (mem_charge(t, malloc_usable_size(b))) {
+    if (mem_charge(t, malloc_usable_size(b), 1)) {
         free(b);
         return NULL;
     }
@@ -434,6 +440,11 @@ void kvt_set_max_memory(struct kv_table *t, uint64_t max_memory)
     atomic_store_explicit(&t->max_memory, max_memory, memory_order_relaxed);
 }
 
+uint64_t kvt_max_memory(struct kv_table *t)
+{
+    return atomic_load_explicit(&t->max_memory, memory_order_relaxed);
+}
+
 int kvt_get(struct kv_table *t, const void *key, size_t klen, kvt_read_fn fn, void *arg)
 {
     uint64_t h = kvt_hash(key, klen);
@@ -509,7 +520,7 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
         e->expire_ms = expire_ms;
         goto out;
     }
-    struct kvt_entry *ne = entry_new(t, h, key, klen, val, vlen, 0);
+    struct kvt_entry *ne = entry_new_b(t, h, key, klen, val, vlen, 0, !(flags & KVT_NOBOUND));
     if (!ne) {
         rc = -ENOMEM;
         goto out;

@@ -26,6 +26,7 @@ struct kv_table;
 #define KVT_NX (1 << 0)      /* only set if the key does not exist */
 #define KVT_XX (1 << 1)      /* only set if the key exists */
 #define KVT_KEEPTTL (1 << 2) /* keep the key's current expire time */
+#define KVT_NOBOUND (1 << 3) /* the caller checked the memory bound for a whole batch (MSET) */
 
 /* Called with a value while its shard is locked. */
 typedef void (*kvt_read_fn)(void *arg, const char *val, size_t vlen);
@@ -64,6 +65,7 @@ uint64_t kvt_lsn_touched(void);
 int kvt_create(struct kv_table **out, uint64_t max_memory);
 void kvt_destroy(struct kv_table *t);
 void kvt_set_max_memory(struct kv_table *t, uint64_t max_memory);
+uint64_t kvt_max_memory(struct kv_table *t);
 
 /* Look a key up; if live, call fn(arg, value, len) under the shard lock.
  * Returns 1 found, 0 not found. */

@@ -8,6 +8,7 @@ import socket
 import time
 
 import pytest
+import redis
 
 from conftest import (Incomplete, Raw, _start_node, _stop_node, client, raise_nofile, resp_cmd,
                       resp_reply_end, rss_bytes)
@@ -313,3 +314,63 @@ def test_signal_stops_server_with_clients_connected(sig):
         for r in conns:
             r.close()
         _stop_node(n)
+
+
+def test_inline_request_behind_a_paused_batch(node):
+    """Five 1 MiB GETs pause the client mid-batch (4 MiB of unsent replies); the
+    inline request after them, unescaped in place when parsed, must still run as
+    written once the client drains (it is never parsed twice)."""
+    with client(node.port) as cl:
+        cl.set("big1m", b"b" * (1 << 20))
+    with Raw(node.port, timeout=10) as r:
+        r.send(C("GET", "big1m") * 5 + b'SET inl "\\x41B"\r\n' + C("GET", "inl"))
+        for _ in range(5):
+            assert r.reply() == b"$1048576\r\n" + b"b" * (1 << 20) + b"\r\n"
+        assert r.reply() == b"+OK\r\n"
+        assert r.reply() == b"$2\r\nAB\r\n"
+
+
+def test_mset_all_or_nothing_at_the_memory_bound(kv_node_factory):
+    """MSET checks the bound once for the whole command: near the bound it is
+    refused whole or applied whole, never half (Redis's semantics)."""
+    n = kv_node_factory()
+    with client(n.port) as cl:
+        for room_per_key in (56, 60, 64, 120, 400):  # around the real cost of a small entry
+            cl.flushall()
+            used = int(cl.info("memory")["used_memory"])
+            cl.config_set("maxmemory", used + 2000 * room_per_key)
+            pairs = {f"k{i:05d}": "v" for i in range(2000)}
+            try:
+                assert cl.mset(pairs) is True
+                assert cl.dbsize() == 2000
+            except redis.exceptions.OutOfMemoryError:
+                assert cl.dbsize() == 0, f"MSET half applied with {room_per_key} bytes of room per key"
+        cl.config_set("maxmemory", 0)
+
+
+def test_closed_connection_gets_no_events_after_fork(tmp_path):
+    """A forked child keeps copies of the server's sockets; a connection the
+    server closes must still leave its epoll set (no events for freed memory)."""
+    import os
+
+    from kvstore import Server, Store
+
+    with Server(Store(), port=0, threads=1) as srv:
+        s = socket.create_connection(("127.0.0.1", srv.port))
+        s.sendall(C("PING"))
+        assert s.recv(100) == b"+PONG\r\n"
+        pid = os.fork()
+        if pid == 0:  # the child holds every descriptor for a while, then leaves
+            time.sleep(1.5)
+            os._exit(0)
+        try:
+            s.sendall(C("QUIT"))
+            assert s.recv(100) == b"+OK\r\n"
+            for _ in range(20):  # the socket stays open in the child: these reach the server
+                s.sendall(C("PING"))
+                time.sleep(0.01)
+            with client(srv.port) as cl:
+                assert cl.ping() and cl.set("after", "fork") and cl.get("after") == b"fork"
+        finally:
+            s.close()
+            os.waitpid(pid, 0)
