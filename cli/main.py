@@ -44,22 +44,45 @@ def main():
                    "waits for EPOLLOUT.  [default: direct]")
 @click.option("--data-dir", type=click.Path(file_okay=False),
               help="Directory for this node's files; the durability log is <data-dir>/log.  [default: ./data]")
-@click.option("--durability", type=click.Choice(["none", "disk"]),
+@click.option("--durability", type=click.Choice(["none", "disk", "remote"]),
               help="none: memory only. disk: a write is acknowledged once its log record is on disk "
-                   "(group commit: one write + one fdatasync for every record gathered meanwhile); "
-                   "the log is replayed at start.  [default: none]")
-def serve(config_file, **opts):
+                   "(group commit: one write + one fdatasync for every record gathered meanwhile). "
+                   "remote: acknowledged once the record is in this node's memory and in its peer's "
+                   "(--peer); the local log is written in large batches; if the peer is lost "
+                   "(--peer-timeout-ms) writes are synced to the local disk instead. The log is "
+                   "replayed at start.  [default: none]")
+@click.option("--peer", help="remote mode: HOST:PORT of the peer's log receiver (the peer's --repl-port).")
+@click.option("--repl-port", type=int,
+              help="Run a log receiver on this port, storing a peer's log so that it survives the "
+                   "loss of that machine (0 = any free port).  [default: off]")
+@click.option("--ship-interval-us", type=int, help="remote: ship gathered log records every N µs.  [default: 100]")
+@click.option("--max-batch-records", type=int, help="remote: at most N records per shipped batch.  [default: 65536]")
+@click.option("--peer-timeout-ms", type=int,
+              help="remote: an ack overdue this long means the peer is lost: fall back to disk mode "
+                   "until it is back and caught up.  [default: 1000]")
+@click.option("--disk-log-interval-ms", type=int,
+              help="remote: write and sync the local log every N ms (or every 16 MiB).  [default: 1000]")
+@click.option("--from-peer", help="Before recovery, fetch this node's log from the peer at HOST:PORT "
+                                  "(when the local disk is gone or behind).")
+def serve(config_file, from_peer, **opts):
     """Run a kvstore server until Ctrl-C or SIGTERM."""
     try:
         if opts.get("max_memory") is not None:
             opts["max_memory"] = parse_size(opts["max_memory"], "--max-memory")
         cfg = ServerConfig.load(config_file, **opts)
         os.makedirs(cfg.data_dir, exist_ok=True)
-        server = kvstore.Server(config=cfg)
+        server = kvstore.Server(config=cfg, from_peer=from_peer)
     except (KVError, OSError) as e:
         _fail(e)
 
     def ready(srv):
+        if srv.fetched is not None:
+            peer_lsn, local_lsn, replaced = srv.fetched
+            click.echo(f"kvstore: fetched the log from {from_peer} up to LSN {peer_lsn} (local log ended at "
+                       f"{local_lsn}); " + ("it replaces the local log" if replaced else "local log kept"),
+                       err=True)
+        if srv.receiver is not None:
+            click.echo(f"kvstore: log receiver on {cfg.bind}:{srv.receiver.port}", err=True)
         if srv.recovery is not None:
             click.echo(f"kvstore: {srv.recovery.summary()}", err=True)
         mm = cfg.max_memory or "unbounded"
@@ -80,7 +103,9 @@ def serve(config_file, **opts):
               help="The node's data directory (its log is <data-dir>/log).")
 @click.option("--max-memory", default="0", help="Memory bound for the replay (Redis units; 0 = unbounded).")
 @click.option("--check-only", is_flag=True, help="Do not truncate a torn log tail; only report it.")
-def recover(data_dir, max_memory, check_only):
+@click.option("--from-peer", help="First fetch this node's log from the peer's receiver at HOST:PORT; it "
+                                  "replaces the local log if it reaches further (the old one is kept aside).")
+def recover(data_dir, max_memory, check_only, from_peer):
     """Replay a node's log offline and report what it holds.
 
     Checks every record's CRC. A torn tail (a record cut short by a crash) is
@@ -91,6 +116,14 @@ def recover(data_dir, max_memory, check_only):
 
     try:
         store = kvstore.Store(max_memory=parse_size(max_memory, "--max-memory"))
+        if from_peer:
+            host, _, port = from_peer.rpartition(":")
+            if not port.isdigit():
+                raise KVError(f"--from-peer: expected HOST:PORT, got {from_peer!r}")
+            os.makedirs(data_dir, exist_ok=True)
+            peer_lsn, local_lsn, replaced = durability.fetch_from_peer(data_dir, host, int(port))
+            click.echo(f"fetched the log from {from_peer} up to LSN {peer_lsn} (local log ended at {local_lsn}); "
+                       + ("it replaces the local log" if replaced else "local log kept"))
         r = durability.recover(store, data_dir, repair=not check_only)
     except KVError as e:
         _fail(e)

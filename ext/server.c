@@ -31,6 +31,7 @@
 #include "resp.h"
 #include "table.h"
 #include "wal.h"
+#include "replog.h"
 
 #define MAX_EVENTS 256
 #define READ_CHUNK (16 * 1024)         /* Redis PROTO_IOBUF_LEN */
@@ -1049,7 +1050,7 @@ static int kvbuf_printf(struct kvbuf *b, const char *fmt, ...)
     return kvbuf_append(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
 }
 
-static const char *sections[] = {"server", "clients", "memory", "persistence", "stats",
+static const char *sections[] = {"server", "clients", "memory", "persistence", "replication", "stats",
                                  "pollers", "cpu", "keyspace"};
 #define NSECTIONS (int)(sizeof sections / sizeof sections[0])
 
@@ -1133,6 +1134,34 @@ int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, int
                              (unsigned long long)ws.syncs,
                              ws.syncs ? (double)ws.sync_ns_total / (double)ws.syncs / 1000.0 : 0.0,
                              (double)ws.sync_ns_max / 1000.0, ws.failed);
+            }
+        } else if (!strcmp(sec, "replication")) {
+            kvbuf_printf(&b, "role:master\r\nconnected_slaves:0\r\n");
+            if (s->cfg.sender) {
+                struct rl_sender_stats rs;
+                rl_sender_get_stats(s->cfg.sender, &rs);
+                kvbuf_printf(&b,
+                             "log_peer_connected:%d\r\nlog_peer_degraded:%d\r\nlog_peer_acked_lsn:%llu\r\n"
+                             "log_peer_sent_lsn:%llu\r\nlog_peer_batches:%llu\r\nlog_peer_records:%llu\r\n"
+                             "log_peer_bytes:%llu\r\nlog_peer_connects:%llu\r\nlog_peer_disconnects:%llu\r\n"
+                             "log_peer_catchup_records:%llu\r\nlog_peer_last_error:%s\r\n",
+                             rs.connected, rs.degraded, (unsigned long long)rs.acked_lsn,
+                             (unsigned long long)rs.sent_lsn, (unsigned long long)rs.batches,
+                             (unsigned long long)rs.records, (unsigned long long)rs.bytes,
+                             (unsigned long long)rs.connects, (unsigned long long)rs.disconnects,
+                             (unsigned long long)rs.catchup_records, rs.last_error);
+            }
+            if (s->cfg.receiver) {
+                struct rl_receiver_stats rr;
+                rl_receiver_get_stats(s->cfg.receiver, &rr);
+                kvbuf_printf(&b,
+                             "log_receiver_port:%d\r\nlog_receiver_peers:%d\r\nlog_receiver_held_lsn:%llu\r\n"
+                             "log_receiver_batches:%llu\r\nlog_receiver_records:%llu\r\n"
+                             "log_receiver_syncs:%llu\r\nlog_receiver_fetches:%llu\r\n",
+                             rl_receiver_port(s->cfg.receiver), rr.peers_connected,
+                             (unsigned long long)rr.held_lsn, (unsigned long long)rr.batches,
+                             (unsigned long long)rr.records, (unsigned long long)rr.syncs,
+                             (unsigned long long)rr.fetches);
             }
         } else if (!strcmp(sec, "stats")) {
             uint64_t ops = 0;

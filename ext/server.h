@@ -20,6 +20,8 @@
 struct kv_table;
 struct srv;
 struct wal;
+struct rl_sender;
+struct rl_receiver;
 
 enum srv_accept_mode { SRV_ACCEPT_REUSEPORT = 0, SRV_ACCEPT_HANDOFF = 1 };
 
@@ -37,6 +39,8 @@ struct srv_config {
     struct wal *wal;         /* durability log (not owned) or NULL: replies then wait for
                                 the LSN their request wrote or read to be durable */
     const char *durability;  /* mode name for INFO: "none", "disk", ... */
+    struct rl_sender *sender;      /* remote mode's log sender, for INFO (not owned), or NULL */
+    struct rl_receiver *receiver;  /* this node's log receiver, for INFO (not owned), or NULL */
 };
 
 /* Per-poller counters; each is written only by its poller. */

@@ -24,15 +24,21 @@
 #include "kvbuf.h"
 #include "table.h"
 
-#define MAX_LEN (512u * 1024 * 1024)
+#define MAX_LEN WAL_MAX_LEN
 #define MAX_NOTIFY 1024
 static const char SEG_MAGIC[8] = {'K', 'V', 'S', 'W', 'A', 'L', '0', '1'};
 
 struct wal {
     char *dir;
     int dirfd, fd;
-    int sync;
+    _Atomic int sync;         /* 1: fdatasync every group (disk mode, or remote mode without its peer) */
     uint32_t sync_delay_us;
+    uint64_t batch_bytes;     /* async mode: write once this much is gathered ... */
+    uint64_t batch_ns;        /* ... or this long after the first record of a batch */
+    int ship;                 /* keep a copy of every record for a log sender */
+    struct kvbuf sbuf;        /* records not yet taken by the sender (under lock) */
+    uint64_t sfirst;          /* LSN of sbuf's first record */
+    _Atomic uint64_t written_lsn; /* last LSN written to the segment file (not necessarily synced) */
     uint64_t seg_limit, seg_size, max_pending;
     pthread_mutex_t lock;     /* guards buf, active, next_lsn, first_in_buf, stop */
     pthread_cond_t cond;      /* signalled when the active buffer becomes non-empty or on stop */
@@ -81,13 +87,17 @@ static void seg_name(char *dst, size_t n, const char *dir, uint64_t first)
     snprintf(dst, n, "%s/wal-%016" PRIx64 ".log", dir, first);
 }
 
-/* Create the segment whose first record has LSN first; its name and header are
- * synced (file and directory) so a crash cannot lose the file holding synced records. */
-static int seg_create(struct wal *w, uint64_t first, char *err, size_t errlen)
+int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t errlen)
 {
     char path[4096];
-    seg_name(path, sizeof path, w->dir, first);
+    seg_name(path, sizeof path, dir, first);
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST) {
+        /* Recovery (which always runs first) ended before LSN first, so this file
+         * holds no valid record: a segment created just before a crash. Replace it. */
+        unlink(path);
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    }
     if (fd < 0) {
         int e = errno;
         snprintf(err, errlen, "cannot create log segment %s: %s", path, strerror(e));
@@ -99,13 +109,23 @@ static int seg_create(struct wal *w, uint64_t first, char *err, size_t errlen)
     int rc = write_all(fd, (const char *)hdr, sizeof hdr);
     if (!rc && fdatasync(fd))
         rc = -errno;
-    if (!rc && fsync(w->dirfd))
+    if (!rc && fsync(dirfd))
         rc = -errno;
     if (rc) {
         snprintf(err, errlen, "cannot write log segment %s: %s", path, strerror(-rc));
         close(fd);
         return rc;
     }
+    return fd;
+}
+
+/* Create the segment whose first record has LSN first; its name and header are
+ * synced (file and directory) so a crash cannot lose the file holding synced records. */
+static int seg_create(struct wal *w, uint64_t first, char *err, size_t errlen)
+{
+    int fd = wal_seg_create(w->dir, w->dirfd, first, err, errlen);
+    if (fd < 0)
+        return fd;
     if (w->fd >= 0)
         close(w->fd);
     w->fd = fd;
@@ -120,13 +140,17 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
         return -ENOMEM;
     w->fd = -1;
     w->dir = strdup(cfg->dir);
-    w->sync = cfg->sync;
+    atomic_init(&w->sync, cfg->sync);
     w->sync_delay_us = cfg->sync_delay_us;
+    w->batch_bytes = cfg->batch_bytes ? cfg->batch_bytes : 16u << 20;
+    w->batch_ns = (cfg->batch_ms ? cfg->batch_ms : 1000) * 1000000ull;
+    w->ship = cfg->ship;
     w->seg_limit = cfg->segment_bytes ? cfg->segment_bytes : 64u << 20;
     w->max_pending = cfg->max_pending ? cfg->max_pending : 256u << 20;
     w->next_lsn = cfg->first_lsn ? cfg->first_lsn : 1;
     w->appended_lsn = w->next_lsn - 1;
     atomic_init(&w->durable_lsn, w->next_lsn - 1);
+    atomic_init(&w->written_lsn, w->next_lsn - 1);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
     pthread_mutex_init(&w->notify_lock, NULL);
@@ -162,10 +186,11 @@ int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const 
     size_t rec = WAL_HDR + (size_t)klen + vlen + WAL_TRAILER;
     unsigned char hdr[WAL_HDR];
     memset(hdr, 0, sizeof hdr);
-    put32(hdr + 4, klen);
-    put32(hdr + 8, vlen);
-    hdr[12] = (unsigned char)op;
-    put64(hdr + 16, (uint64_t)expire_ms);
+    put32(hdr + WAL_OFF_KLEN, klen);
+    put32(hdr + WAL_OFF_VLEN, vlen);
+    hdr[WAL_OFF_OP] = (unsigned char)op;
+    put64(hdr + WAL_OFF_EXPIRE, (uint64_t)expire_ms);
+    put32(hdr + WAL_OFF_HCRC, crc32c(0, hdr + WAL_OFF_KLEN, WAL_HDR - WAL_OFF_KLEN));
     /* The CRC of everything but the LSN is computed outside the lock. */
     uint32_t crc = crc32c(0, hdr + 4, WAL_HDR - 4);
     crc = crc32c(crc, key, klen);
@@ -176,7 +201,8 @@ int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const 
 
     pthread_mutex_lock(&w->lock);
     struct kvbuf *b = &w->buf[w->active];
-    if (b->len + rec > w->max_pending || kvbuf_reserve(b, rec)) {
+    if (b->len + rec > w->max_pending || kvbuf_reserve(b, rec) ||
+        (w->ship && (w->sbuf.len + rec > w->max_pending || kvbuf_reserve(&w->sbuf, rec)))) {
         pthread_mutex_unlock(&w->lock);
         return -EAGAIN;
     }
@@ -193,6 +219,12 @@ int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const 
     int was_empty = b->len == 0;
     if (was_empty)
         w->first_in_buf[w->active] = lsn;
+    if (w->ship) {
+        if (w->sbuf.len == 0)
+            w->sfirst = lsn;
+        memcpy(w->sbuf.p + w->sbuf.len, p, rec);
+        w->sbuf.len += rec;
+    }
     b->len += rec;
     w->appended_lsn = lsn;
     pthread_mutex_unlock(&w->lock);
@@ -233,6 +265,23 @@ static void *log_thread(void *arg)
         pthread_mutex_lock(&w->lock);
         while (w->buf[w->active].len == 0 && !w->stop)
             pthread_cond_wait(&w->cond, &w->lock);
+        /* Async mode (remote durability): gather large batches — until batch_bytes
+         * or batch_ns after this batch began — unless the mode switches to sync. */
+        if (!atomic_load_explicit(&w->sync, memory_order_relaxed) && !w->stop) {
+            uint64_t deadline = now_ns() + w->batch_ns;
+            while (!w->stop && !atomic_load_explicit(&w->sync, memory_order_relaxed) &&
+                   w->buf[w->active].len < w->batch_bytes && now_ns() < deadline) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                uint64_t wait = deadline - now_ns();
+                if (wait > 50000000)
+                    wait = 50000000; /* re-check the mode at least every 50 ms */
+                ts.tv_nsec += (long)(wait % 1000000000u);
+                ts.tv_sec += (time_t)(wait / 1000000000u) + ts.tv_nsec / 1000000000;
+                ts.tv_nsec %= 1000000000;
+                pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+            }
+        }
         struct kvbuf *b = &w->buf[w->active];
         if (b->len == 0) { /* stop requested and nothing left */
             pthread_mutex_unlock(&w->lock);
@@ -243,8 +292,9 @@ static void *log_thread(void *arg)
         w->active ^= 1; /* appends continue into the other buffer meanwhile */
         pthread_mutex_unlock(&w->lock);
 
+        int sync = atomic_load_explicit(&w->sync, memory_order_relaxed);
         if (w->seg_size >= w->seg_limit) {
-            if (!w->sync && fdatasync(w->fd)) {
+            if (!sync && fdatasync(w->fd)) {
                 fail(w, "log sync", errno);
                 break;
             }
@@ -261,7 +311,8 @@ static void *log_thread(void *arg)
             break;
         }
         w->seg_size += b->len;
-        if (w->sync) {
+        atomic_store_explicit(&w->written_lsn, upto, memory_order_release); /* readable by catch-up */
+        { /* every group is synced: in async mode the batches are large and rare */
             if (w->sync_delay_us)
                 usleep(w->sync_delay_us);
             uint64_t t0 = now_ns();
@@ -282,12 +333,54 @@ static void *log_thread(void *arg)
             atomic_store_explicit(&w->max_group, nrec, memory_order_relaxed);
         b->len = 0;
         kvbuf_shrink(b, 1u << 20);
-        /* release: a poller that reads this LSN may tell clients their writes are safe */
-        atomic_store_explicit(&w->durable_lsn, upto, memory_order_release);
-        notify_all(w);
+        wal_publish_durable(w, upto);
     }
     return NULL;
 }
+
+void wal_publish_durable(struct wal *w, uint64_t lsn)
+{
+    /* Durable = synced here or held by the peer: both are prefixes of the same
+     * LSN sequence, so the larger one is durable somewhere. Monotonic max. */
+    uint64_t cur = atomic_load_explicit(&w->durable_lsn, memory_order_relaxed);
+    while (lsn > cur) {
+        /* release: a poller that reads this LSN may tell clients their writes are safe */
+        if (atomic_compare_exchange_weak_explicit(&w->durable_lsn, &cur, lsn, memory_order_release,
+                                                  memory_order_relaxed)) {
+            notify_all(w);
+            return;
+        }
+    }
+}
+
+void wal_set_sync(struct wal *w, int sync)
+{
+    atomic_store_explicit(&w->sync, sync, memory_order_relaxed);
+    pthread_mutex_lock(&w->lock);
+    pthread_mutex_unlock(&w->lock);
+    pthread_cond_signal(&w->cond); /* a log thread gathering a batch re-checks the mode */
+}
+
+uint64_t wal_take_ship(struct wal *w, struct kvbuf *out, uint64_t *first)
+{
+    /* Swap, not copy: the sender's emptied buffer becomes the next ship buffer. */
+    pthread_mutex_lock(&w->lock);
+    struct kvbuf tmp = *out;
+    tmp.len = 0;
+    *out = w->sbuf;
+    w->sbuf = tmp;
+    *first = w->sfirst;
+    uint64_t last = out->len ? w->appended_lsn : 0;
+    pthread_mutex_unlock(&w->lock);
+    return last;
+}
+
+uint64_t wal_written_lsn(struct wal *w)
+{
+    return atomic_load_explicit(&w->written_lsn, memory_order_acquire);
+}
+
+const char *wal_dir(struct wal *w) { return w->dir; }
 
 int wal_start(struct wal *w)
 {
@@ -319,6 +412,7 @@ void wal_close(struct wal *w)
         close(w->dirfd);
     kvbuf_free(&w->buf[0]);
     kvbuf_free(&w->buf[1]);
+    kvbuf_free(&w->sbuf);
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->cond);
     pthread_mutex_destroy(&w->notify_lock);
@@ -464,6 +558,20 @@ static int apply(struct kv_table *t, int op, const unsigned char *key, uint32_t 
     return 0;
 }
 
+size_t wal_rec_len(const unsigned char *p, size_t n)
+{
+    if (n < WAL_HDR || crc32c(0, p + WAL_OFF_KLEN, WAL_HDR - WAL_OFF_KLEN) != get32(p + WAL_OFF_HCRC))
+        return 0;
+    uint32_t klen = get32(p + WAL_OFF_KLEN), vlen = get32(p + WAL_OFF_VLEN);
+    if (klen > MAX_LEN || vlen > MAX_LEN || p[WAL_OFF_OP] < WAL_SET || p[WAL_OFF_OP] > WAL_FLUSH)
+        return 0;
+    return WAL_HDR + (size_t)klen + vlen + WAL_TRAILER;
+}
+
+int wal_rec_ok(const unsigned char *p, size_t l) { return crc32c(0, p + 4, l - 4) == get32(p); }
+
+uint64_t wal_rec_lsn(const unsigned char *p, size_t l) { return get64(p + l - WAL_TRAILER); }
+
 int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int repair,
                 struct wal_recovery *rec, char *err, size_t errlen)
 {
@@ -503,37 +611,34 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
         while (off < len) {
             size_t left = len - off;
             const unsigned char *p = d + off;
+            /* What a crash can leave at the end of the last segment: a record
+             * cut short, or zeros where a write did not reach. The header CRC makes
+             * the lengths trustworthy, so these are told apart from damage with
+             * data after it without guessing. */
             const char *why = NULL;
-            int cut = 0; /* the record runs past the end of the file */
+            int torn = 0;
             uint32_t klen = 0, vlen = 0;
-            size_t recl = 0;
-            if (left < WAL_HDR + WAL_TRAILER) {
+            size_t recl = wal_rec_len(p, left);
+            if (left < WAL_HDR) {
                 why = "record header cut short";
-                cut = 1;
+                torn = last;
+            } else if (!recl) {
+                why = "damaged record header";
+                size_t nz = len; /* a header written in part, zeros after it */
+                while (nz > off && d[nz - 1] == 0)
+                    nz--;
+                torn = last && nz < off + WAL_HDR;
+            } else if (recl > left) {
+                why = "record cut short";
+                torn = last;
+            } else if (!wal_rec_ok(p, recl)) {
+                why = "CRC mismatch";
+                torn = last && recl == left; /* the final record, its payload partly written */
             } else {
-                klen = get32(p + 4);
-                vlen = get32(p + 8);
-                if (klen > MAX_LEN || vlen > MAX_LEN || p[12] < WAL_SET || p[12] > WAL_FLUSH) {
-                    why = "impossible record header";
-                } else if ((recl = WAL_HDR + (size_t)klen + vlen + WAL_TRAILER) > left) {
-                    why = "record cut short";
-                    cut = 1;
-                } else if (crc32c(0, p + 4, recl - 4) != get32(p)) {
-                    why = "CRC mismatch";
-                }
+                klen = get32(p + WAL_OFF_KLEN);
+                vlen = get32(p + WAL_OFF_VLEN);
             }
             if (why) {
-                /* Torn tail: the damage reaches the end of the last segment, as a
-                 * crash during a write leaves it (a record cut short, the final
-                 * record's bytes partly written, or unwritten zeroed space).
-                 * Anything else is corruption with data after it. */
-                int torn = last && (cut || recl == left);
-                if (!torn && last) {
-                    size_t z = off;
-                    while (z < len && d[z] == 0)
-                        z++;
-                    torn = z == len;
-                }
                 if (torn) {
                     rec->truncated_bytes = left;
                     snprintf(rec->problem, sizeof rec->problem,
@@ -552,7 +657,7 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
                 }
                 break;
             }
-            uint64_t lsn = get64(p + recl - WAL_TRAILER);
+            uint64_t lsn = wal_rec_lsn(p, recl);
             if (lsn <= prev) {
                 snprintf(err, errlen, "log corrupt in %s at offset %zu: LSN %" PRIu64 " after %" PRIu64,
                          path, off, lsn, prev);
@@ -561,7 +666,9 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
             }
             prev = lsn;
             if (lsn > after_lsn) {
-                int arc = apply(t, p[12], p + WAL_HDR, klen, p + WAL_HDR + klen, vlen, (int64_t)get64(p + 16));
+                int arc = t ? apply(t, p[WAL_OFF_OP], p + WAL_HDR, klen, p + WAL_HDR + klen, vlen,
+                                    (int64_t)get64(p + WAL_OFF_EXPIRE))
+                            : 0;
                 if (arc) {
                     snprintf(err, errlen, "cannot apply LSN %" PRIu64 " from %s: %s (raise --max-memory?)",
                              lsn, path, strerror(-arc));
@@ -582,4 +689,49 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
         rec->last_lsn = prev > after_lsn ? prev : after_lsn;
     free(segs);
     return rc;
+}
+
+int64_t wal_read_range(const char *dir, uint64_t from, uint64_t upto, size_t max_bytes, struct kvbuf *out)
+{
+    struct seg *segs = NULL;
+    int nseg = 0, rc = list_segments(dir, &segs, &nseg);
+    if (rc)
+        return rc;
+    int si = nseg - 1;
+    while (si > 0 && segs[si].first > from)
+        si--;
+    uint64_t last = 0;
+    size_t taken = 0;
+    for (; si >= 0 && si < nseg && last < upto && taken < max_bytes; si++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, segs[si].name);
+        unsigned char *d = NULL;
+        size_t len = 0;
+        if ((rc = read_file(path, &d, &len)))
+            break;
+        size_t off = WAL_SEG_HDR;
+        while (off + WAL_HDR + WAL_TRAILER <= len && taken < max_bytes) {
+            const unsigned char *p = d + off;
+            size_t recl = wal_rec_len(p, len - off);
+            if (!recl || recl > len - off || !wal_rec_ok(p, recl))
+                break; /* the end of what is written (or a torn tail) */
+            uint64_t lsn = wal_rec_lsn(p, recl);
+            if (lsn > upto)
+                break;
+            if (lsn >= from) {
+                if (kvbuf_append(out, p, recl)) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                taken += recl;
+                last = lsn;
+            }
+            off += recl;
+        }
+        free(d);
+        if (rc)
+            break;
+    }
+    free(segs);
+    return rc ? rc : (int64_t)last;
 }

@@ -7,10 +7,13 @@
  * durable LSN and wakes every subscribed poller through its eventfd. Recovery
  * reads the segments back, checks every record's CRC32C and stops at the first
  * bad one. Files: <dir>/wal-<first LSN, 16 hex>.log, each opening with a 16-byte
- * header. Record layout (little-endian):
- *   u32 crc | u32 klen | u32 vlen | u8 op | u8 pad[3] | i64 expire_ms | key | value | u64 lsn
- * crc = CRC32C of everything after it. Recovery parses untrusted bytes: every
- * length is bounded.
+ * header. Record layout (little-endian, offsets in the 32-byte header):
+ *   0 u32 crc | 4 u32 hcrc | 8 u32 klen | 12 u32 vlen | 16 u8 op | 17 u8 pad[3] |
+ *   20 i64 expire_ms | 28 u32 zero | key | value | u64 lsn
+ * hcrc = CRC32C of header bytes 8..31, so lengths can be trusted on their own
+ * (a damaged length is told from a torn write without guessing); crc = CRC32C of
+ * everything after it (hcrc, the rest of the header, key, value, LSN). Recovery
+ * parses untrusted bytes: every length is bounded.
  */
 #ifndef KV_WAL_H
 #define KV_WAL_H
@@ -23,17 +26,35 @@ struct wal;
 
 enum wal_op { WAL_SET = 1, WAL_DEL = 2, WAL_FLUSH = 3 };
 
-#define WAL_HDR 32           /* bytes before the key: crc, klen, vlen, op, pad, expire... */
+#define WAL_HDR 32           /* bytes before the key */
 #define WAL_TRAILER 8        /* the LSN after the value */
+#define WAL_OFF_HCRC 4
+#define WAL_OFF_KLEN 8
+#define WAL_OFF_VLEN 12
+#define WAL_OFF_OP 16
+#define WAL_OFF_EXPIRE 20
+#define WAL_MAX_LEN (512u * 1024 * 1024)
+
+/* Length of the record starting at p if its header is intact (header CRC, op,
+ * bounded lengths), else 0. Does not check that n bytes hold all of it. */
+size_t wal_rec_len(const unsigned char *p, size_t n);
+/* 1 if the record of length l at p passes its whole-record CRC. */
+int wal_rec_ok(const unsigned char *p, size_t l);
+uint64_t wal_rec_lsn(const unsigned char *p, size_t l);
 #define WAL_SEG_HDR 16       /* "KVSWAL01" + u64 first LSN */
 
 struct wal_config {
     const char *dir;
-    int sync;                /* 1: fdatasync every group before it counts as durable */
+    int sync;                /* 1: write + fdatasync every group as soon as it forms (disk mode);
+                                0: gather large batches (remote mode: the peer's ack makes a
+                                record durable, the local copy follows) */
     uint64_t segment_bytes;  /* start a new segment past this size (default 64 MiB) */
     uint64_t max_pending;    /* appends fail with -EAGAIN past this many unwritten bytes (default 256 MiB) */
     uint64_t first_lsn;      /* LSN of the next record (after recovery: last recovered + 1) */
     uint32_t sync_delay_us;  /* fault injection: sleep this long before each sync (a slow disk) */
+    uint64_t batch_bytes;    /* async mode (sync = 0): write+sync once this much is gathered (16 MiB) */
+    uint32_t batch_ms;       /* ... or this long after a batch began (default 1000 ms) */
+    int ship;                /* keep a copy of each record for a log sender (wal_take_ship) */
 };
 
 struct wal_stats {
@@ -55,6 +76,20 @@ void wal_close(struct wal *w);
 int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const void *v1,
                    uint32_t n1, const void *v2, uint32_t n2, int64_t expire_ms);
 
+/* Raise the durable LSN to lsn if higher (a peer acknowledged it) and wake pollers. */
+void wal_publish_durable(struct wal *w, uint64_t lsn);
+/* Switch between per-group sync (1) and batched async writes (0), e.g. when the
+ * replication peer is lost and comes back. */
+void wal_set_sync(struct wal *w, int sync);
+/* Take every record appended since the last call (ship mode): out's buffer is
+ * swapped with the log's (out must not be shared). Returns the last LSN taken,
+ * 0 if none; *first = the first. */
+struct kvbuf;
+uint64_t wal_take_ship(struct wal *w, struct kvbuf *out, uint64_t *first);
+/* Last LSN written to the current segment file (readable, maybe not synced). */
+uint64_t wal_written_lsn(struct wal *w);
+const char *wal_dir(struct wal *w);
+
 /* Highest LSN known durable (acquire: a reader that sees it may release replies). */
 uint64_t wal_durable_lsn(struct wal *w);
 int wal_failed(struct wal *w);
@@ -73,7 +108,16 @@ struct wal_recovery {
     char problem[512];          /* what stopped the replay, "" if the log ended cleanly */
 };
 
-/* Replay every segment of dir into t (records with LSN > after_lsn), in LSN order.
+/* Create segment <dir>/wal-<first>.log with its header, synced with its directory
+ * entry (dirfd). Returns the open fd (O_APPEND) or -errno with a message. */
+int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t errlen);
+
+/* Append to out the complete, valid records with from <= LSN <= upto found in
+ * dir's segments, about max_bytes at most. Returns the last LSN appended (0 if
+ * none) or -errno. Used to catch a replication peer up from the files. */
+int64_t wal_read_range(const char *dir, uint64_t from, uint64_t upto, size_t max_bytes, struct kvbuf *out);
+
+/* Replay every segment of dir into t (t may be NULL: only check and count) (records with LSN > after_lsn), in LSN order.
  * A torn tail of the last segment (a record cut short by a crash) is reported and,
  * if repair is set, truncated away. Corruption anywhere else (a bad CRC with valid
  * data after it, a bad segment header, an LSN going backwards) stops the replay:

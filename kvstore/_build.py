@@ -9,7 +9,8 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT = os.path.relpath(os.path.join(HERE, "..", "ext"))
-SOURCES = ["table.c", "resp.c", "cmd.c", "pollpolicy.c", "server.c", "loadgen.c", "crc32c.c", "wal.c"]
+SOURCES = ["table.c", "resp.c", "cmd.c", "pollpolicy.c", "server.c", "loadgen.c", "crc32c.c", "wal.c",
+           "replog.c"]
 
 CDEF = """
 struct kv_table;
@@ -49,10 +50,14 @@ int resp_parse(struct resp_parser *p, char *buf, size_t len);
 void resp_reset(struct resp_parser *p);
 
 struct srv;
+struct wal;
+struct rl_sender;
+struct rl_receiver;
 struct srv_config {
     const char *bind; int port; int threads; int maxclients; const char *requirepass;
     int accept_mode; const char *poll_policy; const char *config_file; const char *version;
     int tcp_backlog; struct wal *wal; const char *durability;
+    struct rl_sender *sender; struct rl_receiver *receiver;
 };
 struct srv_poller_stats {
     uint64_t epoll_wait, epoll_ctl, reads, writes;
@@ -71,9 +76,31 @@ int srv_port(const struct srv *s);
 void srv_get_stats(struct srv *s, struct srv_stats *st);
 int srv_get_poller_stats(struct srv *s, int i, struct srv_poller_stats *st);
 
-struct wal;
 struct wal_config { const char *dir; int sync; uint64_t segment_bytes; uint64_t max_pending; uint64_t first_lsn;
-                   uint32_t sync_delay_us; };
+                   uint32_t sync_delay_us; uint64_t batch_bytes; uint32_t batch_ms; int ship; };
+struct rl_sender_config {
+    const char *host; int port; uint8_t node_id[16]; uint32_t interval_us; uint32_t max_batch_records;
+    uint32_t timeout_ms;
+};
+struct rl_sender_stats {
+    uint64_t batches, records, bytes, acked_lsn, sent_lsn;
+    uint64_t connects, disconnects, catchup_records;
+    int connected, degraded; char last_error[256];
+};
+struct rl_receiver_stats {
+    uint64_t batches, records, bytes, held_lsn, syncs, fetches; int peers_connected;
+};
+int rl_sender_start(struct rl_sender **out, struct wal *w, const struct rl_sender_config *cfg,
+                    char *err, size_t errlen);
+void rl_sender_stop(struct rl_sender *s);
+void rl_sender_get_stats(struct rl_sender *s, struct rl_sender_stats *st);
+int rl_receiver_start(struct rl_receiver **out, const char *bind, int port, const char *peer_dir,
+                      uint32_t sync_ms, char *err, size_t errlen);
+int rl_receiver_port(struct rl_receiver *r);
+void rl_receiver_stop(struct rl_receiver *r);
+void rl_receiver_get_stats(struct rl_receiver *r, struct rl_receiver_stats *st);
+int64_t rl_fetch(const char *host, int port, uint8_t node_id[16], const char *dest_dir,
+                 uint32_t timeout_ms, char *err, size_t errlen);
 struct wal_stats {
     uint64_t appended_lsn, durable_lsn, groups, records, bytes, syncs;
     uint64_t sync_ns_total, sync_ns_max, max_group_records; int failed;
@@ -117,7 +144,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "kvstore._ext",
     '#include "table.h"\n#include "resp.h"\n#include "server.h"\n#include "loadgen.h"\n'
-    '#include "wal.h"\n#include "crc32c.h"\n',
+    '#include "wal.h"\n#include "crc32c.h"\n#include "replog.h"\n',
     sources=[os.path.join(EXT, s) for s in SOURCES],
     include_dirs=[EXT],
     extra_compile_args=["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wno-unused-parameter",

@@ -29,7 +29,7 @@ def parse_size(value, what="size"):
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
-DURABILITY_MODES = ("none", "disk")
+DURABILITY_MODES = ("none", "disk", "remote")
 
 
 @dataclasses.dataclass
@@ -43,7 +43,13 @@ class ServerConfig:
     accept: str = "reuseport"    # or "handoff"
     poll_policy: str = "direct"  # or "strict"
     data_dir: str = "data"
-    durability: str = "none"     # none | disk
+    durability: str = "none"     # none | disk | remote
+    peer: str = ""               # remote: the peer's log receiver, HOST:PORT
+    repl_port: int = -1          # this node's log receiver port (-1 = off, 0 = any free port)
+    ship_interval_us: int = 100  # remote: ship gathered log records this often
+    max_batch_records: int = 65536
+    peer_timeout_ms: int = 1000  # remote: an ack overdue this long = peer lost -> disk mode
+    disk_log_interval_ms: int = 1000  # remote: the local log is written+synced this often
     tcp_backlog: int = 511
     config_file: str = ""
 
@@ -57,7 +63,14 @@ class ServerConfig:
         "accept": "how connections reach pollers: reuseport or handoff",
         "poll_policy": "epoll EPOLLOUT policy: direct or strict",
         "data_dir": "directory for the node's files (the log lives in <data_dir>/log)",
-        "durability": "none (memory only) or disk (acknowledge after the log is fdatasync'ed)",
+        "durability": "none (memory only), disk (acknowledge after the log is fdatasync'ed) or remote "
+                      "(acknowledge once the peer's memory holds the log record too)",
+        "peer": "remote mode: HOST:PORT of the peer's log receiver (its --repl-port)",
+        "repl_port": "port of this node's log receiver, storing a peer's log (-1 = off, 0 = any)",
+        "ship_interval_us": "remote mode: ship gathered log records every this many microseconds",
+        "max_batch_records": "remote mode: at most this many records per shipped batch",
+        "peer_timeout_ms": "remote mode: an ack overdue this long means the peer is lost",
+        "disk_log_interval_ms": "remote mode: the local log is written and synced this often",
         "tcp_backlog": "listen() backlog",
     }
 
@@ -73,6 +86,17 @@ class ServerConfig:
             raise ConfigError(f"accept: expected 'reuseport' or 'handoff', got {self.accept!r}")
         if self.durability not in DURABILITY_MODES:
             raise ConfigError(f"durability: expected one of {', '.join(DURABILITY_MODES)}, got {self.durability!r}")
+        if self.durability == "remote":
+            if not self.peer:
+                raise ConfigError("durability remote needs --peer HOST:PORT (the peer's --repl-port)")
+            self.peer_address()
+        for name, lo in (("ship_interval_us", 1), ("max_batch_records", 1), ("peer_timeout_ms", 10),
+                         ("disk_log_interval_ms", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < lo:
+                raise ConfigError(f"{name}: expected an integer >= {lo}, got {v!r}")
+        if not isinstance(self.repl_port, int) or not -1 <= self.repl_port <= 65535:
+            raise ConfigError(f"repl_port: expected -1 (off) or a port from 0 to 65535, got {self.repl_port!r}")
         if self.poll_policy not in ("direct", "strict"):
             raise ConfigError(f"poll_policy: expected 'direct' or 'strict', got {self.poll_policy!r}")
         if not isinstance(self.requirepass, str):
@@ -81,6 +105,14 @@ class ServerConfig:
         if len(parts) != 4 or not all(p.isdigit() and int(p) < 256 for p in parts):
             raise ConfigError(f"bind: expected an IPv4 address such as 127.0.0.1, got {self.bind!r}")
         return self
+
+    def peer_address(self):
+        host, _, port = str(self.peer).rpartition(":")
+        parts = host.split(".")
+        if not (len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts) and port.isdigit()
+                and 0 < int(port) < 65536):
+            raise ConfigError(f"peer: expected IPV4:PORT such as 127.0.0.1:7380, got {self.peer!r}")
+        return host, int(port)
 
     @property
     def effective_threads(self):

@@ -18,6 +18,18 @@ class Recovery:
     problem: str
     seconds: float
 
+    @staticmethod
+    def scan(directory):
+        """Last valid LSN of the log in directory (0 if none), without applying it."""
+        if not os.path.isdir(directory):
+            return 0
+        rec = ffi.new("struct wal_recovery *")
+        err = ffi.new("char[1024]")
+        rc = lib.wal_recover(ffi.NULL, directory.encode(), 0, 0, rec, err, 1024)
+        if rc < 0:
+            raise errors.CorruptLogError(ffi.string(err).decode(errors="replace"))
+        return rec.last_lsn
+
     def summary(self):
         if not self.segments:
             return "no log found: starting empty"
@@ -29,6 +41,53 @@ class Recovery:
 
 def log_dir(data_dir):
     return os.path.join(data_dir, "log")
+
+
+def node_id(data_dir, create=True, value=None):
+    """This node's identity (16 bytes), which names its log at the peer; made once
+    (or adopted from the peer's copy of the log when a lost node recovers)."""
+    path = os.path.join(data_dir, "node-id")
+    try:
+        with open(path) as f:
+            return bytes.fromhex(f.read().strip())
+    except FileNotFoundError:
+        if not create:
+            return None
+        nid = value or os.urandom(16)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(nid.hex() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+        return nid
+
+
+def fetch_from_peer(data_dir, host, port, timeout_ms=5000):
+    """Fetch the copy of this node's log that the peer holds. If it reaches further
+    than the local log (which may be gone), it replaces the local log (the old one is
+    kept as log.replaced-<time>). Returns (peer_last_lsn, local_last_lsn, replaced)."""
+    import shutil
+
+    staging = os.path.join(data_dir, "log.from-peer")
+    shutil.rmtree(staging, ignore_errors=True)
+    err = ffi.new("char[512]")
+    known = node_id(data_dir, create=False)
+    nid = ffi.new("uint8_t[16]", known or bytes(16))  # zeros: "the only log you hold"
+    last = lib.rl_fetch(host.encode(), port, nid, staging.encode(), timeout_ms, err, 512)
+    if last < 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise errors.ServerError(ffi.string(err).decode(errors="replace"), -last)
+    if known is None and any(nid):
+        node_id(data_dir, value=bytes(nid))  # this node's identity, as the peer knows it
+    local = Recovery.scan(log_dir(data_dir))
+    if last > local:
+        if os.path.isdir(log_dir(data_dir)):
+            os.rename(log_dir(data_dir), f"{log_dir(data_dir)}.replaced-{int(time.time())}")
+        os.rename(staging, log_dir(data_dir))
+        return last, local, True
+    shutil.rmtree(staging, ignore_errors=True)
+    return last, local, False
 
 
 def recover(store, data_dir, repair=True):
@@ -52,11 +111,13 @@ def recover(store, data_dir, repair=True):
 class Log:
     """An open group-committed log attached to a store's table (every write is logged)."""
 
-    def __init__(self, store, data_dir, first_lsn, sync=True):
+    def __init__(self, store, data_dir, first_lsn, sync=True, ship=False, batch_ms=1000):
         cfg = ffi.new("struct wal_config *")
         self._dir = ffi.new("char[]", log_dir(data_dir).encode())
         cfg.dir = self._dir
         cfg.sync = 1 if sync else 0
+        cfg.ship = 1 if ship else 0
+        cfg.batch_ms = batch_ms
         cfg.first_lsn = first_lsn
         # Fault injection for tests and experiments: a disk this much slower per sync.
         cfg.sync_delay_us = int(os.environ.get("KVSTORE_FAULT_SYNC_DELAY_US", "0"))
@@ -86,3 +147,64 @@ class Log:
             lib.kvt_set_log(self._store._t, ffi.NULL, ffi.NULL)
             lib.wal_close(self._w)
             self._w = None
+
+
+class Sender:
+    """Remote mode's log sender: ships the log to the peer's receiver."""
+
+    def __init__(self, log, data_dir, host, port, interval_us=100, max_batch_records=65536, timeout_ms=1000):
+        cfg = ffi.new("struct rl_sender_config *")
+        self._host = ffi.new("char[]", host.encode())
+        cfg.host = self._host
+        cfg.port = port
+        cfg.node_id = node_id(data_dir)
+        cfg.interval_us = interval_us
+        cfg.max_batch_records = max_batch_records
+        cfg.timeout_ms = timeout_ms
+        out = ffi.new("struct rl_sender **")
+        err = ffi.new("char[256]")
+        rc = lib.rl_sender_start(out, log._w, cfg, err, 256)
+        if rc < 0:
+            raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
+        self._s = out[0]
+
+    def stats(self):
+        st = ffi.new("struct rl_sender_stats *")
+        lib.rl_sender_get_stats(self._s, st)
+        d = {f: getattr(st, f) for f in ("batches", "records", "bytes", "acked_lsn", "sent_lsn", "connects",
+                                         "disconnects", "catchup_records", "connected", "degraded")}
+        d["last_error"] = ffi.string(st.last_error).decode(errors="replace")
+        return d
+
+    def close(self):
+        if self._s is not None:
+            lib.rl_sender_stop(self._s)
+            self._s = None
+
+
+class Receiver:
+    """This node's log receiver: stores a peer's log (in memory, synced to disk every sync_ms)."""
+
+    def __init__(self, data_dir, bind, port, sync_ms=1000):
+        out = ffi.new("struct rl_receiver **")
+        err = ffi.new("char[256]")
+        rc = lib.rl_receiver_start(out, bind.encode(), port, os.path.join(data_dir, "peer").encode(), sync_ms,
+                                   err, 256)
+        if rc < 0:
+            raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
+        self._r = out[0]
+
+    @property
+    def port(self):
+        return lib.rl_receiver_port(self._r)
+
+    def stats(self):
+        st = ffi.new("struct rl_receiver_stats *")
+        lib.rl_receiver_get_stats(self._r, st)
+        return {f: getattr(st, f) for f in ("batches", "records", "bytes", "held_lsn", "syncs", "fetches",
+                                            "peers_connected")}
+
+    def close(self):
+        if self._r is not None:
+            lib.rl_receiver_stop(self._r)
+            self._r = None

@@ -16,13 +16,17 @@ from kvstore.store import Store
 class Server:
     """Serve ``store`` over RESP2. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, store=None, config=None, **settings):
+    def __init__(self, store=None, config=None, from_peer=None, **settings):
         self.config = (config or ServerConfig(**settings)).validate()
+        self.from_peer = from_peer  # "HOST:PORT": fetch this node's log from its peer before recovery
         self.store = store if store is not None else Store(max_memory=self.config.max_memory)
         self._srv = None
         self._keep = []
         self.log = None
         self.recovery = None
+        self.sender = None
+        self.receiver = None
+        self.fetched = None  # (peer LSN, local LSN, replaced) after a --from-peer start
 
     def _raise_fd_limit(self):
         """Like Redis: make room for maxclients connections (+ a margin for our own fds)."""
@@ -44,16 +48,19 @@ class Server:
             return self
         self._raise_fd_limit()
         c = self.config
-        if c.durability == "disk" and self.log is None:
-            os.makedirs(c.data_dir, exist_ok=True)
-            self.recovery = durability.recover(self.store, c.data_dir)
-            self.log = durability.Log(self.store, c.data_dir, self.recovery.last_lsn + 1, sync=True)
+        try:
+            self._start_durability()
+        except BaseException:
+            self._close_log()
+            raise
         cfg = ffi.new("struct srv_config *")
         self._keep = [ffi.new("char[]", s.encode()) for s in
                       (c.bind, c.requirepass, c.poll_policy, c.config_file, __version__, c.durability)]
         (cfg.bind, cfg.requirepass, cfg.poll_policy, cfg.config_file, cfg.version,
          cfg.durability) = self._keep
         cfg.wal = self.log._w if self.log else ffi.NULL
+        cfg.sender = self.sender._s if self.sender else ffi.NULL
+        cfg.receiver = self.receiver._r if self.receiver else ffi.NULL
         cfg.port = c.port
         cfg.threads = c.effective_threads
         cfg.maxclients = c.maxclients
@@ -91,10 +98,36 @@ class Server:
                 "bytes_in", "bytes_out")})
         return d
 
+    def _start_durability(self, from_peer=None):
+        c = self.config
+        if c.repl_port >= 0 and self.receiver is None:
+            os.makedirs(c.data_dir, exist_ok=True)
+            self.receiver = durability.Receiver(c.data_dir, c.bind, c.repl_port)
+        if c.durability == "none" or self.log is not None:
+            return
+        os.makedirs(c.data_dir, exist_ok=True)
+        if self.from_peer:
+            host, _, port = self.from_peer.rpartition(":")
+            self.fetched = durability.fetch_from_peer(c.data_dir, host, int(port))
+        self.recovery = durability.recover(self.store, c.data_dir)
+        remote = c.durability == "remote"
+        self.log = durability.Log(self.store, c.data_dir, self.recovery.last_lsn + 1, sync=not remote,
+                                  ship=remote, batch_ms=c.disk_log_interval_ms)
+        if remote:
+            host, port = c.peer_address()
+            self.sender = durability.Sender(self.log, c.data_dir, host, port, c.ship_interval_us,
+                                            c.max_batch_records, c.peer_timeout_ms)
+
     def _close_log(self):
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
         if self.log is not None:
             self.log.close()
             self.log = None
+        if self.receiver is not None:
+            self.receiver.close()
+            self.receiver = None
 
     def stop(self):
         if self._srv is not None:

@@ -1,0 +1,69 @@
+/* replog.h - synchronous log replication into a peer's memory (paper 000's remote logging).
+ *
+ * Sender (one thread per node in remote mode): every interval_us it takes the
+ * records appended since the last round (wal_take_ship) and ships them in
+ * BATCH frames of at most max_batch_records; the peer's ACK frames carry the
+ * highest LSN it holds, which becomes the durable LSN (wal_publish_durable), so
+ * a write is acknowledged once both memories hold it. If an ack is overdue by
+ * timeout_ms, or the peer cannot be reached, the sender falls back: the local
+ * log syncs every group (disk mode) until the peer is back and caught up from
+ * the local segment files. Receiver (one thread per node that serves as a
+ * peer): stores each sender's records, verbatim, as segment files under
+ * <peer_dir>/<node id>/ (write() = in the peer's memory, the page cache; synced
+ * to its disk every sync_ms), acks, and streams them back to a recovering node
+ * (FETCH). The wire format is described in ext/REPLICATION.md. Frames come from
+ * the network: lengths and CRCs are checked before use.
+ */
+#ifndef KV_REPLOG_H
+#define KV_REPLOG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct wal;
+struct rl_sender;
+struct rl_receiver;
+
+struct rl_sender_config {
+    const char *host;          /* the peer's receiver, IPv4 */
+    int port;
+    uint8_t node_id[16];       /* names this node's log at the peer */
+    uint32_t interval_us;      /* ship every this often (default 100) */
+    uint32_t max_batch_records;/* at most this many records per BATCH frame (default 65536) */
+    uint32_t timeout_ms;       /* an ack overdue this long = peer lost (default 1000) */
+};
+
+struct rl_sender_stats {
+    uint64_t batches, records, bytes, acked_lsn, sent_lsn;
+    uint64_t connects, disconnects, catchup_records;
+    int connected, degraded;   /* degraded: local per-group sync in place of the peer */
+    char last_error[256];
+};
+
+int rl_sender_start(struct rl_sender **out, struct wal *w, const struct rl_sender_config *cfg,
+                    char *err, size_t errlen);
+void rl_sender_stop(struct rl_sender *s);
+void rl_sender_get_stats(struct rl_sender *s, struct rl_sender_stats *st);
+
+struct rl_receiver_stats {
+    uint64_t batches, records, bytes, held_lsn, syncs, fetches;
+    int peers_connected;
+};
+
+/* Listen on bind:port (port 0 = any; see rl_receiver_port) and store peers' logs
+ * under peer_dir. sync_ms: how often the stored logs are synced to disk. */
+int rl_receiver_start(struct rl_receiver **out, const char *bind, int port, const char *peer_dir,
+                      uint32_t sync_ms, char *err, size_t errlen);
+int rl_receiver_port(struct rl_receiver *r);
+void rl_receiver_stop(struct rl_receiver *r);
+void rl_receiver_get_stats(struct rl_receiver *r, struct rl_receiver_stats *st);
+
+/* Recovery: fetch the copy of node_id's log that the peer at host:port holds
+ * into dest_dir (created; segment files as the peer has them). An all-zero
+ * node_id asks for the only log the peer holds and is set to that log's id.
+ * Returns the highest LSN fetched (0 if the peer holds nothing) or -errno with
+ * a message. */
+int64_t rl_fetch(const char *host, int port, uint8_t node_id[16], const char *dest_dir,
+                 uint32_t timeout_ms, char *err, size_t errlen);
+
+#endif
