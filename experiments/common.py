@@ -7,6 +7,8 @@ import subprocess
 import tempfile
 import time
 
+from kvstore import bench as kvbench
+
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
 
 
@@ -66,10 +68,11 @@ class Proc:
                 self.proc.wait()
 
 
-def redis_server(port):
+def redis_server(port, name="redis", *extra):
+    """redis-server with persistence off, unless extra options (e.g. --appendonly yes) turn it on."""
     d = tempfile.mkdtemp(prefix="kv-redis-")
-    return Proc("redis", ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
-                          "--dir", d, "--bind", "127.0.0.1"], port)
+    return Proc(name, ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no",
+                       "--dir", d, "--bind", "127.0.0.1", *extra], port)
 
 
 def memcached(port, threads=2):
@@ -92,3 +95,23 @@ def write_csv(path, rows):
 def read_csv(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def run_redis_benchmark(port, op, pipeline, conns, requests, keyspace, value_size):
+    cmd = ["redis-benchmark", "-p", str(port), "-t", op.lower(), "-P", str(pipeline), "-c", str(conns),
+           "-n", str(requests), "-d", str(value_size), "-r", str(keyspace), "--csv", "--threads", "1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
+    line = [ln for ln in out.splitlines() if ln.startswith(f'"{op.upper()}"')][-1]
+    f = [x.strip('"') for x in line.split(",")]
+    # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+    return {"throughput": float(f[1]), "p50_us": float(f[4]) * 1000, "p99_us": float(f[6]) * 1000}
+
+
+def run_kvstore_bench(port, protocol, op, pipeline, conns, requests, keyspace, value_size, threads):
+    r = kvbench.run(port=port, protocol=protocol, threads=threads, conns=conns, pipeline=pipeline,
+                    value_size=value_size, keyspace=keyspace, ratio="1:0" if op == "SET" else "0:1",
+                    requests=requests)
+    if r["errors"]:
+        raise RuntimeError(f"kvstore bench on port {port}: {r['errors']} errors, first: {r['first_error']}")
+    return {"throughput": r["throughput"], "p50_us": r["lat_p50_us"], "p99_us": r["lat_p99_us"],
+            "hit_ratio": r["hits"] / r["gets"] if r["gets"] else ""}

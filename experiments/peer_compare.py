@@ -13,7 +13,6 @@ are reported. Server CPU seconds come from /proc for each run.
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -21,7 +20,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 from kvstore import Node  # noqa: E402
-from kvstore import bench as kvbench  # noqa: E402
 
 CSV = os.path.join(common.RESULTS, "peer_compare.csv")
 PNG = os.path.join(common.RESULTS, "peer_compare.png")
@@ -47,26 +45,6 @@ class KvNode:
         self.node.stop()
 
 
-def run_redis_benchmark(port, op, pipeline, conns, requests, keyspace, value_size):
-    cmd = ["redis-benchmark", "-p", str(port), "-t", op.lower(), "-P", str(pipeline), "-c", str(conns),
-           "-n", str(requests), "-d", str(value_size), "-r", str(keyspace), "--csv", "--threads", "1"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
-    line = [ln for ln in out.splitlines() if ln.startswith(f'"{op.upper()}"')][-1]
-    f = [x.strip('"') for x in line.split(",")]
-    # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-    return {"throughput": float(f[1]), "p50_us": float(f[4]) * 1000, "p99_us": float(f[6]) * 1000}
-
-
-def run_kvstore_bench(port, protocol, op, pipeline, conns, requests, keyspace, value_size, threads):
-    r = kvbench.run(port=port, protocol=protocol, threads=threads, conns=conns, pipeline=pipeline,
-                    value_size=value_size, keyspace=keyspace, ratio="1:0" if op == "SET" else "0:1",
-                    requests=requests)
-    if r["errors"]:
-        raise RuntimeError(f"kvstore bench on port {port}: {r['errors']} errors, first: {r['first_error']}")
-    return {"throughput": r["throughput"], "p50_us": r["lat_p50_us"], "p99_us": r["lat_p99_us"],
-            "hit_ratio": r["hits"] / r["gets"] if r["gets"] else ""}
-
-
 def measure(args):
     servers = [*(KvNode(t) for t in args.kv_threads), common.redis_server(common.free_port()),
                common.memcached(common.free_port(), args.memcached_threads)]
@@ -75,7 +53,7 @@ def measure(args):
         for s in servers:
             s.start()
             print(f"preloading {s.name} with {args.preload:,} random SETs over {args.keyspace:,} keys", flush=True)
-            run_kvstore_bench(s.port, s.protocol, "SET", 16, args.conns, args.preload, args.keyspace,
+            common.run_kvstore_bench(s.port, s.protocol, "SET", 16, args.conns, args.preload, args.keyspace,
                               args.value_size, args.client_threads)
         loads = [(tool, op, p) for tool in ("redis-benchmark", "kvstore-bench")
                  for op in ("SET", "GET") for p in args.pipelines]
@@ -92,9 +70,9 @@ def measure(args):
                     cpu0 = common.cpu_seconds(s.pid)
                     w0 = time.monotonic()
                     if tool == "redis-benchmark":
-                        r = run_redis_benchmark(s.port, op, p, args.conns, n, args.keyspace, args.value_size)
+                        r = common.run_redis_benchmark(s.port, op, p, args.conns, n, args.keyspace, args.value_size)
                     else:
-                        r = run_kvstore_bench(s.port, s.protocol, op, p, args.conns, n, args.keyspace,
+                        r = common.run_kvstore_bench(s.port, s.protocol, op, p, args.conns, n, args.keyspace,
                                               args.value_size, args.client_threads)
                     wall = time.monotonic() - w0
                     cpu = common.cpu_seconds(s.pid) - cpu0

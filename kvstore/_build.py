@@ -99,6 +99,7 @@ int rl_receiver_start(struct rl_receiver **out, const char *bind, int port, cons
 int rl_receiver_port(struct rl_receiver *r);
 void rl_receiver_stop(struct rl_receiver *r);
 void rl_receiver_get_stats(struct rl_receiver *r, struct rl_receiver_stats *st);
+int64_t rl_generate(struct wal *w, uint64_t n, uint32_t record_bytes);
 int64_t rl_fetch(const char *host, int port, uint8_t node_id[16], const char *dest_dir,
                  uint32_t timeout_ms, char *err, size_t errlen);
 struct wal_stats {

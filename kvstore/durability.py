@@ -127,12 +127,13 @@ class Log:
         if rc < 0:
             raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
         self._w = out[0]
-        self._store = store
+        self._store = store  # None: a bare log (experiments append to it directly)
         rc = lib.wal_start(self._w)
         if rc < 0:
             lib.wal_close(self._w)
             raise errors.ServerError("cannot start the log thread", -rc)
-        lib.kvt_set_log(store._t, ffi.addressof(lib, "wal_log_fn"), self._w)
+        if store is not None:
+            lib.kvt_set_log(store._t, ffi.addressof(lib, "wal_log_fn"), self._w)
 
     def stats(self):
         st = ffi.new("struct wal_stats *")
@@ -144,7 +145,8 @@ class Log:
     def close(self):
         """Detach from the table, write and sync what is buffered, stop the log thread."""
         if self._w is not None:
-            lib.kvt_set_log(self._store._t, ffi.NULL, ffi.NULL)
+            if self._store is not None:
+                lib.kvt_set_log(self._store._t, ffi.NULL, ffi.NULL)
             lib.wal_close(self._w)
             self._w = None
 

@@ -1,0 +1,178 @@
+"""What durability costs: kvstore none / disk / remote vs Redis appendfsync always / everysec.
+
+Same machine, same loads, servers alternated A B C ... per round, medians quoted:
+SET, 85-byte values, 1 M keys, 50 connections, pipeline 16 (and 1), with
+redis-benchmark and with kvstore bench. kvstore remote runs with its log peer,
+a second kvstore process on loopback (the peer's CPU is counted too). Paper 000's
+claim to check: remote logging keeps most of the in-memory speed (NHL/NH = 0.82);
+the issue's: disk with group commit >= 2x Redis appendfsync always.
+
+    python experiments/durability_compare.py      -> results/durability_compare.{csv,png}
+"""
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+from kvstore import Node  # noqa: E402
+
+CSV = os.path.join(common.RESULTS, "durability_compare.csv")
+PNG = os.path.join(common.RESULTS, "durability_compare.png")
+
+
+class KvServer:
+    protocol = "resp"
+
+    def __init__(self, mode, threads):
+        self.name = f"kvstore-{mode}"
+        self.mode, self.threads = mode, threads
+        self.dirs = [tempfile.mkdtemp(prefix=f"kv-{mode}-")]
+        self.peer = None
+
+    def start(self):
+        settings = {"durability": self.mode}
+        if self.mode == "remote":
+            self.dirs.append(tempfile.mkdtemp(prefix="kv-peer-"))
+            repl = common.free_port()
+            self.peer = Node(port=0, threads=1, repl_port=repl, data_dir=self.dirs[1]).start()
+            settings["peer"] = f"127.0.0.1:{repl}"
+        self.node = Node(port=0, threads=self.threads, data_dir=self.dirs[0], **settings).start()
+        self.port = self.node.port
+        if self.mode == "remote":  # wait until the peer has acknowledged the (empty) log
+            deadline = time.monotonic() + 10
+            while self.node.stats().get("log_peer_degraded", 1) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return self
+
+    def cpu(self):
+        return common.cpu_seconds(self.node.pid) + (common.cpu_seconds(self.peer.pid) if self.peer else 0)
+
+    def stop(self):
+        self.node.stop()
+        if self.peer:
+            self.peer.stop()
+        for d in self.dirs:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class RedisServer:
+    protocol = "resp"
+
+    def __init__(self, fsync):
+        self.name = f"redis-aof-{fsync}"
+        self.proc = common.redis_server(common.free_port(), self.name, "--appendonly", "yes",
+                                        "--appendfsync", fsync)
+        self.port = self.proc.port
+
+    def start(self):
+        self.proc.start()
+        return self
+
+    def cpu(self):
+        return common.cpu_seconds(self.proc.pid)
+
+    def stop(self):
+        self.proc.stop()
+
+
+def measure(args):
+    servers = [KvServer(m, args.kv_threads) for m in ("none", "disk", "remote")] + \
+              [RedisServer("always"), RedisServer("everysec")]
+    rows = []
+    try:
+        for s in servers:
+            s.start()
+        loads = [(tool, p) for tool in ("redis-benchmark", "kvstore-bench") for p in args.pipelines]
+        total = args.rounds * len(loads) * len(servers)
+        for rnd in range(args.rounds):
+            for tool, p in loads:
+                for s in servers:
+                    n = args.requests if p > 1 else args.requests // 8
+                    cpu0, w0 = s.cpu(), time.monotonic()
+                    if tool == "redis-benchmark":
+                        r = common.run_redis_benchmark(s.port, "SET", p, args.conns, n, args.keyspace, args.value_size)
+                    else:
+                        r = common.run_kvstore_bench(s.port, "resp", "SET", p, args.conns, n, args.keyspace,
+                                                     args.value_size, 2)
+                    cpu = s.cpu() - cpu0
+                    rows.append({"round": rnd, "tool": tool, "server": s.name, "pipeline": p, "requests": n,
+                                 "throughput": round(r["throughput"]), "p50_us": round(r["p50_us"], 1),
+                                 "p99_us": round(r["p99_us"], 1), "wall_s": round(time.monotonic() - w0, 3),
+                                 "server_cpu_s": round(cpu, 3)})
+                    common.write_csv(CSV, rows)
+                    print(f"[{len(rows)}/{total}] {tool:15s} P{p:<2d} {s.name:19s} {r['throughput']:>11,.0f} SET/s "
+                          f"p99 {r['p99_us']:7.0f} us  cpu {cpu:.2f} s", flush=True)
+    finally:
+        for s in servers:
+            s.stop()
+    return rows
+
+
+def medians(rows):
+    out = {}
+    for r in rows:
+        out.setdefault((r["tool"], int(r["pipeline"]), r["server"]), []).append(float(r["throughput"]))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def report(rows):
+    med = medians(rows)
+    for (tool, p, server), v in sorted(med.items()):
+        line = f"{tool:15s} P{p:<2d} {server:19s} {v:>11,.0f} SET/s"
+        if server == "kvstore-remote":
+            line += f"   remote/none {v / med[(tool, p, 'kvstore-none')]:.2f}"
+        if server == "kvstore-disk":
+            line += f"   disk/redis-always {v / med[(tool, p, 'redis-aof-always')]:.2f}x"
+        print(line)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    med = medians(rows)
+    groups = sorted({(k[0], k[1]) for k in med})
+    servers = ["kvstore-none", "kvstore-disk", "kvstore-remote", "redis-aof-always", "redis-aof-everysec"]
+    colors = ["#9ecae1", "#3182bd", "#08519c", "#d62728", "#fc9272"]
+    fig, ax = plt.subplots(figsize=(11, 5))
+    w = 0.8 / len(servers)
+    for si, (s, c) in enumerate(zip(servers, colors)):
+        ax.bar([gi + si * w for gi in range(len(groups))], [med.get((g[0], g[1], s), 0) for g in groups], w,
+               label=s, color=c)
+    ax.set_xticks([gi + 0.4 - w / 2 for gi in range(len(groups))])
+    ax.set_xticklabels([f"{t}\nSET P{p}" for t, p in groups])
+    ax.set_ylabel("acknowledged SET/s (median)")
+    ax.set_title("Durable writes: kvstore disk (group commit) / remote (peer memory) vs Redis AOF — 85 B, "
+                 "50 conns, 2-core VM")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=1_000_000, help="per P16 run (P1 runs: an eighth)")
+    ap.add_argument("--keyspace", type=int, default=1_000_000)
+    ap.add_argument("--value-size", type=int, default=85)
+    ap.add_argument("--conns", type=int, default=50)
+    ap.add_argument("--pipelines", type=int, nargs="+", default=[16, 1])
+    ap.add_argument("--kv-threads", type=int, default=2)
+    ap.add_argument("--plot-only", action="store_true")
+    args = ap.parse_args()
+    rows = common.read_csv(CSV) if args.plot_only else measure(args)
+    report(rows)
+    plot(rows, PNG)
+
+
+if __name__ == "__main__":
+    main()

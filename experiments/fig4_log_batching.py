@@ -1,0 +1,138 @@
+"""Paper 000, Fig. 4: remote-log throughput (logs/s) vs the maximum logs per batch.
+
+As in the paper, ~85-byte log records are generated inside the node (rl_generate
+appends them straight to the log) and the log sender ships them every 100 us to
+the peer's log receiver, a separate kvstore process (here on loopback); a point
+is the time from the first append until the peer has acknowledged the last one.
+The local copy of the log goes to /dev/shm so the local disk is not what is
+measured. CPU: this process (generator + sender + local log) and the peer, in
+CPU-seconds per second of the run (1.0 = one core busy).
+
+    python experiments/fig4_log_batching.py      -> results/fig4_log_batching.{csv,png}
+    python experiments/fig4_log_batching.py --logs 500000 --batches 1 16 256 4096
+"""
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+from kvstore import Node, durability  # noqa: E402
+from kvstore._native import lib  # noqa: E402
+
+CSV = os.path.join(common.RESULTS, "fig4_log_batching.csv")
+PNG = os.path.join(common.RESULTS, "fig4_log_batching.png")
+PAPER_PEAK = 8_000_000  # logs/s, Fig. 4
+
+
+def one_point(max_batch, logs, record_bytes, interval_us):
+    peer_dir = tempfile.mkdtemp(prefix="kv-fig4-peer-")
+    local_dir = tempfile.mkdtemp(prefix="kv-fig4-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    repl_port = common.free_port()
+    peer = Node(port=0, threads=1, repl_port=repl_port, data_dir=peer_dir).start()
+    log = sender = None
+    try:
+        log = durability.Log(None, local_dir, first_lsn=1, sync=False, ship=True, batch_ms=1000)
+        sender = durability.Sender(log, local_dir, "127.0.0.1", repl_port, interval_us=interval_us,
+                                   max_batch_records=max_batch, timeout_ms=10_000)
+        deadline = time.monotonic() + 10
+        while not (sender.stats()["connected"] and not sender.stats()["degraded"]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"log sender did not connect: {sender.stats()['last_error']}")
+            time.sleep(0.01)
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        peer0 = common.cpu_seconds(peer.pid)
+        t0 = time.perf_counter()
+        last = lib.rl_generate(log._w, logs, record_bytes)  # the GIL is released meanwhile
+        if last < 0:
+            raise RuntimeError(f"rl_generate failed: {os.strerror(-last)}")
+        while sender.stats()["acked_lsn"] < last:
+            if time.perf_counter() - t0 > 120:
+                raise RuntimeError(f"the peer acknowledged only {sender.stats()['acked_lsn']} of {last}")
+            time.sleep(0.0005)
+        wall = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        st = sender.stats()
+        node_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+        return {"max_batch_records": max_batch, "logs": logs, "record_bytes": record_bytes,
+                "seconds": round(wall, 4), "logs_per_s": round(logs / wall),
+                "mb_per_s": round(logs * record_bytes / wall / 1e6, 1),
+                "batches": st["batches"], "avg_records_per_batch": round(st["records"] / max(1, st["batches"]), 1),
+                "node_cpu_per_s": round(node_cpu / wall, 3),
+                "peer_cpu_per_s": round((common.cpu_seconds(peer.pid) - peer0) / wall, 3)}
+    finally:
+        if sender:
+            sender.close()
+        if log:
+            log.close()
+        peer.stop()
+        shutil.rmtree(peer_dir, ignore_errors=True)
+        shutil.rmtree(local_dir, ignore_errors=True)
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = sorted({int(r["max_batch_records"]) for r in rows})
+    med = {x: statistics.median(float(r["logs_per_s"]) for r in rows if int(r["max_batch_records"]) == x) for x in xs}
+    cpu = {x: statistics.median(float(r["node_cpu_per_s"]) for r in rows if int(r["max_batch_records"]) == x)
+           for x in xs}
+    pcpu = {x: statistics.median(float(r["peer_cpu_per_s"]) for r in rows if int(r["max_batch_records"]) == x)
+            for x in xs}
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.plot(xs, [med[x] / 1e6 for x in xs], "o-", label="kvstore (loopback, 2-core VM)")
+    ax.axhline(PAPER_PEAK / 1e6, color="grey", ls="--", label="paper: ~8 M logs/s peak")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("maximum logs per batch")
+    ax.set_ylabel("remote-log throughput (M logs/s, median)")
+    ax2 = ax.twinx()
+    ax2.plot(xs, [cpu[x] for x in xs], "s:", color="#d62728", label="node CPU (cores)")
+    ax2.plot(xs, [pcpu[x] for x in xs], "^:", color="#2ca02c", label="peer CPU (cores)")
+    ax2.set_ylabel("CPU (cores busy)")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="center right")
+    ax.grid(alpha=0.3)
+    ax.set_title(f"Fig. 4 reproduced: {int(rows[0]['record_bytes'])}-byte logs shipped every 100 us to a peer")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--logs", type=int, default=2_000_000, help="logs generated per point")
+    ap.add_argument("--record-bytes", type=int, default=85)
+    ap.add_argument("--interval-us", type=int, default=100)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024, 4096, 16384, 65536])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--plot-only", action="store_true")
+    args = ap.parse_args()
+    if args.plot_only:
+        rows = common.read_csv(CSV)
+    else:
+        rows = []
+        total = args.rounds * len(args.batches)
+        for rnd in range(args.rounds):
+            for b in args.batches:
+                n = args.logs if b >= 64 else max(50_000, args.logs // (64 // b))  # small batches are slow
+                r = one_point(b, n, args.record_bytes, args.interval_us)
+                r["round"] = rnd
+                rows.append(r)
+                common.write_csv(CSV, rows)
+                print(f"[{len(rows)}/{total}] max batch {b:>6}: {r['logs_per_s']:>12,} logs/s "
+                      f"({r['avg_records_per_batch']:>8} per batch), node cpu {r['node_cpu_per_s']:.2f}, "
+                      f"peer cpu {r['peer_cpu_per_s']:.2f}", flush=True)
+    plot(rows, PNG)
+
+
+if __name__ == "__main__":
+    main()
