@@ -62,8 +62,13 @@ def main():
                    "until it is back and caught up.  [default: 1000]")
 @click.option("--disk-log-interval-ms", type=int,
               help="remote: write and sync the local log every N ms (or every 16 MiB).  [default: 1000]")
+@click.option("--peer-startup-wait-ms", type=int,
+              help="remote: at start, the node compares its log with the peer's copy (which may reach "
+                   "further: the local log lags); wait this long for the peer, then refuse to start.  "
+                   "[default: 10000]")
 @click.option("--from-peer", help="Before recovery, fetch this node's log from the peer at HOST:PORT "
-                                  "(when the local disk is gone or behind).")
+                                  "(when the local disk is gone or behind). Remote mode always does this "
+                                  "with its --peer.")
 def serve(config_file, from_peer, **opts):
     """Run a kvstore server until Ctrl-C or SIGTERM."""
     try:
@@ -78,9 +83,12 @@ def serve(config_file, from_peer, **opts):
     def ready(srv):
         if srv.fetched is not None:
             peer_lsn, local_lsn, replaced = srv.fetched
-            click.echo(f"kvstore: fetched the log from {from_peer} up to LSN {peer_lsn} (local log ended at "
+            click.echo(f"kvstore: fetched the log from {from_peer or cfg.peer} up to LSN {peer_lsn} (local log ended at "
                        f"{local_lsn}); " + ("it replaces the local log" if replaced else "local log kept"),
                        err=True)
+        if srv.local_complete:
+            click.echo(f"kvstore: peer {cfg.peer} unreachable; this node last ran without it, syncing every "
+                       f"acknowledged write locally (LOCAL-COMPLETE), so it starts from its own log", err=True)
         if srv.receiver is not None:
             click.echo(f"kvstore: log receiver on {cfg.bind}:{srv.receiver.port}", err=True)
         if srv.recovery is not None:

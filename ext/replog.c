@@ -209,6 +209,8 @@ struct rl_sender {
     int fd;
     struct kvbuf ship, pend, cat, pl;
     uint64_t pend_first, pend_last;
+    uint64_t degraded_at;      /* appended LSN when the fallback to local sync began, 0 = not degraded */
+    int marked;                /* LOCAL-COMPLETE written */
     pthread_mutex_t stat_lock; /* guards st */
     struct rl_sender_stats st;
 };
@@ -218,6 +220,52 @@ static void s_error(struct rl_sender *s, const char *msg)
     pthread_mutex_lock(&s->stat_lock);
     snprintf(s->st.last_error, sizeof s->st.last_error, "%s", msg);
     pthread_mutex_unlock(&s->stat_lock);
+}
+
+/* <log dir>/LOCAL-COMPLETE exists only while every acknowledged record is on
+ * the local disk (degraded mode, after its first sync): a restart while the peer
+ * is still away may then trust the local log alone. */
+static void marker_path(struct rl_sender *s, char *dst, size_t n)
+{
+    snprintf(dst, n, "%s/LOCAL-COMPLETE", wal_dir(s->w));
+}
+
+static void sync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+static void marker_remove(struct rl_sender *s)
+{
+    char path[4200];
+    marker_path(s, path, sizeof path);
+    if (!unlink(path))
+        sync_dir(wal_dir(s->w));
+    s->marked = 0;
+}
+
+/* In degraded mode: once the local disk holds everything appended when the
+ * fallback began, write the marker (synced, with its directory entry). */
+static void marker_maybe_write(struct rl_sender *s)
+{
+    if (s->marked || !s->degraded_at || wal_synced_lsn(s->w) < s->degraded_at)
+        return;
+    char path[4200];
+    marker_path(s, path, sizeof path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    char txt[32];
+    int n = snprintf(txt, sizeof txt, "%" PRIu64 "\n", s->degraded_at);
+    if (write(fd, txt, (size_t)n) == n && !fsync(fd)) {
+        sync_dir(wal_dir(s->w));
+        s->marked = 1;
+    }
+    close(fd);
 }
 
 static void s_set(struct rl_sender *s, int connected, int degraded)
@@ -231,8 +279,15 @@ static void s_set(struct rl_sender *s, int connected, int degraded)
     int was = s->st.degraded;
     s->st.degraded = degraded;
     pthread_mutex_unlock(&s->stat_lock);
-    if (was != degraded)
+    if (was != degraded) {
+        if (degraded) {
+            s->degraded_at = wal_appended_lsn(s->w);
+        } else {
+            marker_remove(s); /* before acks come from the peer's memory again */
+            s->degraded_at = 0;
+        }
         wal_set_sync(s->w, degraded); /* without the peer, every group syncs locally */
+    }
 }
 
 /* Send the records in buf[0..n) as BATCH frames of at most max_batch_records. */
@@ -291,6 +346,7 @@ static void *sender_main(void *arg)
     uint64_t unacked_since = 0;
     int connected = 0;
     while (!atomic_load_explicit(&s->stop, memory_order_acquire)) {
+        marker_maybe_write(s);
         if (!connected) {
             /* Records stay in the local log; after reconnecting they are read back. */
             uint64_t first, last = wal_take_ship(s->w, &s->ship, &first);
@@ -450,6 +506,7 @@ int rl_sender_start(struct rl_sender **out, struct wal *w, const struct rl_sende
     s->w = w;
     s->fd = -1;
     s->st.degraded = 1; /* until the peer has acknowledged everything */
+    s->degraded_at = wal_appended_lsn(w) ? wal_appended_lsn(w) : 1;
     pthread_mutex_init(&s->stat_lock, NULL);
     wal_set_sync(w, 1);
     int rc = pthread_create(&s->th, NULL, sender_main, s);

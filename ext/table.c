@@ -43,6 +43,8 @@ struct shard {
     _Atomic uint64_t used;   /* entries in ht[0] + ht[1] */
     _Atomic uint64_t expires;
     _Atomic uint64_t hits, misses, expired;
+    uint64_t del_lsn;        /* latest logged DEL/FLUSHALL that removed keys here: a miss
+                                depends on it (the key may be absent only because of it) */
 } __attribute__((aligned(64)));
 
 struct kv_table {
@@ -457,6 +459,7 @@ int kvt_get(struct kv_table *t, const void *key, size_t klen, kvt_read_fn fn, vo
             fn(arg, entry_val(*ref), (*ref)->vlen);
     } else {
         cnt_add(&s->misses, 1);
+        touch(s->del_lsn);
     }
     pthread_mutex_unlock(&s->lock);
     return ref != NULL;
@@ -497,6 +500,8 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
         touch(e->lsn);
         old_fn(old_arg, entry_val(e), e->vlen);
     }
+    if (!e)
+        touch(s->del_lsn); /* a reply that shows the key absent depends on its deletion */
     if (((flags & KVT_NX) && e) || ((flags & KVT_XX) && !e)) {
         if (e)
             touch(e->lsn); /* the reply reveals that the key exists */
@@ -550,10 +555,15 @@ int kvt_del(struct kv_table *t, const void *key, size_t klen)
     int rc = ref != NULL;
     if (ref) {
         int64_t lsn = do_log(t, 2, key, klen, NULL, 0, NULL, 0, 0);
-        if (lsn < 0)
+        if (lsn < 0) {
             rc = (int)lsn;
-        else
+        } else {
             do_unlink(t, s, ref);
+            if ((uint64_t)lsn > s->del_lsn)
+                s->del_lsn = (uint64_t)lsn;
+        }
+    } else {
+        touch(s->del_lsn); /* "0 deleted" may rest on an earlier delete */
     }
     pthread_mutex_unlock(&s->lock);
     return rc;
@@ -565,8 +575,7 @@ int kvt_exists(struct kv_table *t, const void *key, size_t klen)
     struct shard *s = lock_shard(t, h);
     struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
     int found = ref != NULL;
-    if (ref)
-        touch((*ref)->lsn);
+    touch(ref ? (*ref)->lsn : s->del_lsn);
     pthread_mutex_unlock(&s->lock);
     return found;
 }
@@ -730,8 +739,7 @@ int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen)
     struct shard *s = lock_shard(t, h);
     struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
     int64_t n = ref ? (*ref)->vlen : 0;
-    if (ref)
-        touch((*ref)->lsn);
+    touch(ref ? (*ref)->lsn : s->del_lsn);
     pthread_mutex_unlock(&s->lock);
     return n;
 }
@@ -782,6 +790,8 @@ int kvt_flush(struct kv_table *t)
         struct shard *s = &t->shards[i];
         pthread_mutex_lock(&s->lock);
         do_clear_before(t, s, (uint64_t)f);
+        if ((uint64_t)f > s->del_lsn)
+            s->del_lsn = (uint64_t)f;
         pthread_mutex_unlock(&s->lock);
     }
     return 0;

@@ -26,7 +26,7 @@
 
 #define MAX_LEN WAL_MAX_LEN
 #define MAX_NOTIFY 1024
-static const char SEG_MAGIC[8] = {'K', 'V', 'S', 'W', 'A', 'L', '0', '1'};
+static const char SEG_MAGIC[8] = {'K', 'V', 'S', 'W', 'A', 'L', '0', '2'}; /* 02: header CRC */
 
 struct wal {
     char *dir;
@@ -39,6 +39,7 @@ struct wal {
     struct kvbuf sbuf;        /* records not yet taken by the sender (under lock) */
     uint64_t sfirst;          /* LSN of sbuf's first record */
     _Atomic uint64_t written_lsn; /* last LSN written to the segment file (not necessarily synced) */
+    _Atomic uint64_t synced_lsn;  /* last LSN made durable on the local disk */
     uint64_t seg_limit, seg_size, max_pending;
     pthread_mutex_t lock;     /* guards buf, active, next_lsn, first_in_buf, stop */
     pthread_cond_t cond;      /* signalled when the active buffer becomes non-empty or on stop */
@@ -151,6 +152,7 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
     w->appended_lsn = w->next_lsn - 1;
     atomic_init(&w->durable_lsn, w->next_lsn - 1);
     atomic_init(&w->written_lsn, w->next_lsn - 1);
+    atomic_init(&w->synced_lsn, w->next_lsn - 1);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
     pthread_mutex_init(&w->notify_lock, NULL);
@@ -333,9 +335,20 @@ static void *log_thread(void *arg)
             atomic_store_explicit(&w->max_group, nrec, memory_order_relaxed);
         b->len = 0;
         kvbuf_shrink(b, 1u << 20);
+        atomic_store_explicit(&w->synced_lsn, upto, memory_order_release);
         wal_publish_durable(w, upto);
     }
     return NULL;
+}
+
+uint64_t wal_synced_lsn(struct wal *w) { return atomic_load_explicit(&w->synced_lsn, memory_order_acquire); }
+
+uint64_t wal_appended_lsn(struct wal *w)
+{
+    pthread_mutex_lock(&w->lock);
+    uint64_t l = w->appended_lsn;
+    pthread_mutex_unlock(&w->lock);
+    return l;
 }
 
 void wal_publish_durable(struct wal *w, uint64_t lsn)
@@ -627,13 +640,20 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
                 size_t nz = len; /* a header written in part, zeros after it */
                 while (nz > off && d[nz - 1] == 0)
                     nz--;
-                torn = last && nz < off + WAL_HDR;
+                /* ... or the damage is in the final record: the file ends with the
+                 * trailer (LSN) that record would carry, so nothing follows it. */
+                torn = last && (nz < off + WAL_HDR ||
+                                (left >= WAL_HDR + WAL_TRAILER && get64(d + len - WAL_TRAILER) == prev + 1));
             } else if (recl > left) {
                 why = "record cut short";
                 torn = last;
             } else if (!wal_rec_ok(p, recl)) {
                 why = "CRC mismatch";
-                torn = last && recl == left; /* the final record, its payload partly written */
+                /* the final record, partly written: nothing but zeros after it */
+                size_t z = off + recl;
+                while (z < len && d[z] == 0)
+                    z++;
+                torn = last && z == len;
             } else {
                 klen = get32(p + WAL_OFF_KLEN);
                 vlen = get32(p + WAL_OFF_VLEN);

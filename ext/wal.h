@@ -41,7 +41,7 @@ size_t wal_rec_len(const unsigned char *p, size_t n);
 /* 1 if the record of length l at p passes its whole-record CRC. */
 int wal_rec_ok(const unsigned char *p, size_t l);
 uint64_t wal_rec_lsn(const unsigned char *p, size_t l);
-#define WAL_SEG_HDR 16       /* "KVSWAL01" + u64 first LSN */
+#define WAL_SEG_HDR 16       /* "KVSWAL02" + u64 first LSN */
 
 struct wal_config {
     const char *dir;
@@ -88,6 +88,9 @@ struct kvbuf;
 uint64_t wal_take_ship(struct wal *w, struct kvbuf *out, uint64_t *first);
 /* Last LSN written to the current segment file (readable, maybe not synced). */
 uint64_t wal_written_lsn(struct wal *w);
+/* Last LSN synced to the local disk; last LSN appended. */
+uint64_t wal_synced_lsn(struct wal *w);
+uint64_t wal_appended_lsn(struct wal *w);
 const char *wal_dir(struct wal *w);
 
 /* Highest LSN known durable (acquire: a reader that sees it may release replies). */

@@ -50,6 +50,7 @@ class ServerConfig:
     max_batch_records: int = 65536
     peer_timeout_ms: int = 1000  # remote: an ack overdue this long = peer lost -> disk mode
     disk_log_interval_ms: int = 1000  # remote: the local log is written+synced this often
+    peer_startup_wait_ms: int = 10000  # remote: how long start waits to compare logs with the peer
     tcp_backlog: int = 511
     config_file: str = ""
 
@@ -71,6 +72,7 @@ class ServerConfig:
         "max_batch_records": "remote mode: at most this many records per shipped batch",
         "peer_timeout_ms": "remote mode: an ack overdue this long means the peer is lost",
         "disk_log_interval_ms": "remote mode: the local log is written and synced this often",
+        "peer_startup_wait_ms": "remote mode: at start, wait this long for the peer to compare logs",
         "tcp_backlog": "listen() backlog",
     }
 
@@ -91,7 +93,7 @@ class ServerConfig:
                 raise ConfigError("durability remote needs --peer HOST:PORT (the peer's --repl-port)")
             self.peer_address()
         for name, lo in (("ship_interval_us", 1), ("max_batch_records", 1), ("peer_timeout_ms", 10),
-                         ("disk_log_interval_ms", 1)):
+                         ("disk_log_interval_ms", 1), ("peer_startup_wait_ms", 0)):
             v = getattr(self, name)
             if not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{name}: expected an integer >= {lo}, got {v!r}")

@@ -44,14 +44,26 @@ class Node:
         return args
 
     def start(self, timeout=15.0):
+        """Start the server and wait until it listens."""
+        return self.launch().wait_ready(timeout)
+
+    def launch(self):
+        """Start the server process without waiting (see wait_ready): nodes that need each
+        other at start, like a remote-durability pair comparing logs, start together."""
         if self.proc:
             return self
+        self.port = None  # learnt anew from this run's ready line
         if self.data_dir is None:
             self.data_dir = tempfile.mkdtemp(prefix="kvstore-node-")
         os.makedirs(self.data_dir, exist_ok=True)
         self.log_path = self.log_path or os.path.join(self.data_dir, "server.log")
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=self._log)
+        return self
+
+    def wait_ready(self, timeout=15.0):
+        if self.port is not None:
+            return self
         deadline = time.monotonic() + timeout
         line = b""
         while time.monotonic() < deadline:

@@ -5,6 +5,7 @@ import resource
 import signal
 import sys
 import threading
+import time
 
 from kvstore import __version__, errors
 from kvstore._native import ffi, lib
@@ -27,6 +28,7 @@ class Server:
         self.sender = None
         self.receiver = None
         self.fetched = None  # (peer LSN, local LSN, replaced) after a --from-peer start
+        self.local_complete = False  # remote mode started without its peer, on a complete local log
 
     def _raise_fd_limit(self):
         """Like Redis: make room for maxclients connections (+ a margin for our own fds)."""
@@ -106,7 +108,13 @@ class Server:
         if c.durability == "none" or self.log is not None:
             return
         os.makedirs(c.data_dir, exist_ok=True)
-        if self.from_peer:
+        if c.durability == "remote":
+            # The local log lags the acknowledged writes by up to disk_log_interval_ms:
+            # the peer's copy may reach further, and starting from the local log alone
+            # would lose acknowledged writes and reuse their LSNs. Always compare.
+            host, port = c.peer_address()
+            self.fetched = self._fetch_waiting(host, port, c.peer_startup_wait_ms)
+        elif self.from_peer:
             host, _, port = self.from_peer.rpartition(":")
             self.fetched = durability.fetch_from_peer(c.data_dir, host, int(port))
         self.recovery = durability.recover(self.store, c.data_dir)
@@ -117,6 +125,32 @@ class Server:
             host, port = c.peer_address()
             self.sender = durability.Sender(self.log, c.data_dir, host, port, c.ship_interval_us,
                                             c.max_batch_records, c.peer_timeout_ms)
+
+    def _fetch_waiting(self, host, port, wait_ms):
+        fresh = durability.node_id(self.config.data_dir, create=False) is None
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            try:
+                return durability.fetch_from_peer(self.config.data_dir, host, port)
+            except errors.ServerError as e:
+                if fresh and not os.path.isdir(durability.log_dir(self.config.data_dir)):
+                    # A new node (no identity, no log) has acknowledged nothing: it can
+                    # start; under its new identity it cannot reuse a lost node's LSNs.
+                    return None
+                if os.path.exists(os.path.join(durability.log_dir(self.config.data_dir), "LOCAL-COMPLETE")):
+                    # It last ran without its peer, syncing every acknowledged write
+                    # locally: its own log is complete.
+                    self.local_complete = True
+                    return None
+                if time.monotonic() >= deadline:
+                    raise errors.ServerError(
+                        f"durability remote: could not read this node's log from its peer {host}:{port} within "
+                        f"{wait_ms} ms ({e}). The peer may hold acknowledged writes that the local log lacks "
+                        f"(it lags by up to disk_log_interval_ms), so the node does not start on the local log "
+                        f"alone. Start the peer, or start this node with --durability disk to recover from the "
+                        f"local log only (writes acknowledged only in the peer's memory would then be lost).",
+                        e.errno) from None
+                time.sleep(0.2)
 
     def _close_log(self):
         if self.sender is not None:
