@@ -87,14 +87,18 @@ def plot(rows, path):
            for x in xs}
     pcpu = {x: statistics.median(float(r["peer_cpu_per_s"]) for r in rows if int(r["max_batch_records"]) == x)
             for x in xs}
+    lo = {x: min(float(r["logs_per_s"]) for r in rows if int(r["max_batch_records"]) == x) for x in xs}
+    hi = {x: max(float(r["logs_per_s"]) for r in rows if int(r["max_batch_records"]) == x) for x in xs}
     fig, ax = plt.subplots(figsize=(8, 5))
-    ax.plot(xs, [med[x] / 1e6 for x in xs], "o-", label="kvstore (loopback, 2-core VM)")
+    ax.fill_between(xs, [lo[x] / 1e6 for x in xs], [hi[x] / 1e6 for x in xs], alpha=0.2,
+                    label="min-max over rounds")
+    ax.plot(xs, [med[x] / 1e6 for x in xs], "o-", label="kvstore median (loopback, 2-core VM)")
     ax.axhline(PAPER_PEAK / 1e6, color="grey", ls="--", label="paper: ~8 M logs/s peak")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("maximum logs per batch")
     ax.set_ylabel("remote-log throughput (M logs/s, median)")
     ax2 = ax.twinx()
-    ax2.plot(xs, [cpu[x] for x in xs], "s:", color="#d62728", label="node CPU (cores)")
+    ax2.plot(xs, [cpu[x] for x in xs], "s:", color="#d62728", label="node CPU incl. generator (cores)")
     ax2.plot(xs, [pcpu[x] for x in xs], "^:", color="#2ca02c", label="peer CPU (cores)")
     ax2.set_ylabel("CPU (cores busy)")
     h1, l1 = ax.get_legend_handles_labels()

@@ -71,6 +71,29 @@ static int wait_fd(int fd, short ev, int timeout_ms)
     return r;
 }
 
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
+}
+
+/* wait_fd with a microsecond timeout (ppoll): the ship interval is 100 us. */
+static int wait_fd_us(int fd, short ev, uint64_t timeout_us)
+{
+    struct pollfd p = {.fd = fd, .events = ev};
+    struct timespec ts = {(time_t)(timeout_us / 1000000), (long)(timeout_us % 1000000) * 1000};
+    int r;
+    do
+        r = ppoll(&p, 1, &ts, NULL);
+    while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return -errno;
+    if (r > 0 && (p.revents & (POLLERR | POLLNVAL | POLLHUP)) && !(p.revents & ev))
+        return -ECONNRESET;
+    return r;
+}
+
 static int send_all(int fd, const void *buf, size_t n, int timeout_ms)
 {
     const char *p = buf;
@@ -343,7 +366,7 @@ static void *sender_main(void *arg)
     struct rl_sender *s = arg;
     char err[256];
     uint64_t acked = 0, sent = 0, next = 0; /* next: the LSN the peer needs next (0 = unknown) */
-    uint64_t unacked_since = 0;
+    uint64_t unacked_since = 0, next_ship = 0;
     int connected = 0;
     while (!atomic_load_explicit(&s->stop, memory_order_acquire)) {
         marker_maybe_write(s);
@@ -396,13 +419,12 @@ static void *sender_main(void *arg)
             wal_publish_durable(s->w, acked);
             s_set(s, 1, 1); /* still degraded until caught up */
         }
-        /* Wait one interval, reading acks meanwhile. */
-        int w = wait_fd(s->fd, POLLIN, 0);
-        if (w == 0) {
-            struct timespec ts = {0, (long)s->cfg.interval_us * 1000};
-            nanosleep(&ts, NULL);
-            w = wait_fd(s->fd, POLLIN, 0);
-        }
+        /* Until the next ship time, handle acks the moment they arrive: a reply
+         * waits for its ack, so an ack read late is latency added to every write. */
+        uint64_t now = now_us();
+        if (next_ship <= now)
+            next_ship = now + s->cfg.interval_us;
+        int w = wait_fd_us(s->fd, POLLIN, next_ship - now);
         int rc = 0;
         while (w > 0 && !rc) {
             struct frame f;
@@ -417,6 +439,15 @@ static void *sender_main(void *arg)
             if (!rc)
                 w = wait_fd(s->fd, POLLIN, 0);
         }
+        if (!rc && w < 0)
+            rc = w;
+        if (!rc && now_us() < next_ship) { /* woken by acks: not yet time to ship */
+            pthread_mutex_lock(&s->stat_lock);
+            s->st.acked_lsn = acked;
+            pthread_mutex_unlock(&s->stat_lock);
+            continue;
+        }
+        next_ship += s->cfg.interval_us;
         /* Gather what was appended meanwhile. */
         uint64_t first, last = wal_take_ship(s->w, &s->ship, &first);
         if (last) {
