@@ -3,6 +3,9 @@
   table_stress.c  concurrent table stress (includes ext/table.c), built twice:
                   -fsanitize=thread and -fsanitize=address,undefined
   resp_fuzz.c     mutational fuzzer of ext/resp.c, -fsanitize=address,undefined
+  wal_stress.c    the write-ahead log with concurrent appenders (through the table's
+                  logger), a ship-buffer consumer and mode switches, then recovery;
+                  built with each sanitizer
 
 Binaries go to tests/c/bin/ (gitignored). A run fails on a non-zero exit status or
 on any sanitizer report in its output. To reproduce a failure by hand, run the
@@ -51,6 +54,9 @@ BUILDS = {
     "table_stress_tsan": (["table_stress.c"], TSAN),
     "table_stress_asan": (["table_stress.c"], ASAN_UBSAN),  # ext/table.c is #included
     "resp_fuzz_asan": (["resp_fuzz.c", str(EXT / "resp.c")], ASAN_UBSAN),
+    "wal_stress_tsan": (["wal_stress.c", str(EXT / "wal.c"), str(EXT / "table.c"), str(EXT / "crc32c.c")], TSAN),
+    "wal_stress_asan": (["wal_stress.c", str(EXT / "wal.c"), str(EXT / "table.c"), str(EXT / "crc32c.c")],
+                        ASAN_UBSAN),
 }
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
@@ -114,3 +120,9 @@ def test_table_stress_asan_ubsan(binaries, mode):
 def test_resp_fuzz_asan_ubsan(binaries, seed_offset):
     out = _run(binaries("resp_fuzz_asan"), SEED + seed_offset, FUZZ_ITERATIONS)
     assert "requests parsed" in out
+
+
+@pytest.mark.parametrize("build", ["wal_stress_tsan", "wal_stress_asan"])
+def test_wal_stress(binaries, build, tmp_path):
+    out = _run(binaries(build), SEED, 20_000, tmp_path / "log")
+    assert "recovered the same table" in out
