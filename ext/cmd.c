@@ -301,6 +301,7 @@ static int c_select(struct cmd_client *c, const struct cmd_args *a)
 static int c_dbsize(struct cmd_client *c, const struct cmd_args *a)
 {
     (void)a;
+    kvt_lsn_touch(srv_log_appended(c->srv)); /* the count includes writes not yet durable */
     return resp_add_int(c->out, (long long)kvt_count(c->table));
 }
 
@@ -326,6 +327,7 @@ static int c_time(struct cmd_client *c, const struct cmd_args *a)
 
 static int c_info(struct cmd_client *c, const struct cmd_args *a)
 {
+    kvt_lsn_touch(srv_log_appended(c->srv)); /* key counts and memory show pending writes */
     return srv_info(c->srv, a->argc - 1, a->argv + 1, a->argl + 1, c->resp, c->out);
 }
 

@@ -36,6 +36,7 @@
 #define MAX_FRAME (1u << 30)
 #define SEG_LIMIT (64u << 20)
 #define MAX_PEERS 16
+#define MAX_BATCH_BYTES (16u << 20) /* a BATCH frame stops gathering records past this */
 
 enum { F_HELLO = 1, F_HELLO_ACK, F_BATCH, F_ACK, F_FETCH, F_FILE, F_END, F_ERROR };
 
@@ -94,7 +95,9 @@ static int wait_fd_us(int fd, short ev, uint64_t timeout_us)
     return r;
 }
 
-static int send_all(int fd, const void *buf, size_t n, int timeout_ms)
+/* Send all n bytes by the absolute deadline (ms, CLOCK_MONOTONIC): a peer that
+ * reads one byte a second must not keep a frame going for ever. */
+static int send_all(int fd, const void *buf, size_t n, uint64_t deadline)
 {
     const char *p = buf;
     while (n) {
@@ -108,7 +111,10 @@ static int send_all(int fd, const void *buf, size_t n, int timeout_ms)
             continue;
         if (w < 0 && errno != EAGAIN)
             return -errno;
-        int r = wait_fd(fd, POLLOUT, timeout_ms);
+        uint64_t now = now_ms();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        int r = wait_fd(fd, POLLOUT, (int)(deadline - now));
         if (r <= 0)
             return r ? r : -ETIMEDOUT;
     }
@@ -148,10 +154,31 @@ static int send_frame(int fd, uint32_t type, uint64_t a, uint64_t b, const void 
     put32(h + 12, len ? crc32c(0, payload, len) : 0);
     put64(h + 16, a);
     put64(h + 24, b);
-    int rc = send_all(fd, h, HDR, timeout_ms);
+    uint64_t deadline = now_ms() + (uint64_t)timeout_ms; /* for the whole frame */
+    int rc = send_all(fd, h, HDR, deadline);
     if (!rc && len)
-        rc = send_all(fd, payload, len, timeout_ms);
+        rc = send_all(fd, payload, len, deadline);
     return rc;
+}
+
+/* The largest payload each frame type may carry: checked before any allocation. */
+static uint32_t max_len(uint32_t type)
+{
+    switch (type) {
+    case F_HELLO:
+    case F_FETCH:
+    case F_END:
+        return 16;
+    case F_HELLO_ACK:
+    case F_ACK:
+        return 0;
+    case F_BATCH:
+        return MAX_FRAME; /* a batch stops at MAX_BATCH_BYTES, but one record may be 1 GiB */
+    case F_ERROR:
+        return 4096;
+    default: /* F_FILE: a whole segment, only ever read by a recovering node */
+        return MAX_FRAME;
+    }
 }
 
 /* Read one frame; the payload replaces pl's contents. */
@@ -165,7 +192,7 @@ static int recv_frame(int fd, struct frame *f, struct kvbuf *pl, int timeout_ms)
     f->len = get32(h + 8);
     f->a = get64(h + 16);
     f->b = get64(h + 24);
-    if (get32(h) != RL_MAGIC || f->type < F_HELLO || f->type > F_ERROR || f->len > MAX_FRAME)
+    if (get32(h) != RL_MAGIC || f->type < F_HELLO || f->type > F_ERROR || f->len > max_len(f->type))
         return -EPROTO;
     pl->len = 0;
     if (f->len) {
@@ -273,9 +300,9 @@ static void marker_remove(struct rl_sender *s)
 
 /* In degraded mode: once the local disk holds everything appended when the
  * fallback began, write the marker (synced, with its directory entry). */
-static void marker_maybe_write(struct rl_sender *s)
+static void marker_maybe_write(struct rl_sender *s, int connected)
 {
-    if (s->marked || !s->degraded_at || wal_synced_lsn(s->w) < s->degraded_at)
+    if (connected || s->marked || !s->degraded_at || wal_synced_lsn(s->w) < s->degraded_at)
         return;
     char path[4200];
     marker_path(s, path, sizeof path);
@@ -302,9 +329,11 @@ static void s_set(struct rl_sender *s, int connected, int degraded)
     int was = s->st.degraded;
     s->st.degraded = degraded;
     pthread_mutex_unlock(&s->stat_lock);
+    if (!connected && degraded) /* every loss of the peer: the marker must cover all appended */
+        s->degraded_at = wal_appended_lsn(s->w) ? wal_appended_lsn(s->w) : 1;
     if (was != degraded) {
         if (degraded) {
-            s->degraded_at = wal_appended_lsn(s->w);
+            s->degraded_at = wal_appended_lsn(s->w) ? wal_appended_lsn(s->w) : 1;
         } else {
             marker_remove(s); /* before acks come from the peer's memory again */
             s->degraded_at = 0;
@@ -320,7 +349,7 @@ static int ship_records(struct rl_sender *s, const unsigned char *buf, size_t n,
     while (off < n) {
         size_t start = off;
         uint64_t first = 0, last = 0, cnt = 0;
-        while (off < n && cnt < s->cfg.max_batch_records) {
+        while (off < n && cnt < s->cfg.max_batch_records && off - start < MAX_BATCH_BYTES) {
             size_t l = rec_len(buf + off, n - off);
             if (!l)
                 return -EPROTO;
@@ -369,7 +398,7 @@ static void *sender_main(void *arg)
     uint64_t unacked_since = 0, next_ship = 0;
     int connected = 0;
     while (!atomic_load_explicit(&s->stop, memory_order_acquire)) {
-        marker_maybe_write(s);
+        marker_maybe_write(s, connected);
         if (!connected) {
             /* Records stay in the local log; after reconnecting they are read back. */
             uint64_t first, last = wal_take_ship(s->w, &s->ship, &first);
@@ -413,6 +442,9 @@ static void *sender_main(void *arg)
             }
             connected = 1;
             s_error(s, "");
+            /* From here on acks come from the peer's memory: the local log is no
+             * longer known complete, so the marker goes before the first ack counts. */
+            marker_remove(s);
             acked = sent = f.a;
             next = f.a + 1;
             unacked_since = 0;
@@ -429,7 +461,9 @@ static void *sender_main(void *arg)
         while (w > 0 && !rc) {
             struct frame f;
             rc = recv_frame(s->fd, &f, &s->pl, (int)s->cfg.timeout_ms);
-            if (!rc && f.type == F_ACK && f.a > acked) {
+            if (!rc && f.type == F_ACK && f.a > sent) {
+                rc = -EPROTO; /* acknowledging what was never sent: a confused peer */
+            } else if (!rc && f.type == F_ACK && f.a > acked) {
                 acked = f.a;
                 wal_publish_durable(s->w, acked);
                 unacked_since = acked < sent ? now_ms() : 0;
@@ -577,6 +611,7 @@ void rl_sender_get_stats(struct rl_sender *s, struct rl_sender_stats *st)
 struct rconn {
     int fd;
     int has_id;
+    int dead;                /* replaced by a newer connection of the same node: close */
     char hex[33];
     char dir[4096];
     int dirfd, segfd;
@@ -669,6 +704,8 @@ static int store_batch(struct rl_receiver *r, struct rconn *c, const struct fram
         off += l;
         nrec++;
     }
+    if (last != f->b || (nrec && first < f->a))
+        return -EPROTO; /* the frame's LSN range must be what its records carry */
     if (!nrec)
         return 0;
     if (c->segfd < 0 || c->seg_size >= SEG_LIMIT) {
@@ -750,17 +787,22 @@ static int serve_fetch(struct rl_receiver *r, int fd, const char *want)
             char path[8192];
             snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
             int f = open(path, O_RDONLY | O_CLOEXEC);
-            if (f < 0)
-                continue;
             struct stat st;
             struct kvbuf b = {0};
-            if (!fstat(f, &st) && st.st_size < MAX_FRAME && !kvbuf_reserve(&b, (size_t)st.st_size + 1)) {
+            rc = -EIO; /* a segment that cannot be sent whole fails the fetch: never a silent gap */
+            if (f >= 0 && !fstat(f, &st) && st.st_size < MAX_FRAME && !kvbuf_reserve(&b, (size_t)st.st_size + 1)) {
                 ssize_t got = pread(f, b.p, (size_t)st.st_size, 0);
                 if (got == st.st_size)
                     rc = send_frame(fd, F_FILE, first, 0, b.p, (size_t)got, 10000);
             }
+            if (rc == -EIO) {
+                char msg[256];
+                int n = snprintf(msg, sizeof msg, "cannot read stored segment %s", de->d_name);
+                send_frame(fd, F_ERROR, 0, 0, msg, (size_t)n, 1000);
+            }
             kvbuf_free(&b);
-            close(f);
+            if (f >= 0)
+                close(f);
         }
         closedir(d);
     }
@@ -788,9 +830,12 @@ static int handle_frame(struct rl_receiver *r, int i)
         hexid((unsigned char *)r->pl.p, hex);
         if (f.type == F_FETCH)
             return serve_fetch(r, c->fd, hex) ? -EIO : 1; /* 1: done, close */
+        if (c->has_id)
+            return -EPROTO; /* one HELLO per connection */
         for (int j = 0; j < r->nconns; j++)
             if (j != i && r->conns[j].has_id && !strcmp(r->conns[j].hex, hex))
-                return -EBUSY; /* one sender per node */
+                r->conns[j].dead = 1; /* one sender per node: the newest wins (the old one may
+                                         be a ghost of a machine that vanished without a FIN) */
         memcpy(c->hex, hex, sizeof hex);
         if ((rc = open_peer_log(r, c)))
             return rc;
@@ -820,15 +865,23 @@ static void *receiver_main(void *arg)
         if (n > 0 && (p[0].revents & POLLIN)) {
             int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
             if (fd >= 0 && r->nconns < MAX_PEERS) {
-                int one = 1;
+                int one = 1, idle = 5, intvl = 2, cnt = 3;
                 setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                /* a peer machine that vanished sends no FIN: find out within ~11 s */
+                setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+                setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+                setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+                setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
                 r->conns[r->nconns++] = (struct rconn){.fd = fd, .dirfd = -1, .segfd = -1};
             } else if (fd >= 0) {
                 close(fd);
             }
         }
         for (int i = nfds - 3; i >= 0; i--) /* backwards: closing moves the last one here */
-            if (p[i + 2].revents && handle_frame(r, i))
+            if (i < r->nconns && p[i + 2].revents && handle_frame(r, i))
+                rconn_close(r, i);
+        for (int i = r->nconns - 1; i >= 0; i--)
+            if (r->conns[i].dead)
                 rconn_close(r, i);
         if (now_ms() - last_sync >= r->sync_ms) {
             /* The peer's memory (page cache) acknowledged; its disk copy follows. */

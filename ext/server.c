@@ -974,6 +974,8 @@ void srv_destroy(struct srv *s)
 }
 
 int srv_port(const struct srv *s) { return s->port; }
+
+uint64_t srv_log_appended(struct srv *s) { return s->cfg.wal ? wal_appended_lsn(s->cfg.wal) : 0; }
 const struct srv_config *srv_config(const struct srv *s) { return &s->cfg; }
 
 int srv_get_poller_stats(struct srv *s, int i, struct srv_poller_stats *st)

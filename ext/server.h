@@ -74,5 +74,8 @@ const struct srv_config *srv_config(const struct srv *s);
 int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, int proto,
              struct kvbuf *out);
 void srv_reset_stats(struct srv *s);
+/* Last LSN appended to the log (0 without one): replies that summarize the whole
+ * table (DBSIZE, INFO) depend on all of it. */
+uint64_t srv_log_appended(struct srv *s);
 
 #endif

@@ -70,6 +70,8 @@ static inline void touch(uint64_t lsn)
         touched_lsn = lsn;
 }
 
+void kvt_lsn_touch(uint64_t lsn) { touch(lsn); }
+
 void kvt_set_log(struct kv_table *t, kvt_log_fn fn, void *arg)
 {
     t->log = fn;
@@ -626,6 +628,7 @@ int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, 
     struct kvt_entry *e = ref ? *ref : NULL;
     int64_t cur = 0;
     int rc = 0;
+    touch(e ? e->lsn : s->del_lsn); /* an error reply reveals the current value too */
     if (e && parse_ll(entry_val(e), e->vlen, &cur)) {
         rc = -EINVAL;
         goto out;
@@ -680,6 +683,7 @@ int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void 
     struct kvt_entry *e = ref ? *ref : NULL;
     size_t oldlen = e ? e->vlen : 0;
     int64_t rc;
+    touch(e ? e->lsn : s->del_lsn);
     if (oldlen + vlen > KVT_MAX_VALUE) {
         rc = -E2BIG;
         goto out;

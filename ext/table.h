@@ -60,6 +60,8 @@ void kvt_set_log(struct kv_table *t, kvt_log_fn fn, void *arg);
  * crash would undo. Thread-local. */
 void kvt_lsn_reset(void);
 uint64_t kvt_lsn_touched(void);
+/* The reply also depends on LSN lsn (e.g. DBSIZE on everything appended so far). */
+void kvt_lsn_touch(uint64_t lsn);
 
 /* Create a table bounded by max_memory bytes (0 = unbounded). Returns 0 or -errno. */
 int kvt_create(struct kv_table **out, uint64_t max_memory);

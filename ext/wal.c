@@ -139,7 +139,7 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
     struct wal *w = calloc(1, sizeof *w);
     if (!w)
         return -ENOMEM;
-    w->fd = -1;
+    w->fd = w->dirfd = -1;
     w->dir = strdup(cfg->dir);
     atomic_init(&w->sync, cfg->sync);
     w->sync_delay_us = cfg->sync_delay_us;
@@ -560,7 +560,9 @@ static int apply(struct kv_table *t, int op, const unsigned char *key, uint32_t 
                  const unsigned char *val, uint32_t vlen, int64_t expire)
 {
     if (op == WAL_SET) {
-        int rc = kvt_set(t, key, klen, val, vlen, 0, expire, NULL, NULL);
+        /* Without the bound: what was accepted live (MSET checks its bound once for
+         * the whole command) must replay; the bound applies to new writes. */
+        int rc = kvt_set(t, key, klen, val, vlen, KVT_NOBOUND, expire, NULL, NULL);
         return rc < 0 ? rc : 0;
     }
     if (op == WAL_DEL) {
@@ -584,6 +586,24 @@ size_t wal_rec_len(const unsigned char *p, size_t n)
 int wal_rec_ok(const unsigned char *p, size_t l) { return crc32c(0, p + 4, l - 4) == get32(p); }
 
 uint64_t wal_rec_lsn(const unsigned char *p, size_t l) { return get64(p + l - WAL_TRAILER); }
+
+static int sync_path(const char *path, const char *dir, char *err, size_t errlen)
+{
+    int rc = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || fdatasync(fd))
+        rc = -errno;
+    if (fd >= 0)
+        close(fd);
+    int dfd = rc ? -1 : open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (!rc && (dfd < 0 || fsync(dfd)))
+        rc = -errno;
+    if (dfd >= 0)
+        close(dfd);
+    if (rc)
+        snprintf(err, errlen, "cannot sync %s: %s", path, strerror(-rc));
+    return rc;
+}
 
 int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int repair,
                 struct wal_recovery *rec, char *err, size_t errlen)
@@ -668,6 +688,8 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
                         snprintf(err, errlen, "cannot truncate %s: %s", path, strerror(errno));
                         rc = -errno;
                     }
+                    if (repair && !rc)
+                        rc = sync_path(path, dir, err, errlen);
                 } else {
                     snprintf(err, errlen,
                              "log corrupt in %s at offset %zu (%s) after LSN %" PRIu64
@@ -678,9 +700,14 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
                 break;
             }
             uint64_t lsn = wal_rec_lsn(p, recl);
-            if (lsn <= prev) {
-                snprintf(err, errlen, "log corrupt in %s at offset %zu: LSN %" PRIu64 " after %" PRIu64,
-                         path, off, lsn, prev);
+            /* LSNs are consecutive across segments, and a segment's first record is
+             * the LSN its header names: a missing segment or record is a gap. */
+            uint64_t want = off == WAL_SEG_HDR ? segs[si].first : prev + 1;
+            if (lsn != want || (prev && lsn != prev + 1)) {
+                snprintf(err, errlen,
+                         "log corrupt in %s at offset %zu: LSN %" PRIu64 " where %" PRIu64
+                         " was expected (a segment or records are missing)", path, off, lsn,
+                         prev ? prev + 1 : want);
                 rc = -EILSEQ;
                 break;
             }
@@ -703,6 +730,11 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
             rec->bytes += recl;
             off += recl;
         }
+        /* What is replayed counts as durable from now on, but a crash between a
+         * group's write() and its fdatasync() leaves records that were never
+         * acknowledged and maybe never synced: make them durable before use. */
+        if (!rc && repair)
+            rc = sync_path(path, dir, err, errlen);
         free(d);
     }
     if (!rec->last_lsn)
@@ -736,8 +768,8 @@ int64_t wal_read_range(const char *dir, uint64_t from, uint64_t upto, size_t max
             if (!recl || recl > len - off || !wal_rec_ok(p, recl))
                 break; /* the end of what is written (or a torn tail) */
             uint64_t lsn = wal_rec_lsn(p, recl);
-            if (lsn > upto)
-                break;
+            if (lsn > upto || (last && lsn != last + 1))
+                break; /* never hand out a gap */
             if (lsn >= from) {
                 if (kvbuf_append(out, p, recl)) {
                     rc = -ENOMEM;

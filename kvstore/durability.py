@@ -60,7 +60,16 @@ def node_id(data_dir, create=True, value=None):
             f.flush()
             os.fsync(f.fileno())
         os.rename(tmp, path)
+        _fsync_dir(data_dir)
         return nid
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def fetch_from_peer(data_dir, host, port, timeout_ms=5000):
@@ -80,11 +89,16 @@ def fetch_from_peer(data_dir, host, port, timeout_ms=5000):
         raise errors.ServerError(ffi.string(err).decode(errors="replace"), -last)
     if known is None and any(nid):
         node_id(data_dir, value=bytes(nid))  # this node's identity, as the peer knows it
-    local = Recovery.scan(log_dir(data_dir))
+    try:
+        local = Recovery.scan(log_dir(data_dir))
+    except errors.CorruptLogError:
+        local = 0  # a damaged local log: the peer's copy is the way back
     if last > local:
+        _fsync_dir(staging)
         if os.path.isdir(log_dir(data_dir)):
             os.rename(log_dir(data_dir), f"{log_dir(data_dir)}.replaced-{int(time.time())}")
         os.rename(staging, log_dir(data_dir))
+        _fsync_dir(data_dir)  # the renames must survive a power cut before anything relies on them
         return last, local, True
     shutil.rmtree(staging, ignore_errors=True)
     return last, local, False

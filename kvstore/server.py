@@ -112,7 +112,11 @@ class Server:
             # The local log lags the acknowledged writes by up to disk_log_interval_ms:
             # the peer's copy may reach further, and starting from the local log alone
             # would lose acknowledged writes and reuse their LSNs. Always compare.
-            host, port = c.peer_address()
+            if self.from_peer:
+                host, _, port = self.from_peer.rpartition(":")
+                host, port = host, int(port)
+            else:
+                host, port = c.peer_address()
             self.fetched = self._fetch_waiting(host, port, c.peer_startup_wait_ms)
         elif self.from_peer:
             host, _, port = self.from_peer.rpartition(":")
@@ -127,30 +131,34 @@ class Server:
                                             c.max_batch_records, c.peer_timeout_ms)
 
     def _fetch_waiting(self, host, port, wait_ms):
-        fresh = durability.node_id(self.config.data_dir, create=False) is None
+        data_dir = self.config.data_dir
+        fresh = durability.node_id(data_dir, create=False) is None and not os.path.isdir(durability.log_dir(data_dir))
+        complete = os.path.exists(os.path.join(durability.log_dir(data_dir), "LOCAL-COMPLETE"))
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             try:
-                return durability.fetch_from_peer(self.config.data_dir, host, port)
+                return durability.fetch_from_peer(data_dir, host, port)
             except errors.ServerError as e:
-                if fresh and not os.path.isdir(durability.log_dir(self.config.data_dir)):
-                    # A new node (no identity, no log) has acknowledged nothing: it can
-                    # start; under its new identity it cannot reuse a lost node's LSNs.
-                    return None
-                if os.path.exists(os.path.join(durability.log_dir(self.config.data_dir), "LOCAL-COMPLETE")):
+                if complete:
                     # It last ran without its peer, syncing every acknowledged write
-                    # locally: its own log is complete.
+                    # locally (the marker goes before any peer ack counts): its own log
+                    # holds everything the peer could.
                     self.local_complete = True
                     return None
-                if time.monotonic() >= deadline:
-                    raise errors.ServerError(
-                        f"durability remote: could not read this node's log from its peer {host}:{port} within "
-                        f"{wait_ms} ms ({e}). The peer may hold acknowledged writes that the local log lacks "
-                        f"(it lags by up to disk_log_interval_ms), so the node does not start on the local log "
-                        f"alone. Start the peer, or start this node with --durability disk to recover from the "
-                        f"local log only (writes acknowledged only in the peer's memory would then be lost).",
-                        e.errno) from None
-                time.sleep(0.2)
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)  # the peer may be starting too
+                    continue
+                if fresh:
+                    # A new node (no identity, no log) has acknowledged nothing: it may
+                    # start; under a new identity it cannot reuse a lost node's LSNs.
+                    return None
+                raise errors.ServerError(
+                    f"durability remote: could not read this node's log from its peer {host}:{port} within "
+                    f"{wait_ms} ms ({e}). The peer may hold acknowledged writes that the local log lacks "
+                    f"(it lags by up to disk_log_interval_ms), so the node does not start on the local log "
+                    f"alone. Start the peer, or start this node with --durability disk to recover from the "
+                    f"local log only (writes acknowledged only in the peer's memory would then be lost).",
+                    e.errno) from None
 
     def _close_log(self):
         if self.sender is not None:
@@ -165,10 +173,13 @@ class Server:
 
     def stop(self):
         if self._srv is not None:
-            lib.srv_stop(self._srv)
+            lib.srv_stop(self._srv)  # pollers joined: nothing appends any more
+        # The log wakes the pollers through their eventfds: close it while those
+        # descriptors are still open (srv_destroy closes them).
+        self._close_log()
+        if self._srv is not None:
             lib.srv_destroy(self._srv)
             self._srv = None
-        self._close_log()  # after the pollers: nothing appends any more
 
     def __enter__(self):
         return self.start()

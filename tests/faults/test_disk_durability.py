@@ -1083,3 +1083,47 @@ def test_durability_none_writes_no_log(data_dir):
             assert c.dbsize() == 0 and c.get("last") is None
     finally:
         n.stop()
+
+
+# ================================================================ review regressions
+
+def _write_segment(path, first, records):
+    """A hand-made segment: header (magic + first LSN) and (op, key, value, lsn) records."""
+    with open(path, "wb") as f:
+        f.write(fl.MAGIC + first.to_bytes(8, "little"))
+        for op, key, value, lsn in records:
+            f.write(fl.encode_record(op, key, value, lsn))
+
+
+@pytest.mark.timeout(60)
+def test_a_missing_middle_segment_is_a_gap_not_skipped(data_dir):
+    """Three segments, LSN 1-5, 6-10, 11-12; the middle one lost: recovery must refuse,
+    not apply 1-5 then 11-12 as if nothing were missing."""
+    d = fl.log_dir(data_dir)
+    os.makedirs(d)
+    for first, last in ((1, 5), (6, 10), (11, 12)):
+        _write_segment(os.path.join(d, fl.seg_name(first)), first,
+                       [(1, b"k%d" % i, b"v%d" % i, i) for i in range(first, last + 1)])
+    rc, out, err = fl.run_recover(data_dir, "--check-only")
+    assert rc == 0 and "recovered 12 records" in out, (rc, out, err)
+    os.remove(os.path.join(d, fl.seg_name(6)))
+    rc, out, err = fl.run_recover(data_dir, "--check-only")
+    assert rc == 1 and "LSN 11 where 6 was expected" in err, (rc, out, err)
+    rc, out, err = fl.run_serve(data_dir)
+    assert rc not in (None, 0) and "listening on" not in out and "missing" in err, (rc, out, err)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cmd", [("INCR", "k"), ("APPEND", "k", "x"), ("DBSIZE",), ("EXISTS", "k")])
+def test_replies_that_reveal_a_pending_write_wait_for_it(data_dir, nodes, monkeypatch, cmd):
+    """An error from INCR on a value not yet durable, APPEND's new length, DBSIZE, EXISTS:
+    each reveals the pending SET, so none may arrive before the SET's own +OK."""
+    n = _slow_node(data_dir, nodes, monkeypatch, 700_000)
+    with Raw(n.port, timeout=10) as a, Raw(n.port, timeout=10) as b:
+        a.send(resp_cmd("SET", "k", "not-a-number"))
+        time.sleep(0.05)
+        b.send(resp_cmd(*cmd))
+        got = collect({"a": (a, 1), "b": (b, 1)})
+    (ta, ra), (tb, rb) = got["a"][0], got["b"][0]
+    assert ra == b"+OK\r\n"
+    assert tb >= ta - 0.005, f"{cmd[0]} answered {ta - tb:.3f} s before the write it reveals was durable: {rb!r}"

@@ -713,3 +713,55 @@ def test_remote_with_malformed_peer_is_refused(tmp_path, peer):
     assert "peer" in r.stderr and peer in r.stderr, r.stderr
     assert re.search(r"\b(HOST|IPV4|IPv4):PORT\b", r.stderr), r.stderr  # the expected form
     assert re.search(r"\d+\.\d+\.\d+\.\d+:\d+", r.stderr), r.stderr  # with an example
+
+
+# ---------------------------------------------------------------- receiver robustness
+
+def _frame(ftype, a=0, b=0, payload=b""):
+    import struct
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    import faultlib
+
+    crc = faultlib.crc32c(payload) if payload else 0
+    return struct.pack("<IIIIQQ", 0x5052564B, ftype, len(payload), crc, a, b) + payload
+
+
+@pytest.mark.timeout(90)
+def test_a_ghost_connection_does_not_lock_the_node_out(pair):
+    """A connection that said HELLO with A's id and then went silent (a machine that
+    vanished without a FIN) must not keep A's restarted sender from replicating; a
+    second HELLO on one connection is a protocol error (no descriptor leak)."""
+    import socket
+
+    pair.start_both()
+    a = pair.nodes["a"]
+    c = kv(a.port)
+    c.set("before", "1")
+    c.close()
+    pair.wait_in_sync("a")
+    with open(os.path.join(pair.dirs["a"], "node-id")) as f:
+        nid = bytes.fromhex(f.read().strip())
+    rport = pair.rport["b"]
+    ghost = socket.create_connection(("127.0.0.1", rport))
+    ghost.sendall(_frame(1, 1, 0, nid))  # HELLO as A, then silence
+    assert len(ghost.recv(32)) == 32  # HELLO_ACK
+    pair.kill("a")
+    a = pair.start("a")
+    c = kv(a.port)
+    c.set("after", "2")
+    c.close()
+    _, ip, ir = pair.wait_in_sync("a", timeout=20)
+    assert ir["log_receiver_held_lsn"] == ip["log_appended_lsn"]
+    # the replaced ghost was closed by the receiver
+    ghost.settimeout(5)
+    assert ghost.recv(100) == b""
+    ghost.close()
+    # a repeated HELLO on one connection: closed, not served
+    s = socket.create_connection(("127.0.0.1", rport))
+    s.settimeout(5)
+    s.sendall(_frame(1, 1, 0, os.urandom(16)))
+    assert len(s.recv(32)) == 32
+    s.sendall(_frame(1, 1, 0, os.urandom(16)))
+    assert s.recv(100) == b""
+    s.close()
