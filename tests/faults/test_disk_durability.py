@@ -1004,9 +1004,9 @@ def test_replies_on_one_connection_leave_in_order(data_dir, nodes, monkeypatch):
 
 @pytest.mark.timeout(60)
 def test_reads_of_durable_keys_are_not_delayed(data_dir, nodes, monkeypatch):
-    """With a 1 s sync, a GET of a key written long ago, from a third connection,
+    """With a 2 s sync, a GET of a key written long ago, from a third connection,
     while another connection's SET waits for its sync, is answered at once."""
-    delay = 1.0
+    delay = 2.0
     n = _slow_node(data_dir, nodes, monkeypatch, int(delay * 1e6))
     with client(n.port) as c:
         c.mset({"old1": "a", "old2": "b"})
@@ -1021,7 +1021,7 @@ def test_reads_of_durable_keys_are_not_delayed(data_dir, nodes, monkeypatch):
         got = collect({"c": (c3, 4)})["c"]
         rest = collect({"a": (a, 1), "b": (b, 1)})
     assert [r for _, r in got] == [b"$1\r\na\r\n", b"$-1\r\n", b"+PONG\r\n", b"*2\r\n$1\r\na\r\n$1\r\nb\r\n"]
-    assert got[-1][0] - t_read < 0.5, f"reads of durable keys took {got[-1][0] - t_read:.3f} s"
+    assert got[-1][0] - t_read < 1.0, f"reads of durable keys took {got[-1][0] - t_read:.3f} s"
     ta = rest["a"][0][0]
     assert got[-1][0] < ta, "the reads were not answered while the SET was pending"
     assert ta - t_set >= delay - 0.005
