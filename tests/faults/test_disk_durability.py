@@ -1013,6 +1013,7 @@ def test_reads_of_durable_keys_are_not_delayed(data_dir, nodes, monkeypatch):
     with Raw(n.port, timeout=10) as a, Raw(n.port, timeout=10) as b, Raw(n.port, timeout=10) as c3:
         t_set = time.monotonic()
         a.send(resp_cmd("SET", "k", "v"))
+        time.sleep(0.05)  # the SET is applied (on whichever poller) before b's GET arrives
         b.send(resp_cmd("GET", "k"))
         time.sleep(0.05)
         t_read = time.monotonic()
