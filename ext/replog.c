@@ -719,18 +719,9 @@ static int store_batch(struct rl_receiver *r, struct rconn *c, const struct fram
             return c->segfd;
         c->seg_size = WAL_SEG_HDR;
     }
-    const char *q = r->pl.p + start;
-    size_t left = n - start;
-    while (left) {
-        ssize_t wr = write(c->segfd, q, left);
-        if (wr < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        q += wr;
-        left -= (size_t)wr;
-    }
+    int wrc = wal_write_all(c->segfd, r->pl.p + start, n - start);
+    if (wrc)
+        return wrc;
     c->seg_size += n - start;
     c->held = last;
     c->dirty = 1;
@@ -1019,15 +1010,7 @@ int64_t rl_fetch(const char *host, int port, uint8_t node_id[16], const char *de
             rc = -errno;
             break;
         }
-        size_t done = 0;
-        while (done < pl.len) {
-            ssize_t w = write(out, pl.p + done, pl.len - done);
-            if (w < 0) {
-                rc = -errno;
-                break;
-            }
-            done += (size_t)w;
-        }
+        rc = wal_write_all(out, pl.p, pl.len);
         if (!rc && fdatasync(out))
             rc = -errno;
         close(out);

@@ -68,8 +68,9 @@ static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
-static int write_all(int fd, const char *p, size_t n)
+int wal_write_all(int fd, const void *buf, size_t n)
 {
+    const char *p = buf;
     while (n) {
         ssize_t w = write(fd, p, n);
         if (w < 0) {
@@ -107,7 +108,7 @@ int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t
     unsigned char hdr[WAL_SEG_HDR];
     memcpy(hdr, SEG_MAGIC, 8);
     put64(hdr + 8, first);
-    int rc = write_all(fd, (const char *)hdr, sizeof hdr);
+    int rc = wal_write_all(fd, (const char *)hdr, sizeof hdr);
     if (!rc && fdatasync(fd))
         rc = -errno;
     if (!rc && fsync(dirfd))
@@ -307,7 +308,7 @@ static void *log_thread(void *arg)
                 break;
             }
         }
-        int rc = write_all(w->fd, b->p, b->len);
+        int rc = wal_write_all(w->fd, b->p, b->len);
         if (rc) {
             fail(w, "log write", -rc);
             break;

@@ -111,6 +111,9 @@ struct wal_recovery {
     char problem[512];          /* what stopped the replay, "" if the log ended cleanly */
 };
 
+/* write() all n bytes (retrying short writes and EINTR). Returns 0 or -errno. */
+int wal_write_all(int fd, const void *buf, size_t n);
+
 /* Create segment <dir>/wal-<first>.log with its header, synced with its directory
  * entry (dirfd). Returns the open fd (O_APPEND) or -errno with a message. */
 int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t errlen);
