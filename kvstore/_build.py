@@ -9,7 +9,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT = os.path.relpath(os.path.join(HERE, "..", "ext"))
-SOURCES = ["table.c", "resp.c", "cmd.c", "pollpolicy.c", "server.c", "loadgen.c", "crc32c.c", "wal.c",
+SOURCES = ["table.c", "resp.c", "cmd.c", "pollpolicy.c", "server.c", "info.c", "loadgen.c", "crc32c.c", "wal.c",
            "replog.c"]
 
 CDEF = """
