@@ -7,7 +7,7 @@ import click
 
 import kvstore
 from kvstore import bench as benchmod
-from kvstore.config import ServerConfig, parse_size
+from kvstore.config import ServerConfig, parse_address, parse_size
 from kvstore.errors import KVError
 
 
@@ -125,11 +125,9 @@ def recover(data_dir, max_memory, check_only, from_peer):
     try:
         store = kvstore.Store(max_memory=parse_size(max_memory, "--max-memory"))
         if from_peer:
-            host, _, port = from_peer.rpartition(":")
-            if not port.isdigit():
-                raise KVError(f"--from-peer: expected HOST:PORT, got {from_peer!r}")
+            host, port = parse_address(from_peer, "--from-peer")
             os.makedirs(data_dir, exist_ok=True)
-            peer_lsn, local_lsn, replaced = durability.fetch_from_peer(data_dir, host, int(port))
+            peer_lsn, local_lsn, replaced = durability.fetch_from_peer(data_dir, host, port)
             click.echo(f"fetched the log from {from_peer} up to LSN {peer_lsn} (local log ended at {local_lsn}); "
                        + ("it replaces the local log" if replaced else "local log kept"))
         r = durability.recover(store, data_dir, repair=not check_only)

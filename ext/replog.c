@@ -57,21 +57,6 @@ static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 static uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
-/* Wait until fd is ready for ev or timeout. Returns 1 ready, 0 timeout, -errno. */
-static int wait_fd(int fd, short ev, int timeout_ms)
-{
-    struct pollfd p = {.fd = fd, .events = ev};
-    int r;
-    do
-        r = poll(&p, 1, timeout_ms);
-    while (r < 0 && errno == EINTR);
-    if (r < 0)
-        return -errno;
-    if (r > 0 && (p.revents & (POLLERR | POLLNVAL)) && !(p.revents & ev))
-        return -ECONNRESET;
-    return r;
-}
-
 static uint64_t now_us(void)
 {
     struct timespec ts;
@@ -79,7 +64,8 @@ static uint64_t now_us(void)
     return (uint64_t)ts.tv_sec * 1000000 + (uint64_t)ts.tv_nsec / 1000;
 }
 
-/* wait_fd with a microsecond timeout (ppoll): the ship interval is 100 us. */
+/* Wait until fd is ready for ev or the timeout (microseconds: the ship interval
+ * is 100 us). Returns 1 ready, 0 timeout, -errno. */
 static int wait_fd_us(int fd, short ev, uint64_t timeout_us)
 {
     struct pollfd p = {.fd = fd, .events = ev};
@@ -97,6 +83,8 @@ static int wait_fd_us(int fd, short ev, uint64_t timeout_us)
 
 /* Send all n bytes by the absolute deadline (ms, CLOCK_MONOTONIC): a peer that
  * reads one byte a second must not keep a frame going for ever. */
+static int wait_fd(int fd, short ev, int timeout_ms) { return wait_fd_us(fd, ev, (uint64_t)timeout_ms * 1000); }
+
 static int send_all(int fd, const void *buf, size_t n, uint64_t deadline)
 {
     const char *p = buf;

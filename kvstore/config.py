@@ -29,6 +29,16 @@ def parse_size(value, what="size"):
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
+def parse_address(text, what):
+    """(host, port) from 'IPV4:PORT', or a ConfigError naming `what` and the form expected."""
+    host, _, port = str(text).rpartition(":")
+    parts = host.split(".")
+    if not (len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts) and port.isdigit()
+            and 0 < int(port) < 65536):
+        raise ConfigError(f"{what}: expected IPV4:PORT such as 127.0.0.1:7380, got {text!r}")
+    return host, int(port)
+
+
 DURABILITY_MODES = ("none", "disk", "remote")
 
 
@@ -109,12 +119,7 @@ class ServerConfig:
         return self
 
     def peer_address(self):
-        host, _, port = str(self.peer).rpartition(":")
-        parts = host.split(".")
-        if not (len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts) and port.isdigit()
-                and 0 < int(port) < 65536):
-            raise ConfigError(f"peer: expected IPV4:PORT such as 127.0.0.1:7380, got {self.peer!r}")
-        return host, int(port)
+        return parse_address(self.peer, "peer")
 
     @property
     def effective_threads(self):

@@ -10,7 +10,7 @@ import time
 from kvstore import __version__, errors
 from kvstore._native import ffi, lib
 from kvstore import durability
-from kvstore.config import ServerConfig
+from kvstore.config import ServerConfig, parse_address
 from kvstore.store import Store
 
 
@@ -112,15 +112,10 @@ class Server:
             # The local log lags the acknowledged writes by up to disk_log_interval_ms:
             # the peer's copy may reach further, and starting from the local log alone
             # would lose acknowledged writes and reuse their LSNs. Always compare.
-            if self.from_peer:
-                host, _, port = self.from_peer.rpartition(":")
-                host, port = host, int(port)
-            else:
-                host, port = c.peer_address()
+            host, port = parse_address(self.from_peer, "from_peer") if self.from_peer else c.peer_address()
             self.fetched = self._fetch_waiting(host, port, c.peer_startup_wait_ms)
         elif self.from_peer:
-            host, _, port = self.from_peer.rpartition(":")
-            self.fetched = durability.fetch_from_peer(c.data_dir, host, int(port))
+            self.fetched = durability.fetch_from_peer(c.data_dir, *parse_address(self.from_peer, "from_peer"))
         self.recovery = durability.recover(self.store, c.data_dir)
         remote = c.durability == "remote"
         self.log = durability.Log(self.store, c.data_dir, self.recovery.last_lsn + 1, sync=not remote,

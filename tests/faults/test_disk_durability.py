@@ -700,13 +700,18 @@ def _summarize_flips(bad):
                      for (byte, outcome), bits in sorted(groups.items()))
 
 
+def _thirty_record_segment():
+    """30 SET records (LSN 1..30) and the bytes of a segment holding them."""
+    recs = [fl.encode_record(fl.OP_SET, b"key%02d" % i, b"value%02d" % i, i + 1) for i in range(30)]
+    return recs, fl.MAGIC + struct.pack("<Q", 1) + b"".join(recs)
+
+
 @pytest.mark.timeout(60)
 def test_every_bit_flip_in_a_middle_record_is_refused(tmp_path):
     """Exhaustive: each of the 8 bits of each byte of record 10 of 30 (valid records
     after it). Every one must be refused as corruption (none may be taken for a torn
     tail, which would truncate the 19 acknowledged records after it)."""
-    recs = [fl.encode_record(fl.OP_SET, b"key%02d" % i, b"value%02d" % i, i + 1) for i in range(30)]
-    body = fl.MAGIC + struct.pack("<Q", 1) + b"".join(recs)
+    recs, body = _thirty_record_segment()
     off = fl.SEG_HDR + sum(len(r) for r in recs[:10])
     bad = []
     for byte in range(len(recs[10])):
@@ -728,8 +733,7 @@ def test_every_bit_flip_in_a_middle_record_is_refused(tmp_path):
 def test_every_bit_flip_in_the_last_record_is_a_torn_tail(tmp_path):
     """Exhaustive: each bit of each byte of the last of 30 records. Nothing valid
     follows it, so each must be reported as a torn tail with the 29 records before it."""
-    recs = [fl.encode_record(fl.OP_SET, b"key%02d" % i, b"value%02d" % i, i + 1) for i in range(30)]
-    body = fl.MAGIC + struct.pack("<Q", 1) + b"".join(recs)
+    recs, body = _thirty_record_segment()
     off = len(body) - len(recs[-1])
     bad = []
     for byte in range(len(recs[-1])):

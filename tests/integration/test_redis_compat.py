@@ -34,16 +34,7 @@ def converse(port, request, n_replies, flush=True, auth=None):
             assert r.send(C("AUTH", auth)).reply() == b"+OK\r\n"
         if flush:
             assert r.send(C("FLUSHALL")).reply() == b"+OK\r\n"
-        r.send(request)
-        out = []
-        try:
-            for _ in range(n_replies):
-                out.append(r.reply(timeout=5))
-            r.send(PING)
-            out.append(r.reply(timeout=5))
-        except (EOFError, TimeoutError, OSError) as e:
-            out.append(f"<{type(e).__name__}: {e}>")
-        return out
+        return converse_on(r, request, n_replies)
 
 
 def until_close(port, request, auth=None, flush=True, wait=2.0):
