@@ -10,7 +10,7 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT = os.path.relpath(os.path.join(HERE, "..", "ext"))
 SOURCES = ["table.c", "resp.c", "cmd.c", "pollpolicy.c", "server.c", "info.c", "loadgen.c", "crc32c.c", "wal.c",
-           "replog.c"]
+           "replog.c", "ldu.c"]
 
 CDEF = """
 struct kv_table;
@@ -138,6 +138,18 @@ struct lg_result {
     ...;
 };
 int lg_run(const struct lg_config *cfg, struct lg_result *out);
+
+struct ldu_node { struct ldu_node *next; uint32_t mark; uint8_t op; ...; };
+struct ldu_obj { struct ldu_node node[2]; uint32_t used; };
+struct ldu_queue { uint64_t pushes; ...; };
+void ldu_obj_init(struct ldu_obj *o);
+void ldu_queue_init(struct ldu_queue *q);
+int ldu_log(struct ldu_queue *q, struct ldu_obj *o, int op, int absorb);
+void ldu_defer(struct ldu_queue *q, struct ldu_node *n);
+struct ldu_node *ldu_take(struct ldu_queue *q);
+struct ldu_node *ldu_reverse(struct ldu_node *list);
+int ldu_claim(struct ldu_node *n);
+int ldu_release(struct ldu_obj *o, struct ldu_node *n);
 """
 
 ffibuilder = FFI()
@@ -145,7 +157,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "kvstore._ext",
     '#include "table.h"\n#include "resp.h"\n#include "server.h"\n#include "loadgen.h"\n'
-    '#include "wal.h"\n#include "crc32c.h"\n#include "replog.h"\n',
+    '#include "wal.h"\n#include "crc32c.h"\n#include "replog.h"\n#include "ldu.h"\n',
     sources=[os.path.join(EXT, s) for s in SOURCES],
     include_dirs=[EXT],
     extra_compile_args=["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wno-unused-parameter",
