@@ -66,6 +66,18 @@ def main():
               help="remote: at start, the node compares its log with the peer's copy (which may reach "
                    "further: the local log lags); wait this long for the peer, then refuse to start.  "
                    "[default: 10000]")
+@click.option("--data-file/--no-data-file", default=None,
+              help="disk/remote: keep the BOSC data file <data-dir>/data.kvd. With it memory is bounded by "
+                   "--max-memory (when full, writes wait for the flusher instead of failing; evicted keys are "
+                   "read back from their block) and log segments are deleted once flushed.  [default: on]")
+@click.option("--data-buckets", type=int,
+              help="Home blocks (4 KiB each) of a new data file; an existing file keeps its own.  [default: 65536]")
+@click.option("--flush-interval-ms", type=int,
+              help="The flusher sweeps the dirty blocks at least this often (sooner when memory is "
+                   "nearly full).  [default: 1000]")
+@click.option("--log-segment-size",
+              help="Start a new log segment past this size (Redis units); with a data file, segments wholly "
+                   "below the flushed LSN are deleted (disk mode).  [default: 64mb]")
 @click.option("--from-peer", help="Before recovery, fetch this node's log from the peer at HOST:PORT "
                                   "(when the local disk is gone or behind). Remote mode always does this "
                                   "with its --peer.")
@@ -91,6 +103,8 @@ def serve(config_file, from_peer, **opts):
                        f"acknowledged write locally (LOCAL-COMPLETE), so it starts from its own log", err=True)
         if srv.receiver is not None:
             click.echo(f"kvstore: log receiver on {cfg.bind}:{srv.receiver.port}", err=True)
+        if srv.datafile is not None:
+            click.echo(f"kvstore: {srv.datafile.summary()}", err=True)
         if srv.recovery is not None:
             click.echo(f"kvstore: {srv.recovery.summary()}", err=True)
         mm = cfg.max_memory or "unbounded"
@@ -114,9 +128,10 @@ def serve(config_file, from_peer, **opts):
 @click.option("--from-peer", help="First fetch this node's log from the peer's receiver at HOST:PORT; it "
                                   "replaces the local log if it reaches further (the old one is kept aside).")
 def recover(data_dir, max_memory, check_only, from_peer):
-    """Replay a node's log offline and report what it holds.
+    """Check a node's data file and replay its log offline; report what they hold.
 
-    Checks every record's CRC. A torn tail (a record cut short by a crash) is
+    Reads and checks every block of the data file (if any), then checks every
+    log record's CRC. A torn tail (a record cut short by a crash) is
     truncated unless --check-only; damage anywhere else stops the replay, is
     reported, and exits 1. `kvstore serve --durability disk` runs the same
     recovery at start."""
@@ -130,11 +145,19 @@ def recover(data_dir, max_memory, check_only, from_peer):
             peer_lsn, local_lsn, replaced = durability.fetch_from_peer(data_dir, host, port)
             click.echo(f"fetched the log from {from_peer} up to LSN {peer_lsn} (local log ended at {local_lsn}); "
                        + ("it replaces the local log" if replaced else "local log kept"))
-        r = durability.recover(store, data_dir, repair=not check_only)
+        datafile = None
+        if os.path.exists(durability.data_file(data_dir)):
+            # every block is read and checked; the log replays after what the file holds
+            datafile = durability.DataFile(store, data_dir)
+            click.echo(datafile.summary())
+        r = durability.recover(store, data_dir, repair=not check_only,
+                               after_lsn=datafile.flushed_lsn if datafile else 0)
     except KVError as e:
         _fail(e)
     click.echo(r.summary())
     click.echo(f"keys: {len(store):,}, memory: {store.used_memory:,} bytes")
+    if datafile:
+        datafile.close()
 
 
 @main.command()

@@ -14,6 +14,7 @@
 #include <sys/time.h>
 #include <time.h>
 
+#include "bosc.h"
 #include "resp.h"
 #include "server.h"
 #include "table.h"
@@ -301,6 +302,19 @@ static int c_select(struct cmd_client *c, const struct cmd_args *a)
 static int c_dbsize(struct cmd_client *c, const struct cmd_args *a)
 {
     (void)a;
+    /* With a data file, a key written blind (without reading its block) counts
+     * once its block has been swept: flush before counting (LDU's flush before
+     * a read that needs the applied state). */
+    struct bosc *b = srv_config(c->srv)->bosc;
+    if (b && (c->sync_ticket || bosc_dirty(b))) {
+        if (!c->sync_ticket)
+            c->sync_ticket = bosc_sync_request(b);
+        if (!bosc_sync_done(b, c->sync_ticket)) {
+            c->stall = CMD_STALL_SYNC;
+            return 0;
+        }
+        c->sync_ticket = 0;
+    }
     kvt_lsn_touch(srv_log_appended(c->srv)); /* the count includes writes not yet durable */
     return resp_add_int(c->out, (long long)kvt_count(c->table));
 }
@@ -333,11 +347,51 @@ static int c_info(struct cmd_client *c, const struct cmd_args *a)
 
 /* ---- strings */
 
+/* The key is not in memory but may be in its data-file block: wait for it to
+ * be loaded (or report the damage that keeps it from loading). */
+static int need_load(struct cmd_client *c, const char *key, size_t klen)
+{
+    struct bosc *b = srv_config(c->srv)->bosc;
+    if (!b)
+        return reply_err(c, "ERR internal: key not resident without a data file");
+    if (bosc_failed(b))
+        return resp_add_errorf(c->out, "ERR %s", bosc_error(b));
+    c->stall = CMD_STALL_LOAD;
+    c->stall_key = key;
+    c->stall_klen = klen;
+    return 0;
+}
+
+/* With a data file a write that finds memory full waits for the flusher to
+ * evict clean records (paper 000's NHD case), unless waiting cannot help: the
+ * request alone needs a large share of the bound, or nothing is left to evict. */
+static int wait_for_memory(struct cmd_client *c, size_t need)
+{
+    uint64_t max = kvt_max_memory(c->table);
+    if (!srv_config(c->srv)->bosc || !max || need > max / 4 || kvt_spill_stuck(c->table))
+        return 0;
+    c->stall = CMD_STALL_MEM;
+    return 1;
+}
+
 static int c_get(struct cmd_client *c, const struct cmd_args *a)
 {
-    if (!kvt_get(c->table, a->argv[1], a->argl[1], add_bulk_cb, c))
+    int rc = kvt_get(c->table, a->argv[1], a->argl[1], add_bulk_cb, c);
+    if (rc == -ENODATA)
+        return need_load(c, a->argv[1], a->argl[1]);
+    if (!rc)
         return resp_add_null(c->out, c->resp);
     return 0;
+}
+
+/* Errors of a write to key (argument 1 unless given). */
+static int write_err_key(struct cmd_client *c, int64_t rc, const char *key, size_t klen, size_t need)
+{
+    if (rc == -ENODATA)
+        return need_load(c, key, klen);
+    if (rc == -ENOMEM && wait_for_memory(c, need))
+        return 0;
+    return reply_write_err(c, rc);
 }
 
 static int reply_write_err(struct cmd_client *c, int64_t rc)
@@ -401,7 +455,7 @@ static int c_set(struct cmd_client *c, const struct cmd_args *a)
     int had_old = c->out->len != before; /* the GET callback queued the old value */
     if (rc < 0) {
         c->out->len = before;
-        return reply_write_err(c, rc);
+        return write_err_key(c, rc, a->argv[1], a->argl[1], a->argl[1] + a->argl[2]);
     }
     if (get)
         return had_old ? 0 : resp_add_null(c->out, c->resp);
@@ -411,9 +465,13 @@ static int c_set(struct cmd_client *c, const struct cmd_args *a)
 static int c_mget(struct cmd_client *c, const struct cmd_args *a)
 {
     resp_add_array(c->out, a->argc - 1);
-    for (int i = 1; i < a->argc; i++)
-        if (!kvt_get(c->table, a->argv[i], a->argl[i], add_bulk_cb, c))
+    for (int i = 1; i < a->argc; i++) {
+        int rc = kvt_get(c->table, a->argv[i], a->argl[i], add_bulk_cb, c);
+        if (rc == -ENODATA)
+            return need_load(c, a->argv[i], a->argl[i]); /* the partial reply is dropped */
+        if (!rc)
             resp_add_null(c->out, c->resp);
+    }
     return 0;
 }
 
@@ -430,7 +488,7 @@ static int c_mset(struct cmd_client *c, const struct cmd_args *a)
         for (int i = 1; i < a->argc; i += 2)
             need += a->argl[i] + a->argl[i + 1] + 64;
         if (kvt_used_memory(c->table) + need > max)
-            return reply_err(c, ERR_OOM);
+            return wait_for_memory(c, need) ? 0 : reply_err(c, ERR_OOM);
     }
     for (int i = 1; i < a->argc; i += 2) {
         int rc = kvt_set(c->table, a->argv[i], a->argl[i], a->argv[i + 1], a->argl[i + 1], KVT_NOBOUND, 0,
@@ -443,9 +501,17 @@ static int c_mset(struct cmd_client *c, const struct cmd_args *a)
 
 static int c_del(struct cmd_client *c, const struct cmd_args *a)
 {
+    /* With a data file: every key in memory first (the count must be right), so
+     * no key is deleted before the command is known to run to the end. */
+    int spill = srv_config(c->srv)->bosc != NULL;
+    for (int i = 1; spill && i < a->argc; i++)
+        if (kvt_exists(c->table, a->argv[i], a->argl[i]) == -ENODATA)
+            return need_load(c, a->argv[i], a->argl[i]);
     long long n = 0;
     for (int i = 1; i < a->argc; i++) {
         int rc = kvt_del(c->table, a->argv[i], a->argl[i]);
+        if (rc == -ENODATA) /* evicted since the check above: delete without loading */
+            rc = kvt_del_blind(c->table, a->argv[i], a->argl[i]);
         if (rc < 0)
             return reply_write_err(c, rc);
         n += rc;
@@ -456,8 +522,12 @@ static int c_del(struct cmd_client *c, const struct cmd_args *a)
 static int c_exists(struct cmd_client *c, const struct cmd_args *a)
 {
     long long n = 0;
-    for (int i = 1; i < a->argc; i++)
-        n += kvt_exists(c->table, a->argv[i], a->argl[i]);
+    for (int i = 1; i < a->argc; i++) {
+        int rc = kvt_exists(c->table, a->argv[i], a->argl[i]);
+        if (rc == -ENODATA)
+            return need_load(c, a->argv[i], a->argl[i]);
+        n += rc;
+    }
     return resp_add_int(c->out, n);
 }
 
@@ -470,7 +540,7 @@ static int incr_generic(struct cmd_client *c, const struct cmd_args *a, long lon
     if (rc == -ERANGE)
         return reply_err(c, "ERR increment or decrement would overflow");
     if (rc < 0)
-        return reply_write_err(c, rc);
+        return write_err_key(c, rc, a->argv[1], a->argl[1], a->argl[1] + 24);
     return resp_add_int(c->out, v);
 }
 
@@ -498,12 +568,13 @@ static int c_decrby(struct cmd_client *c, const struct cmd_args *a)
 static int c_append(struct cmd_client *c, const struct cmd_args *a)
 {
     int64_t n = kvt_append(c->table, a->argv[1], a->argl[1], a->argv[2], a->argl[2]);
-    return n < 0 ? reply_write_err(c, n) : resp_add_int(c->out, n);
+    return n < 0 ? write_err_key(c, n, a->argv[1], a->argl[1], a->argl[1] + a->argl[2]) : resp_add_int(c->out, n);
 }
 
 static int c_strlen(struct cmd_client *c, const struct cmd_args *a)
 {
-    return resp_add_int(c->out, kvt_strlen(c->table, a->argv[1], a->argl[1]));
+    int64_t n = kvt_strlen(c->table, a->argv[1], a->argl[1]);
+    return n == -ENODATA ? need_load(c, a->argv[1], a->argl[1]) : resp_add_int(c->out, n);
 }
 
 /* ---- CONFIG */

@@ -26,9 +26,22 @@ struct cmd_client {
     struct kv_table *table;
     int poller;              /* index of the owning poller */
     char addr[64];           /* peer "ip:port" */
+    /* Set by a handler (with no reply and no change made) when the request
+     * must wait: CMD_STALL_LOAD for stall_key to be loaded from the data file,
+     * CMD_STALL_MEM for the flusher to free memory. The server runs the same
+     * request again when woken. */
+    int stall;
+    const char *stall_key;
+    size_t stall_klen;
+    uint64_t sync_ticket;    /* CMD_STALL_SYNC: the sweep DBSIZE waits for */
 };
 
-/* Execute one request (argc >= 1). Appends exactly one reply to c->out.
+/* CMD_STALL_SYNC: for a sweep of the flusher (DBSIZE counts exactly only when
+ * every key's presence in its block is known). */
+enum { CMD_STALL_NONE, CMD_STALL_LOAD, CMD_STALL_MEM, CMD_STALL_SYNC };
+
+/* Execute one request (argc >= 1). Appends exactly one reply to c->out, or
+ * none when it sets c->stall (the caller then drops any partial output).
  * Returns 0, or -ENOMEM when even the reply could not be queued. */
 int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t *argl);
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "replog.h"
+#include "bosc.h"
 #include "server_int.h"
 #include "table.h"
 #include "wal.h"
@@ -124,6 +125,25 @@ int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, int
                              (unsigned long long)ws.syncs,
                              ws.syncs ? (double)ws.sync_ns_total / (double)ws.syncs / 1000.0 : 0.0,
                              (double)ws.sync_ns_max / 1000.0, ws.failed);
+            }
+            if (s->cfg.bosc) {
+                struct bosc_stats bs;
+                bosc_get_stats(s->cfg.bosc, &bs);
+                kvbuf_printf(&b,
+                             "datafile_buckets:%llu\r\ndatafile_keys:%llu\r\nmemory_keys:%llu\r\n"
+                             "datafile_flushed_lsn:%llu\r\ndatafile_sweeps:%llu\r\n"
+                             "datafile_records_written:%llu\r\ndatafile_blocks_written:%llu\r\n"
+                             "datafile_blocks_read:%llu\r\ndatafile_deferred:%llu\r\n"
+                             "datafile_loads:%llu\r\ndatafile_evicted_keys:%llu\r\n"
+                             "datafile_log_segments_deleted:%llu\r\ndatafile_failed:%d\r\n"
+                             "datafile_error:%s\r\n",
+                             (unsigned long long)bs.buckets, (unsigned long long)ts.disk_keys,
+                             (unsigned long long)ts.entries, (unsigned long long)bs.flushed_lsn,
+                             (unsigned long long)bs.sweeps, (unsigned long long)bs.records,
+                             (unsigned long long)bs.blocks_written, (unsigned long long)bs.blocks_read,
+                             (unsigned long long)bs.deferred, (unsigned long long)bs.loads,
+                             (unsigned long long)bs.evicted, (unsigned long long)bs.truncated_segments,
+                             bs.failed, bs.error);
             }
         } else if (!strcmp(sec, "replication")) {
             kvbuf_printf(&b, "role:master\r\nconnected_slaves:0\r\n");

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bosc.h"
 #include "cmd.h"
 #include "pollpolicy.h"
 #include "resp.h"
@@ -84,6 +85,41 @@ static void wait_del(struct conn *c)
         c->wnext->wprev = c->wprev;
 }
 
+/* The next request waits for the data file: a key to load, or memory. Input
+ * stays unparsed (EPOLLIN is dropped) until a wakeup runs it again. */
+static void stall_add(struct conn *c)
+{
+    struct poller *p = c->p;
+    struct bosc *b = p->srv->cfg.bosc;
+    if (c->cl.stall == CMD_STALL_LOAD)
+        bosc_request_load(b, c->cl.stall_key, c->cl.stall_klen, p->evfd); /* ENOMEM: cron retries */
+    else if (c->cl.stall == CMD_STALL_MEM)
+        bosc_kick(b);
+    /* CMD_STALL_SYNC: requested already; every sweep wakes the pollers */
+    c->cl.stall = CMD_STALL_NONE;
+    if (c->stalled)
+        return;
+    c->stalled = 1;
+    c->sprev = NULL;
+    c->snext = p->stalled;
+    if (c->snext)
+        c->snext->sprev = c;
+    p->stalled = c;
+}
+
+static void stall_del(struct conn *c)
+{
+    if (!c->stalled)
+        return;
+    c->stalled = 0;
+    if (c->sprev)
+        c->sprev->snext = c->snext;
+    else
+        c->p->stalled = c->snext;
+    if (c->snext)
+        c->snext->sprev = c->sprev;
+}
+
 /* End of the part of out that may be sent now: up to the first reply still
  * waiting for its LSN to become durable. */
 static size_t sendable_end(struct conn *c)
@@ -133,6 +169,7 @@ static void conn_close(struct conn *c)
         return;
     c->closed = 1;
     wait_del(c);
+    stall_del(c);
     /* Explicitly: close() removes the fd from epoll only if no other descriptor
      * (e.g. a forked child's copy) refers to the socket; otherwise events for
      * this freed connection would keep arriving. */
@@ -164,7 +201,7 @@ static void update_interest(struct conn *c, int spurious)
         wait_add(c); /* the rest goes out when the log catches up */
     /* No EPOLLIN while input is not wanted: level-triggered epoll would report
      * it again on every round (busy loop) for bytes we refuse to read. */
-    uint32_t ev = (c->paused || c->cl.close_after_reply) ? 0 : EPOLLIN;
+    uint32_t ev = (c->paused || c->stalled || c->cl.close_after_reply) ? 0 : EPOLLIN;
     if (c->p->srv->policy->want_out(&c->pp, pending, spurious))
         ev |= EPOLLOUT;
     set_interest(c, ev);
@@ -263,7 +300,7 @@ static void process_input(struct conn *c)
 {
     struct poller *p = c->p;
     struct kv_table *t = p->srv->table;
-    while (!c->cl.close_after_reply) {
+    while (!c->cl.close_after_reply && !c->stalled) {
         if (c->out.len - c->out_off > OUT_PAUSE) {
             /* The client sends faster than it reads: stop taking requests (and
              * drop EPOLLIN) until the replies drain, so memory stays bounded. */
@@ -337,6 +374,11 @@ static void process_input(struct conn *c)
                 conn_close(c);
                 return;
             }
+            if (c->cl.stall) { /* runs again when the data file has what it needs */
+                c->out.len = reply_at;
+                stall_add(c);
+                break;
+            }
             uint64_t need = kvt_lsn_touched(); /* 0 without a log */
             if (need && hold_reply(c, reply_at, need)) {
                 conn_close(c);
@@ -349,7 +391,7 @@ static void process_input(struct conn *c)
                 break;
             }
         }
-        if (i < n || c->paused || c->cl.close_after_reply) {
+        if (i < n || c->paused || c->stalled || c->cl.close_after_reply) {
             /* Stopped inside the batch: what follows is parsed again later, so
              * forget any partial progress the parser made past it. */
             resp_reset(&c->rp);
@@ -378,7 +420,7 @@ static void process_input(struct conn *c)
 static void conn_readable(struct conn *c)
 {
     struct poller *p = c->p;
-    if (c->cl.close_after_reply || c->paused)
+    if (c->cl.close_after_reply || c->paused || c->stalled)
         return;
     if (c->in.len - c->in_off > QUERYBUF_MAX) {
         /* One request may not buffer more than this (Redis's client-query-buffer-limit):
@@ -562,6 +604,24 @@ static void release_waiting(struct poller *p)
     }
 }
 
+/* The data file loaded a key or freed memory: run the stalled requests again. */
+static void retry_stalled(struct poller *p)
+{
+    struct conn *list = p->stalled;
+    p->stalled = NULL;
+    for (struct conn *c = list; c; c->stalled = 0, c = c->snext)
+        ;
+    while (list) {
+        struct conn *c = list;
+        list = c->snext;
+        if (c->closed)
+            continue;
+        process_input(c); /* may stall again */
+        if (!c->closed)
+            list_pending(c); /* replies out, EPOLLIN back */
+    }
+}
+
 static void drain_event(struct poller *p)
 {
     uint64_t v;
@@ -588,12 +648,15 @@ static void drain_event(struct poller *p)
     for (int i = 0; i < n; i++)
         conn_new(p, fds[i]);
     release_waiting(p);
+    retry_stalled(p);
 }
 
 static void cron(struct poller *p, int64_t now)
 {
     struct srv *s = p->srv;
     p->last_cron = now;
+    if (p->stalled)
+        retry_stalled(p); /* a wakeup may be lost (a load request refused for memory) */
     /* each poller keeps its own slice of the shards rehashed and expired */
     unsigned per = (KVT_SHARDS + (unsigned)s->npollers - 1) / (unsigned)s->npollers;
     kvt_housekeep(s->table, (unsigned)p->idx * per, per, HOUSEKEEP_BUDGET);
@@ -782,6 +845,11 @@ int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cf
         }
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = &p->event_tag};
         epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->evfd, &e);
+        if (cfg->bosc && bosc_subscribe(cfg->bosc, p->evfd)) {
+            snprintf(err, errlen, "too many pollers for the data file's wakeups");
+            rc = -ENOSPC;
+            goto fail;
+        }
         if (cfg->wal && wal_subscribe(cfg->wal, p->evfd)) {
             snprintf(err, errlen, "too many pollers for the log's wake-up list");
             goto fail;

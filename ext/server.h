@@ -41,6 +41,9 @@ struct srv_config {
     const char *durability;  /* mode name for INFO: "none", "disk", ... */
     struct rl_sender *sender;      /* remote mode's log sender, for INFO (not owned), or NULL */
     struct rl_receiver *receiver;  /* this node's log receiver, for INFO (not owned), or NULL */
+    struct bosc *bosc;       /* data file (not owned) or NULL: with it, a request whose key
+                                must be loaded, or that needs memory the flusher is freeing,
+                                waits (see cmd_client.stall) instead of failing */
 };
 
 /* Per-poller counters; each is written only by its poller. */

@@ -50,6 +50,7 @@ struct poller {
     int listener_tag, event_tag; /* addresses used as epoll tags */
     struct conn *all;            /* every connection of this poller (doubly linked) */
     struct conn *waiting;        /* connections with replies held for the log (doubly linked) */
+    struct conn *stalled;        /* connections whose next request waits for the data file */
     struct conn *pending;        /* connections with replies queued this round */
     pthread_mutex_t q_lock;      /* guards q_fds: fds handed over by another poller */
     int *q_fds, q_len, q_cap;
@@ -86,6 +87,8 @@ struct conn {
     uint64_t hold_max;
     int waiting;                 /* on the poller's waiting list */
     struct conn *wprev, *wnext;
+    int stalled;                 /* its next request waits for a load or for memory (stall list) */
+    struct conn *sprev, *snext;
 };
 
 struct srv {

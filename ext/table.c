@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,6 +18,9 @@
 #include <string.h>
 #include <sys/random.h>
 #include <time.h>
+
+#include "kvbuf.h"
+#include "ldu.h"
 
 #define INITIAL_BUCKETS 4
 #define REHASH_STEP 1        /* buckets migrated per table operation */
@@ -27,9 +31,37 @@ struct kvt_entry {
     uint64_t hash;
     uint64_t lsn;            /* log record that wrote this value, 0 = none */
     int64_t expire_ms;       /* unix ms, 0 = none */
+    struct kvt_dnode *dn;    /* spill mode: the key's dirty-queue node, NULL = clean */
     uint32_t klen, vlen;
     uint32_t cap;            /* bytes usable in data[] */
+    uint32_t flags;          /* E_* */
     unsigned char data[];    /* key bytes, then value bytes */
+};
+
+/* Entry flags. Spill mode (a data file behind the table, see kvt_set_spill) adds
+ * tombstones and knows whether the key is in its data-file block. */
+#define E_TOMB 1u            /* the key is absent: a delete not yet flushed, or a
+                                negative cache entry (clean, OD_NO) */
+#define E_REF 2u             /* used since the evictor's clock hand last passed */
+#define E_OD_MASK 12u
+#define OD_NO 0u             /* not in the data file (always, without one) */
+#define OD_YES 4u            /* in its block, as the flusher last wrote it */
+#define OD_UNK 8u            /* unknown: written blind (without reading the block) */
+
+/* A dirty key's node in the flusher's LDU queue. Owned by the entry (e->dn)
+ * while the entry lives; an entry removed while its node is queued leaves the
+ * node orphaned (e == NULL) and the consumer frees it. The key is copied so
+ * the flusher can place (and for an orphan, delete) the key without the entry.
+ * e is read and written only under the key's shard lock. */
+struct kvt_dnode {
+    struct ldu_obj lo;
+    uint64_t hash;
+    struct kvt_entry *e;
+    uint32_t klen;
+    uint32_t sweep;          /* flusher's private mark: last sweep that saw it */
+    int inflight;            /* snapshot taken, its block write not yet settled (kvt_flushed):
+                                the block may hold the key even while e says OD_NO */
+    unsigned char key[];
 };
 
 /* Counters read without the lock (INFO, DBSIZE) are _Atomic; the shard owner
@@ -45,6 +77,10 @@ struct shard {
     _Atomic uint64_t hits, misses, expired;
     uint64_t del_lsn;        /* latest logged DEL/FLUSHALL that removed keys here: a miss
                                 depends on it (the key may be absent only because of it) */
+    _Atomic int64_t kdelta;  /* this shard's share of the key count, beyond the data
+                                file's keys: +1 per live key not in its block, -1 per
+                                tombstone of a key that is (see contrib()) */
+    uint64_t clock;          /* evictor's hand in ht[0] */
 } __attribute__((aligned(64)));
 
 struct kv_table {
@@ -57,6 +93,10 @@ struct kv_table {
     _Atomic uint64_t oom_rejections;
     kvt_log_fn log;          /* set before the table is shared, never changed while in use */
     void *log_arg;
+    struct kvt_spill sp;     /* spill mode when sp.queue != NULL; set before use, like log */
+    _Atomic int64_t disk_keys; /* keys in the data file (the flusher keeps it) */
+    _Atomic int spill_stuck; /* nothing left to evict: writes get -ENOMEM instead of waiting */
+    unsigned clock_shard;    /* evictor's position (evictor thread only) */
 };
 
 static __thread uint64_t touched_lsn;
@@ -120,9 +160,14 @@ static void sip_init(void)
 uint64_t kvt_hash(const void *key, size_t len)
 {
     pthread_once(&sip_once, sip_init);
+    return kvt_hash_keyed(key, len, sip_k0, sip_k1);
+}
+
+uint64_t kvt_hash_keyed(const void *key, size_t len, uint64_t k0, uint64_t k1)
+{
     const unsigned char *in = key;
-    uint64_t v0 = 0x736f6d6570736575ULL ^ sip_k0, v1 = 0x646f72616e646f6dULL ^ sip_k1;
-    uint64_t v2 = 0x6c7967656e657261ULL ^ sip_k0, v3 = 0x7465646279746573ULL ^ sip_k1;
+    uint64_t v0 = 0x736f6d6570736575ULL ^ k0, v1 = 0x646f72616e646f6dULL ^ k1;
+    uint64_t v2 = 0x6c7967656e657261ULL ^ k0, v3 = 0x7465646279746573ULL ^ k1;
     uint64_t b = (uint64_t)len << 56, m;
     const unsigned char *end = in + (len & ~(size_t)7);
     for (; in != end; in += 8) {
@@ -200,6 +245,8 @@ static struct kvt_entry *entry_new_b(struct kv_table *t, uint64_t h, const void 
     e->hash = h;
     e->lsn = 0;
     e->expire_ms = 0;
+    e->dn = NULL;
+    e->flags = 0;
     e->klen = (uint32_t)klen;
     e->vlen = (uint32_t)vlen;
     size_t cap = usable - sizeof *e;
@@ -223,6 +270,73 @@ static void entry_free(struct kv_table *t, struct kvt_entry *e)
 }
 
 static inline char *entry_val(struct kvt_entry *e) { return (char *)e->data + e->klen; }
+
+/* ---- spill mode: dirty nodes and the key count */
+
+/* The entry's share of the key count beyond the data file's own keys. */
+static inline int64_t contrib(const struct kvt_entry *e)
+{
+    unsigned od = e->flags & E_OD_MASK;
+    if (e->flags & E_TOMB)
+        return od == OD_YES ? -1 : 0;
+    return od == OD_YES ? 0 : 1;
+}
+
+static inline void kd_add(struct shard *s, int64_t d)
+{
+    atomic_store_explicit(&s->kdelta, atomic_load_explicit(&s->kdelta, memory_order_relaxed) + d,
+                          memory_order_relaxed);
+}
+
+/* Give ne a dirty node (spill mode) unless it will inherit slot's. Called
+ * before the mutation is logged, so a failed allocation changes nothing.
+ * Nodes are charged without the bound: they are what lets memory be freed. */
+static int prep_dn(struct kv_table *t, struct kvt_entry *ne, struct kvt_entry *slot)
+{
+    if (!t->sp.queue || ne->dn || (slot && slot->dn))
+        return 0;
+    struct kvt_dnode *d = malloc(sizeof *d + ne->klen);
+    if (!d)
+        return -ENOMEM;
+    atomic_fetch_add_explicit(&t->used_memory, malloc_usable_size(d), memory_order_relaxed);
+    ldu_obj_init(&d->lo);
+    d->hash = ne->hash;
+    d->e = ne;
+    d->klen = ne->klen;
+    d->sweep = 0;
+    d->inflight = 0;
+    memcpy(d->key, ne->data, ne->klen);
+    ne->dn = d;
+    return 0;
+}
+
+static void dnode_free(struct kv_table *t, struct kvt_dnode *d)
+{
+    mem_uncharge(t, malloc_usable_size(d));
+    free(d);
+}
+
+/* e leaves the table: a queued node stays for the consumer (which frees it),
+ * an idle one is freed. The used bits only clear under this shard lock
+ * (kvt_flushed), so "not queued" cannot change under us. */
+static void dn_detach(struct kv_table *t, struct kvt_entry *e)
+{
+    struct kvt_dnode *d = e->dn;
+    if (!d)
+        return;
+    e->dn = NULL;
+    d->e = NULL;
+    if (!atomic_load_explicit(&d->lo.used, memory_order_relaxed))
+        dnode_free(t, d);
+}
+
+/* Queue e's key for the flusher: op LDU_INSERT for a value, LDU_REMOVE for a
+ * tombstone (never absorbed here: the block may hold the key). */
+static inline void mark_dirty(struct kv_table *t, struct kvt_entry *e, int op)
+{
+    if (t->sp.queue)
+        ldu_log(t->sp.queue, &e->dn->lo, op, 0);
+}
 
 /* ---- shard internals (caller holds s->lock) */
 
@@ -327,20 +441,82 @@ static void do_unlink(struct kv_table *t, struct shard *s, struct kvt_entry **re
     if (e->expire_ms)
         cnt_add(&s->expires, -1);
     cnt_add(&s->used, -1);
+    kd_add(s, -contrib(e));
+    dn_detach(t, e);
     entry_free(t, e);
 }
 
-/* Like do_find, but an entry whose time has passed is removed and not returned. */
-static struct kvt_entry **do_find_live(struct kv_table *t, struct shard *s, uint64_t h,
-                                       const void *key, size_t klen)
+/* The key stops existing (DEL, expiry): lsn is the delete's record (0: keep
+ * e's). Without a data file, or when the key is known not to be in its block,
+ * the entry goes (a pending insert of it is absorbed: it never reaches the
+ * disk); otherwise it becomes a tombstone that the flusher deletes from the
+ * block. Returns 0 or -ENOMEM (nothing changed). */
+static int do_remove(struct kv_table *t, struct shard *s, struct kvt_entry **ref, uint64_t lsn)
+{
+    struct kvt_entry *e = *ref;
+    if (!t->sp.queue || ((e->flags & E_OD_MASK) == OD_NO && !(e->dn && e->dn->inflight))) {
+        if (t->sp.queue && e->dn)
+            ldu_log(t->sp.queue, &e->dn->lo, LDU_REMOVE, 1);
+        do_unlink(t, s, ref);
+        return 0;
+    }
+    if (prep_dn(t, e, NULL))
+        return -ENOMEM;
+    kd_add(s, -contrib(e));
+    if (e->expire_ms)
+        cnt_add(&s->expires, -1);
+    e->flags |= E_TOMB;
+    e->vlen = 0;
+    e->expire_ms = 0;
+    if (lsn)
+        e->lsn = lsn;
+    kd_add(s, contrib(e));
+    mark_dirty(t, e, LDU_REMOVE);
+    return 0;
+}
+
+enum { LK_LIVE, LK_ABSENT, LK_NOTRES };
+
+/* Find key. *st: LK_LIVE (returned entry holds a value), LK_ABSENT (no value:
+ * NULL, or a tombstone, which is returned so a write can reuse the slot), or,
+ * in spill mode, LK_NOTRES: nothing in memory and the key's data-file block
+ * may hold it, so it must be loaded first (kvt_load) unless the caller writes
+ * blind. An entry whose time has passed is removed (or made a tombstone). */
+static struct kvt_entry **do_lookup(struct kv_table *t, struct shard *s, uint64_t h, const void *key,
+                                    size_t klen, int *st)
 {
     struct kvt_entry **ref = do_find(s, h, key, klen);
-    if (ref && (*ref)->expire_ms && (*ref)->expire_ms <= now_ms()) {
-        do_unlink(t, s, ref);
+    if (ref) {
+        struct kvt_entry *e = *ref;
+        e->flags |= E_REF;
+        if (e->flags & E_TOMB) {
+            *st = LK_ABSENT;
+            return ref;
+        }
+        if (!e->expire_ms || e->expire_ms > now_ms()) {
+            *st = LK_LIVE;
+            return ref;
+        }
         cnt_add(&s->expired, 1);
+        *st = LK_ABSENT;
+        if (do_remove(t, s, ref, 0))
+            return ref; /* no memory for the tombstone yet: treated as absent, retried later */
+        return do_find(s, h, key, klen);
+    }
+    if (t->sp.queue && t->sp.maybe_on_disk(t->sp.arg, key, klen)) {
+        *st = LK_NOTRES;
         return NULL;
     }
-    return ref;
+    *st = LK_ABSENT;
+    return NULL;
+}
+
+/* do_lookup for readers: the live entry or NULL; *st as do_lookup. */
+static inline struct kvt_entry *do_live(struct kv_table *t, struct shard *s, uint64_t h, const void *key,
+                                        size_t klen, int *st)
+{
+    struct kvt_entry **ref = do_lookup(t, s, h, key, klen, st);
+    return *st == LK_LIVE ? *ref : NULL;
 }
 
 static void do_insert(struct kv_table *t, struct shard *s, struct kvt_entry *e)
@@ -352,6 +528,7 @@ static void do_insert(struct kv_table *t, struct shard *s, struct kvt_entry *e)
     cnt_add(&s->used, 1);
     if (e->expire_ms)
         cnt_add(&s->expires, 1);
+    kd_add(s, contrib(e));
     uint64_t used = atomic_load_explicit(&s->used, memory_order_relaxed);
     if (s->rehashidx < 0 && used > s->size[0])
         do_resize(t, s, s->size[0] * 2);
@@ -365,6 +542,12 @@ static void do_replace(struct kv_table *t, struct shard *s, struct kvt_entry **r
     ne->next = old->next;
     *ref = ne;
     cnt_add(&s->expires, (ne->expire_ms != 0) - (old->expire_ms != 0));
+    kd_add(s, contrib(ne) - contrib(old));
+    if (old->dn) { /* the queued node now stands for the new entry */
+        ne->dn = old->dn;
+        ne->dn->e = ne;
+        old->dn = NULL;
+    }
     entry_free(t, old);
 }
 
@@ -413,6 +596,7 @@ static void do_clear(struct kv_table *t, struct shard *s)
             struct kvt_entry *e = s->ht[i][j];
             while (e) {
                 struct kvt_entry *next = e->next;
+                dn_detach(t, e);
                 entry_free(t, e);
                 e = next;
             }
@@ -426,6 +610,7 @@ static void do_clear(struct kv_table *t, struct shard *s)
     s->cursor = 0;
     atomic_store_explicit(&s->used, 0, memory_order_relaxed);
     atomic_store_explicit(&s->expires, 0, memory_order_relaxed);
+    atomic_store_explicit(&s->kdelta, 0, memory_order_relaxed);
 }
 
 void kvt_destroy(struct kv_table *t)
@@ -453,18 +638,19 @@ int kvt_get(struct kv_table *t, const void *key, size_t klen, kvt_read_fn fn, vo
 {
     uint64_t h = kvt_hash(key, klen);
     struct shard *s = lock_shard(t, h);
-    struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
-    if (ref) {
+    int st;
+    struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
+    if (e) {
         cnt_add(&s->hits, 1);
-        touch((*ref)->lsn);
+        touch(e->lsn);
         if (fn)
-            fn(arg, entry_val(*ref), (*ref)->vlen);
-    } else {
+            fn(arg, entry_val(e), e->vlen);
+    } else if (st == LK_ABSENT) {
         cnt_add(&s->misses, 1);
         touch(s->del_lsn);
     }
     pthread_mutex_unlock(&s->lock);
-    return ref != NULL;
+    return st == LK_NOTRES ? -ENODATA : e != NULL;
 }
 
 struct copy_arg {
@@ -484,8 +670,8 @@ static void copy_out(void *arg, const char *val, size_t vlen)
 int64_t kvt_get_copy(struct kv_table *t, const void *key, size_t klen, void *buf, size_t cap)
 {
     struct copy_arg c = {buf, cap, -ENOENT};
-    kvt_get(t, key, klen, copy_out, &c);
-    return c.len;
+    int rc = kvt_get(t, key, klen, copy_out, &c);
+    return rc < 0 ? rc : c.len;
 }
 
 int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen,
@@ -495,9 +681,14 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
         return -E2BIG;
     uint64_t h = kvt_hash(key, klen);
     struct shard *s = lock_shard(t, h);
-    struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
-    struct kvt_entry *e = ref ? *ref : NULL;
-    int rc = 1;
+    int st, rc = 1;
+    struct kvt_entry **ref = do_lookup(t, s, h, key, klen, &st);
+    if (st == LK_NOTRES && (old_fn || (flags & (KVT_NX | KVT_XX | KVT_KEEPTTL)))) {
+        rc = -ENODATA; /* the answer depends on the block: load it first */
+        goto out;
+    }
+    struct kvt_entry *slot = ref ? *ref : NULL;       /* live entry or tombstone */
+    struct kvt_entry *e = st == LK_LIVE ? slot : NULL; /* live entry */
     if (old_fn && e) {
         touch(e->lsn);
         old_fn(old_arg, entry_val(e), e->vlen);
@@ -514,17 +705,25 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
         expire_ms = e->expire_ms;
     size_t need = klen + vlen;
     /* Overwrite in place when the value fits and would not waste over half the block. */
-    if (e && need <= e->cap && e->cap <= 2 * need + 64) {
+    if (slot && need <= slot->cap && slot->cap <= 2 * need + 64) {
+        if (prep_dn(t, slot, NULL)) {
+            rc = -ENOMEM;
+            goto out;
+        }
         int64_t lsn = do_log(t, 1, key, klen, val, vlen, NULL, 0, expire_ms);
         if (lsn < 0) {
             rc = (int)lsn;
             goto out;
         }
-        memcpy(entry_val(e), val, vlen);
-        e->vlen = (uint32_t)vlen;
-        e->lsn = (uint64_t)lsn;
-        cnt_add(&s->expires, (expire_ms != 0) - (e->expire_ms != 0));
-        e->expire_ms = expire_ms;
+        kd_add(s, -contrib(slot));
+        slot->flags &= ~E_TOMB;
+        kd_add(s, contrib(slot));
+        memcpy(entry_val(slot), val, vlen);
+        slot->vlen = (uint32_t)vlen;
+        slot->lsn = (uint64_t)lsn;
+        cnt_add(&s->expires, (expire_ms != 0) - (slot->expire_ms != 0));
+        slot->expire_ms = expire_ms;
+        mark_dirty(t, slot, LDU_INSERT);
         goto out;
     }
     struct kvt_entry *ne = entry_new_b(t, h, key, klen, val, vlen, 0, !(flags & KVT_NOBOUND));
@@ -532,40 +731,92 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
         rc = -ENOMEM;
         goto out;
     }
+    ne->flags = slot ? slot->flags & E_OD_MASK : st == LK_NOTRES ? OD_UNK : OD_NO;
+    if (prep_dn(t, ne, slot)) {
+        entry_free(t, ne);
+        rc = -ENOMEM;
+        goto out;
+    }
     int64_t lsn = do_log(t, 1, key, klen, val, vlen, NULL, 0, expire_ms);
     if (lsn < 0) {
+        if (ne->dn)
+            dnode_free(t, ne->dn);
         entry_free(t, ne);
         rc = (int)lsn;
         goto out;
     }
     ne->lsn = (uint64_t)lsn;
     ne->expire_ms = expire_ms;
-    if (e)
+    if (slot)
         do_replace(t, s, ref, ne);
     else
         do_insert(t, s, ne);
+    mark_dirty(t, ne, LDU_INSERT);
 out:
     pthread_mutex_unlock(&s->lock);
     return rc;
+}
+
+/* Delete a live entry: log it, then remove it. */
+static int del_live(struct kv_table *t, struct shard *s, struct kvt_entry **ref, const void *key, size_t klen)
+{
+    if (t->sp.queue && prep_dn(t, *ref, NULL))
+        return -ENOMEM; /* the tombstone's node, before anything is logged */
+    int64_t lsn = do_log(t, 2, key, klen, NULL, 0, NULL, 0, 0);
+    if (lsn < 0)
+        return (int)lsn;
+    do_remove(t, s, ref, (uint64_t)lsn); /* cannot fail now: the node exists */
+    if ((uint64_t)lsn > s->del_lsn)
+        s->del_lsn = (uint64_t)lsn;
+    return 1;
 }
 
 int kvt_del(struct kv_table *t, const void *key, size_t klen)
 {
     uint64_t h = kvt_hash(key, klen);
     struct shard *s = lock_shard(t, h);
-    struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
-    int rc = ref != NULL;
-    if (ref) {
-        int64_t lsn = do_log(t, 2, key, klen, NULL, 0, NULL, 0, 0);
-        if (lsn < 0) {
-            rc = (int)lsn;
+    int st, rc = 0;
+    struct kvt_entry **ref = do_lookup(t, s, h, key, klen, &st);
+    if (st == LK_LIVE)
+        rc = del_live(t, s, ref, key, klen);
+    else if (st == LK_NOTRES)
+        rc = -ENODATA;
+    else
+        touch(s->del_lsn); /* "0 deleted" may rest on an earlier delete */
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+int kvt_del_blind(struct kv_table *t, const void *key, size_t klen)
+{
+    if (klen > KVT_MAX_VALUE)
+        return -E2BIG;
+    uint64_t h = kvt_hash(key, klen);
+    struct shard *s = lock_shard(t, h);
+    int st, rc = 0;
+    struct kvt_entry **ref = do_lookup(t, s, h, key, klen, &st);
+    if (st == LK_LIVE) {
+        rc = del_live(t, s, ref, key, klen);
+    } else if (st == LK_NOTRES) {
+        /* A tombstone of unknown standing: the flusher deletes the key from its
+         * block if it is there. Charged without the bound, like replay. */
+        struct kvt_entry *ne = entry_new_b(t, h, key, klen, NULL, 0, 0, 0);
+        rc = !ne || prep_dn(t, ne, NULL) ? -ENOMEM : 0;
+        int64_t lsn = rc ? 0 : do_log(t, 2, key, klen, NULL, 0, NULL, 0, 0);
+        if (rc || lsn < 0) {
+            if (ne && ne->dn)
+                dnode_free(t, ne->dn);
+            if (ne)
+                entry_free(t, ne);
+            rc = rc ? rc : (int)lsn;
         } else {
-            do_unlink(t, s, ref);
+            ne->flags = E_TOMB | OD_UNK;
+            ne->lsn = (uint64_t)lsn;
+            do_insert(t, s, ne);
+            mark_dirty(t, ne, LDU_REMOVE);
             if ((uint64_t)lsn > s->del_lsn)
                 s->del_lsn = (uint64_t)lsn;
         }
-    } else {
-        touch(s->del_lsn); /* "0 deleted" may rest on an earlier delete */
     }
     pthread_mutex_unlock(&s->lock);
     return rc;
@@ -575,13 +826,12 @@ int kvt_exists(struct kv_table *t, const void *key, size_t klen)
 {
     uint64_t h = kvt_hash(key, klen);
     struct shard *s = lock_shard(t, h);
-    struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
-    int found = ref != NULL;
-    touch(ref ? (*ref)->lsn : s->del_lsn);
+    int st;
+    struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
+    touch(e ? e->lsn : s->del_lsn);
     pthread_mutex_unlock(&s->lock);
-    return found;
+    return st == LK_NOTRES ? -ENODATA : e != NULL;
 }
-
 /* Redis's string2ll rules: optional '-', no '+', no leading zeros, no spaces. */
 static int parse_ll(const char *p, size_t n, int64_t *out)
 {
@@ -620,14 +870,75 @@ static int parse_ll(const char *p, size_t n, int64_t *out)
     return 0;
 }
 
+/* Store v1+v2 under a key whose lookup gave ref/st (INCR, APPEND): in place
+ * when it fits the slot (a live entry or a tombstone), else in a new entry
+ * with `extra` spare bytes. v1 may be the slot's own value. Returns 0 or -errno. */
+static int do_store(struct kv_table *t, struct shard *s, uint64_t h, struct kvt_entry **ref, int st,
+                    const void *key, size_t klen, const void *v1, size_t n1, const void *v2, size_t n2,
+                    int64_t expire, size_t extra)
+{
+    struct kvt_entry *slot = ref ? *ref : NULL;
+    size_t vlen = n1 + n2;
+    if (slot && klen + vlen <= slot->cap) {
+        if (prep_dn(t, slot, NULL))
+            return -ENOMEM;
+        int64_t lsn = do_log(t, 1, key, klen, v1, n1, v2, n2, expire);
+        if (lsn < 0)
+            return (int)lsn;
+        kd_add(s, -contrib(slot));
+        slot->flags &= ~E_TOMB;
+        kd_add(s, contrib(slot));
+        if (n1 && v1 != entry_val(slot))
+            memmove(entry_val(slot), v1, n1);
+        if (n2)
+            memcpy(entry_val(slot) + n1, v2, n2);
+        slot->vlen = (uint32_t)vlen;
+        slot->lsn = (uint64_t)lsn;
+        cnt_add(&s->expires, (expire != 0) - (slot->expire_ms != 0));
+        slot->expire_ms = expire;
+        mark_dirty(t, slot, LDU_INSERT);
+        return 0;
+    }
+    struct kvt_entry *ne = entry_new(t, h, key, klen, v1, n1, n2 + extra);
+    if (!ne)
+        return -ENOMEM;
+    if (n2)
+        memcpy(entry_val(ne) + n1, v2, n2);
+    ne->vlen = (uint32_t)vlen;
+    ne->flags = slot ? slot->flags & E_OD_MASK : st == LK_NOTRES ? OD_UNK : OD_NO;
+    if (prep_dn(t, ne, slot)) {
+        entry_free(t, ne);
+        return -ENOMEM;
+    }
+    int64_t lsn = do_log(t, 1, key, klen, v1, n1, v2, n2, expire);
+    if (lsn < 0) {
+        if (ne->dn)
+            dnode_free(t, ne->dn);
+        entry_free(t, ne);
+        return (int)lsn;
+    }
+    ne->lsn = (uint64_t)lsn;
+    ne->expire_ms = expire;
+    if (slot)
+        do_replace(t, s, ref, ne);
+    else
+        do_insert(t, s, ne);
+    mark_dirty(t, ne, LDU_INSERT);
+    return 0;
+}
+
 int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, int64_t *result)
 {
     uint64_t h = kvt_hash(key, klen);
     struct shard *s = lock_shard(t, h);
-    struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
-    struct kvt_entry *e = ref ? *ref : NULL;
+    int st, rc = 0;
+    struct kvt_entry **ref = do_lookup(t, s, h, key, klen, &st);
+    struct kvt_entry *e = st == LK_LIVE ? *ref : NULL;
     int64_t cur = 0;
-    int rc = 0;
+    if (st == LK_NOTRES) {
+        rc = -ENODATA;
+        goto out;
+    }
     touch(e ? e->lsn : s->del_lsn); /* an error reply reveals the current value too */
     if (e && parse_ll(entry_val(e), e->vlen, &cur)) {
         rc = -EINVAL;
@@ -640,36 +951,10 @@ int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, 
     cur += delta;
     char num[24];
     int n = snprintf(num, sizeof num, "%lld", (long long)cur);
-    if (e && klen + (size_t)n <= e->cap) {
-        int64_t lsn = do_log(t, 1, key, klen, num, (size_t)n, NULL, 0, e->expire_ms);
-        if (lsn < 0) {
-            rc = (int)lsn;
-            goto out;
-        }
-        memcpy(entry_val(e), num, (size_t)n);
-        e->vlen = (uint32_t)n;
-        e->lsn = (uint64_t)lsn;
-    } else {
-        struct kvt_entry *ne = entry_new(t, h, key, klen, num, (size_t)n, 0);
-        if (!ne) {
-            rc = -ENOMEM;
-            goto out;
-        }
-        int64_t lsn = do_log(t, 1, key, klen, num, (size_t)n, NULL, 0, e ? e->expire_ms : 0);
-        if (lsn < 0) {
-            entry_free(t, ne);
-            rc = (int)lsn;
-            goto out;
-        }
-        ne->lsn = (uint64_t)lsn;
-        if (e) {
-            ne->expire_ms = e->expire_ms; /* INCR keeps the TTL, as in Redis */
-            do_replace(t, s, ref, ne);
-        } else {
-            do_insert(t, s, ne);
-        }
-    }
-    *result = cur;
+    /* INCR keeps the TTL, as in Redis */
+    rc = do_store(t, s, h, ref, st, key, klen, num, (size_t)n, NULL, 0, e ? e->expire_ms : 0, 0);
+    if (!rc)
+        *result = cur;
 out:
     pthread_mutex_unlock(&s->lock);
     return rc;
@@ -679,59 +964,26 @@ int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void 
 {
     uint64_t h = kvt_hash(key, klen);
     struct shard *s = lock_shard(t, h);
-    struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
-    struct kvt_entry *e = ref ? *ref : NULL;
+    int st;
+    struct kvt_entry **ref = do_lookup(t, s, h, key, klen, &st);
+    struct kvt_entry *e = st == LK_LIVE ? *ref : NULL;
     size_t oldlen = e ? e->vlen : 0;
     int64_t rc;
+    if (st == LK_NOTRES) {
+        rc = -ENODATA;
+        goto out;
+    }
     touch(e ? e->lsn : s->del_lsn);
     if (oldlen + vlen > KVT_MAX_VALUE) {
         rc = -E2BIG;
         goto out;
     }
-    if (e && klen + oldlen + vlen <= e->cap) {
-        int64_t lsn = do_log(t, 1, key, klen, entry_val(e), oldlen, val, vlen, e->expire_ms);
-        if (lsn < 0) {
-            rc = lsn;
-            goto out;
-        }
-        memcpy(entry_val(e) + oldlen, val, vlen);
-        e->vlen = (uint32_t)(oldlen + vlen);
-        e->lsn = (uint64_t)lsn;
-    } else if (e) {
-        /* Grow with room to spare so repeated APPENDs are amortized O(1). */
-        size_t extra = oldlen + vlen < 1024 * 1024 ? oldlen + vlen : 1024 * 1024;
-        struct kvt_entry *ne = entry_new(t, h, key, klen, entry_val(e), oldlen, vlen + extra);
-        if (!ne) {
-            rc = -ENOMEM;
-            goto out;
-        }
-        int64_t lsn = do_log(t, 1, key, klen, entry_val(e), oldlen, val, vlen, e->expire_ms);
-        if (lsn < 0) {
-            entry_free(t, ne);
-            rc = lsn;
-            goto out;
-        }
-        memcpy(entry_val(ne) + oldlen, val, vlen);
-        ne->vlen = (uint32_t)(oldlen + vlen);
-        ne->expire_ms = e->expire_ms;
-        ne->lsn = (uint64_t)lsn;
-        do_replace(t, s, ref, ne);
-    } else {
-        struct kvt_entry *ne = entry_new(t, h, key, klen, val, vlen, 0);
-        if (!ne) {
-            rc = -ENOMEM;
-            goto out;
-        }
-        int64_t lsn = do_log(t, 1, key, klen, val, vlen, NULL, 0, 0);
-        if (lsn < 0) {
-            entry_free(t, ne);
-            rc = lsn;
-            goto out;
-        }
-        ne->lsn = (uint64_t)lsn;
-        do_insert(t, s, ne);
-    }
-    rc = (int64_t)(oldlen + vlen);
+    /* A grown value gets room to spare so repeated APPENDs are amortized O(1). */
+    size_t extra = !e ? 0 : oldlen + vlen < 1024 * 1024 ? oldlen + vlen : 1024 * 1024;
+    rc = do_store(t, s, h, ref, st, key, klen, e ? entry_val(e) : NULL, oldlen, val, vlen,
+                  e ? e->expire_ms : 0, extra);
+    if (!rc)
+        rc = (int64_t)(oldlen + vlen);
 out:
     pthread_mutex_unlock(&s->lock);
     return rc;
@@ -741,11 +993,12 @@ int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen)
 {
     uint64_t h = kvt_hash(key, klen);
     struct shard *s = lock_shard(t, h);
-    struct kvt_entry **ref = do_find_live(t, s, h, key, klen);
-    int64_t n = ref ? (*ref)->vlen : 0;
-    touch(ref ? (*ref)->lsn : s->del_lsn);
+    int st;
+    struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
+    int64_t n = e ? e->vlen : 0;
+    touch(e ? e->lsn : s->del_lsn);
     pthread_mutex_unlock(&s->lock);
-    return n;
+    return st == LK_NOTRES ? -ENODATA : n;
 }
 
 /* Remove the shard's entries written before LSN upto (all, without a logger). */
@@ -764,9 +1017,21 @@ static void do_clear_before(struct kv_table *t, struct shard *s, uint64_t upto)
     }
 }
 
+/* After FLUSHALL emptied the data file: no entry's key is in a block any more. */
+static void do_forget_disk(struct shard *s)
+{
+    for (int i = 0; i < 2; i++)
+        for (uint64_t j = 0; j < s->size[i]; j++)
+            for (struct kvt_entry *e = s->ht[i][j]; e; e = e->next) {
+                kd_add(s, -contrib(e));
+                e->flags &= ~E_OD_MASK;
+                kd_add(s, contrib(e));
+            }
+}
+
 int kvt_flush(struct kv_table *t)
 {
-    if (!t->log) {
+    if (!t->log && !t->sp.queue) {
         for (int i = 0; i < KVT_SHARDS; i++) {
             /* The fresh bucket array is charged without the bound: a flush must
              * work even when max_memory was lowered below usage or concurrent
@@ -787,13 +1052,20 @@ int kvt_flush(struct kv_table *t)
      * written before F. A write logged after F survives here exactly as it does
      * in a replay (FLUSH, then the write), whichever shard order we take. Entries
      * without an LSN (replayed before the log was attached) predate F. */
-    int64_t f = do_log(t, 3, NULL, 0, NULL, 0, NULL, 0, 0);
+    int64_t f = t->log ? do_log(t, 3, NULL, 0, NULL, 0, NULL, 0, 0) : 0;
     if (f < 0)
         return (int)f;
+    uint64_t upto = t->log ? (uint64_t)f : UINT64_MAX;
+    /* Spill mode: every block reads as empty from here on (the data file bumps
+     * its generation), so what survives below is known not to be in a block. */
+    if (t->sp.queue)
+        t->sp.flushall(t->sp.arg);
     for (int i = 0; i < KVT_SHARDS; i++) {
         struct shard *s = &t->shards[i];
         pthread_mutex_lock(&s->lock);
-        do_clear_before(t, s, (uint64_t)f);
+        do_clear_before(t, s, upto);
+        if (t->sp.queue)
+            do_forget_disk(s);
         if ((uint64_t)f > s->del_lsn)
             s->del_lsn = (uint64_t)f;
         pthread_mutex_unlock(&s->lock);
@@ -803,10 +1075,10 @@ int kvt_flush(struct kv_table *t)
 
 uint64_t kvt_count(struct kv_table *t)
 {
-    uint64_t n = 0;
+    int64_t n = atomic_load_explicit(&t->disk_keys, memory_order_relaxed);
     for (int i = 0; i < KVT_SHARDS; i++)
-        n += atomic_load_explicit(&t->shards[i].used, memory_order_relaxed);
-    return n;
+        n += atomic_load_explicit(&t->shards[i].kdelta, memory_order_relaxed);
+    return n > 0 ? (uint64_t)n : 0; /* the parts are read at slightly different moments */
 }
 
 uint64_t kvt_used_memory(struct kv_table *t)
@@ -819,7 +1091,7 @@ void kvt_get_stats(struct kv_table *t, struct kvt_stats *st)
     memset(st, 0, sizeof *st);
     for (int i = 0; i < KVT_SHARDS; i++) {
         struct shard *s = &t->shards[i];
-        st->keys += atomic_load_explicit(&s->used, memory_order_relaxed);
+        st->entries += atomic_load_explicit(&s->used, memory_order_relaxed);
         st->expires += atomic_load_explicit(&s->expires, memory_order_relaxed);
         st->hits += atomic_load_explicit(&s->hits, memory_order_relaxed);
         st->misses += atomic_load_explicit(&s->misses, memory_order_relaxed);
@@ -829,6 +1101,8 @@ void kvt_get_stats(struct kv_table *t, struct kvt_stats *st)
         st->rehashing += s->rehashidx >= 0;
         pthread_mutex_unlock(&s->lock);
     }
+    st->keys = kvt_count(t);
+    st->disk_keys = (uint64_t)atomic_load_explicit(&t->disk_keys, memory_order_relaxed);
     st->used_memory = kvt_used_memory(t);
     st->max_memory = atomic_load_explicit(&t->max_memory, memory_order_relaxed);
     st->oom_rejections = atomic_load_explicit(&t->oom_rejections, memory_order_relaxed);
@@ -856,10 +1130,12 @@ int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budge
             for (unsigned v = 0; v < budget && s->size[0]; v++) {
                 struct kvt_entry **ref = &s->ht[0][s->cursor];
                 while (*ref) {
-                    if ((*ref)->expire_ms && (*ref)->expire_ms <= now) {
-                        do_unlink(t, s, ref);
+                    struct kvt_entry *e = *ref;
+                    if (e->expire_ms && e->expire_ms <= now && !do_remove(t, s, ref, 0)) {
                         cnt_add(&s->expired, 1);
                         reclaimed++;
+                        if (*ref == e) /* became a tombstone in place */
+                            ref = &e->next;
                     } else {
                         ref = &(*ref)->next;
                     }
@@ -899,4 +1175,196 @@ void kvt_prefetch(struct kv_table *t, uint64_t h, int stage)
     uint64_t size = __atomic_load_n(&s->size[0], __ATOMIC_RELAXED);
     if (b && size)
         __builtin_prefetch(&b[h & (size - 1)], 0, 3);
+}
+
+/* ---- spill mode: the data file's side (see table.h) */
+
+void kvt_set_spill(struct kv_table *t, const struct kvt_spill *sp)
+{
+    t->sp = *sp;
+}
+
+void kvt_disk_keys_add(struct kv_table *t, int64_t d)
+{
+    atomic_fetch_add_explicit(&t->disk_keys, d, memory_order_relaxed);
+}
+
+void kvt_disk_keys_set(struct kv_table *t, int64_t v)
+{
+    atomic_store_explicit(&t->disk_keys, v, memory_order_relaxed);
+}
+
+void kvt_set_spill_stuck(struct kv_table *t, int stuck)
+{
+    atomic_store_explicit(&t->spill_stuck, stuck, memory_order_relaxed);
+}
+
+int kvt_spill_stuck(struct kv_table *t)
+{
+    return atomic_load_explicit(&t->spill_stuck, memory_order_relaxed);
+}
+
+struct kvt_dnode *kvt_dnode_of(struct ldu_node *n)
+{
+    return (struct kvt_dnode *)((char *)ldu_obj_of(n) - offsetof(struct kvt_dnode, lo));
+}
+
+const unsigned char *kvt_dnode_key(const struct kvt_dnode *d, uint32_t *klen)
+{
+    *klen = d->klen;
+    return d->key;
+}
+
+uint32_t *kvt_dnode_sweep(struct kvt_dnode *d) { return &d->sweep; }
+
+int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, struct kvbuf *val, struct kvt_snap *out)
+{
+    struct shard *s = shard_of(t, d->hash);
+    pthread_mutex_lock(&s->lock);
+    struct kvt_entry *e = d->e;
+    /* Claim both marks now: whatever was logged so far is covered by this
+     * snapshot; a mark set after this means a newer change (kvt_flushed). */
+    ldu_claim(&d->lo.node[LDU_INSERT]);
+    ldu_claim(&d->lo.node[LDU_REMOVE]);
+    int rc = 0;
+    memset(out, 0, sizeof *out);
+    if (!e) {
+        /* Orphan: its key was removed while known not to be in its block (an
+         * absorbed insert) or by FLUSHALL (the block generation changed): nothing to write. */
+        out->kind = KVT_SNAP_NONE;
+    } else {
+        out->lsn = e->lsn;
+        if ((e->flags & E_TOMB) || (e->expire_ms && e->expire_ms <= now_ms())) {
+            out->kind = KVT_SNAP_DELETE;
+        } else {
+            out->kind = KVT_SNAP_VALUE;
+            out->expire = e->expire_ms;
+            out->vlen = e->vlen;
+            rc = kvbuf_append(val, entry_val(e), e->vlen);
+        }
+        d->inflight = !rc;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc ? -ENOMEM : 0;
+}
+
+void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
+                 const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q)
+{
+    struct shard *s = shard_of(t, d->hash);
+    pthread_mutex_lock(&s->lock);
+    struct kvt_entry *e = d->e;
+    d->inflight = 0;
+    if (e && written) {
+        /* The block now holds exactly the snapshot. */
+        kd_add(s, -contrib(e));
+        e->flags = (e->flags & ~E_OD_MASK) | (snap->kind == KVT_SNAP_VALUE ? OD_YES : OD_NO);
+        kd_add(s, contrib(e));
+    }
+    int marked = atomic_load_explicit(&d->lo.node[0].mark, memory_order_relaxed) ||
+                 atomic_load_explicit(&d->lo.node[1].mark, memory_order_relaxed);
+    /* Clean: the block holds the entry's current state, and that state is
+     * durable in the log (a value ahead of the log must stay dirty: evicted and
+     * loaded back it could be read, then lost with the log tail in a crash). */
+    int clean = e && written && !marked && e->lsn == snap->lsn && snap->lsn <= durable;
+    if (e && !clean && nheld > 0) {
+        ldu_defer(q, held[0]); /* its used bit stays ours: pushed exactly once */
+        held++;
+        nheld--;
+    }
+    /* Producers only run under this lock, so no reuse can race these releases. */
+    for (int i = 0; i < nheld; i++)
+        ldu_release(&d->lo, held[i]);
+    if (!atomic_load_explicit(&d->lo.used, memory_order_relaxed) && (!e || clean)) {
+        if (e)
+            e->dn = NULL;
+        dnode_free(t, d);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
+{
+    uint64_t freed = 0, n = 0;
+    /* Two passes of the clock at most: the first may only clear reference bits. */
+    for (unsigned step = 0; step < 2 * KVT_SHARDS && kvt_used_memory(t) > target; step++) {
+        struct shard *s = &t->shards[t->clock_shard];
+        t->clock_shard = (t->clock_shard + 1) % KVT_SHARDS;
+        pthread_mutex_lock(&s->lock);
+        if (s->rehashidx >= 0)
+            do_rehash_step(t, s, 64); /* evict from ht[0] only: finish migrating first */
+        uint64_t buckets = s->rehashidx >= 0 ? 0 : s->size[0];
+        /* a slice of the shard per visit, so the lock is held briefly */
+        for (uint64_t v = 0; v < buckets && v < 4096 && kvt_used_memory(t) > target; v++) {
+            struct kvt_entry **ref = &s->ht[0][s->clock & (s->size[0] - 1)];
+            while (*ref) {
+                struct kvt_entry *e = *ref;
+                unsigned od = e->flags & E_OD_MASK;
+                int evictable = !e->dn && ((e->flags & E_TOMB) ? od == OD_NO : od == OD_YES);
+                if (evictable && !(e->flags & E_REF)) {
+                    freed += malloc_usable_size(e);
+                    n++;
+                    do_unlink(t, s, ref);
+                } else {
+                    e->flags &= ~E_REF;
+                    ref = &e->next;
+                }
+            }
+            s->clock++;
+        }
+        pthread_mutex_unlock(&s->lock);
+    }
+    if (evicted)
+        *evicted += n;
+    return freed;
+}
+
+int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen, int found,
+             int64_t expire_ms, int (*still_valid)(void *arg), void *arg)
+{
+    uint64_t h = kvt_hash(key, klen);
+    struct shard *s = lock_shard(t, h);
+    int rc = 0;
+    if (do_find(s, h, key, klen)) {
+        rc = 0; /* written (or loaded) meanwhile: memory is newer than the block */
+    } else if (!still_valid(arg)) {
+        rc = -EAGAIN; /* the block changed after it was read */
+    } else {
+        /* A clean copy of the block's record, or a clean tombstone saying the key
+         * is not there (so the next miss does not read the block again). Charged
+         * without the bound: the evictor takes it back under pressure. */
+        if (found && expire_ms && expire_ms <= now_ms())
+            found = 0;
+        struct kvt_entry *e = entry_new_b(t, h, key, klen, found ? val : NULL, found ? vlen : 0, 0, 0);
+        if (!e) {
+            rc = -ENOMEM;
+        } else {
+            e->flags = E_REF | (found ? OD_YES : (E_TOMB | OD_NO));
+            e->expire_ms = found ? expire_ms : 0;
+            do_insert(t, s, e);
+            rc = 1;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+int kvt_load_sync(struct kv_table *t, const void *key, size_t klen)
+{
+    return t->sp.load_sync ? t->sp.load_sync(t->sp.arg, key, klen) : 0;
+}
+
+int kvt_wait_memory(struct kv_table *t)
+{
+    if (!t->sp.queue || !t->sp.make_room || kvt_spill_stuck(t))
+        return -ENOMEM;
+    return t->sp.make_room(t->sp.arg);
+}
+
+void kvt_barrier(struct kv_table *t)
+{
+    for (int i = 0; i < KVT_SHARDS; i++) {
+        pthread_mutex_lock(&t->shards[i].lock);
+        pthread_mutex_unlock(&t->shards[i].lock);
+    }
 }

@@ -32,7 +32,10 @@ struct kv_table;
 typedef void (*kvt_read_fn)(void *arg, const char *val, size_t vlen);
 
 struct kvt_stats {
-    uint64_t keys;          /* live keys (expired but not yet reclaimed keys included) */
+    uint64_t keys;          /* live keys (expired but not yet reclaimed keys included), in
+                               memory and (spill mode) in the data file */
+    uint64_t entries;       /* entries in memory (spill mode: tombstones included) */
+    uint64_t disk_keys;     /* keys in the data file, as of the flusher's last write */
     uint64_t expires;       /* keys with an expire time */
     uint64_t used_memory;   /* bytes allocated by the table, exact */
     uint64_t max_memory;    /* 0 = unbounded */
@@ -70,7 +73,10 @@ void kvt_set_max_memory(struct kv_table *t, uint64_t max_memory);
 uint64_t kvt_max_memory(struct kv_table *t);
 
 /* Look a key up; if live, call fn(arg, value, len) under the shard lock.
- * Returns 1 found, 0 not found. */
+ * Returns 1 found, 0 not found, -ENODATA (spill mode) not in memory and maybe in
+ * its data-file block: load it (bosc) and retry. Every key operation below may
+ * return -ENODATA the same way, with nothing changed, except a plain kvt_set
+ * (no NX/XX/KEEPTTL/old_fn), which writes blind. */
 int kvt_get(struct kv_table *t, const void *key, size_t klen, kvt_read_fn fn, void *arg);
 
 /* Copy a value into buf (cap bytes). Returns the value length (which may be
@@ -87,6 +93,10 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
 
 /* Delete. Returns 1 if a live key was removed, 0 otherwise, -errno if logging failed. */
 int kvt_del(struct kv_table *t, const void *key, size_t klen);
+/* Delete without loading (log replay; a multi-key DEL racing an eviction): a key
+ * that is not in memory gets a tombstone and 0 is returned (whether the block
+ * held it is not known). */
+int kvt_del_blind(struct kv_table *t, const void *key, size_t klen);
 
 /* Returns 1 if the key exists and is live. */
 int kvt_exists(struct kv_table *t, const void *key, size_t klen);
@@ -123,5 +133,73 @@ void kvt_prefetch(struct kv_table *t, uint64_t h, int stage);
 
 /* 64-bit keyed hash of a key (SipHash-1-3 with a per-process random key). */
 uint64_t kvt_hash(const void *key, size_t klen);
+/* The same with a given key (the data file's placement hash, fixed per file). */
+uint64_t kvt_hash_keyed(const void *key, size_t klen, uint64_t k0, uint64_t k1);
+
+/* ---- spill mode: a data file (bosc.c) behind the table.
+ *
+ * Every mutation queues its key once on an LDU queue (ldu.h) for the flusher,
+ * which writes the key's current state to its block and then calls
+ * kvt_flushed; clean entries (in their block, durable) can be evicted
+ * (kvt_evict) and are loaded back on demand (kvt_load). A deleted key that may
+ * be in its block stays as a tombstone until its deletion is flushed. With the
+ * memory bound reached, writes fail with -ENOMEM; the server holds them until
+ * the flusher made room (kvt_spill_stuck says when waiting cannot help). */
+struct ldu_queue;
+struct ldu_node;
+struct kvbuf;
+struct kvt_spill {
+    struct ldu_queue *queue; /* the flusher's dirty queue */
+    /* 1 if the key's block may hold it (called for keys not in memory, shard lock held) */
+    int (*maybe_on_disk)(void *arg, const void *key, size_t klen);
+    void (*flushall)(void *arg);   /* FLUSHALL: every block is empty from now on */
+    int (*load_sync)(void *arg, const void *key, size_t klen); /* blocking load (kvt_load_sync) */
+    int (*make_room)(void *arg);   /* blocking: sweep and evict (kvt_wait_memory) */
+    void *arg;
+};
+/* Attach (before the table is shared). */
+void kvt_set_spill(struct kv_table *t, const struct kvt_spill *sp);
+void kvt_disk_keys_add(struct kv_table *t, int64_t d);
+void kvt_disk_keys_set(struct kv_table *t, int64_t v);
+void kvt_set_spill_stuck(struct kv_table *t, int stuck);
+int kvt_spill_stuck(struct kv_table *t);
+/* Lock and unlock every shard: every mutation begun before has finished (and
+ * queued its key). */
+void kvt_barrier(struct kv_table *t);
+
+/* The flusher's view of a queued key. */
+struct kvt_dnode;
+struct kvt_dnode *kvt_dnode_of(struct ldu_node *n);
+const unsigned char *kvt_dnode_key(const struct kvt_dnode *d, uint32_t *klen);
+uint32_t *kvt_dnode_sweep(struct kvt_dnode *d); /* a word private to the flusher */
+enum { KVT_SNAP_NONE, KVT_SNAP_VALUE, KVT_SNAP_DELETE };
+struct kvt_snap {
+    int kind;                /* KVT_SNAP_*: nothing to do, write value, delete key */
+    uint64_t lsn;            /* of the state taken */
+    int64_t expire;
+    uint32_t vlen;           /* value appended to the caller's buffer */
+};
+/* Take the key's current state (claims its pending marks). Returns 0 or -ENOMEM. */
+int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, struct kvbuf *val, struct kvt_snap *out);
+/* After the block write (written = 1) is synced, or when it was skipped (0):
+ * mark the entry clean if the block and the log (LSN <= durable) cover it, else
+ * queue it again (held[0] deferred on q); release the held nodes; free the node
+ * when done with it. held: the nodes of d taken from the queue. */
+void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
+                 const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q);
+/* Evict clean, unreferenced entries (CLOCK) until used memory <= target or two
+ * turns of the clock found nothing more. Returns bytes freed; adds to *evicted. */
+uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted);
+/* Insert what a block holds for key (found) or says about it (absent) as a
+ * clean entry, unless memory already has the key. still_valid(arg) is called
+ * under the shard lock: 0 means the block changed since it was read (-EAGAIN:
+ * read it again). Returns 1 inserted, 0 memory had it, -errno. */
+int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen, int found,
+             int64_t expire_ms, int (*still_valid)(void *arg), void *arg);
+/* Blocking load through the spill hook (Python callers). Returns 0 or -errno. */
+int kvt_load_sync(struct kv_table *t, const void *key, size_t klen);
+/* After -ENOMEM (Python callers): wait for the flusher to make room. Returns 0
+ * (try again) or -ENOMEM when waiting cannot help (no data file, nothing to evict). */
+int kvt_wait_memory(struct kv_table *t);
 
 #endif

@@ -567,8 +567,9 @@ static int apply(struct kv_table *t, int op, const unsigned char *key, uint32_t 
         return rc < 0 ? rc : 0;
     }
     if (op == WAL_DEL) {
-        kvt_del(t, key, klen);
-        return 0;
+        /* blind: with a data file the key may be only in its block */
+        int rc = kvt_del_blind(t, key, klen);
+        return rc < 0 ? rc : 0;
     }
     kvt_flush(t);
     return 0;
@@ -606,6 +607,35 @@ static int sync_path(const char *path, const char *dir, char *err, size_t errlen
     return rc;
 }
 
+int wal_truncate(const char *dir, uint64_t upto)
+{
+    struct seg *segs = NULL;
+    int nseg = 0, rc = list_segments(dir, &segs, &nseg), removed = 0;
+    if (rc)
+        return rc;
+    /* Segment i holds LSNs [first(i), first(i+1)); the newest is the one the
+     * log thread appends to and always stays. Oldest first, so a crash midway
+     * leaves a suffix of the log, never a hole. */
+    for (int i = 0; i + 1 < nseg && segs[i + 1].first <= upto + 1; i++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, segs[i].name);
+        if (unlink(path) && errno != ENOENT) {
+            rc = -errno;
+            break;
+        }
+        removed++;
+    }
+    free(segs);
+    if (removed) {
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+        if (dfd >= 0) {
+            fsync(dfd);
+            close(dfd);
+        }
+    }
+    return rc ? rc : removed;
+}
+
 int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int repair,
                 struct wal_recovery *rec, char *err, size_t errlen)
 {
@@ -637,6 +667,14 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
                 break;
             }
             snprintf(err, errlen, "%s: bad segment header: not a kvstore log segment or corrupt", path);
+            free(d);
+            rc = -EILSEQ;
+            break;
+        }
+        if (t && si == 0 && segs[0].first > after_lsn + 1) {
+            snprintf(err, errlen,
+                     "%s: the log starts at LSN %" PRIu64 " but the data file holds only up to LSN %" PRIu64
+                     ": segments are missing", path, segs[0].first, after_lsn);
             free(d);
             rc = -EILSEQ;
             break;

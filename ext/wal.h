@@ -123,11 +123,18 @@ int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t
  * none) or -errno. Used to catch a replication peer up from the files. */
 int64_t wal_read_range(const char *dir, uint64_t from, uint64_t upto, size_t max_bytes, struct kvbuf *out);
 
+/* Delete the segments whose records all have LSN <= upto (never the newest):
+ * called once the data file holds everything up to upto. Returns the number
+ * deleted or -errno. */
+int wal_truncate(const char *dir, uint64_t upto);
+
 /* Replay every segment of dir into t (t may be NULL: only check and count) (records with LSN > after_lsn), in LSN order.
  * A torn tail of the last segment (a record cut short by a crash) is reported and,
  * if repair is set, truncated away. Corruption anywhere else (a bad CRC with valid
  * data after it, a bad segment header, an LSN going backwards) stops the replay:
  * returns -EILSEQ with the place in err; nothing after it is applied.
+ * When replaying (t != NULL) the first segment must start at or before
+ * after_lsn + 1 (what the data file holds), or segments are missing (-EILSEQ).
  * Returns 0 (see *rec for what was recovered) or -errno. */
 int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int repair,
                 struct wal_recovery *rec, char *err, size_t errlen);

@@ -5,7 +5,7 @@ plus kvstore stats), Node (a server process managed from Python), bench (C load
 generator)."""
 __version__ = "0.1.0"
 
-from kvstore.errors import (ConfigError, CorruptLogError, IntegerOverflowError, KVError, NotAnIntegerError,  # noqa: E402
+from kvstore.errors import (ConfigError, CorruptDataFileError, CorruptLogError, IntegerOverflowError, KVError, NotAnIntegerError,  # noqa: E402
                             OutOfMemoryError, ProtocolError, ServerError, TooLargeError)
 from kvstore.store import Store  # noqa: E402
 from kvstore.server import Server  # noqa: E402
@@ -13,4 +13,4 @@ from kvstore.client import Client  # noqa: E402
 from kvstore.node import Node  # noqa: E402
 
 __all__ = ["Store", "Server", "Client", "Node", "KVError", "ConfigError", "OutOfMemoryError",
-           "NotAnIntegerError", "IntegerOverflowError", "CorruptLogError", "TooLargeError", "ServerError", "ProtocolError"]
+           "NotAnIntegerError", "IntegerOverflowError", "CorruptLogError", "CorruptDataFileError", "TooLargeError", "ServerError", "ProtocolError"]

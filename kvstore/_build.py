@@ -10,13 +10,13 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT = os.path.relpath(os.path.join(HERE, "..", "ext"))
 SOURCES = ["table.c", "resp.c", "cmd.c", "pollpolicy.c", "server.c", "info.c", "loadgen.c", "crc32c.c", "wal.c",
-           "replog.c", "ldu.c"]
+           "replog.c", "ldu.c", "bosc.c"]
 
 CDEF = """
 struct kv_table;
 typedef void (*kvt_read_fn)(void *arg, const char *val, size_t vlen);
 struct kvt_stats {
-    uint64_t keys, expires, used_memory, max_memory, buckets, rehashing;
+    uint64_t keys, entries, disk_keys, expires, used_memory, max_memory, buckets, rehashing;
     uint64_t expired_keys, oom_rejections, hits, misses;
 };
 int kvt_create(struct kv_table **out, uint64_t max_memory);
@@ -26,6 +26,9 @@ int64_t kvt_get_copy(struct kv_table *t, const void *key, size_t klen, void *buf
 int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen,
             int flags, int64_t expire_ms, kvt_read_fn old_fn, void *old_arg);
 int kvt_del(struct kv_table *t, const void *key, size_t klen);
+int kvt_del_blind(struct kv_table *t, const void *key, size_t klen);
+int kvt_load_sync(struct kv_table *t, const void *key, size_t klen);
+int kvt_wait_memory(struct kv_table *t);
 int kvt_exists(struct kv_table *t, const void *key, size_t klen);
 int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, int64_t *result);
 int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen);
@@ -57,7 +60,7 @@ struct srv_config {
     const char *bind; int port; int threads; int maxclients; const char *requirepass;
     int accept_mode; const char *poll_policy; const char *config_file; const char *version;
     int tcp_backlog; struct wal *wal; const char *durability;
-    struct rl_sender *sender; struct rl_receiver *receiver;
+    struct rl_sender *sender; struct rl_receiver *receiver; struct bosc *bosc;
 };
 struct srv_poller_stats {
     uint64_t epoll_wait, epoll_ctl, reads, writes;
@@ -121,6 +124,31 @@ void wal_get_stats(struct wal *w, struct wal_stats *st);
 int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int repair,
                 struct wal_recovery *rec, char *err, size_t errlen);
 uint32_t crc32c(uint32_t crc, const void *p, size_t n);
+int wal_truncate(const char *dir, uint64_t upto);
+uint64_t wal_synced_lsn(struct wal *w);
+
+struct bosc;
+struct bosc_config { const char *path; uint32_t buckets; uint32_t flush_interval_ms; const char *log_dir; };
+struct bosc_open_info {
+    uint64_t flushed_lsn, generation, buckets, blocks, disk_keys, overflow_blocks; double seconds;
+};
+struct bosc_stats {
+    uint64_t sweeps, records, blocks_read, blocks_written, bytes_written, syncs;
+    uint64_t sweep_ns, io_ns, deferred;
+    uint64_t loads, load_reads, evicted, evicted_bytes, truncated_segments;
+    uint64_t flushed_lsn, disk_keys, buckets, blocks, free_blocks, queued;
+    int failed; char error[256];
+};
+int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *cfg,
+              struct bosc_open_info *info, char *err, size_t errlen);
+void bosc_set_log(struct bosc *b, struct wal *w);
+int bosc_start(struct bosc *b);
+void bosc_close(struct bosc *b);
+int bosc_sync(struct bosc *b);
+int bosc_failed(struct bosc *b);
+const char *bosc_error(struct bosc *b);
+void bosc_get_stats(struct bosc *b, struct bosc_stats *st);
+double bosc_bench_naive(const char *path, uint32_t buckets, uint64_t n, uint32_t value_size, uint64_t seed);
 
 struct lg_config {
     const char *host; int port; int threads; int conns; int pipeline; int value_size;
@@ -157,7 +185,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "kvstore._ext",
     '#include "table.h"\n#include "resp.h"\n#include "server.h"\n#include "loadgen.h"\n'
-    '#include "wal.h"\n#include "crc32c.h"\n#include "replog.h"\n#include "ldu.h"\n',
+    '#include "wal.h"\n#include "crc32c.h"\n#include "replog.h"\n#include "ldu.h"\n#include "bosc.h"\n',
     sources=[os.path.join(EXT, s) for s in SOURCES],
     include_dirs=[EXT],
     extra_compile_args=["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wno-unused-parameter",

@@ -61,6 +61,10 @@ class ServerConfig:
     peer_timeout_ms: int = 1000  # remote: an ack overdue this long = peer lost -> disk mode
     disk_log_interval_ms: int = 1000  # remote: the local log is written+synced this often
     peer_startup_wait_ms: int = 10000  # remote: how long start waits to compare logs with the peer
+    data_file: bool = True       # disk/remote: BOSC data file (bounded memory, log truncation)
+    data_buckets: int = 65536    # home blocks of a new data file (4 KiB each, sparse)
+    flush_interval_ms: int = 1000  # the flusher sweeps at least this often while keys are dirty
+    log_segment_size: int = 64 * 1024 * 1024  # a new log segment past this size
     tcp_backlog: int = 511
     config_file: str = ""
 
@@ -83,6 +87,12 @@ class ServerConfig:
         "peer_timeout_ms": "remote mode: an ack overdue this long means the peer is lost",
         "disk_log_interval_ms": "remote mode: the local log is written and synced this often",
         "peer_startup_wait_ms": "remote mode: at start, wait this long for the peer to compare logs",
+        "data_file": "disk/remote: keep a BOSC data file (<data_dir>/data.kvd): memory bounded by max_memory "
+                     "(full memory makes writes wait for the flusher), log segments deleted once flushed",
+        "data_buckets": "home blocks (4 KiB) of a new data file; keys per block ~ keys / data_buckets",
+        "flush_interval_ms": "the data-file flusher sweeps at least this often while keys are dirty",
+        "log_segment_size": "start a new log segment past this size (bytes or '64mb'); with a data file, "
+                            "segments wholly below the flushed LSN are deleted",
         "tcp_backlog": "listen() backlog",
     }
 
@@ -94,6 +104,9 @@ class ServerConfig:
         if not isinstance(self.maxclients, int) or self.maxclients < 1:
             raise ConfigError(f"maxclients: expected a positive integer, got {self.maxclients!r}")
         self.max_memory = parse_size(self.max_memory, "max_memory")
+        self.log_segment_size = parse_size(self.log_segment_size, "log_segment_size")
+        if self.log_segment_size < 4096:
+            raise ConfigError(f"log_segment_size: expected at least 4096 bytes, got {self.log_segment_size}")
         if self.accept not in ("reuseport", "handoff"):
             raise ConfigError(f"accept: expected 'reuseport' or 'handoff', got {self.accept!r}")
         if self.durability not in DURABILITY_MODES:
@@ -107,6 +120,14 @@ class ServerConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{name}: expected an integer >= {lo}, got {v!r}")
+        if not isinstance(self.data_file, bool):
+            raise ConfigError(f"data_file: expected true or false, got {self.data_file!r}")
+        if not isinstance(self.data_buckets, int) or not 1 <= self.data_buckets <= 1 << 30:
+            raise ConfigError(f"data_buckets: expected an integer from 1 to {1 << 30}, got {self.data_buckets!r}")
+        if not isinstance(self.flush_interval_ms, int) or self.flush_interval_ms < 1:
+            raise ConfigError(f"flush_interval_ms: expected an integer >= 1, got {self.flush_interval_ms!r}")
+        if self.durability == "none":
+            self.data_file = False  # nothing durable to write back
         if not isinstance(self.repl_port, int) or not -1 <= self.repl_port <= 65535:
             raise ConfigError(f"repl_port: expected -1 (off) or a port from 0 to 65535, got {self.repl_port!r}")
         if self.poll_policy not in ("direct", "strict"):

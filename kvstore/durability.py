@@ -104,13 +104,14 @@ def fetch_from_peer(data_dir, host, port, timeout_ms=5000):
     return last, local, False
 
 
-def recover(store, data_dir, repair=True):
-    """Replay <data_dir>/log into store. Raises errors.CorruptLogError if the log is
-    damaged anywhere but its torn tail (nothing after the damage is applied)."""
+def recover(store, data_dir, repair=True, after_lsn=0):
+    """Replay <data_dir>/log into store: the records after after_lsn (what the data
+    file already holds). Raises errors.CorruptLogError if the log is damaged
+    anywhere but its torn tail (nothing after the damage is applied)."""
     rec = ffi.new("struct wal_recovery *")
     err = ffi.new("char[1024]")
     t0 = time.monotonic()
-    rc = lib.wal_recover(store._t, log_dir(data_dir).encode(), 0, 1 if repair else 0, rec, err, 1024)
+    rc = lib.wal_recover(store._t, log_dir(data_dir).encode(), after_lsn, 1 if repair else 0, rec, err, 1024)
     msg = ffi.string(err).decode(errors="replace")
     if rc == -84:  # EILSEQ
         raise errors.CorruptLogError(
@@ -122,11 +123,80 @@ def recover(store, data_dir, repair=True):
                     ffi.string(rec.problem).decode(errors="replace"), time.monotonic() - t0)
 
 
+def data_file(data_dir):
+    return os.path.join(data_dir, "data.kvd")
+
+
+class DataFile:
+    """The BOSC data file behind a store's table: opened (and scanned) before the
+    log replays, so the replay marks its keys dirty for the flusher."""
+
+    def __init__(self, store, data_dir, buckets=65536, flush_interval_ms=1000, truncate_log=True):
+        cfg = ffi.new("struct bosc_config *")
+        # Remote mode keeps every log segment: a peer that lost its copy of this
+        # node's log is caught up by shipping the log from LSN 1.
+        self._keep = [ffi.new("char[]", data_file(data_dir).encode()),
+                      ffi.new("char[]", log_dir(data_dir).encode()) if truncate_log else ffi.NULL]
+        cfg.path, cfg.log_dir = self._keep
+        cfg.buckets = buckets
+        cfg.flush_interval_ms = flush_interval_ms
+        info = ffi.new("struct bosc_open_info *")
+        out = ffi.new("struct bosc **")
+        err = ffi.new("char[1024]")
+        rc = lib.bosc_open(out, store._t, cfg, info, err, 1024)
+        if rc < 0:
+            msg = ffi.string(err).decode(errors="replace")
+            if rc == -84:  # EILSEQ
+                raise errors.CorruptDataFileError(
+                    f"{msg}. The server will not start on a damaged data file: restore the node from its "
+                    f"peer (move the data directory away, start with --from-peer) or from a backup.")
+            errors.raise_for(rc, msg)
+        self._b = out[0]
+        self.info = {f: getattr(info, f) for f in ("flushed_lsn", "generation", "buckets", "blocks", "disk_keys",
+                                                    "overflow_blocks", "seconds")}
+
+    @property
+    def flushed_lsn(self):
+        return self.info["flushed_lsn"]
+
+    def summary(self):
+        i = self.info
+        return (f"data file: {i['disk_keys']:,} keys in {i['buckets']:,} buckets ({i['blocks']:,} blocks), "
+                f"flushed up to LSN {i['flushed_lsn']}, scanned in {i['seconds']:.3f} s")
+
+    def start(self, log=None):
+        """Start the flusher and loader; log's durable LSN bounds what may become clean."""
+        lib.bosc_set_log(self._b, log._w if log is not None else ffi.NULL)
+        rc = lib.bosc_start(self._b)
+        if rc < 0:
+            raise errors.ServerError("cannot start the data file's flusher", -rc)
+
+    def sync(self):
+        """Sweep now and wait for it (tests and experiments)."""
+        errors.raise_for(lib.bosc_sync(self._b), "the data file failed")
+
+    def stats(self):
+        st = ffi.new("struct bosc_stats *")
+        lib.bosc_get_stats(self._b, st)
+        d = {f: getattr(st, f) for f in ("sweeps", "records", "blocks_read", "blocks_written", "bytes_written",
+                                         "syncs", "sweep_ns", "io_ns", "deferred", "loads", "load_reads",
+                                         "evicted", "evicted_bytes", "truncated_segments", "flushed_lsn",
+                                         "disk_keys", "buckets", "queued", "failed")}
+        d["error"] = ffi.string(st.error).decode(errors="replace")
+        return d
+
+    def close(self):
+        if self._b is not None:
+            lib.bosc_close(self._b)
+            self._b = None
+
+
 class Log:
     """An open group-committed log attached to a store's table (every write is logged)."""
 
-    def __init__(self, store, data_dir, first_lsn, sync=True, ship=False, batch_ms=1000):
+    def __init__(self, store, data_dir, first_lsn, sync=True, ship=False, batch_ms=1000, segment_bytes=0):
         cfg = ffi.new("struct wal_config *")
+        cfg.segment_bytes = segment_bytes  # 0: the default, 64 MiB
         self._dir = ffi.new("char[]", log_dir(data_dir).encode())
         cfg.dir = self._dir
         cfg.sync = 1 if sync else 0

@@ -42,6 +42,11 @@ class CorruptLogError(KVError, ValueError):
     """The durability log is damaged before its end; nothing after the damage was applied."""
 
 
+class CorruptDataFileError(KVError, ValueError):
+    """A block of the BOSC data file failed its checks (checksum, number, chain);
+    the message names the file, the block and what was wrong."""
+
+
 class ProtocolError(KVError, ValueError):
     """Malformed RESP input."""
 
@@ -60,6 +65,8 @@ def raise_for(rc, message=""):
         raise ConfigError(text)
     if code == errno.EAGAIN:
         raise ServerError(message or "durability log backlog full: write refused, retry", code)
+    if code == errno.EILSEQ:
+        raise CorruptDataFileError(text)
     if code == errno.EIO:
         raise ServerError(message or "durability log failed: writes refused until restart", code)
     raise ServerError(text, code)

@@ -37,10 +37,13 @@ class Node:
         if self.data_dir:
             args += ["--data-dir", str(self.data_dir)]
         for k, v in self.settings.items():
-            if v is None or v is False:
+            if v is None:
                 continue
             flag = "--" + k.replace("_", "-")
-            args += [flag] if v is True else [flag, str(v)]
+            if isinstance(v, bool):  # on/off switches: --data-file / --no-data-file
+                args.append(flag if v else "--no-" + k.replace("_", "-"))
+            else:
+                args += [flag, str(v)]
         return args
 
     def start(self, timeout=15.0):

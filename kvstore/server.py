@@ -24,6 +24,7 @@ class Server:
         self._srv = None
         self._keep = []
         self.log = None
+        self.datafile = None
         self.recovery = None
         self.sender = None
         self.receiver = None
@@ -63,6 +64,7 @@ class Server:
         cfg.wal = self.log._w if self.log else ffi.NULL
         cfg.sender = self.sender._s if self.sender else ffi.NULL
         cfg.receiver = self.receiver._r if self.receiver else ffi.NULL
+        cfg.bosc = self.datafile._b if self.datafile else ffi.NULL
         cfg.port = c.port
         cfg.threads = c.effective_threads
         cfg.maxclients = c.maxclients
@@ -116,14 +118,20 @@ class Server:
             self.fetched = self._fetch_waiting(host, port, c.peer_startup_wait_ms)
         elif self.from_peer:
             self.fetched = durability.fetch_from_peer(c.data_dir, *parse_address(self.from_peer, "from_peer"))
-        self.recovery = durability.recover(self.store, c.data_dir)
+        if c.data_file:
+            self.datafile = durability.DataFile(self.store, c.data_dir, c.data_buckets, c.flush_interval_ms,
+                                                truncate_log=c.durability == "disk")
+        self.recovery = durability.recover(self.store, c.data_dir,
+                                           after_lsn=self.datafile.flushed_lsn if self.datafile else 0)
         remote = c.durability == "remote"
         self.log = durability.Log(self.store, c.data_dir, self.recovery.last_lsn + 1, sync=not remote,
-                                  ship=remote, batch_ms=c.disk_log_interval_ms)
+                                  ship=remote, batch_ms=c.disk_log_interval_ms, segment_bytes=c.log_segment_size)
         if remote:
             host, port = c.peer_address()
             self.sender = durability.Sender(self.log, c.data_dir, host, port, c.ship_interval_us,
                                             c.max_batch_records, c.peer_timeout_ms)
+        if self.datafile:
+            self.datafile.start(self.log)
 
     def _fetch_waiting(self, host, port, wait_ms):
         data_dir = self.config.data_dir
@@ -156,6 +164,9 @@ class Server:
                     e.errno) from None
 
     def _close_log(self):
+        if self.datafile is not None:  # its flusher reads the log's durable LSN and the sender's
+            self.datafile.close()
+            self.datafile = None
         if self.sender is not None:
             self.sender.close()
             self.sender = None

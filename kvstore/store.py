@@ -37,13 +37,24 @@ class Store:
         errors.raise_for(lib.kvt_create(out, max_memory), "cannot create the table")
         self._t = ffi.gc(out[0], lib.kvt_destroy)
 
+    def _op(self, fn, k, *args):
+        """fn(table, key, klen, *args); with a data file behind the table, a key
+        that left memory is loaded back, and a write that found memory full waits
+        for the flusher (both blocking), then the call is repeated."""
+        while True:
+            rc = fn(self._t, k, len(k), *args)
+            if rc == -errno.ENODATA:
+                errors.raise_for(lib.kvt_load_sync(self._t, k, len(k)))
+            elif rc != -errno.ENOMEM or lib.kvt_wait_memory(self._t) < 0:
+                return rc
+
     # -- reads
     def get(self, key, default=None):
         k = _b(key)
         cap = 256
         while True:
             buf = ffi.new("char[]", cap)
-            n = lib.kvt_get_copy(self._t, k, len(k), buf, cap)
+            n = self._op(lib.kvt_get_copy, k, buf, cap)
             if n == -errno.ENOENT:
                 return default
             if n <= cap:
@@ -58,14 +69,14 @@ class Store:
 
     def __contains__(self, key):
         k = _b(key)
-        return bool(lib.kvt_exists(self._t, k, len(k)))
+        return bool(errors.raise_for(self._op(lib.kvt_exists, k)))
 
     def __len__(self):
         return lib.kvt_count(self._t)
 
     def strlen(self, key):
         k = _b(key)
-        return lib.kvt_strlen(self._t, k, len(k))
+        return errors.raise_for(self._op(lib.kvt_strlen, k))
 
     # -- writes
     def set(self, key, value, *, nx=False, xx=False, ex=None, px=None, keepttl=False):
@@ -82,7 +93,7 @@ class Store:
                 raise errors.ConfigError(f"expire time must be positive, got {ex if ex is not None else px!r}")
             expire = int(time.time() * 1000) + ms
         flags = (NX if nx else 0) | (XX if xx else 0) | (KEEPTTL if keepttl else 0)
-        rc = lib.kvt_set(self._t, k, len(k), v, len(v), flags, expire, ffi.NULL, ffi.NULL)
+        rc = self._op(lib.kvt_set, k, v, len(v), flags, expire, ffi.NULL, ffi.NULL)
         errors.raise_for(rc)
         return rc == 1
 
@@ -93,7 +104,7 @@ class Store:
         n = 0
         for key in keys:
             k = _b(key)
-            n += errors.raise_for(lib.kvt_del(self._t, k, len(k)))
+            n += errors.raise_for(self._op(lib.kvt_del, k))
         return n
 
     def __delitem__(self, key):
@@ -103,7 +114,7 @@ class Store:
     def incr(self, key, amount=1):
         k = _b(key)
         out = ffi.new("int64_t *")
-        rc = lib.kvt_incrby(self._t, k, len(k), int(amount), out)
+        rc = self._op(lib.kvt_incrby, k, int(amount), out)
         if rc == -errno.EINVAL:
             raise errors.NotAnIntegerError(f"value of {key!r} is not an integer or out of range")
         if rc == -errno.ERANGE:
@@ -116,7 +127,7 @@ class Store:
 
     def append(self, key, value):
         k, v = _b(key), _b(value, "value")
-        return errors.raise_for(lib.kvt_append(self._t, k, len(k), v, len(v)))
+        return errors.raise_for(self._op(lib.kvt_append, k, v, len(v)))
 
     def flush(self):
         errors.raise_for(lib.kvt_flush(self._t))

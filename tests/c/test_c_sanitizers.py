@@ -51,12 +51,13 @@ SANITIZER_MARKERS = (
 )
 
 BUILDS = {
-    "table_stress_tsan": (["table_stress.c"], TSAN),
-    "table_stress_asan": (["table_stress.c"], ASAN_UBSAN),  # ext/table.c is #included
+    "table_stress_tsan": (["table_stress.c", str(EXT / "ldu.c")], TSAN),
+    "table_stress_asan": (["table_stress.c", str(EXT / "ldu.c")], ASAN_UBSAN),  # ext/table.c is #included
     "resp_fuzz_asan": (["resp_fuzz.c", str(EXT / "resp.c")], ASAN_UBSAN),
-    "wal_stress_tsan": (["wal_stress.c", str(EXT / "wal.c"), str(EXT / "table.c"), str(EXT / "crc32c.c")], TSAN),
-    "wal_stress_asan": (["wal_stress.c", str(EXT / "wal.c"), str(EXT / "table.c"), str(EXT / "crc32c.c")],
-                        ASAN_UBSAN),
+    "wal_stress_tsan": (["wal_stress.c", str(EXT / "wal.c"), str(EXT / "table.c"), str(EXT / "crc32c.c"),
+                         str(EXT / "ldu.c")], TSAN),
+    "wal_stress_asan": (["wal_stress.c", str(EXT / "wal.c"), str(EXT / "table.c"), str(EXT / "crc32c.c"),
+                         str(EXT / "ldu.c")], ASAN_UBSAN),
 }
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")

@@ -137,8 +137,10 @@ def flip_bit(path, offset, bit):
 def start_disk_node(data_dir, threads=2, **settings):
     """A new kvstore.Node on data_dir in disk mode, started. (A new object each time:
     Node.start() keeps the previous run's port, so a restarted Node whose server
-    failed would look started.)"""
+    failed would look started.) Without the data file unless data_file=True: the
+    log tests see every record replayed from LSN 1."""
     settings.setdefault("durability", "disk")
+    settings.setdefault("data_file", False)
     n = Node(port=0, data_dir=str(data_dir), threads=threads, **settings)
     n.start()
     return n
@@ -193,6 +195,15 @@ def run_recover(data_dir, *extra, timeout=30.0):
 _RECOVERED = re.compile(
     r"recovered ([\d,]+) records \((?:LSN (\d+)\.\.(\d+)|up to LSN (\d+))\) "
     r"from (\d+) log segment\(s\)(.*)")
+
+
+_DATAFILE = re.compile(r"data file: [\d,]+ keys in .* flushed up to LSN (\d+)")
+
+
+def parse_datafile(log):
+    """The flushed LSN from the server's "data file: ..." start line, or None."""
+    m = _DATAFILE.search(log)
+    return int(m.group(1)) if m else None
 
 
 class Recovered:

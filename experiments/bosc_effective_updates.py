@@ -1,0 +1,181 @@
+"""Paper 000, section 3.3: effective disk updates per second of the BOSC sweep.
+
+The BOSC flusher turns random record updates into a sweep up the data file:
+each block with pending updates is read, updated and written once, then one
+fdatasync. Its effective update rate (records made durable in the data file per
+second of sweep time) grows with the updates per block, so with the request rate
+and with the memory that holds the pending updates. The baseline is the naive
+way: every update reads its block, modifies it, writes it back in place and
+syncs it.
+
+Every point runs the real flusher (kvstore.durability.DataFile over a Store, as
+in the server) on a data file on this machine's disk:
+  - memory: writers update random keys as fast as they can with the store's
+    memory bounded; the flusher sweeps when memory passes 90 % of the bound
+    (the NHD regime): more memory, more updates per sweep;
+  - rate: writers update random keys at a fixed rate with unbounded memory and
+    a sweep every --interval-ms: more requests, more updates per sweep;
+  - naive: random in-place updates, each read + write + fdatasync of its block.
+Updates/s = records written / seconds the flusher spent sweeping (its I/O and
+syncs included); the writers' own time is not counted (they run in memory).
+
+    python experiments/bosc_effective_updates.py   -> results/bosc_effective_updates.{csv,png}
+    python experiments/bosc_effective_updates.py --memory-mb 2 8 32 --rates 10000 100000 --seconds 3
+"""
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+from kvstore import Store, durability  # noqa: E402
+from kvstore._native import lib  # noqa: E402
+
+CSV = os.path.join(common.RESULTS, "bosc_effective_updates.csv")
+PNG = os.path.join(common.RESULTS, "bosc_effective_updates.png")
+VALUE = 85  # bytes, the paper's IoT record
+
+
+def preload(store, datafile, keys):
+    value = b"v" * VALUE
+    for k in keys:
+        store.set(k, value)
+    datafile.sync()
+
+
+def run_point(workdir, buckets, nkeys, seconds, interval_ms, max_memory=0, rate=0.0, seed=1):
+    """Random updates for `seconds` through a real flusher. Returns the flusher's counters."""
+    d = tempfile.mkdtemp(dir=workdir)
+    store = Store(max_memory=0)  # unbounded while preloading
+    df = durability.DataFile(store, d, buckets=buckets, flush_interval_ms=interval_ms, truncate_log=False)
+    df.start(None)
+    try:
+        keys = [b"sensor:%09d" % i for i in range(nkeys)]
+        preload(store, df, keys)
+        store.max_memory = max_memory
+        if max_memory:  # start from a full memory, as a server in the NHD regime
+            df.sync()
+        s0 = df.stats()
+        stop = time.monotonic() + seconds
+        rng = random.Random(seed)
+        n = 0
+        value = b"u" * VALUE
+        t0 = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if now >= stop:
+                break
+            if rate and n >= (now - t0) * rate:
+                time.sleep(0.0005)
+                continue
+            for _ in range(256):
+                store.set(keys[rng.randrange(nkeys)], value)  # waits for the flusher when memory is full
+            n += 256
+        df.sync()  # the last updates too
+        s1 = df.stats()
+    finally:
+        df.close()
+    recs = s1["records"] - s0["records"]
+    sweep_s = (s1["sweep_ns"] - s0["sweep_ns"]) / 1e9
+    return {"updates": n, "records": recs, "sweeps": s1["sweeps"] - s0["sweeps"],
+            "blocks_written": s1["blocks_written"] - s0["blocks_written"], "sweep_s": sweep_s,
+            "updates_per_s": recs / sweep_s if sweep_s else 0.0,
+            "records_per_block": recs / max(1, s1["blocks_written"] - s0["blocks_written"])}
+
+
+def naive_point(workdir, buckets, n, seed=1):
+    path = os.path.join(tempfile.mkdtemp(dir=workdir), "naive.dat")
+    s = lib.bosc_bench_naive(path.encode(), buckets, n, VALUE, seed)
+    if s < 0:
+        raise OSError(-int(s), os.strerror(-int(s)))
+    return {"updates": n, "records": n, "sweeps": 0, "blocks_written": n, "sweep_s": s,
+            "updates_per_s": n / s, "records_per_block": 1.0}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--buckets", type=int, default=16384, help="data-file home blocks (4 KiB each)")
+    ap.add_argument("--keys", type=int, default=200_000, help="distinct keys (~12 per block by default)")
+    ap.add_argument("--memory-mb", type=float, nargs="+", default=[4, 8, 16, 32, 64])
+    ap.add_argument("--rates", type=float, nargs="+", default=[2_000, 10_000, 50_000, 200_000])
+    ap.add_argument("--interval-ms", type=int, default=1000, help="sweep interval of the rate series")
+    ap.add_argument("--seconds", type=float, default=4.0, help="length of a point")
+    ap.add_argument("--naive-updates", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=3, help="points are repeated, interleaved; medians")
+    ap.add_argument("--dir", default=None, help="where the data files go (default: a temporary "
+                                                "directory on the disk holding this repository)")
+    args = ap.parse_args()
+    workdir = tempfile.mkdtemp(prefix="kv-bosc-", dir=args.dir or os.path.dirname(os.path.abspath(__file__)))
+    points = ([("naive", 0, 0)] + [("memory", m, 0) for m in args.memory_mb] + [("rate", 0, r) for r in args.rates])
+    results = {p: [] for p in points}
+    try:
+        for rnd in range(args.rounds):
+            for p in points:
+                kind, mem, rate = p
+                print(f"[round {rnd + 1}/{args.rounds}] {kind} memory={mem} MB rate={rate:g}/s ...",
+                      file=sys.stderr, flush=True)
+                if kind == "naive":
+                    r = naive_point(workdir, args.buckets, args.naive_updates, seed=rnd + 1)
+                elif kind == "memory":
+                    r = run_point(workdir, args.buckets, args.keys, args.seconds, 60_000,
+                                  max_memory=int(mem * 1024 * 1024), seed=rnd + 1)
+                else:
+                    r = run_point(workdir, args.buckets, args.keys, args.seconds, args.interval_ms, rate=rate,
+                                  seed=rnd + 1)
+                print(f"    {r['updates_per_s']:,.0f} effective updates/s, {r['records_per_block']:.2f} "
+                      f"records per block written, {r['sweeps']} sweeps", file=sys.stderr, flush=True)
+                results[p].append(r)
+    finally:
+        import shutil
+        shutil.rmtree(workdir, ignore_errors=True)
+    naive = statistics.median(r["updates_per_s"] for r in results[("naive", 0, 0)])
+    rows = []
+    for (kind, mem, rate), rs in results.items():
+        med = statistics.median(r["updates_per_s"] for r in rs)
+        rows.append({"series": kind, "memory_mb": mem, "rate": rate,
+                     "updates_per_s": round(med), "vs_naive": round(med / naive, 2),
+                     "records_per_block": round(statistics.median(r["records_per_block"] for r in rs), 2),
+                     "records_per_sweep": round(statistics.median(r["records"] / max(1, r["sweeps"]) for r in rs)),
+                     "rounds": len(rs), "runs": " ".join(str(round(r["updates_per_s"])) for r in rs)})
+    common.write_csv(CSV, rows)
+    print(f"wrote {CSV}", file=sys.stderr)
+    plot(rows, args)
+
+
+def plot(rows, args):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    naive = next(r["updates_per_s"] for r in rows if r["series"] == "naive")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, kind, xkey, xlabel in ((axes[0], "memory", "memory_mb", "memory bound (MB), writers at full speed"),
+                                   (axes[1], "rate", "rate", f"request rate (updates/s), a sweep every "
+                                                             f"{args.interval_ms} ms")):
+        rs = sorted((r for r in rows if r["series"] == kind), key=lambda r: r[xkey])
+        ax.plot([r[xkey] for r in rs], [r["updates_per_s"] for r in rs], "o-", label="BOSC sweep")
+        for r in rs:
+            ax.annotate(f"{r['records_per_block']:.1f}/blk", (r[xkey], r["updates_per_s"]),
+                        textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+        ax.axhline(naive, color="tab:red", ls="--", label=f"naive in place (+fdatasync): {naive:,.0f}/s")
+        ax.axhline(10 * naive, color="tab:red", ls=":", label="10 x naive (target)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("effective disk updates / s")
+    fig.suptitle(f"BOSC effective updates: {args.keys:,} keys in {args.buckets:,} blocks, {VALUE}-byte values "
+                 f"(medians of {args.rounds})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(PNG, dpi=120)
+    print(f"wrote {PNG}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

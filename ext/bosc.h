@@ -1,0 +1,110 @@
+/* bosc.h - the BOSC data file and its flusher (paper 000, sections 2.1 and 3.3).
+ *
+ * The data file is an array of fixed-size blocks; a key lives in the block its
+ * placement hash picks (its "bucket"), records that do not fit continue in
+ * overflow blocks chained from it. Writers never touch the file: the table
+ * queues each dirty key once on an LDU queue (ldu.h); the flusher thread takes
+ * the queue, groups the keys by block and sweeps the blocks in ascending order
+ * (read block, apply the keys' current states in LSN order, write block;
+ * blocks without updates are skipped), syncs, records the flushed LSN in the
+ * superblock, deletes log segments below it, and evicts clean entries when
+ * memory is past its bound. A loader thread reads blocks for keys that left
+ * memory. Pollers never block on either: they wait on their eventfd.
+ *
+ * File layout (little-endian), BOSC_BLOCK bytes per block:
+ *   blocks 0, 1  superblock slots (written alternately, the valid one with the
+ *                higher sequence wins): "KVSBOSC1" | u32 crc | u32 version |
+ *                u64 seq | u32 block size | u32 buckets | u64 flushed LSN |
+ *                u64 generation | u64 hash k0 | u64 hash k1 | u64 blocks
+ *   blocks 2 .. 2+buckets-1   home blocks, one per bucket
+ *   blocks after              overflow blocks, allocated as chains need them
+ * Block: u32 magic "KVB1" | u32 crc32c of bytes 8.. | u32 own number | u32 next
+ *   block of the chain (0 = none) | u64 generation | u32 payload bytes | u32
+ *   home block of the chain | payload. A never-written block reads as zeros:
+ *   an empty bucket. Blocks of an older generation (before a FLUSHALL) are
+ *   empty. The payload of a chain is one stream of records
+ *   u32 klen | u32 vlen | i64 expire ms | key | value.
+ * Everything read from the file is untrusted: lengths and chains are bounded,
+ * every block's checksum, number and owner are checked, and damage is
+ * reported with the file, block and what was wrong.
+ */
+#ifndef KV_BOSC_H
+#define KV_BOSC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define BOSC_BLOCK 4096
+
+struct kv_table;
+struct wal;
+struct bosc;
+
+struct bosc_config {
+    const char *path;            /* the data file (created if absent) */
+    uint32_t buckets;            /* home blocks when creating (default 65536 = 256 MiB, sparse) */
+    uint32_t flush_interval_ms;  /* sweep at least this often while keys are dirty (default 1000) */
+    const char *log_dir;         /* log segments to delete below the flushed LSN (NULL: keep
+                                    them all, as remote mode must: a peer that lost its copy
+                                    of this node's log is caught up from LSN 1) */
+};
+
+struct bosc_open_info {
+    uint64_t flushed_lsn;        /* the file holds every change up to this LSN */
+    uint64_t generation, buckets, blocks, disk_keys, overflow_blocks;
+    double seconds;              /* time taken to open and scan */
+};
+
+struct bosc_stats {
+    uint64_t sweeps, records, blocks_read, blocks_written, bytes_written, syncs;
+    uint64_t sweep_ns, io_ns;          /* total sweep time; of which block I/O and syncs */
+    uint64_t deferred;                 /* keys left dirty for a later sweep */
+    uint64_t loads, load_reads, evicted, evicted_bytes, truncated_segments;
+    uint64_t flushed_lsn, disk_keys, buckets, blocks, free_blocks, queued;
+    int failed;
+    char error[256];
+};
+
+/* Open (or create) the data file, check and scan it, and attach it to t's
+ * spill hooks (table.h). Call before t is shared and before the log replays
+ * into t (the replay then marks its keys dirty). Returns 0 or -errno with a
+ * message in err (-EILSEQ: the file is damaged). */
+int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *cfg,
+              struct bosc_open_info *info, char *err, size_t errlen);
+/* The log whose durable LSN bounds what may become clean. Set before bosc_start. */
+void bosc_set_log(struct bosc *b, struct wal *w);
+/* Start the flusher and loader threads. */
+int bosc_start(struct bosc *b);
+/* Stop the threads and detach from the table. Dirty keys stay dirty in memory
+ * (the log holds them); the table must not be written meanwhile. */
+void bosc_close(struct bosc *b);
+
+/* Write 1 to evfd after every sweep, eviction and load (pollers subscribe). */
+int bosc_subscribe(struct bosc *b, int evfd);
+/* Ask the loader to bring key into memory; evfd gets 1 when done. Never blocks
+ * on I/O. Returns 0 or -ENOMEM. */
+int bosc_request_load(struct bosc *b, const void *key, size_t klen, int evfd);
+/* Load key now (blocking). Returns 0 or -errno (-EILSEQ: damaged block). */
+int bosc_load(struct bosc *b, const void *key, size_t klen);
+/* A writer waits for memory: sweep and evict now. */
+void bosc_kick(struct bosc *b);
+/* Sweep now and wait until it is done (tests, shutdown). Returns 0 or -errno. */
+int bosc_sync(struct bosc *b);
+
+/* The same without waiting: a ticket, done when a sweep that started after the
+ * request has finished (pollers are woken then). */
+uint64_t bosc_sync_request(struct bosc *b);
+int bosc_sync_done(struct bosc *b, uint64_t ticket);
+/* 1 if changes wait for the flusher. */
+int bosc_dirty(struct bosc *b);
+
+int bosc_failed(struct bosc *b);
+const char *bosc_error(struct bosc *b);
+void bosc_get_stats(struct bosc *b, struct bosc_stats *st);
+
+/* Naive baseline for the experiments: n random in-place record updates, each
+ * read block, modify, write block, fdatasync, on a file of `buckets` blocks.
+ * Returns seconds taken or -errno. */
+double bosc_bench_naive(const char *path, uint32_t buckets, uint64_t n, uint32_t value_size, uint64_t seed);
+
+#endif
