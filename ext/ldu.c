@@ -42,19 +42,24 @@ int ldu_log(struct ldu_queue *q, struct ldu_obj *o, int op, int absorb)
      * race with a consumer claiming that mark: exactly one of us gets the 1.
      * acq_rel: the consumer's apply of the mark we take away must not be
      * reordered after our cancellation becoming visible, and vice versa. */
-    if (absorb && atomic_exchange_explicit(&other->mark, 0, memory_order_acq_rel))
-        return 0;
-    if (!absorb)
-        atomic_exchange_explicit(&other->mark, 0, memory_order_acq_rel); /* superseded */
+    /* (A plain load first: most logs find nothing to absorb, and a load costs no
+     * locked instruction.) */
+    if (atomic_load_explicit(&other->mark, memory_order_relaxed)) {
+        if (absorb && atomic_exchange_explicit(&other->mark, 0, memory_order_acq_rel))
+            return 0;
+        if (!absorb)
+            atomic_exchange_explicit(&other->mark, 0, memory_order_acq_rel); /* superseded */
+    }
     /* Phase 2, garbage-log reuse: set our mark first; if the node is still
      * queued (used bit already set) the consumer will see the mark when it
      * gets there, or in ldu_release's second claim if it is past it. */
-    atomic_store_explicit(&me->mark, 1, memory_order_seq_cst);
+    atomic_store_explicit(&me->mark, 1, memory_order_release);
     uint32_t bit = 1u << op;
-    /* seq_cst store then seq_cst RMW: pairs with ldu_release (RMW used, then
-     * exchange mark) so that either we see used still set and the consumer's
-     * second claim sees our mark, or we see it clear and push. */
-    if (atomic_fetch_or_explicit(&o->used, bit, memory_order_seq_cst) & bit)
+    /* The RMWs on `used` (ours here, the consumer's in ldu_release) are totally
+     * ordered. If ours comes second it reads the cleared bit and we push. If ours
+     * comes first, the consumer's acquire RMW reads from our release RMW, so its
+     * second claim that follows sees the mark stored above. */
+    if (atomic_fetch_or_explicit(&o->used, bit, memory_order_acq_rel) & bit)
         return 0;
     /* Phase 3: the node was not queued: push it. */
     push(q, me);
@@ -63,8 +68,7 @@ int ldu_log(struct ldu_queue *q, struct ldu_obj *o, int op, int absorb)
 
 void ldu_defer(struct ldu_queue *q, struct ldu_node *n)
 {
-    atomic_store_explicit(&n->mark, 1, memory_order_relaxed); /* published by push's release CAS */
-    push(q, n);
+    push(q, n); /* mark untouched: re-creating a claimed op could revive a cancelled one */
 }
 
 struct ldu_node *ldu_take(struct ldu_queue *q)
@@ -96,9 +100,8 @@ int ldu_release(struct ldu_obj *o, struct ldu_node *n)
 {
     /* Clear used first, then look at the mark again: a producer that set the
      * mark after our claim but saw used still set did not push; this second
-     * claim is the only place its update can be picked up. seq_cst on both
-     * sides of the store/load pair (producer: store mark, RMW used; consumer:
-     * RMW used, exchange mark) rules out both missing each other. */
-    atomic_fetch_and_explicit(&o->used, ~(1u << n->op), memory_order_seq_cst);
-    return atomic_exchange_explicit(&n->mark, 0, memory_order_seq_cst) != 0;
+     * claim is the only place its update can be picked up (see ldu_log for why
+     * acq_rel on `used` is enough). */
+    atomic_fetch_and_explicit(&o->used, ~(1u << n->op), memory_order_acq_rel);
+    return atomic_exchange_explicit(&n->mark, 0, memory_order_acquire) != 0;
 }

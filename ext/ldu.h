@@ -52,11 +52,15 @@ void ldu_queue_init(struct ldu_queue *q);
 int ldu_log(struct ldu_queue *q, struct ldu_obj *o, int op, int absorb);
 
 /* Consumer: queue a node it took (and has not released) again for a later
- * round, its mark set. Its used bit stays set throughout, so no producer can
- * push it meanwhile (they only set the mark): never queued twice. */
+ * round, as it is: its mark is not restored (an op logged since may have
+ * cancelled the claimed one), so the next round must look at the object's
+ * state rather than at marks alone (kvstore's flusher reads the key's current
+ * value). Its used bit stays set throughout, so no producer pushes it
+ * meanwhile: never queued twice. */
 void ldu_defer(struct ldu_queue *q, struct ldu_node *n);
 
-/* Consumer: take every queued node (most recent first). */
+/* Consumer: take every queued node (most recent first). Read a node's next
+ * before releasing or deferring it: a producer may queue it again at once. */
 struct ldu_node *ldu_take(struct ldu_queue *q);
 /* Consumer: reverse a taken list into push (oldest first) order. */
 struct ldu_node *ldu_reverse(struct ldu_node *list);
