@@ -67,14 +67,18 @@ def main():
                    "further: the local log lags); wait this long for the peer, then refuse to start.  "
                    "[default: 10000]")
 @click.option("--data-file/--no-data-file", default=None,
-              help="disk/remote: keep the BOSC data file <data-dir>/data.kvd. With it memory is bounded by "
-                   "--max-memory (when full, writes wait for the flusher instead of failing; evicted keys are "
-                   "read back from their block) and log segments are deleted once flushed.  [default: on]")
+              help="Keep the BOSC data file <data-dir>/data.kvd. With it memory is bounded by --max-memory "
+                   "(when full, writes wait for the flusher instead of failing; evicted keys are read back from "
+                   "their block) and log segments are deleted once flushed.  [default: on with --durability "
+                   "disk/remote; off with none, where it makes a cache that spills to disk, not durable]")
 @click.option("--data-buckets", type=int,
               help="Home blocks (4 KiB each) of a new data file; an existing file keeps its own.  [default: 65536]")
 @click.option("--flush-interval-ms", type=int,
               help="The flusher sweeps the dirty blocks at least this often (sooner when memory is "
                    "nearly full).  [default: 1000]")
+@click.option("--dirty-queue", type=click.Choice(["ldu", "locked"]),
+              help="The data file's dirty-key queue: ldu (lock-less, paper 003) or locked (a mutex-protected "
+                   "list, kept to measure LDU against).  [default: ldu]")
 @click.option("--log-segment-size",
               help="Start a new log segment past this size (Redis units); with a data file, segments wholly "
                    "below the flushed LSN are deleted (disk mode).  [default: 64mb]")

@@ -63,7 +63,11 @@ struct bosc {
     char log_dir[4096];
     uint32_t nbuckets;
     uint64_t k0, k1;
-    uint64_t nblocks;             /* flusher (and open) only */
+    _Atomic uint64_t nblocks;     /* blocks in use by the file: the flusher grows it, the
+                                     loader reads it for its bounds check (relaxed: a block
+                                     past an old count is only reached through a chain
+                                     whose version the loader then sees changed) */
+    uint64_t sb_gen;              /* generation the newest superblock records (flusher) */
     uint64_t sb_seq;              /* flusher only */
     uint32_t interval_ms;
     _Atomic uint32_t *nkeys;      /* records per bucket chain */
@@ -76,6 +80,8 @@ struct bosc {
     uint32_t *freed;              /* freed this sweep: reusable after its sync */
     size_t nfreed, capfreed;
     struct ldu_queue q;
+    pthread_mutex_t qlock;        /* the simple queue's lock (cfg->locked_queue) */
+    int locked_queue;
     struct wal *wal;
     pthread_t flusher, loader;
     int started;
@@ -215,7 +221,8 @@ static int chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbu
     s->len = 0;
     *nchain = 0;
     for (uint64_t steps = 0; no; steps++) {
-        if (steps > b->nblocks || no >= b->nblocks || (no != home && no < FIRST_HOME + b->nbuckets)) {
+        uint64_t nb = atomic_load_explicit(&b->nblocks, memory_order_relaxed);
+        if (steps > nb || no >= nb || (no != home && no < FIRST_HOME + b->nbuckets)) {
             snprintf(err, errlen, "data file %s damaged: chain of block %" PRIu32 " leads to block %" PRIu32
                      " (out of range or a loop)", b->path, home, no);
             return -EILSEQ;
@@ -304,9 +311,10 @@ static int sb_write(struct bosc *b, uint64_t flushed, uint64_t gen)
     put32(p + 28, b->nbuckets);
     put64(p + 32, flushed);
     put64(p + 40, gen);
+    b->sb_gen = gen;
     put64(p + 48, b->k0);
     put64(p + 56, b->k1);
-    put64(p + 64, b->nblocks);
+    put64(p + 64, atomic_load_explicit(&b->nblocks, memory_order_relaxed));
     put32(p + 8, crc32c(0, p + 12, BLK - 12));
     int rc = pwrite_all(b->fd, p, BLK, (off_t)(seq % 2) * BLK);
     if (!rc && fdatasync(b->fd))
@@ -338,15 +346,17 @@ static int sb_read(struct bosc *b, uint64_t *flushed, uint64_t *gen, char *err, 
         *gen = get64(p + 40);
         b->k0 = get64(p + 48);
         b->k1 = get64(p + 56);
-        b->nblocks = get64(p + 64);
+        atomic_store_explicit(&b->nblocks, get64(p + 64), memory_order_relaxed);
+        b->sb_gen = get64(p + 40);
     }
     if (best < 0) {
         snprintf(err, errlen, "%s: no valid superblock (not a kvstore data file, or both copies damaged)", b->path);
         return -EILSEQ;
     }
-    if (b->nblocks < FIRST_HOME + (uint64_t)b->nbuckets || b->nblocks > MAX_BLOCKS) {
+    uint64_t nb = atomic_load_explicit(&b->nblocks, memory_order_relaxed);
+    if (nb < FIRST_HOME + (uint64_t)b->nbuckets || nb > MAX_BLOCKS) {
         snprintf(err, errlen, "%s: superblock damaged: %" PRIu64 " blocks for %" PRIu32 " buckets", b->path,
-                 b->nblocks, b->nbuckets);
+                 nb, b->nbuckets);
         return -EILSEQ;
     }
     return 0;
@@ -374,9 +384,11 @@ static uint32_t blk_alloc(struct bosc *b)
 {
     if (b->nfree)
         return b->free_blk[--b->nfree];
-    if (b->nblocks >= MAX_BLOCKS)
+    uint64_t nb = atomic_load_explicit(&b->nblocks, memory_order_relaxed);
+    if (nb >= MAX_BLOCKS)
         return 0;
-    return (uint32_t)b->nblocks++;
+    atomic_store_explicit(&b->nblocks, nb + 1, memory_order_relaxed); /* the flusher is the only writer */
+    return (uint32_t)nb;
 }
 
 /* ---- the table's hooks */
@@ -719,8 +731,12 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
             rc = chain_write(b, bucket, gen, &c->out, c->chain, c->nchain);
             add(&b->st.io_ns, now_ns() - t0);
             atomic_store_explicit(&b->nkeys[bucket], (uint32_t)after, memory_order_relaxed);
-            kvt_disk_keys_add(b->t, after - before);
             atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_release);
+            if (!rc) {
+                for (size_t i = 0; i < live; i++)
+                    kvt_written(b->t, it[i].d, &it[i].snap, c->present[i]);
+                kvt_disk_keys_add(b->t, -w.dropped); /* expired records left out */
+            }
         }
         pthread_mutex_unlock(&b->gen_lock);
         if (rc) {
@@ -741,7 +757,11 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     /* D first, then the barrier: every change with LSN <= D has queued its key. */
     uint64_t durable = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX;
     kvt_barrier(b->t);
+    if (b->locked_queue)
+        pthread_mutex_lock(&b->qlock);
     struct ldu_node *list = ldu_reverse(ldu_take(&b->q));
+    if (b->locked_queue)
+        pthread_mutex_unlock(&b->qlock);
     uint64_t gen = atomic_load_explicit(&b->gen, memory_order_acquire);
     b->sweep_no++;
     c->n = 0;
@@ -773,7 +793,8 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         it->nheld = 1;
         *mark = (uint32_t)c->n++;
     }
-    qsort(c->items, c->n, sizeof *c->items, item_cmp); /* the sweep goes up the file */
+    if (c->n > 1)
+        qsort(c->items, c->n, sizeof *c->items, item_cmp); /* the sweep goes up the file */
     int rc = 0, any_skipped = 0;
     size_t i = 0;
     while (i < c->n && !rc) {
@@ -828,8 +849,10 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
             if (n > 0)
                 add(&b->st.truncated, (uint64_t)n);
         }
-    } else if (cur_gen != gen || (durable == UINT64_MAX && c->n)) {
-        rc = sb_write(b, flushed, cur_gen); /* record the generation (no log: nothing to bound) */
+    } else if (cur_gen != b->sb_gen) {
+        /* A FLUSHALL must reach the superblock even when the flushed LSN cannot
+         * move (no log, or blocks skipped): its generation is what empties the file. */
+        rc = sb_write(b, flushed, cur_gen);
         if (rc) {
             snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
             return rc;
@@ -884,6 +907,10 @@ static void *flusher_main(void *arg)
         uint64_t req = b->sync_req;
         b->kick = 0;
         pthread_mutex_unlock(&b->lock);
+        /* Evict before the sweep too: the clean keys of the last sweep make room for
+         * the writers while this one runs (it may take a while), not only after. */
+        if (!atomic_load(&b->failed))
+            evict(b);
         int rc = atomic_load(&b->failed) ? -EIO : sweep(b, &c, err, sizeof err);
         if (rc && !atomic_load(&b->failed))
             fail(b, err);
@@ -960,9 +987,9 @@ static int create_file(struct bosc *b, uint32_t buckets, char *err, size_t errle
     b->k0 = k[0];
     b->k1 = k[1];
     b->nbuckets = buckets;
-    b->nblocks = FIRST_HOME + (uint64_t)buckets;
+    atomic_store(&b->nblocks, FIRST_HOME + (uint64_t)buckets);
     b->sb_seq = 0;
-    if (ftruncate(b->fd, (off_t)(b->nblocks * BLK))) { /* sparse: empty buckets cost no disk */
+    if (ftruncate(b->fd, (off_t)((FIRST_HOME + (uint64_t)buckets) * BLK))) { /* sparse: empty buckets cost no disk */
         snprintf(err, errlen, "cannot size %s: %s", b->path, strerror(errno));
         return -errno;
     }
@@ -988,7 +1015,7 @@ static int create_file(struct bosc *b, uint32_t buckets, char *err, size_t errle
 /* Read every chain: per-bucket record counts and the free overflow blocks. */
 static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char *err, size_t errlen)
 {
-    uint64_t nb = b->nblocks;
+    uint64_t nb = atomic_load(&b->nblocks);
     uint8_t *used = calloc((nb + 7) / 8, 1);
     struct kvbuf s = {0};
     uint32_t *chain = NULL;
@@ -1055,6 +1082,8 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     b->interval_ms = cfg->flush_interval_ms ? cfg->flush_interval_ms : 1000;
     pthread_mutex_init(&b->lock, NULL);
     pthread_mutex_init(&b->gen_lock, NULL);
+    pthread_mutex_init(&b->qlock, NULL);
+    b->locked_queue = cfg->locked_queue;
     pthread_cond_init(&b->cond, NULL);
     pthread_cond_init(&b->done, NULL);
     ldu_queue_init(&b->q);
@@ -1077,6 +1106,12 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
         rc = create_file(b, buckets, err, errlen);
     } else {
         rc = sb_read(b, &flushed, &gen, err, errlen);
+        /* Chains may use blocks past the count the superblock recorded (a sweep
+         * that grew the file, then a crash before the next superblock): the file
+         * size says how far blocks were written. */
+        uint64_t on_disk = (uint64_t)st.st_size / BLK;
+        if (!rc && on_disk > atomic_load(&b->nblocks) && on_disk <= MAX_BLOCKS)
+            atomic_store(&b->nblocks, on_disk);
     }
     if (rc)
         goto fail;
@@ -1092,12 +1127,13 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     rc = scan(b, gen, info, err, errlen);
     if (rc)
         goto fail;
-    struct kvt_spill sp = {&b->q, hook_maybe_on_disk, hook_flushall, hook_load_sync, hook_make_room, b};
+    struct kvt_spill sp = {&b->q, b->locked_queue ? &b->qlock : NULL, hook_maybe_on_disk, hook_flushall,
+                           hook_load_sync, hook_make_room, b};
     kvt_set_spill(t, &sp);
     info->flushed_lsn = flushed;
     info->generation = gen;
     info->buckets = b->nbuckets;
-    info->blocks = b->nblocks;
+    info->blocks = atomic_load(&b->nblocks);
     info->seconds = (double)(now_ns() - t0) / 1e9;
     *out = b;
     return 0;
@@ -1163,8 +1199,10 @@ void bosc_close(struct bosc *b)
         struct kvt_snap none = {KVT_SNAP_NONE, 0, 0, 0};
         kvt_flushed(b->t, kvt_dnode_of(n), &n, 1, &none, 0, 0, &b->q);
     }
-    for (struct ldu_node *n = ldu_take(&b->q); n; n = n->next) /* what those re-queued */
+    for (struct ldu_node *n = ldu_take(&b->q), *next; n; n = next) { /* what those re-queued */
+        next = n->next;
         ldu_release(ldu_obj_of(n), n);
+    }
     struct kvt_spill none = {0};
     kvt_set_spill(b->t, &none);
     kvt_disk_keys_set(b->t, 0);
@@ -1179,6 +1217,7 @@ void bosc_close(struct bosc *b)
     free(b->freed);
     pthread_mutex_destroy(&b->lock);
     pthread_mutex_destroy(&b->gen_lock);
+    pthread_mutex_destroy(&b->qlock);
     pthread_cond_destroy(&b->cond);
     pthread_cond_destroy(&b->done);
     free(b);

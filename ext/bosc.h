@@ -44,6 +44,7 @@ struct bosc_config {
     const char *path;            /* the data file (created if absent) */
     uint32_t buckets;            /* home blocks when creating (default 65536 = 256 MiB, sparse) */
     uint32_t flush_interval_ms;  /* sweep at least this often while keys are dirty (default 1000) */
+    int locked_queue;            /* 1: a mutex-protected dirty queue instead of LDU (to compare) */
     const char *log_dir;         /* log segments to delete below the flushed LSN (NULL: keep
                                     them all, as remote mode must: a peer that lost its copy
                                     of this node's log is caught up from LSN 1) */

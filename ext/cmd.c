@@ -464,11 +464,18 @@ static int c_set(struct cmd_client *c, const struct cmd_args *a)
 
 static int c_mget(struct cmd_client *c, const struct cmd_args *a)
 {
-    resp_add_array(c->out, a->argc - 1);
-    for (int i = 1; i < a->argc; i++) {
+    int i = c->resume_i;
+    if (!i) {
+        resp_add_array(c->out, a->argc - 1);
+        i = 1;
+    }
+    c->resume_i = 0;
+    for (; i < a->argc; i++) {
         int rc = kvt_get(c->table, a->argv[i], a->argl[i], add_bulk_cb, c);
-        if (rc == -ENODATA)
-            return need_load(c, a->argv[i], a->argl[i]); /* the partial reply is dropped */
+        if (rc == -ENODATA) {
+            c->resume_i = i; /* the values so far stay in out */
+            return need_load(c, a->argv[i], a->argl[i]);
+        }
         if (!rc)
             resp_add_null(c->out, c->resp);
     }
@@ -499,19 +506,19 @@ static int c_mset(struct cmd_client *c, const struct cmd_args *a)
     return reply_ok(c);
 }
 
-static int c_del(struct cmd_client *c, const struct cmd_args *a)
+/* DEL (del = 1) and EXISTS: count over the keys, resumable (see resume_i). */
+static int count_keys(struct cmd_client *c, const struct cmd_args *a, int del)
 {
-    /* With a data file: every key in memory first (the count must be right), so
-     * no key is deleted before the command is known to run to the end. */
-    int spill = srv_config(c->srv)->bosc != NULL;
-    for (int i = 1; spill && i < a->argc; i++)
-        if (kvt_exists(c->table, a->argv[i], a->argl[i]) == -ENODATA)
+    int i = c->resume_i ? c->resume_i : 1;
+    long long n = c->resume_i ? c->resume_n : 0;
+    c->resume_i = 0;
+    for (; i < a->argc; i++) {
+        int rc = del ? kvt_del(c->table, a->argv[i], a->argl[i]) : kvt_exists(c->table, a->argv[i], a->argl[i]);
+        if (rc == -ENODATA) { /* the keys before stay deleted; carry on with this one once loaded */
+            c->resume_i = i;
+            c->resume_n = n;
             return need_load(c, a->argv[i], a->argl[i]);
-    long long n = 0;
-    for (int i = 1; i < a->argc; i++) {
-        int rc = kvt_del(c->table, a->argv[i], a->argl[i]);
-        if (rc == -ENODATA) /* evicted since the check above: delete without loading */
-            rc = kvt_del_blind(c->table, a->argv[i], a->argl[i]);
+        }
         if (rc < 0)
             return reply_write_err(c, rc);
         n += rc;
@@ -519,17 +526,8 @@ static int c_del(struct cmd_client *c, const struct cmd_args *a)
     return resp_add_int(c->out, n);
 }
 
-static int c_exists(struct cmd_client *c, const struct cmd_args *a)
-{
-    long long n = 0;
-    for (int i = 1; i < a->argc; i++) {
-        int rc = kvt_exists(c->table, a->argv[i], a->argl[i]);
-        if (rc == -ENODATA)
-            return need_load(c, a->argv[i], a->argl[i]);
-        n += rc;
-    }
-    return resp_add_int(c->out, n);
-}
+static int c_del(struct cmd_client *c, const struct cmd_args *a) { return count_keys(c, a, 1); }
+static int c_exists(struct cmd_client *c, const struct cmd_args *a) { return count_keys(c, a, 0); }
 
 static int incr_generic(struct cmd_client *c, const struct cmd_args *a, long long delta)
 {

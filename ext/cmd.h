@@ -34,6 +34,12 @@ struct cmd_client {
     const char *stall_key;
     size_t stall_klen;
     uint64_t sync_ticket;    /* CMD_STALL_SYNC: the sweep DBSIZE waits for */
+    /* A multi-key command (MGET, EXISTS, DEL) that stalled on its resume_i-th key
+     * carries on from there when run again (0 = from the start): it never needs
+     * all its keys in memory at once, which a small memory could not give. MGET's
+     * reply so far stays in out (the server keeps it, held like any reply). */
+    int resume_i;
+    long long resume_n;
 };
 
 /* CMD_STALL_SYNC: for a sweep of the flusher (DBSIZE counts exactly only when

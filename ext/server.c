@@ -375,7 +375,15 @@ static void process_input(struct conn *c)
                 return;
             }
             if (c->cl.stall) { /* runs again when the data file has what it needs */
-                c->out.len = reply_at;
+                if (c->cl.resume_i) { /* a multi-key reply in part: keep it, held as any reply */
+                    uint64_t need = kvt_lsn_touched();
+                    if (need && hold_reply(c, reply_at, need)) {
+                        conn_close(c);
+                        return;
+                    }
+                } else {
+                    c->out.len = reply_at;
+                }
                 stall_add(c);
                 break;
             }
@@ -708,7 +716,7 @@ static void *poller_main(void *arg)
             } else {
                 struct conn *c = (struct conn *)tag;
                 uint32_t e = ev[i].events;
-                if ((e & EPOLLERR) || ((e & EPOLLHUP) && (c->paused || c->cl.close_after_reply)))
+                if ((e & EPOLLERR) || ((e & EPOLLHUP) && (c->paused || c->stalled || c->cl.close_after_reply)))
                     conn_close(c); /* reported whatever the interest set: never ignore them */
                 else if (e & (EPOLLIN | EPOLLHUP))
                     conn_readable(c);

@@ -334,8 +334,15 @@ static void dn_detach(struct kv_table *t, struct kvt_entry *e)
  * tombstone (never absorbed here: the block may hold the key). */
 static inline void mark_dirty(struct kv_table *t, struct kvt_entry *e, int op)
 {
-    if (t->sp.queue)
+    if (!t->sp.queue)
+        return;
+    if (t->sp.queue_lock) { /* the simple mutex-protected queue LDU is measured against */
+        pthread_mutex_lock(t->sp.queue_lock);
         ldu_log(t->sp.queue, &e->dn->lo, op, 0);
+        pthread_mutex_unlock(t->sp.queue_lock);
+    } else {
+        ldu_log(t->sp.queue, &e->dn->lo, op, 0);
+    }
 }
 
 /* ---- shard internals (caller holds s->lock) */
@@ -455,7 +462,7 @@ static int do_remove(struct kv_table *t, struct shard *s, struct kvt_entry **ref
 {
     struct kvt_entry *e = *ref;
     if (!t->sp.queue || ((e->flags & E_OD_MASK) == OD_NO && !(e->dn && e->dn->inflight))) {
-        if (t->sp.queue && e->dn)
+        if (t->sp.queue && e->dn && !t->sp.queue_lock) /* the simple queue does not absorb */
             ldu_log(t->sp.queue, &e->dn->lo, LDU_REMOVE, 1);
         do_unlink(t, s, ref);
         return 0;
@@ -1248,6 +1255,23 @@ int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, struct kvbuf *val, str
     return rc ? -ENOMEM : 0;
 }
 
+void kvt_written(struct kv_table *t, struct kvt_dnode *d, const struct kvt_snap *snap, int was_in_block)
+{
+    struct shard *s = shard_of(t, d->hash);
+    pthread_mutex_lock(&s->lock);
+    struct kvt_entry *e = d->e;
+    int in_block = snap->kind == KVT_SNAP_VALUE;
+    /* The block now holds exactly the snapshot: the entry's share of the count
+     * and the file's count move together, so DBSIZE never counts a key twice. */
+    if (e) {
+        kd_add(s, -contrib(e));
+        e->flags = (e->flags & ~E_OD_MASK) | (in_block ? OD_YES : OD_NO);
+        kd_add(s, contrib(e));
+    }
+    atomic_fetch_add_explicit(&t->disk_keys, in_block - was_in_block, memory_order_relaxed);
+    pthread_mutex_unlock(&s->lock);
+}
+
 void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
                  const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q)
 {
@@ -1255,12 +1279,6 @@ void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held
     pthread_mutex_lock(&s->lock);
     struct kvt_entry *e = d->e;
     d->inflight = 0;
-    if (e && written) {
-        /* The block now holds exactly the snapshot. */
-        kd_add(s, -contrib(e));
-        e->flags = (e->flags & ~E_OD_MASK) | (snap->kind == KVT_SNAP_VALUE ? OD_YES : OD_NO);
-        kd_add(s, contrib(e));
-    }
     int marked = atomic_load_explicit(&d->lo.node[0].mark, memory_order_relaxed) ||
                  atomic_load_explicit(&d->lo.node[1].mark, memory_order_relaxed);
     /* Clean: the block holds the entry's current state, and that state is
@@ -1268,7 +1286,11 @@ void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held
      * loaded back it could be read, then lost with the log tail in a crash). */
     int clean = e && written && !marked && e->lsn == snap->lsn && snap->lsn <= durable;
     if (e && !clean && nheld > 0) {
+        if (t->sp.queue_lock)
+            pthread_mutex_lock(t->sp.queue_lock);
         ldu_defer(q, held[0]); /* its used bit stays ours: pushed exactly once */
+        if (t->sp.queue_lock)
+            pthread_mutex_unlock(t->sp.queue_lock);
         held++;
         nheld--;
     }

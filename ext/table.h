@@ -14,6 +14,7 @@
 #ifndef KV_TABLE_H
 #define KV_TABLE_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -150,6 +151,8 @@ struct ldu_node;
 struct kvbuf;
 struct kvt_spill {
     struct ldu_queue *queue; /* the flusher's dirty queue */
+    pthread_mutex_t *queue_lock; /* NULL: LDU, lock-free; else every queue operation takes it
+                                    and removes are not absorbed (the simple queue, for comparison) */
     /* 1 if the key's block may hold it (called for keys not in memory, shard lock held) */
     int (*maybe_on_disk)(void *arg, const void *key, size_t klen);
     void (*flushall)(void *arg);   /* FLUSHALL: every block is empty from now on */
@@ -181,6 +184,9 @@ struct kvt_snap {
 };
 /* Take the key's current state (claims its pending marks). Returns 0 or -ENOMEM. */
 int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, struct kvbuf *val, struct kvt_snap *out);
+/* Right after the block write: the block now holds the snapshot (was_in_block:
+ * it held the key before). Keeps the key count exact. */
+void kvt_written(struct kv_table *t, struct kvt_dnode *d, const struct kvt_snap *snap, int was_in_block);
 /* After the block write (written = 1) is synced, or when it was skipped (0):
  * mark the entry clean if the block and the log (LSN <= durable) cover it, else
  * queue it again (held[0] deferred on q); release the held nodes; free the node

@@ -128,7 +128,8 @@ int wal_truncate(const char *dir, uint64_t upto);
 uint64_t wal_synced_lsn(struct wal *w);
 
 struct bosc;
-struct bosc_config { const char *path; uint32_t buckets; uint32_t flush_interval_ms; const char *log_dir; };
+struct bosc_config { const char *path; uint32_t buckets; uint32_t flush_interval_ms; int locked_queue;
+                     const char *log_dir; };
 struct bosc_open_info {
     uint64_t flushed_lsn, generation, buckets, blocks, disk_keys, overflow_blocks; double seconds;
 };

@@ -61,10 +61,11 @@ class ServerConfig:
     peer_timeout_ms: int = 1000  # remote: an ack overdue this long = peer lost -> disk mode
     disk_log_interval_ms: int = 1000  # remote: the local log is written+synced this often
     peer_startup_wait_ms: int = 10000  # remote: how long start waits to compare logs with the peer
-    data_file: bool = True       # disk/remote: BOSC data file (bounded memory, log truncation)
+    data_file: bool = None       # BOSC data file: on with disk/remote, off with none unless asked
     data_buckets: int = 65536    # home blocks of a new data file (4 KiB each, sparse)
     flush_interval_ms: int = 1000  # the flusher sweeps at least this often while keys are dirty
     log_segment_size: int = 64 * 1024 * 1024  # a new log segment past this size
+    dirty_queue: str = "ldu"     # the flusher's queue: ldu (lock-less) or locked (a mutex, to compare)
     tcp_backlog: int = 511
     config_file: str = ""
 
@@ -87,10 +88,14 @@ class ServerConfig:
         "peer_timeout_ms": "remote mode: an ack overdue this long means the peer is lost",
         "disk_log_interval_ms": "remote mode: the local log is written and synced this often",
         "peer_startup_wait_ms": "remote mode: at start, wait this long for the peer to compare logs",
-        "data_file": "disk/remote: keep a BOSC data file (<data_dir>/data.kvd): memory bounded by max_memory "
-                     "(full memory makes writes wait for the flusher), log segments deleted once flushed",
+        "data_file": "keep a BOSC data file (<data_dir>/data.kvd): memory bounded by max_memory (full memory "
+                     "makes writes wait for the flusher), log segments deleted once flushed. Default: on with "
+                     "disk and remote; with none only when asked (a cache that spills to disk: what the last "
+                     "sweep wrote is kept, nothing is durable)",
         "data_buckets": "home blocks (4 KiB) of a new data file; keys per block ~ keys / data_buckets",
         "flush_interval_ms": "the data-file flusher sweeps at least this often while keys are dirty",
+        "dirty_queue": "the data file's dirty-key queue: ldu (lock-less, paper 003) or locked (a mutex-protected "
+                       "list, kept to measure LDU against)",
         "log_segment_size": "start a new log segment past this size (bytes or '64mb'); with a data file, "
                             "segments wholly below the flushed LSN are deleted",
         "tcp_backlog": "listen() backlog",
@@ -120,16 +125,18 @@ class ServerConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < lo:
                 raise ConfigError(f"{name}: expected an integer >= {lo}, got {v!r}")
+        if self.data_file is None:
+            self.data_file = self.durability != "none"
         if not isinstance(self.data_file, bool):
             raise ConfigError(f"data_file: expected true or false, got {self.data_file!r}")
         if not isinstance(self.data_buckets, int) or not 1 <= self.data_buckets <= 1 << 30:
             raise ConfigError(f"data_buckets: expected an integer from 1 to {1 << 30}, got {self.data_buckets!r}")
         if not isinstance(self.flush_interval_ms, int) or self.flush_interval_ms < 1:
             raise ConfigError(f"flush_interval_ms: expected an integer >= 1, got {self.flush_interval_ms!r}")
-        if self.durability == "none":
-            self.data_file = False  # nothing durable to write back
         if not isinstance(self.repl_port, int) or not -1 <= self.repl_port <= 65535:
             raise ConfigError(f"repl_port: expected -1 (off) or a port from 0 to 65535, got {self.repl_port!r}")
+        if self.dirty_queue not in ("ldu", "locked"):
+            raise ConfigError(f"dirty_queue: expected 'ldu' or 'locked', got {self.dirty_queue!r}")
         if self.poll_policy not in ("direct", "strict"):
             raise ConfigError(f"poll_policy: expected 'direct' or 'strict', got {self.poll_policy!r}")
         if not isinstance(self.requirepass, str):

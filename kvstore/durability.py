@@ -131,7 +131,8 @@ class DataFile:
     """The BOSC data file behind a store's table: opened (and scanned) before the
     log replays, so the replay marks its keys dirty for the flusher."""
 
-    def __init__(self, store, data_dir, buckets=65536, flush_interval_ms=1000, truncate_log=True):
+    def __init__(self, store, data_dir, buckets=65536, flush_interval_ms=1000, truncate_log=True,
+                 dirty_queue="ldu"):
         cfg = ffi.new("struct bosc_config *")
         # Remote mode keeps every log segment: a peer that lost its copy of this
         # node's log is caught up by shipping the log from LSN 1.
@@ -140,6 +141,7 @@ class DataFile:
         cfg.path, cfg.log_dir = self._keep
         cfg.buckets = buckets
         cfg.flush_interval_ms = flush_interval_ms
+        cfg.locked_queue = 1 if dirty_queue == "locked" else 0
         info = ffi.new("struct bosc_open_info *")
         out = ffi.new("struct bosc **")
         err = ffi.new("char[1024]")

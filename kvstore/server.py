@@ -107,7 +107,14 @@ class Server:
         if c.repl_port >= 0 and self.receiver is None:
             os.makedirs(c.data_dir, exist_ok=True)
             self.receiver = durability.Receiver(c.data_dir, c.bind, c.repl_port)
-        if c.durability == "none" or self.log is not None:
+        if self.log is not None or self.datafile is not None:
+            return
+        if c.durability == "none":
+            if c.data_file:  # a spilling cache: bounded memory, nothing durable
+                os.makedirs(c.data_dir, exist_ok=True)
+                self.datafile = durability.DataFile(self.store, c.data_dir, c.data_buckets, c.flush_interval_ms,
+                                                    truncate_log=False, dirty_queue=c.dirty_queue)
+                self.datafile.start(None)
             return
         os.makedirs(c.data_dir, exist_ok=True)
         if c.durability == "remote":
@@ -120,7 +127,7 @@ class Server:
             self.fetched = durability.fetch_from_peer(c.data_dir, *parse_address(self.from_peer, "from_peer"))
         if c.data_file:
             self.datafile = durability.DataFile(self.store, c.data_dir, c.data_buckets, c.flush_interval_ms,
-                                                truncate_log=c.durability == "disk")
+                                                truncate_log=c.durability == "disk", dirty_queue=c.dirty_queue)
         self.recovery = durability.recover(self.store, c.data_dir,
                                            after_lsn=self.datafile.flushed_lsn if self.datafile else 0)
         remote = c.durability == "remote"

@@ -6,6 +6,14 @@
   wal_stress.c    the write-ahead log with concurrent appenders (through the table's
                   logger), a ship-buffer consumer and mode switches, then recovery;
                   built with each sanitizer
+  ldu_stress.c    ext/ldu.c: producers log insert/remove on shared objects while a
+                  consumer applies concurrently (claim/release/second claim), then a
+                  drain; checks the applied state, that no node is lost or doubled,
+                  and that absorbing and reuse happen; built with each sanitizer
+  bosc_stress.c   the table with a BOSC data file behind it (spill mode): concurrent
+                  workers checked against per-thread models while the flusher evicts
+                  and keys are loaded back, then DBSIZE, a restart on the same file and
+                  FLUSHALL; built with each sanitizer
 
 Binaries go to tests/c/bin/ (gitignored). A run fails on a non-zero exit status or
 on any sanitizer report in its output. To reproduce a failure by hand, run the
@@ -29,6 +37,8 @@ BIN = HERE / "bin"
 SEED = int(os.environ.get("KVSTORE_C_SEED", "1"))
 TABLE_OPS = 500_000      # operations per worker thread and phase
 FUZZ_ITERATIONS = 200_000
+LDU_OPS = 1_000_000      # ldu_log calls per producer thread
+BOSC_OPS = 60_000        # per worker thread (4): ~5 s under TSan on an idle 2-core machine
 RUN_TIMEOUT = 240        # seconds per run: generous for a slow, shared machine
 
 COMMON = ["-std=gnu11", "-g", "-O1", "-Wall", "-Wno-unused-parameter", "-pthread", f"-I{EXT}"]
@@ -58,6 +68,12 @@ BUILDS = {
                          str(EXT / "ldu.c")], TSAN),
     "wal_stress_asan": (["wal_stress.c", str(EXT / "wal.c"), str(EXT / "table.c"), str(EXT / "crc32c.c"),
                          str(EXT / "ldu.c")], ASAN_UBSAN),
+    "ldu_stress_tsan": (["ldu_stress.c", str(EXT / "ldu.c")], TSAN),
+    "ldu_stress_asan": (["ldu_stress.c", str(EXT / "ldu.c")], ASAN_UBSAN),
+    "bosc_stress_tsan": (["bosc_stress.c", str(EXT / "bosc.c"), str(EXT / "table.c"), str(EXT / "ldu.c"),
+                          str(EXT / "crc32c.c"), str(EXT / "wal.c")], TSAN),
+    "bosc_stress_asan": (["bosc_stress.c", str(EXT / "bosc.c"), str(EXT / "table.c"), str(EXT / "ldu.c"),
+                          str(EXT / "crc32c.c"), str(EXT / "wal.c")], ASAN_UBSAN),
 }
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
@@ -127,3 +143,23 @@ def test_resp_fuzz_asan_ubsan(binaries, seed_offset):
 def test_wal_stress(binaries, build, tmp_path):
     out = _run(binaries(build), SEED, 20_000, tmp_path / "log")
     assert "recovered the same table" in out
+
+
+@pytest.mark.parametrize("mode", ["all", "flushall"])
+@pytest.mark.parametrize("build", ["bosc_stress_tsan", "bosc_stress_asan"])
+def test_bosc_stress(binaries, build, mode, tmp_path, monkeypatch):
+    # "flushall" runs the FLUSHALL/restart phase alone, so that a failure in the
+    # concurrent phases cannot hide one there. The data file goes to a mkdtemp dir
+    # under $TMPDIR: here tmp_path, so a run a sanitizer aborts leaves nothing in /tmp.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    out = _run(binaries(build), SEED, BOSC_OPS, mode)
+    assert "evictions" in out
+
+
+# (mode, producers, objects): many objects (absorbing and reuse across batches), and
+# few objects hammered by more producers (claim/release races on the same nodes).
+@pytest.mark.parametrize("build", ["ldu_stress_tsan", "ldu_stress_asan"])
+@pytest.mark.parametrize("mode,producers,objects", [("absorb", 3, 64), ("absorb", 4, 4), ("supersede", 3, 64)])
+def test_ldu_stress(binaries, build, mode, producers, objects):
+    out = _run(binaries(build), SEED, mode, LDU_OPS, producers, objects)
+    assert "pushes" in out

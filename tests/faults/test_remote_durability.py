@@ -115,8 +115,10 @@ class Pair:
     def start(self, name, from_peer=False, wait=True, **extra):
         other = self.peer_of(name)
         self.starts += 1
+        # As deployed, with the BOSC data file, and memory bounded below the data the
+        # tests write: keys are flushed, evicted and loaded back throughout.
         settings = dict(repl_port=self.rport[name], durability="remote", peer=self.addr(other),
-                        threads=1, peer_timeout_ms=PEER_TIMEOUT_MS)
+                        threads=1, peer_timeout_ms=PEER_TIMEOUT_MS, max_memory="256kb", flush_interval_ms=100)
         settings.update(extra)
         if from_peer:
             settings["from_peer"] = self.addr(other)
