@@ -1,11 +1,18 @@
-"""What durability costs: kvstore none / disk / remote vs Redis appendfsync always / everysec.
+"""What durability costs: kvstore none / disk / remote, with and without memory full,
+vs Redis appendfsync always / everysec.
 
 Same machine, same loads, servers alternated A B C ... per round, medians quoted:
 SET, 85-byte values, 1 M keys, 50 connections, pipeline 16 (and 1), with
 redis-benchmark and with kvstore bench. kvstore remote runs with its log peer,
-a second kvstore process on loopback (the peer's CPU is counted too). Paper 000's
-claim to check: remote logging keeps most of the in-memory speed (NHL/NH = 0.82);
-the issue's: disk with group commit >= 2x Redis appendfsync always.
+a second kvstore process on loopback (the peer's CPU is counted too). The "-full"
+servers have --max-memory well below the data (--full-memory, default 48mb for
+~190 MB of keys) and their BOSC data file: every insert waits for the flusher to
+have made room (paper 000's D). Paper 000's rows: NH = none, NHD = none-full
+(a spilling cache), NHL = remote, NHDL = remote-full. Claims to check: remote
+logging keeps most of the in-memory speed (NHL/NH = 0.82 in the paper; NHD/NH
+0.71, NHDL/NH 0.70); the issue's: disk with group commit >= 2x Redis appendfsync
+always. Every server is warmed up first with one pass of the load, so the -full
+ones start with memory full.
 
     python experiments/durability_compare.py      -> results/durability_compare.{csv,png}
 """
@@ -29,14 +36,16 @@ PNG = os.path.join(common.RESULTS, "durability_compare.png")
 class KvServer:
     protocol = "resp"
 
-    def __init__(self, mode, threads):
-        self.name = f"kvstore-{mode}"
-        self.mode, self.threads = mode, threads
-        self.dirs = [tempfile.mkdtemp(prefix=f"kv-{mode}-")]
+    def __init__(self, mode, threads, full_memory=None):
+        self.name = f"kvstore-{mode}" + ("-full" if full_memory else "")
+        self.mode, self.threads, self.full_memory = mode, threads, full_memory
+        self.dirs = [tempfile.mkdtemp(prefix=f"kv-{mode}-", dir=os.path.dirname(os.path.abspath(__file__)))]
         self.peer = None
 
     def start(self):
         settings = {"durability": self.mode}
+        if self.full_memory:
+            settings.update(data_file=True, max_memory=self.full_memory)
         if self.mode == "remote":
             self.dirs.append(tempfile.mkdtemp(prefix="kv-peer-"))
             repl = common.free_port()
@@ -82,12 +91,15 @@ class RedisServer:
 
 
 def measure(args):
-    servers = [KvServer(m, args.kv_threads) for m in ("none", "disk", "remote")] + \
-              [RedisServer("always"), RedisServer("everysec")]
+    servers = [KvServer(m, args.kv_threads, full) for m in ("none", "disk", "remote")
+               for full in (None, args.full_memory)] + [RedisServer("always"), RedisServer("everysec")]
     rows = []
     try:
         for s in servers:
             s.start()
+            print(f"warming up {s.name} ...", file=sys.stderr, flush=True)
+            common.run_kvstore_bench(s.port, "resp", "SET", 16, args.conns, args.keyspace, args.keyspace,
+                                     args.value_size, 2)
         loads = [(tool, p) for tool in ("redis-benchmark", "kvstore-bench") for p in args.pipelines]
         total = args.rounds * len(loads) * len(servers)
         for rnd in range(args.rounds):
@@ -125,8 +137,11 @@ def report(rows):
     med = medians(rows)
     for (tool, p, server), v in sorted(med.items()):
         line = f"{tool:15s} P{p:<2d} {server:19s} {v:>11,.0f} SET/s"
-        if server == "kvstore-remote":
-            line += f"   remote/none {v / med[(tool, p, 'kvstore-none')]:.2f}"
+        base = med.get((tool, p, "kvstore-none"))
+        paper = {"kvstore-none-full": ("NHD/NH", 0.71), "kvstore-remote": ("NHL/NH", 0.82),
+                 "kvstore-remote-full": ("NHDL/NH", 0.70)}
+        if server in paper and base:
+            line += f"   {paper[server][0]} {v / base:.2f} (paper {paper[server][1]:.2f})"
         if server == "kvstore-disk":
             line += f"   disk/redis-always {v / med[(tool, p, 'redis-aof-always')]:.2f}x"
         print(line)
@@ -139,8 +154,9 @@ def plot(rows, path):
 
     med = medians(rows)
     groups = sorted({(k[0], k[1]) for k in med})
-    servers = ["kvstore-none", "kvstore-disk", "kvstore-remote", "redis-aof-always", "redis-aof-everysec"]
-    colors = ["#9ecae1", "#3182bd", "#08519c", "#d62728", "#fc9272"]
+    servers = ["kvstore-none", "kvstore-none-full", "kvstore-disk", "kvstore-disk-full", "kvstore-remote",
+               "kvstore-remote-full", "redis-aof-always", "redis-aof-everysec"]
+    colors = ["#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#084594", "#d62728", "#fc9272"]
     fig, ax = plt.subplots(figsize=(11, 5))
     w = 0.8 / len(servers)
     for si, (s, c) in enumerate(zip(servers, colors)):
@@ -149,8 +165,8 @@ def plot(rows, path):
     ax.set_xticks([gi + 0.4 - w / 2 for gi in range(len(groups))])
     ax.set_xticklabels([f"{t}\nSET P{p}" for t, p in groups])
     ax.set_ylabel("acknowledged SET/s (median)")
-    ax.set_title("Durable writes: kvstore disk (group commit) / remote (peer memory) vs Redis AOF — 85 B, "
-                 "50 conns, 2-core VM")
+    ax.set_title("Durable writes: kvstore disk (group commit) / remote (peer memory), -full = memory full "
+                 "(BOSC flushing), vs Redis AOF — 85 B, 50 conns, 2-core VM", fontsize=9)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -167,6 +183,7 @@ def main():
     ap.add_argument("--conns", type=int, default=50)
     ap.add_argument("--pipelines", type=int, nargs="+", default=[16, 1])
     ap.add_argument("--kv-threads", type=int, default=2)
+    ap.add_argument("--full-memory", default="48mb", help="--max-memory of the -full servers")
     ap.add_argument("--plot-only", action="store_true")
     args = ap.parse_args()
     rows = common.read_csv(CSV) if args.plot_only else measure(args)
