@@ -95,6 +95,8 @@ struct kv_table {
     void *log_arg;
     struct kvt_spill sp;     /* spill mode when sp.queue != NULL; set before use, like log */
     _Atomic int64_t disk_keys; /* keys in the data file (the flusher keeps it) */
+    _Atomic uint64_t count_seq; /* seqlock, odd while the flusher moves a key's count between
+                                   a shard's kdelta and disk_keys (kvt_written) */
     _Atomic int spill_stuck; /* nothing left to evict: writes get -ENOMEM instead of waiting */
     unsigned clock_shard;    /* evictor's position (evictor thread only) */
 };
@@ -1082,10 +1084,22 @@ int kvt_flush(struct kv_table *t)
 
 uint64_t kvt_count(struct kv_table *t)
 {
-    int64_t n = atomic_load_explicit(&t->disk_keys, memory_order_relaxed);
-    for (int i = 0; i < KVT_SHARDS; i++)
-        n += atomic_load_explicit(&t->shards[i].kdelta, memory_order_relaxed);
-    return n > 0 ? (uint64_t)n : 0; /* the parts are read at slightly different moments */
+    /* Seqlock read: a sum taken while the flusher moved a key between the file's
+     * count and a shard's could count it twice or not at all; try again then (a
+     * bounded number of times: the flusher moves keys in bursts with gaps). */
+    int64_t n = 0;
+    for (int tries = 0; tries < 1000; tries++) {
+        uint64_t s1 = atomic_load_explicit(&t->count_seq, memory_order_acquire);
+        if (s1 & 1)
+            continue;
+        n = atomic_load_explicit(&t->disk_keys, memory_order_relaxed);
+        for (int i = 0; i < KVT_SHARDS; i++)
+            n += atomic_load_explicit(&t->shards[i].kdelta, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&t->count_seq, memory_order_relaxed) == s1)
+            break;
+    }
+    return n > 0 ? (uint64_t)n : 0;
 }
 
 uint64_t kvt_used_memory(struct kv_table *t)
@@ -1263,12 +1277,14 @@ void kvt_written(struct kv_table *t, struct kvt_dnode *d, const struct kvt_snap 
     int in_block = snap->kind == KVT_SNAP_VALUE;
     /* The block now holds exactly the snapshot: the entry's share of the count
      * and the file's count move together, so DBSIZE never counts a key twice. */
+    atomic_fetch_add_explicit(&t->count_seq, 1, memory_order_acq_rel); /* odd: moving */
     if (e) {
         kd_add(s, -contrib(e));
         e->flags = (e->flags & ~E_OD_MASK) | (in_block ? OD_YES : OD_NO);
         kd_add(s, contrib(e));
     }
     atomic_fetch_add_explicit(&t->disk_keys, in_block - was_in_block, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->count_seq, 1, memory_order_release); /* even: done */
     pthread_mutex_unlock(&s->lock);
 }
 

@@ -1,0 +1,118 @@
+"""LDU in kvstore: what the dirty-key queue costs the writers, LDU vs a mutex-protected queue.
+
+Every write to a server with a data file queues its key for the BOSC flusher.
+`--dirty-queue ldu` (the default) pushes with one CAS, queues a key once however
+often it changes before the flush, and absorbs an insert deleted before the flush;
+`--dirty-queue locked` is the simple queue it replaced: the same nodes behind one
+mutex, no absorbing. Two servers, identical but for that option, measured in
+alternation (A B A B ...) with kvstore bench (SET, 85-byte values, 50 connections),
+throughput and server CPU per request; medians. Memory is unbounded and the log is
+off (--durability none --data-file) so that what differs is the queue, not the disk.
+
+    python experiments/ldu_kvstore_queue.py      -> results/ldu_kvstore_queue.{csv,png}
+"""
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+from kvstore import Node  # noqa: E402
+
+CSV = os.path.join(common.RESULTS, "ldu_kvstore_queue.csv")
+PNG = os.path.join(common.RESULTS, "ldu_kvstore_queue.png")
+
+
+def measure(args):
+    dirs, nodes = {}, {}
+    rows = []
+    try:
+        for q in ("ldu", "locked"):
+            dirs[q] = tempfile.mkdtemp(prefix=f"kv-queue-{q}-", dir=os.path.dirname(os.path.abspath(__file__)))
+            nodes[q] = Node(port=0, threads=args.threads, data_dir=dirs[q], durability="none", data_file=True,
+                            dirty_queue=q).start()
+        total = args.rounds * len(args.pipelines) * 2
+        for rnd in range(args.rounds):
+            for p in args.pipelines:
+                for q in (("ldu", "locked") if rnd % 2 == 0 else ("locked", "ldu")):
+                    n = nodes[q]
+                    cpu0 = common.cpu_seconds(n.pid)
+                    r = common.run_kvstore_bench(n.port, "resp", "SET", p, args.conns, args.requests, args.keyspace,
+                                                 args.value_size, 2)
+                    cpu = common.cpu_seconds(n.pid) - cpu0
+                    rows.append({"round": rnd, "queue": q, "pipeline": p, "requests": args.requests,
+                                 "throughput": round(r["throughput"]), "p99_us": round(r["p99_us"], 1),
+                                 "server_cpu_s": round(cpu, 3),
+                                 "cpu_us_per_req": round(cpu / args.requests * 1e6, 3)})
+                    print(f"[{len(rows)}/{total}] P{p:<2d} {q:6s} {r['throughput']:>11,.0f} SET/s  "
+                          f"server cpu {cpu:.2f} s", file=sys.stderr, flush=True)
+                    common.write_csv(CSV, rows)
+    finally:
+        for n in nodes.values():
+            n.stop()
+        for d in dirs.values():
+            shutil.rmtree(d, ignore_errors=True)
+    return rows
+
+
+def medians(rows):
+    out = {}
+    for r in rows:
+        k = (int(r["pipeline"]), r["queue"])
+        out.setdefault(k, {"throughput": [], "cpu": []})
+        out[k]["throughput"].append(float(r["throughput"]))
+        out[k]["cpu"].append(float(r["cpu_us_per_req"]))
+    return {k: (statistics.median(v["throughput"]), statistics.median(v["cpu"])) for k, v in out.items()}
+
+
+def report(rows):
+    med = medians(rows)
+    for p in sorted({k[0] for k in med}):
+        (tl, cl), (tk, ck) = med[(p, "ldu")], med[(p, "locked")]
+        print(f"P{p:<2d} ldu {tl:>11,.0f} SET/s {cl:.3f} us CPU/req | locked {tk:>11,.0f} SET/s {ck:.3f} us CPU/req"
+              f" | ldu/locked throughput {tl / tk:.3f}x, CPU per request {cl / ck:.3f}x")
+
+
+def plot(rows):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    med = medians(rows)
+    ps = sorted({k[0] for k in med})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, idx, label in ((axes[0], 0, "SET/s (median)"), (axes[1], 1, "server CPU µs per request (median)")):
+        for i, q in enumerate(("ldu", "locked")):
+            ax.bar([x + i * 0.38 for x in range(len(ps))], [med[(p, q)][idx] for p in ps], 0.38, label=q)
+        ax.set_xticks([x + 0.19 for x in range(len(ps))])
+        ax.set_xticklabels([f"P{p}" for p in ps])
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend()
+    fig.suptitle("kvstore's dirty-key queue: LDU vs a mutex-protected queue (2 pollers, 2-core VM)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(PNG, dpi=110)
+    print(f"wrote {PNG}", file=sys.stderr)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--requests", type=int, default=1_000_000)
+    ap.add_argument("--keyspace", type=int, default=1_000_000)
+    ap.add_argument("--value-size", type=int, default=85)
+    ap.add_argument("--conns", type=int, default=50)
+    ap.add_argument("--pipelines", type=int, nargs="+", default=[16, 1])
+    ap.add_argument("--threads", type=int, default=2, help="server pollers (the writers)")
+    ap.add_argument("--plot-only", action="store_true")
+    args = ap.parse_args()
+    rows = common.read_csv(CSV) if args.plot_only else measure(args)
+    report(rows)
+    plot(rows)
+
+
+if __name__ == "__main__":
+    main()
