@@ -39,9 +39,18 @@ def main():
 @click.option("--accept", type=click.Choice(["reuseport", "handoff"]),
               help="reuseport: one SO_REUSEPORT listener per poller; handoff: poller 0 accepts "
                    "and hands connections round-robin.  [default: reuseport]")
-@click.option("--poll-policy", type=click.Choice(["direct", "strict"]),
-              help="EPOLLOUT policy: direct writes replies at the end of each poll round; strict "
-                   "waits for EPOLLOUT.  [default: direct]")
+@click.option("--arch", type=click.Choice(["poller", "threadpool"]),
+              help="Request handling: poller = one non-blocking epoll poller per core; threadpool = a pool "
+                   "of --threads workers (default 32), each serving one request at a time with blocking "
+                   "calls (read, run, wait for the log, reply): paper 000's baseline.  [default: poller]")
+@click.option("--network-only", is_flag=True, default=None,
+              help="Benchmark switch (paper 000's N row): SET answers +OK without touching the table. "
+                   "Nothing is stored.")
+@click.option("--poll-policy", type=click.Choice(["direct", "strict", "flexpoll"]),
+              help="EPOLLOUT policy: direct writes replies at the end of each poll round (EPOLLOUT only "
+                   "after a short write); strict registers EPOLLOUT for every reply and removes it when "
+                   "sent; flexpoll (paper 002) writes on EPOLLOUT like strict but keeps it registered "
+                   "while replies come often.  [default: direct]")
 @click.option("--data-dir", type=click.Path(file_okay=False),
               help="Directory for this node's files; the durability log is <data-dir>/log.  [default: ./data]")
 @click.option("--durability", type=click.Choice(["none", "disk", "remote"]),
@@ -75,7 +84,7 @@ def main():
               help="Home blocks (4 KiB each) of a new data file; an existing file keeps its own.  [default: 65536]")
 @click.option("--flush-interval-ms", type=int,
               help="The flusher sweeps the dirty blocks at least this often (sooner when memory is "
-                   "nearly full).  [default: 1000]")
+                   "nearly full): the longer, the more updates each block write carries.  [default: 5000]")
 @click.option("--dirty-queue", type=click.Choice(["ldu", "locked"]),
               help="The data file's dirty-key queue: ldu (lock-less, paper 003) or locked (a mutex-protected "
                    "list, kept to measure LDU against).  [default: ldu]")
@@ -113,7 +122,8 @@ def serve(config_file, from_peer, **opts):
             click.echo(f"kvstore: {srv.recovery.summary()}", err=True)
         mm = cfg.max_memory or "unbounded"
         click.echo(f"kvstore {kvstore.__version__} listening on {cfg.bind}:{srv.port} "
-                   f"({cfg.effective_threads} pollers, accept {cfg.accept}, policy {cfg.poll_policy}, "
+                   f"({cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
+                   f"accept {cfg.accept}, policy {cfg.poll_policy}, "
                    f"durability {cfg.durability}, max-memory {mm}, data-dir {os.path.abspath(cfg.data_dir)})")
         sys.stdout.flush()
 

@@ -93,6 +93,8 @@ class RedisServer:
 def measure(args):
     servers = [KvServer(m, args.kv_threads, full) for m in ("none", "disk", "remote")
                for full in (None, args.full_memory)] + [RedisServer("always"), RedisServer("everysec")]
+    if args.servers:
+        servers = [s for s in servers if s.name in args.servers]
     rows = []
     try:
         for s in servers:
@@ -184,6 +186,7 @@ def main():
     ap.add_argument("--pipelines", type=int, nargs="+", default=[16, 1])
     ap.add_argument("--kv-threads", type=int, default=2)
     ap.add_argument("--full-memory", default="48mb", help="--max-memory of the -full servers")
+    ap.add_argument("--servers", nargs="+", help="only these (e.g. kvstore-disk redis-aof-always)")
     ap.add_argument("--plot-only", action="store_true")
     args = ap.parse_args()
     rows = common.read_csv(CSV) if args.plot_only else measure(args)

@@ -46,7 +46,8 @@ DURABILITY_MODES = ("none", "disk", "remote")
 class ServerConfig:
     bind: str = "127.0.0.1"
     port: int = 6380
-    threads: int = 0             # 0 = one poller per core
+    threads: int = 0             # pollers (0 = one per core), or threadpool workers (0 = 32)
+    arch: str = "poller"         # poller | threadpool
     max_memory: int = 0          # bytes, 0 = unbounded
     maxclients: int = 10000
     requirepass: str = ""
@@ -63,21 +64,27 @@ class ServerConfig:
     peer_startup_wait_ms: int = 10000  # remote: how long start waits to compare logs with the peer
     data_file: bool = None       # BOSC data file: on with disk/remote, off with none unless asked
     data_buckets: int = 65536    # home blocks of a new data file (4 KiB each, sparse)
-    flush_interval_ms: int = 1000  # the flusher sweeps at least this often while keys are dirty
+    flush_interval_ms: int = 5000  # the flusher sweeps at least this often while keys are dirty
     log_segment_size: int = 64 * 1024 * 1024  # a new log segment past this size
     dirty_queue: str = "ldu"     # the flusher's queue: ldu (lock-less) or locked (a mutex, to compare)
+    network_only: bool = False   # benchmark switch: SET answers +OK without touching the table
     tcp_backlog: int = 511
     config_file: str = ""
 
     FIELDS_HELP = {
         "bind": "IPv4 address to listen on",
         "port": "TCP port, 0-65535 (0 = any free port)",
-        "threads": "poller threads, 0 = one per core",
+        "threads": "poller threads (0 = one per core), or with arch threadpool the workers (0 = 32)",
+        "arch": "request handling: poller (per-core epoll pollers, non-blocking) or threadpool (a pool of "
+                "workers, each serving one request at a time with blocking calls: paper 000's baseline)",
+        "network_only": "benchmark switch (paper 000's N row): SET answers +OK without touching the table, "
+                        "nothing is stored",
         "max_memory": "memory bound, bytes or '64mb'/'1gb' (Redis units), 0 = unbounded",
         "maxclients": "maximum simultaneous client connections",
         "requirepass": "password clients must AUTH with ('' = none)",
         "accept": "how connections reach pollers: reuseport or handoff",
-        "poll_policy": "epoll EPOLLOUT policy: direct or strict",
+        "poll_policy": "epoll EPOLLOUT policy: direct (write at the end of each round), strict (EPOLLOUT "
+                       "per reply) or flexpoll (EPOLLOUT kept while replies come often, paper 002)",
         "data_dir": "directory for the node's files (the log lives in <data_dir>/log)",
         "durability": "none (memory only), disk (acknowledge after the log is fdatasync'ed) or remote "
                       "(acknowledge once the peer's memory holds the log record too)",
@@ -135,10 +142,14 @@ class ServerConfig:
             raise ConfigError(f"flush_interval_ms: expected an integer >= 1, got {self.flush_interval_ms!r}")
         if not isinstance(self.repl_port, int) or not -1 <= self.repl_port <= 65535:
             raise ConfigError(f"repl_port: expected -1 (off) or a port from 0 to 65535, got {self.repl_port!r}")
+        if self.arch not in ("poller", "threadpool"):
+            raise ConfigError(f"arch: expected 'poller' or 'threadpool', got {self.arch!r}")
+        if not isinstance(self.network_only, bool):
+            raise ConfigError(f"network_only: expected true or false, got {self.network_only!r}")
         if self.dirty_queue not in ("ldu", "locked"):
             raise ConfigError(f"dirty_queue: expected 'ldu' or 'locked', got {self.dirty_queue!r}")
-        if self.poll_policy not in ("direct", "strict"):
-            raise ConfigError(f"poll_policy: expected 'direct' or 'strict', got {self.poll_policy!r}")
+        if self.poll_policy not in ("direct", "strict", "flexpoll"):
+            raise ConfigError(f"poll_policy: expected 'direct', 'strict' or 'flexpoll', got {self.poll_policy!r}")
         if not isinstance(self.requirepass, str):
             raise ConfigError("requirepass: expected a string")
         parts = str(self.bind).split(".")
@@ -151,6 +162,8 @@ class ServerConfig:
 
     @property
     def effective_threads(self):
+        if self.arch == "threadpool":
+            return self.threads or 32
         return self.threads or os.cpu_count() or 1
 
     @classmethod

@@ -131,7 +131,7 @@ class DataFile:
     """The BOSC data file behind a store's table: opened (and scanned) before the
     log replays, so the replay marks its keys dirty for the flusher."""
 
-    def __init__(self, store, data_dir, buckets=65536, flush_interval_ms=1000, truncate_log=True,
+    def __init__(self, store, data_dir, buckets=65536, flush_interval_ms=5000, truncate_log=True,
                  dirty_queue="ldu"):
         cfg = ffi.new("struct bosc_config *")
         # Remote mode keeps every log segment: a peer that lost its copy of this
