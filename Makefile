@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 6380
 DATA_DIR ?= data
-APT_PACKAGES := gcc make libffi-dev redis-server redis-tools memcached
+APT_PACKAGES := gcc make libffi-dev redis-server redis-tools memcached iproute2
 
 .PHONY: run test deps venv dev ext clean
 

@@ -37,7 +37,7 @@
 #define MAX_BLOCKS (UINT32_MAX - 1)
 #define HIGH_PCT 90          /* evict when memory passes this share of the bound ... */
 #define LOW_PCT 60           /* ... down to this share: room for the next batch of dirty keys */
-#define MAX_SUBS 64
+#define MAX_SUBS 1024
 
 struct load_req {
     struct load_req *next;

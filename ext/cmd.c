@@ -435,6 +435,8 @@ static int c_set(struct cmd_client *c, const struct cmd_args *a)
             return reply_err(c, ERR_SYNTAX);
         }
     }
+    if (srv_config(c->srv)->network_only)
+        return reply_ok(c); /* --network-only: the network path alone is measured */
     int64_t expire = 0;
     if (unit) {
         long long mul = (unit == 1 || unit == 3) ? 1000 : 1;

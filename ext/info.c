@@ -87,10 +87,11 @@ int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, int
                          "kvstore_version:%s\r\n"
                          "redis_version:7.0.0\r\n" /* the RESP command level we implement */
                          "redis_mode:standalone\r\nos:%s %s %s\r\narch_bits:64\r\n"
-                         "multiplexing_api:epoll\r\npoll_policy:%s\r\naccept_mode:%s\r\n"
+                         "multiplexing_api:epoll\r\narch:%s\r\npoll_policy:%s\r\naccept_mode:%s\r\n"
                          "pollers:%d\r\nprocess_id:%d\r\ntcp_port:%d\r\n"
                          "uptime_in_seconds:%lld\r\nconfig_file:%s\r\n",
-                         s->version, un.sysname, un.release, un.machine, s->policy->name,
+                         s->version, un.sysname, un.release, un.machine,
+                         s->cfg.arch == SRV_ARCH_THREADPOOL ? "threadpool" : "poller", s->policy->name,
                          s->cfg.accept_mode == SRV_ACCEPT_HANDOFF ? "handoff" : "reuseport",
                          s->npollers, (int)getpid(), s->port,
                          (long long)(time(NULL) - s->start_time),

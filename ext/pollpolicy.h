@@ -9,7 +9,10 @@
  *   direct - write at the end of the round; EPOLLOUT only while a short write
  *            left bytes unsent (Redis >= 3.2: no epoll_ctl in steady state);
  *   strict - never write before EPOLLOUT; add it when a reply is pending and
- *            remove it when all is sent (one or two epoll_ctl per reply).
+ *            remove it when all is sent (one or two epoll_ctl per reply);
+ *   flexpoll - (paper 002) writes like strict, but leaves EPOLLOUT registered
+ *            after a reply while replies come often: it follows the load
+ *            instead of re-registering per reply (see pollpolicy.c).
  * Per-connection policy state lives in struct pp_conn, owned by the poller thread.
  */
 #ifndef KV_POLLPOLICY_H
@@ -21,12 +24,17 @@ struct pp_conn {
     uint32_t a, b; /* policy-private counters, zeroed when the connection opens */
 };
 
+/* flexpoll keeps EPOLLOUT while the mean gap between a connection's replies is at
+ * most this many poll rounds, and drops it after that many spurious rounds. */
+#define PP_FLEX_ROUNDS 8
+
 struct pp_policy {
     const char *name;
     int write_at_round_end; /* 1: flush queued replies after each epoll_wait round */
     /* pending: bytes remain unsent after this step; spurious: this call follows a
-     * writable event that found nothing to send. Returns 1 to keep/add EPOLLOUT. */
-    int (*want_out)(struct pp_conn *st, int pending, int spurious);
+     * writable event that found nothing to send; round: the poller's epoll_wait
+     * count (its clock). Returns 1 to keep/add EPOLLOUT. */
+    int (*want_out)(struct pp_conn *st, int pending, int spurious, uint32_t round);
 };
 
 /* Look a policy up by name; NULL if unknown. */

@@ -32,7 +32,7 @@
 #include "replog.h"
 #include "server_int.h"
 
-static int64_t mono_ms(void)
+int64_t srv_mono_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
@@ -202,7 +202,7 @@ static void update_interest(struct conn *c, int spurious)
     /* No EPOLLIN while input is not wanted: level-triggered epoll would report
      * it again on every round (busy loop) for bytes we refuse to read. */
     uint32_t ev = (c->paused || c->stalled || c->cl.close_after_reply) ? 0 : EPOLLIN;
-    if (c->p->srv->policy->want_out(&c->pp, pending, spurious))
+    if (c->p->srv->policy->want_out(&c->pp, pending, spurious, (uint32_t)ld(&c->p->st.epoll_wait)))
         ev |= EPOLLOUT;
     set_interest(c, ev);
 }
@@ -474,7 +474,7 @@ static void conn_readable(struct conn *c)
         list_pending(c);
 }
 
-static void format_addr(int fd, char *dst, size_t n)
+void srv_format_addr(int fd, char *dst, size_t n)
 {
     struct sockaddr_in sa;
     socklen_t sl = sizeof sa;
@@ -517,7 +517,7 @@ static void conn_new(struct poller *p, int fd)
     c->cl.srv = s;
     c->cl.table = s->table;
     c->cl.poller = p->idx;
-    format_addr(fd, c->cl.addr, sizeof c->cl.addr);
+    srv_format_addr(fd, c->cl.addr, sizeof c->cl.addr);
     c->interest = EPOLLIN;
     struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
     st_inc(&p->st.epoll_ctl, 1);
@@ -659,7 +659,7 @@ static void drain_event(struct poller *p)
     retry_stalled(p);
 }
 
-static void cron(struct poller *p, int64_t now)
+void srv_cron(struct poller *p, int64_t now)
 {
     struct srv *s = p->srv;
     p->last_cron = now;
@@ -725,9 +725,9 @@ static void *poller_main(void *arg)
             }
         }
         flush_round(p);
-        int64_t now = mono_ms();
+        int64_t now = srv_mono_ms();
         if (now - p->last_cron >= CRON_MS)
-            cron(p, now);
+            srv_cron(p, now);
     }
     for (struct conn *c = p->all; c; c = c->next)
         conn_close(c);
@@ -827,6 +827,15 @@ int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cf
     s->port = cfg->port;
     s->npollers = cfg->threads;
     s->start_time = time(NULL);
+    s->tp_epfd = -1;
+    pthread_mutex_init(&s->tp_lock, NULL);
+    s->tp_listener_tag = TAG_LISTENER;
+    int pool = cfg->arch == SRV_ARCH_THREADPOOL;
+    if (pool && (s->tp_epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "epoll: %s", strerror(errno));
+        goto fail;
+    }
     s->pollers = aligned_alloc(64, sizeof *s->pollers * (size_t)s->npollers);
     if (!s->pollers) {
         rc = -ENOMEM;
@@ -844,15 +853,17 @@ int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cf
         p->listener_tag = TAG_LISTENER;
         p->event_tag = TAG_EVENT;
         pthread_mutex_init(&p->q_lock, NULL);
-        p->epfd = epoll_create1(EPOLL_CLOEXEC);
+        /* a worker of the pool waits on its eventfd alone; a poller has it in its epoll set */
+        p->epfd = pool ? -1 : epoll_create1(EPOLL_CLOEXEC);
         p->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        if (p->epfd < 0 || p->evfd < 0) {
+        if ((!pool && p->epfd < 0) || p->evfd < 0) {
             rc = -errno;
             snprintf(err, errlen, "epoll/eventfd: %s", strerror(errno));
             goto fail;
         }
         struct epoll_event e = {.events = EPOLLIN, .data.ptr = &p->event_tag};
-        epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->evfd, &e);
+        if (!pool)
+            epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->evfd, &e);
         if (cfg->bosc && bosc_subscribe(cfg->bosc, p->evfd)) {
             snprintf(err, errlen, "too many pollers for the data file's wakeups");
             rc = -ENOSPC;
@@ -862,14 +873,18 @@ int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cf
             snprintf(err, errlen, "too many pollers for the log's wake-up list");
             goto fail;
         }
-        if (i == 0 || cfg->accept_mode == SRV_ACCEPT_REUSEPORT) {
-            p->lfd = make_listener(s, cfg->accept_mode == SRV_ACCEPT_REUSEPORT, err, errlen);
+        if (i == 0 || (!pool && cfg->accept_mode == SRV_ACCEPT_REUSEPORT)) {
+            p->lfd = make_listener(s, !pool && cfg->accept_mode == SRV_ACCEPT_REUSEPORT, err, errlen);
             if (p->lfd < 0) {
                 rc = p->lfd;
                 goto fail;
             }
             struct epoll_event le = {.events = EPOLLIN, .data.ptr = &p->listener_tag};
-            epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->lfd, &le);
+            if (pool) { /* one worker at a time accepts, then re-arms it */
+                le.events |= EPOLLONESHOT;
+                le.data.ptr = &s->tp_listener_tag;
+            }
+            epoll_ctl(pool ? s->tp_epfd : p->epfd, EPOLL_CTL_ADD, p->lfd, &le);
         }
     }
     *out = s;
@@ -883,7 +898,7 @@ int srv_start(struct srv *s, char *err, size_t errlen)
 {
     for (int i = 0; i < s->npollers; i++) {
         struct poller *p = &s->pollers[i];
-        int rc = pthread_create(&p->th, NULL, poller_main, p);
+        int rc = pthread_create(&p->th, NULL, s->cfg.arch == SRV_ARCH_THREADPOOL ? tp_worker_main : poller_main, p);
         if (rc) {
             snprintf(err, errlen, "cannot start poller thread: %s", strerror(rc));
             srv_stop(s);
@@ -891,7 +906,8 @@ int srv_start(struct srv *s, char *err, size_t errlen)
         }
         p->started = 1;
         char name[16];
-        snprintf(name, sizeof name, "kv-poller-%d", i % 10000);
+        snprintf(name, sizeof name, s->cfg.arch == SRV_ARCH_THREADPOOL ? "kv-worker-%d" : "kv-poller-%d",
+                 i % 10000);
         pthread_setname_np(p->th, name);
     }
     return 0;
@@ -901,19 +917,20 @@ void srv_stop(struct srv *s)
 {
     /* release: pollers that see stopping also see everything written before it */
     atomic_store_explicit(&s->stopping, 1, memory_order_release);
-    for (int i = 0; i < s->npollers; i++) {
+    for (int i = 0; s->pollers && i < s->npollers; i++) {
         uint64_t one = 1;
         if (s->pollers[i].evfd >= 0) {
             ssize_t w = write(s->pollers[i].evfd, &one, sizeof one);
             (void)w;
         }
     }
-    for (int i = 0; i < s->npollers; i++) {
+    for (int i = 0; s->pollers && i < s->npollers; i++) {
         if (s->pollers[i].started) {
             pthread_join(s->pollers[i].th, NULL);
             s->pollers[i].started = 0;
         }
     }
+    tp_close_all(s); /* the pool's connections (pollers close their own) */
 }
 
 void srv_destroy(struct srv *s)
@@ -939,6 +956,9 @@ void srv_destroy(struct srv *s)
         pthread_mutex_destroy(&p->q_lock);
     }
     free(s->pollers);
+    if (s->tp_epfd >= 0)
+        close(s->tp_epfd);
+    pthread_mutex_destroy(&s->tp_lock);
     free(s->bind);
     free(s->requirepass);
     free(s->config_file);

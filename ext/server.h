@@ -24,6 +24,9 @@ struct rl_sender;
 struct rl_receiver;
 
 enum srv_accept_mode { SRV_ACCEPT_REUSEPORT = 0, SRV_ACCEPT_HANDOFF = 1 };
+/* poller: `threads` epoll pollers (per core); threadpool: `threads` workers that
+ * each serve one request at a time with blocking calls (threadpool.c) */
+enum srv_arch { SRV_ARCH_POLLER = 0, SRV_ARCH_THREADPOOL = 1 };
 
 struct srv_config {
     const char *bind;        /* IPv4 address to listen on, e.g. "127.0.0.1" */
@@ -32,7 +35,7 @@ struct srv_config {
     int maxclients;          /* connections beyond this get an error and are closed */
     const char *requirepass; /* NULL or "" = no AUTH required */
     int accept_mode;         /* enum srv_accept_mode */
-    const char *poll_policy; /* "direct" (default) or "strict"; see pollpolicy.h */
+    const char *poll_policy; /* "direct" (default), "strict" or "flexpoll"; see pollpolicy.h */
     const char *config_file; /* shown by INFO, may be NULL */
     const char *version;     /* kvstore version shown by INFO/HELLO */
     int tcp_backlog;
@@ -41,6 +44,9 @@ struct srv_config {
     const char *durability;  /* mode name for INFO: "none", "disk", ... */
     struct rl_sender *sender;      /* remote mode's log sender, for INFO (not owned), or NULL */
     struct rl_receiver *receiver;  /* this node's log receiver, for INFO (not owned), or NULL */
+    int arch;                /* enum srv_arch */
+    int network_only;        /* benchmark switch (paper 000's N row): SET answers +OK
+                                without touching the table; nothing is stored */
     struct bosc *bosc;       /* data file (not owned) or NULL: with it, a request whose key
                                 must be loaded, or that needs memory the flusher is freeing,
                                 waits (see cmd_client.stall) instead of failing */

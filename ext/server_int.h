@@ -108,7 +108,20 @@ struct srv {
     int64_t ops_last_ms;
     _Atomic uint64_t ops_samples[OPS_SAMPLES];
     int ops_idx;
+    /* --arch threadpool: the workers' shared epoll set (connections EPOLLONESHOT)
+     * and every connection, for closing them at stop (threadpool.c) */
+    int tp_epfd;
+    int tp_listener_tag;
+    pthread_mutex_t tp_lock;
+    struct tp_conn *tp_conns;
 };
+
+/* Shared by server.c (pollers) and threadpool.c (workers). */
+int64_t srv_mono_ms(void);
+void srv_cron(struct poller *p, int64_t now);
+void srv_format_addr(int fd, char *dst, size_t n);
+void *tp_worker_main(void *arg);
+void tp_close_all(struct srv *s);
 
 static inline void st_inc(_Atomic uint64_t *c, uint64_t d)
 {

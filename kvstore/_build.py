@@ -10,7 +10,7 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT = os.path.relpath(os.path.join(HERE, "..", "ext"))
 SOURCES = ["table.c", "resp.c", "cmd.c", "pollpolicy.c", "server.c", "info.c", "loadgen.c", "crc32c.c", "wal.c",
-           "replog.c", "ldu.c", "bosc.c"]
+           "replog.c", "ldu.c", "bosc.c", "threadpool.c"]
 
 CDEF = """
 struct kv_table;
@@ -60,7 +60,7 @@ struct srv_config {
     const char *bind; int port; int threads; int maxclients; const char *requirepass;
     int accept_mode; const char *poll_policy; const char *config_file; const char *version;
     int tcp_backlog; struct wal *wal; const char *durability;
-    struct rl_sender *sender; struct rl_receiver *receiver; struct bosc *bosc;
+    struct rl_sender *sender; struct rl_receiver *receiver; int arch; int network_only; struct bosc *bosc;
 };
 struct srv_poller_stats {
     uint64_t epoll_wait, epoll_ctl, reads, writes;
@@ -168,6 +168,14 @@ struct lg_result {
 };
 int lg_run(const struct lg_config *cfg, struct lg_result *out);
 
+struct pp_conn { uint32_t a, b; };
+struct pp_policy {
+    const char *name; int write_at_round_end;
+    int (*want_out)(struct pp_conn *st, int pending, int spurious, uint32_t round);
+};
+const struct pp_policy *pp_find(const char *name);
+#define PP_FLEX_ROUNDS ...
+
 struct ldu_node { struct ldu_node *next; uint32_t mark; uint8_t op; ...; };
 struct ldu_obj { struct ldu_node node[2]; uint32_t used; };
 struct ldu_queue { uint64_t pushes; ...; };
@@ -186,7 +194,7 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "kvstore._ext",
     '#include "table.h"\n#include "resp.h"\n#include "server.h"\n#include "loadgen.h"\n'
-    '#include "wal.h"\n#include "crc32c.h"\n#include "replog.h"\n#include "ldu.h"\n#include "bosc.h"\n',
+    '#include "wal.h"\n#include "crc32c.h"\n#include "replog.h"\n#include "ldu.h"\n#include "bosc.h"\n#include "pollpolicy.h"\n',
     sources=[os.path.join(EXT, s) for s in SOURCES],
     include_dirs=[EXT],
     extra_compile_args=["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wno-unused-parameter",

@@ -21,8 +21,9 @@ class Node:
     Settings are `kvstore serve` options with underscores (max_memory="64mb", threads=2, ...).
     """
 
-    def __init__(self, bind="127.0.0.1", port=0, data_dir=None, log_path=None, **settings):
+    def __init__(self, bind="127.0.0.1", port=0, data_dir=None, log_path=None, netns=None, **settings):
         self.bind = bind
+        self.netns = netns  # run inside this network namespace (kvstore.netns.TestHost.name)
         self.requested_port = port
         self.port = None
         self.data_dir = data_dir
@@ -32,7 +33,8 @@ class Node:
         self._log = None
 
     def command(self):
-        args = [sys.executable, "-m", "kvstore.cli", "serve", "--bind", self.bind,
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        args = prefix + [sys.executable, "-m", "kvstore.cli", "serve", "--bind", self.bind,
                 "--port", str(self.requested_port)]
         if self.data_dir:
             args += ["--data-dir", str(self.data_dir)]

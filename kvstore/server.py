@@ -69,6 +69,8 @@ class Server:
         cfg.threads = c.effective_threads
         cfg.maxclients = c.maxclients
         cfg.accept_mode = 1 if c.accept == "handoff" else 0
+        cfg.arch = 1 if c.arch == "threadpool" else 0
+        cfg.network_only = 1 if c.network_only else 0
         cfg.tcp_backlog = c.tcp_backlog
         err = ffi.new("char[256]")
         out = ffi.new("struct srv **")

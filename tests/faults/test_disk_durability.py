@@ -230,7 +230,8 @@ class Writer(threading.Thread):
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_kill9_under_write_load_loses_no_acknowledged_write(data_dir, nodes, monkeypatch):
+@pytest.mark.parametrize("arch", ["poller", "threadpool"])
+def test_kill9_under_write_load_loses_no_acknowledged_write(data_dir, nodes, monkeypatch, arch):
     """4 connections (pipelines of 1, 1, 8 and 32) write SET/MSET/DEL/INCR/INCRBY/APPEND
     on 2,400 keys (each key has one writer); SIGKILL at a seeded random point; restart
     on the same directory; every acknowledged write must be there with its last
@@ -257,7 +258,7 @@ def test_kill9_under_write_load_loses_no_acknowledged_write(data_dir, nodes, mon
         else:
             monkeypatch.delenv("KVSTORE_FAULT_SYNC_DELAY_US", raising=False)
 
-    spill = dict(data_file=True, max_memory="512kb", flush_interval_ms=100)
+    spill = dict(data_file=True, max_memory="512kb", flush_interval_ms=100, arch=arch)
     set_disk_speed(0)
     node = nodes(data_dir, **spill)
     for it in range(iterations):

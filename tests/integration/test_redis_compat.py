@@ -19,10 +19,17 @@ C = resp_cmd
 PING = C("PING")
 
 
-@pytest.fixture(scope="module")
-def kv_plain():
+# Every request-handling architecture must give the same bytes: the whole module
+# runs once per architecture / EPOLLOUT policy (--arch, --poll-policy).
+ARCHS = {"poller-direct": {}, "poller-strict": {"poll_policy": "strict"},
+         "poller-flexpoll": {"poll_policy": "flexpoll"}, "threadpool": {"arch": "threadpool", "threads": 8}}
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def kv_plain(request):
     """kvstore with no memory bound (CONFIG GET maxmemory is 0, as on redis-server)."""
-    n = _start_node(threads=2)
+    settings = {"threads": 2, **ARCHS[request.param]}
+    n = _start_node(**settings)
     yield n
     _stop_node(n)
 

@@ -46,7 +46,7 @@ def test_node_client_and_health(kv):
     assert kv.health() is True
     st = kv.stats()
     assert st["tcp_port"] == kv.port
-    assert st["poll_policy"] in ("direct", "strict")
+    assert st["poll_policy"] in ("direct", "strict", "flexpoll")
 
 
 def test_kvstore_stats(kv):
@@ -475,7 +475,7 @@ def test_pipeline_errors_in_the_middle(c):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("poll_policy", ["direct", "strict"])
+@pytest.mark.parametrize("poll_policy", ["direct", "strict", "flexpoll"])
 @pytest.mark.parametrize("accept", ["reuseport", "handoff"])
 def test_smoke_modes(kv_node_factory, accept, poll_policy, threads):
     n = kv_node_factory(accept=accept, poll_policy=poll_policy, threads=threads)
@@ -506,3 +506,28 @@ def test_smoke_modes(kv_node_factory, accept, poll_policy, threads):
     finally:
         for cl in clients:
             cl.close()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("durability", ["none", "disk"])
+def test_threadpool_serves_redis_py_and_waits_for_the_log(kv_node_factory, durability):
+    """--arch threadpool: the same commands over many connections, replies after the log."""
+    n = kv_node_factory(arch="threadpool", threads=8, durability=durability)
+    clients = [client(n.port, decode_responses=True, single_connection_client=True) for _ in range(20)]
+    try:
+        for i, cl in enumerate(clients):
+            assert cl.set(f"t{i}", i) and cl.incr(f"t{i}") == i + 1
+        p = clients[0].pipeline(transaction=False)
+        for i in range(2000):
+            p.set(f"p{i}", i)
+        assert all(p.execute())
+        assert clients[1].mget([f"p{i}" for i in range(0, 2000, 100)]) == [str(i) for i in range(0, 2000, 100)]
+        info = clients[2].info("everything")
+        assert info["arch"] == "threadpool" and info["pollers"] == 8
+        if durability == "disk":  # every acknowledged write was durable first
+            assert info["log_durable_lsn"] >= 2040, info
+        assert clients[3].dbsize() == 2020
+    finally:
+        for cl in clients:
+            cl.close()
+    assert n.stop() == 0

@@ -1,0 +1,166 @@
+"""Paper 002 (FlexPoll): how a poller keeps its epoll interest set, measured.
+
+Three kvstore servers identical but for --poll-policy:
+  strict    EPOLLOUT added for every reply and removed once it is sent (what Redis
+            did before it began writing replies directly): one or two epoll_ctl per reply;
+  flexpoll  writes on EPOLLOUT like strict, but keeps EPOLLOUT registered while the
+            connection's replies come often (adaptive, see ext/pollpolicy.c);
+  direct    replies written at the end of each poll round, EPOLLOUT only after a
+            short write (Redis >= 3.2).
+Loads (redis-benchmark, 85-byte values, 1 M keys): SET and GET at pipeline 1 and 16,
+with 50 and 1,000 connections; and a "real-world-like" mix: 1,000 connections of
+which 950 are devices that each send now and then (an open-loop kvstore bench at a
+fixed total rate) and 50 are busy gateways (closed loop, pipeline 4), SET:GET 9:1 —
+IoT ingestion is skewed (a few hot clients carry most requests) and bursty (most
+connections are idle between readings), which is where keeping or dropping
+EPOLLOUT per connection matters. Servers alternate per load (A B C, C B A, ...);
+medians of --rounds; syscalls per request from INFO pollers; server CPU per request.
+
+    python experiments/flexpoll_compare.py    -> results/flexpoll_compare.{csv,png}
+"""
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import common  # noqa: E402
+
+from kvstore import Client, Node  # noqa: E402
+
+CSV = os.path.join(common.RESULTS, "flexpoll_compare.csv")
+PNG = os.path.join(common.RESULTS, "flexpoll_compare.png")
+POLICIES = ["strict", "flexpoll", "direct"]
+PAPER = {"micro": 1.469, "real-world": 1.678}  # FlexPoll / Redis (strict) throughput
+
+
+def counters(port):
+    with Client(port=port) as c:
+        s = c.kvstore_stats()
+    return {k: int(s[k]) for k in ("total_commands_processed", "total_epoll_wait_calls", "total_epoll_ctl_calls",
+                                    "total_read_calls", "total_write_calls")}
+
+
+def mix_load(port, seconds, device_rate):
+    """950 open-loop devices + 50 closed-loop gateways at once; returns the gateways' throughput."""
+    kv = [sys.executable, "-m", "kvstore.cli", "bench", "-p", str(port), "-d", "85", "-r", "1000000",
+          "--ratio", "9:1", "--duration", str(seconds), "--json"]
+    devices = subprocess.Popen(kv + ["-t", "1", "-c", "950", "-P", "1", "--rate", str(device_rate)],
+                               stdout=subprocess.PIPE, text=True)
+    gateways = subprocess.run(kv + ["-t", "1", "-c", "50", "-P", "4"], capture_output=True, text=True,
+                              timeout=seconds + 60, check=True)
+    dev_out, _ = devices.communicate(timeout=seconds + 60)
+    import json
+    g, d = json.loads(gateways.stdout), json.loads(dev_out)
+    return {"throughput": g["throughput"] + d["throughput"], "p99_us": g["lat_p99_us"]}
+
+
+def measure(args):
+    dirs, nodes = [], {}
+    rows = []
+    loads = [(op, p, c) for c in args.conns for p in args.pipelines for op in ("SET", "GET")] + [("MIX", 0, 1000)]
+    try:
+        for pol in POLICIES:
+            d = tempfile.mkdtemp(prefix=f"kv-flex-{pol}-")
+            dirs.append(d)
+            nodes[pol] = Node(port=0, threads=args.threads, data_dir=d, poll_policy=pol, maxclients=4000).start()
+            common.run_redis_benchmark(nodes[pol].port, "SET", 16, 50, 200_000, 1_000_000, 85)  # keys for GET
+        total = args.rounds * len(loads) * len(POLICIES)
+        for rnd in range(args.rounds):
+            for op, p, conns in loads:
+                order = POLICIES if rnd % 2 == 0 else list(reversed(POLICIES))
+                for pol in order:
+                    n = nodes[pol]
+                    c0, cpu0 = counters(n.port), common.cpu_seconds(n.pid)
+                    if op == "MIX":
+                        r = mix_load(n.port, args.mix_seconds, args.device_rate)
+                    else:
+                        req = args.requests if p > 1 else args.requests // 5
+                        r = common.run_redis_benchmark(n.port, op, p, conns, req, 1_000_000, 85)
+                    cpu = common.cpu_seconds(n.pid) - cpu0
+                    c1 = counters(n.port)
+                    cmds = max(1, c1["total_commands_processed"] - c0["total_commands_processed"])
+                    per = {name: round((c1[f"total_{name}_calls"] - c0[f"total_{name}_calls"]) / cmds, 4)
+                           for name in ("epoll_ctl", "epoll_wait", "read", "write")}
+                    rows.append({"round": rnd, "load": f"{op} P{p} c{conns}" if op != "MIX" else "mix c1000",
+                                 "policy": pol, "throughput": round(r["throughput"]), "p99_us": round(r["p99_us"], 1),
+                                 "server_cpu_us_per_req": round(cpu / cmds * 1e6, 3),
+                                 **{f"{name}_per_req": v for name, v in per.items()}})
+                    common.write_csv(CSV, rows)
+                    last = rows[-1]
+                    print(f"[{len(rows)}/{total}] {last['load']:14s} {pol:8s} {r['throughput']:>10,.0f} req/s "
+                          f"ctl/req {last['epoll_ctl_per_req']:.3f} wait/req {last['epoll_wait_per_req']:.3f}",
+                          file=sys.stderr, flush=True)
+    finally:
+        for n in nodes.values():
+            n.stop()
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+    return rows
+
+
+def medians(rows, field="throughput"):
+    out = {}
+    for r in rows:
+        out.setdefault((r["load"], r["policy"]), []).append(float(r[field]))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def report(rows):
+    med, ctl = medians(rows), medians(rows, "epoll_ctl_per_req")
+    loads = list(dict.fromkeys(r["load"] for r in rows))
+    print(f"{'load':16s}" + "".join(f"{p:>12s}" for p in POLICIES) + "  flex/strict  flex/direct  ctl/req s/f/d")
+    for ld in loads:
+        v = [med[(ld, p)] for p in POLICIES]
+        print(f"{ld:16s}" + "".join(f"{x:>12,.0f}" for x in v) + f"  {v[1] / v[0]:10.2f}x  {v[1] / v[2]:10.2f}x  "
+              + "/".join(f"{ctl[(ld, p)]:.2f}" for p in POLICIES))
+    print(f"paper: FlexPoll / Redis (strict) {PAPER['micro']:.3f}x micro, {PAPER['real-world']:.3f}x real-world")
+
+
+def plot(rows):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    med, ctl = medians(rows), medians(rows, "epoll_ctl_per_req")
+    loads = list(dict.fromkeys(r["load"] for r in rows))
+    fig, axes = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
+    w = 0.27
+    for i, p in enumerate(POLICIES):
+        xs = [x + i * w for x in range(len(loads))]
+        axes[0].bar(xs, [med[(ld, p)] for ld in loads], w, label=p)
+        axes[1].bar(xs, [ctl[(ld, p)] for ld in loads], w, label=p)
+    axes[0].set_ylabel("requests/s (median)")
+    axes[1].set_ylabel("epoll_ctl calls per request")
+    axes[1].set_xticks([x + w for x in range(len(loads))])
+    axes[1].set_xticklabels(loads, rotation=30, ha="right", fontsize=8)
+    for ax in axes:
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_title("EPOLLOUT policies on kvstore (2 pollers, 2-core VM shared with the client)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(PNG, dpi=110)
+    print(f"wrote {PNG}", file=sys.stderr)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=1_000_000, help="per P16 run (P1: a fifth)")
+    ap.add_argument("--conns", type=int, nargs="+", default=[50, 1000])
+    ap.add_argument("--pipelines", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--mix-seconds", type=float, default=4.0)
+    ap.add_argument("--device-rate", type=float, default=20_000, help="total req/s of the 950 devices")
+    ap.add_argument("--plot-only", action="store_true")
+    args = ap.parse_args()
+    rows = common.read_csv(CSV) if args.plot_only else measure(args)
+    report(rows)
+    plot(rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Test hosts in network namespaces: a namespace joined to this host by a veth pair,
+both ends addressed in 198.18.0.0/15 (the benchmarking range, RFC 2544), so that
+traffic between kvstore nodes crosses a (virtual) network instead of loopback.
+The only module that touches pyroute2. Needs root (CAP_NET_ADMIN).
+
+    with netns.TestHost("kvpeer", index=0) as host:     # host.addr, host.local_addr
+        node = Node(netns=host.name, bind=host.addr, ...)
+"""
+import os
+import subprocess
+
+
+def available():
+    """(True, "") if namespaces can be made here, else (False, why)."""
+    if os.geteuid() != 0:
+        return False, "network namespaces need root"
+    try:
+        import pyroute2  # noqa: F401
+    except ImportError:
+        return False, "pyroute2 is not installed (pip install pyroute2)"
+    return True, ""
+
+
+class TestHost:
+    """Namespace `name` with veth kv<index>h (this side, 198.18.<index>.1/30) and kv<index>n
+    (inside, 198.18.<index>.2/30), both up, lo up inside. Removed on close: deleting the
+    namespace deletes the pair."""
+
+    def __init__(self, name, index=0):
+        if not 0 <= index < 256:
+            raise ValueError(f"index: expected 0..255, got {index}")
+        self.name = name
+        self.index = index
+        self.local_addr = f"198.18.{index}.1"
+        self.addr = f"198.18.{index}.2"
+        self.host_if, self.ns_if = f"kv{index}h", f"kv{index}n"
+        self._up = False
+
+    def __enter__(self):
+        return self.create()
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def create(self):
+        from pyroute2 import IPRoute, NetNS, netns
+        self.close()  # a leftover of a killed run
+        netns.create(self.name)
+        self._up = True
+        try:
+            with IPRoute() as ipr:
+                ipr.link("add", ifname=self.host_if, kind="veth", peer=self.ns_if)
+                peer = ipr.link_lookup(ifname=self.ns_if)[0]
+                ipr.link("set", index=peer, net_ns_fd=self.name)
+                mine = ipr.link_lookup(ifname=self.host_if)[0]
+                ipr.addr("add", index=mine, address=self.local_addr, prefixlen=30)
+                ipr.link("set", index=mine, state="up")
+            with NetNS(self.name) as ns:
+                idx = ns.link_lookup(ifname=self.ns_if)[0]
+                ns.addr("add", index=idx, address=self.addr, prefixlen=30)
+                ns.link("set", index=idx, state="up")
+                ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def exec_prefix(self):
+        """Prefix for a command run inside the namespace (ip netns exec keeps the pid)."""
+        return ["ip", "netns", "exec", self.name]
+
+    def run(self, *cmd, **kw):
+        return subprocess.run(self.exec_prefix() + list(cmd), **kw)
+
+    def close(self):
+        from pyroute2 import IPRoute, netns
+        if self.name in netns.listnetns():
+            netns.remove(self.name)
+        with IPRoute() as ipr:  # the host side, if the namespace was already gone
+            for idx in ipr.link_lookup(ifname=self.host_if):
+                ipr.link("del", index=idx)
+        self._up = False
