@@ -6,8 +6,16 @@ The only module that touches pyroute2. Needs root (CAP_NET_ADMIN).
     with netns.TestHost("kvpeer", index=0) as host:     # host.addr, host.local_addr
         node = Node(netns=host.name, bind=host.addr, ...)
 """
+import concurrent.futures
 import os
 import subprocess
+
+
+def _off_loop(fn):
+    """Run fn in a thread of its own: pyroute2's synchronous API drives an asyncio loop,
+    which fails inside a running one (a Jupyter kernel, an asyncio program)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(fn).result()
 
 
 def available():
@@ -43,8 +51,14 @@ class TestHost:
         self.close()
 
     def create(self):
+        return _off_loop(self._create)
+
+    def close(self):
+        _off_loop(self._close)
+
+    def _create(self):
         from pyroute2 import IPRoute, NetNS, netns
-        self.close()  # a leftover of a killed run
+        self._close()  # a leftover of a killed run
         netns.create(self.name)
         self._up = True
         try:
@@ -61,7 +75,7 @@ class TestHost:
                 ns.link("set", index=idx, state="up")
                 ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
         except BaseException:
-            self.close()
+            self._close()
             raise
         return self
 
@@ -72,7 +86,7 @@ class TestHost:
     def run(self, *cmd, **kw):
         return subprocess.run(self.exec_prefix() + list(cmd), **kw)
 
-    def close(self):
+    def _close(self):
         from pyroute2 import IPRoute, netns
         if self.name in netns.listnetns():
             netns.remove(self.name)
