@@ -13,7 +13,6 @@ wake-up per connection). Measured, alternating A B A B:
 """
 import argparse
 import os
-import re
 import statistics
 import subprocess
 import sys

@@ -559,7 +559,6 @@ static void *loader_main(void *arg)
 struct rewrite {                 /* applying a block's updates to its record stream */
     struct item *it;             /* the block's items, LSN order */
     size_t n;
-    const char *vals;
     struct kvbuf *out;
     uint8_t *present;            /* per item: its key was in the block */
     int64_t now;
@@ -598,12 +597,10 @@ static int64_t unix_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int item_cmp(const void *a, const void *b)
+static int bucket_cmp(const void *a, const void *b)
 {
     const struct item *x = a, *y = b;
-    if (x->bucket != y->bucket)
-        return x->bucket < y->bucket ? -1 : 1;
-    return (x->snap.lsn > y->snap.lsn) - (x->snap.lsn < y->snap.lsn);
+    return (x->bucket > y->bucket) - (x->bucket < y->bucket);
 }
 
 static int lsn_cmp(const void *a, const void *b)
@@ -694,7 +691,7 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
     }
     memset(c->present, 0, live);
     c->out.len = 0;
-    struct rewrite w = {it, live, c->vals.p, &c->out, c->present, unix_ms(), 0, 0, 0};
+    struct rewrite w = {it, live, &c->out, c->present, unix_ms(), 0, 0, 0};
     int64_t before = stream_walk((unsigned char *)c->stream.p, c->stream.len, keep_rec, &w);
     if (before < 0)
         return stream_damaged(b, bucket, err, errlen);
@@ -794,7 +791,7 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         *mark = (uint32_t)c->n++;
     }
     if (c->n > 1)
-        qsort(c->items, c->n, sizeof *c->items, item_cmp); /* the sweep goes up the file */
+        qsort(c->items, c->n, sizeof *c->items, bucket_cmp); /* the sweep goes up the file */
     int rc = 0, any_skipped = 0;
     size_t i = 0;
     while (i < c->n && !rc) {

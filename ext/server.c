@@ -197,13 +197,17 @@ static void update_interest(struct conn *c, int spurious)
 {
     size_t end = sendable_end(c);
     int pending = c->out_off < end; /* bytes the socket could take now */
-    if (end < c->out.len)
+    int held = end < c->out.len;
+    if (held)
         wait_add(c); /* the rest goes out when the log catches up */
     /* No EPOLLIN while input is not wanted: level-triggered epoll would report
      * it again on every round (busy loop) for bytes we refuse to read. */
     uint32_t ev = (c->paused || c->stalled || c->cl.close_after_reply) ? 0 : EPOLLIN;
-    if (c->p->srv->policy->want_out(&c->pp, pending, spurious, (uint32_t)ld(&c->p->st.epoll_wait)))
-        ev |= EPOLLOUT;
+    /* Replies held for the log leave through the log's wakeup, not EPOLLOUT: while
+     * only they remain, a registered EPOLLOUT would just fire every round. */
+    if (pending || !held)
+        if (c->p->srv->policy->want_out(&c->pp, pending, spurious, (uint32_t)ld(&c->p->st.epoll_wait)))
+            ev |= EPOLLOUT;
     set_interest(c, ev);
 }
 

@@ -1,6 +1,5 @@
 """The notebooks (one per reproduced paper) run from top to bottom at their small
 scale, so they cannot rot: each calls the experiment code and draws its plots."""
-import os
 from pathlib import Path
 
 import pytest

@@ -531,3 +531,24 @@ def test_threadpool_serves_redis_py_and_waits_for_the_log(kv_node_factory, durab
         for cl in clients:
             cl.close()
     assert n.stop() == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("poll_policy", ["strict", "flexpoll", "direct"])
+def test_replies_held_for_the_log_do_not_spin_the_poller(kv_node_factory, monkeypatch, poll_policy):
+    """While a reply waits for a slow log sync, nothing can be sent: a policy that kept
+    EPOLLOUT registered then would wake its poller every round (a busy loop)."""
+    monkeypatch.setenv("KVSTORE_FAULT_SYNC_DELAY_US", "20000")  # every log sync takes 20 ms
+    n = kv_node_factory(durability="disk", poll_policy=poll_policy, threads=1)
+    c = client(n.port, single_connection_client=True)
+    try:
+        before = c.info("pollers")["total_epoll_wait_calls"]
+        for i in range(30):  # each SET waits ~20 ms for its group's sync
+            assert c.set(f"h{i}", i)
+        waits = c.info("pollers")["total_epoll_wait_calls"] - before
+    finally:
+        c.close()
+    # per request: a wake-up for it, one for the log, a cron tick now and then, and for
+    # flexpoll up to PP_FLEX_ROUNDS spurious ones after its reply; a spinning poller
+    # would make thousands in each 20 ms wait
+    assert waits < 30 * 15, f"{waits} epoll_wait calls for 30 held replies ({poll_policy})"

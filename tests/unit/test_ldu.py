@@ -11,7 +11,6 @@ Objects 0-2 follow the paper's alternation (insert, remove, insert, ...) with
 absorb=1; object 3 gets any operation, repeats included, with absorb=0 (a later
 operation supersedes a pending one; apply is idempotent).
 """
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule

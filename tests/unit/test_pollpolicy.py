@@ -5,7 +5,6 @@ reply is queued (the poller asks want_out with pending=1 and registers EPOLLOUT 
 the answer is yes), or EPOLLOUT fires (the reply is written; want_out with pending=0,
 spurious=0), or EPOLLOUT fires with nothing to send (spurious=1). It counts the
 epoll_ctl calls the answers cause — the cost the policies differ in."""
-import pytest
 
 from kvstore._native import ffi, lib
 
