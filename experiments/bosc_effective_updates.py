@@ -107,10 +107,10 @@ def main():
     ap.add_argument("--seconds", type=float, default=4.0, help="length of a point")
     ap.add_argument("--naive-updates", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3, help="points are repeated, interleaved; medians")
-    ap.add_argument("--dir", default=None, help="where the data files go (default: a temporary "
-                                                "directory on the disk holding this repository)")
+    ap.add_argument("--dir", default=None, help="where the data files go (default: the system's temporary "
+                                                "directory; it must be on a real disk, not tmpfs)")
     args = ap.parse_args()
-    workdir = tempfile.mkdtemp(prefix="kv-bosc-", dir=args.dir or os.path.dirname(os.path.abspath(__file__)))
+    workdir = tempfile.mkdtemp(prefix="kv-bosc-", dir=args.dir)
     points = ([("naive", 0, 0)] + [("memory", m, 0) for m in args.memory_mb] + [("rate", 0, r) for r in args.rates])
     results = {p: [] for p in points}
     try:

@@ -39,7 +39,7 @@ class KvServer:
     def __init__(self, mode, threads, full_memory=None):
         self.name = f"kvstore-{mode}" + ("-full" if full_memory else "")
         self.mode, self.threads, self.full_memory = mode, threads, full_memory
-        self.dirs = [tempfile.mkdtemp(prefix=f"kv-{mode}-", dir=os.path.dirname(os.path.abspath(__file__)))]
+        self.dirs = [tempfile.mkdtemp(prefix=f"kv-{mode}-")]
         self.peer = None
 
     def start(self):

@@ -32,7 +32,7 @@ def measure(args):
     rows = []
     try:
         for q in ("ldu", "locked"):
-            dirs[q] = tempfile.mkdtemp(prefix=f"kv-queue-{q}-", dir=os.path.dirname(os.path.abspath(__file__)))
+            dirs[q] = tempfile.mkdtemp(prefix=f"kv-queue-{q}-")
             nodes[q] = Node(port=0, threads=args.threads, data_dir=dirs[q], durability="none", data_file=True,
                             dirty_queue=q).start()
         total = args.rounds * len(args.pipelines) * 2

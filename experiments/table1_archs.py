@@ -35,6 +35,14 @@ from kvstore import Node, netns  # noqa: E402
 
 CSV = os.path.join(common.RESULTS, "table1_archs.csv")
 PNG = os.path.join(common.RESULTS, "table1_archs.png")
+
+
+def name_outputs(tag):
+    """--tag X writes table1_archs_X.{csv,png} (another load, kept beside the default one)."""
+    global CSV, PNG
+    if tag:
+        CSV = os.path.join(common.RESULTS, f"table1_archs_{tag}.csv")
+        PNG = os.path.join(common.RESULTS, f"table1_archs_{tag}.png")
 ROWS = ["N", "NH", "NHD", "NHL", "NHDL"]
 ARCHS = ["threadpool", "poller-strict", "poller-flexpoll", "poller-direct"]
 PAPER = {"LinuxTCP thread pool": [799_706, 540_093, 417_006, 300_796, 250_405],
@@ -78,7 +86,7 @@ def measure(args):
             dirs = []
             try:
                 for arch in args.archs:
-                    d = tempfile.mkdtemp(prefix=f"kv-t1-{row}-", dir=os.path.dirname(os.path.abspath(__file__)))
+                    d = tempfile.mkdtemp(prefix=f"kv-t1-{row}-")
                     dirs.append(d)
                     servers[arch] = Node(port=0, data_dir=d, **settings_for(row, arch, args, peer_addr)).start(30)
                     # warm up: a full pass of the key space (fills memory for D)
@@ -180,8 +188,10 @@ def main():
     ap.add_argument("--pollers", type=int, default=2)
     ap.add_argument("--workers", type=int, default=32, help="threadpool size")
     ap.add_argument("--full-memory", default="48mb", help="--max-memory of the D rows")
+    ap.add_argument("--tag", default="", help="suffix of the output files (for a second load)")
     ap.add_argument("--plot-only", action="store_true")
     args = ap.parse_args()
+    name_outputs(args.tag)
     rows = common.read_csv(CSV) if args.plot_only else measure(args)
     report(rows)
     plot(rows)

@@ -5,46 +5,41 @@
 #include <stddef.h>
 #include <string.h>
 
-static int want_out_exact(struct pp_conn *st, int pending, int spurious, uint32_t round)
+static int want_out_exact(struct pp_conn *st, int pending, int spurious, uint32_t round, int idle)
 {
     (void)st;
     (void)spurious;
     (void)round;
+    (void)idle;
     return pending;
 }
 
 /* FlexPoll (paper 002): adapt the interest set to the load, in user space.
  *
- * Keeping EPOLLOUT registered on a connection with nothing to send costs one
- * spurious writable event per poll round (level-triggered epoll reports a
- * writable socket every time); dropping it and adding it back for the next
- * reply costs two epoll_ctl system calls. A spurious event is a few list
- * operations inside an epoll_wait the poller makes anyway; an epoll_ctl is a
- * system call of its own (several times the cost), so keeping pays off
- * while the gap until the next reply is short: we take PP_FLEX_ROUNDS rounds
- * as the break-even point.
+ * strict pays two epoll_ctl system calls per reply: EPOLLOUT in, EPOLLOUT out.
+ * Leaving EPOLLOUT registered instead costs one spurious writable event per
+ * poll round while there is nothing to send (level-triggered epoll reports a
+ * writable socket every time) — nearly free while the poller is busy anyway
+ * (the event is one more entry in an epoll_wait that returns for real work),
+ * but a busy loop once the poller would otherwise sleep.
  *
- * The gap is learnt per connection: a = the round of its last completed reply,
- * b = an exponentially weighted mean of the gaps between replies, in 1/16
- * rounds (weight 1/4 for the newest gap). After a reply, EPOLLOUT stays while
- * the mean gap is within the break-even point; a run of spurious rounds then
- * drops it once it reaches PP_FLEX_ROUNDS (the load went away). Under load,
- * replies follow each other within a round or two and EPOLLOUT is never
- * touched; when the load drops, the mean gap grows and the policy turns into
- * strict. Rounds, not time: a busy poller's rounds are longer, so the same
- * number of rounds covers more time exactly when more replies are in flight. */
-static int want_out_flex(struct pp_conn *st, int pending, int spurious, uint32_t round)
+ * So flexpoll keeps EPOLLOUT after a reply while the load lasts: it drops it
+ * when the poller's previous round read nothing (the load is gone: spurious
+ * events would now be all that wakes it), or when the connection has had no
+ * reply for PP_FLEX_ROUNDS rounds (this client went quiet while others keep
+ * the poller busy: its spurious events would be pure overhead). Under load a
+ * connection's next request follows its reply within a round or two and
+ * EPOLLOUT is never touched; when the load drops the policy turns into strict.
+ * a = the round of the connection's last completed reply. */
+static int want_out_flex(struct pp_conn *st, int pending, int spurious, uint32_t round, int idle)
 {
     if (pending)
         return 1;
-    uint32_t since = round - st->a;
-    if (spurious)
-        return since < PP_FLEX_ROUNDS && st->b <= PP_FLEX_ROUNDS * 16;
-    /* a reply has just gone out in full (the first one has no gap to learn from) */
-    uint32_t gap = !st->a ? 0 : since > 1024 ? 1024 : since;
-    st->b = (st->b * 3 + gap * 16) / 4;
-    st->a = round;
-    return st->b <= PP_FLEX_ROUNDS * 16;
+    if (!spurious) { /* a reply has just gone out in full */
+        st->a = round;
+        return !idle;
+    }
+    return !idle && round - st->a < PP_FLEX_ROUNDS;
 }
 
 static const struct pp_policy policies[] = {

@@ -206,7 +206,8 @@ static void update_interest(struct conn *c, int spurious)
     /* Replies held for the log leave through the log's wakeup, not EPOLLOUT: while
      * only they remain, a registered EPOLLOUT would just fire every round. */
     if (pending || !held)
-        if (c->p->srv->policy->want_out(&c->pp, pending, spurious, (uint32_t)ld(&c->p->st.epoll_wait)))
+        if (c->p->srv->policy->want_out(&c->pp, pending, spurious, (uint32_t)ld(&c->p->st.epoll_wait),
+                                        c->p->idle))
             ev |= EPOLLOUT;
     set_interest(c, ev);
 }
@@ -709,6 +710,10 @@ static void *poller_main(void *arg)
     struct srv *s = p->srv;
     struct epoll_event ev[MAX_EVENTS];
     while (!atomic_load_explicit(&s->stopping, memory_order_acquire)) {
+        /* idle: the last round read nothing (an EPOLLOUT policy's view of the load) */
+        uint64_t reads = ld(&p->st.reads);
+        p->idle = reads == p->reads_last_round;
+        p->reads_last_round = reads;
         int n = epoll_wait(p->epfd, ev, MAX_EVENTS, CRON_MS);
         st_inc(&p->st.epoll_wait, 1);
         for (int i = 0; i < n; i++) {

@@ -55,6 +55,8 @@ struct poller {
     pthread_mutex_t q_lock;      /* guards q_fds: fds handed over by another poller */
     int *q_fds, q_len, q_cap;
     int64_t last_cron;
+    int idle;                    /* the previous poll round read nothing (see pollpolicy.h) */
+    uint64_t reads_last_round;
     /* scratch for the batch being run (process_input): requests and their arguments */
     struct batch_req batch[BATCH];
     const char **argv;

@@ -171,7 +171,7 @@ int lg_run(const struct lg_config *cfg, struct lg_result *out);
 struct pp_conn { uint32_t a, b; };
 struct pp_policy {
     const char *name; int write_at_round_end;
-    int (*want_out)(struct pp_conn *st, int pending, int spurious, uint32_t round);
+    int (*want_out)(struct pp_conn *st, int pending, int spurious, uint32_t round, int idle);
 };
 const struct pp_policy *pp_find(const char *name);
 #define PP_FLEX_ROUNDS ...
