@@ -75,6 +75,9 @@ struct bosc {
     _Atomic uint64_t gen;         /* blocks of another generation are empty */
     _Atomic uint64_t flushed_lsn;
     pthread_mutex_t gen_lock;     /* FLUSHALL's bump vs a block write: never both */
+    pthread_mutex_t flush_lock;   /* FLUSHALL's log record + bump vs a sweep reading the
+                                     durable LSN and the generation: one or the other.
+                                     Lock order: flush_lock before gen_lock. */
     uint32_t *free_blk;           /* overflow blocks free to use (flusher) */
     size_t nfree, capfree;
     uint32_t *freed;              /* freed this sweep: reusable after its sync */
@@ -93,6 +96,7 @@ struct bosc {
     int subs[MAX_SUBS];
     _Atomic int nsubs;
     _Atomic int failed;
+    _Atomic int sweeping;         /* a sweep holds keys taken off the queue */
     char error[256];
     struct {
         _Atomic uint64_t sweeps, records, blocks_read, blocks_written, bytes_written, syncs;
@@ -401,17 +405,24 @@ static int hook_maybe_on_disk(void *arg, const void *key, size_t klen)
     return atomic_load_explicit(&b->nkeys[bucket_of(b, key, klen)], memory_order_relaxed) != 0;
 }
 
-static void hook_flushall(void *arg)
+static void hook_flushall(void *arg, int phase)
 {
     struct bosc *b = arg;
-    /* Under gen_lock no block write is in progress: every block written from
-     * now on carries the new generation, every older block reads as empty. */
-    pthread_mutex_lock(&b->gen_lock);
-    atomic_fetch_add_explicit(&b->gen, 1, memory_order_release);
-    for (uint32_t i = 0; i < b->nbuckets; i++)
-        atomic_store_explicit(&b->nkeys[i], 0, memory_order_relaxed);
-    kvt_disk_keys_set(b->t, 0);
-    pthread_mutex_unlock(&b->gen_lock);
+    if (phase == KVT_FLUSH_BEGIN) {
+        pthread_mutex_lock(&b->flush_lock);
+        return;
+    }
+    if (phase == KVT_FLUSH_COMMIT) {
+        /* Under gen_lock no block write is in progress: every block written from
+         * now on carries the new generation, every older block reads as empty. */
+        pthread_mutex_lock(&b->gen_lock);
+        atomic_fetch_add_explicit(&b->gen, 1, memory_order_release);
+        for (uint32_t i = 0; i < b->nbuckets; i++)
+            atomic_store_explicit(&b->nkeys[i], 0, memory_order_relaxed);
+        kvt_disk_keys_set(b->t, 0);
+        pthread_mutex_unlock(&b->gen_lock);
+    }
+    pthread_mutex_unlock(&b->flush_lock);
 }
 
 static int hook_load_sync(void *arg, const void *key, size_t klen) { return bosc_load(arg, key, klen); }
@@ -473,6 +484,10 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
         if (v.ver & 1) {
             sched_yield();
             continue;
+        }
+        if (kvt_exists(b->t, key, klen) != -ENODATA) {
+            rc = 0; /* loaded already (a duplicate request) or written meanwhile */
+            break;
         }
         struct find_arg f = {key, (uint32_t)klen, NULL, 0, 0, 0};
         rc = 0;
@@ -606,14 +621,15 @@ static int bucket_cmp(const void *a, const void *b)
 static int lsn_cmp(const void *a, const void *b)
 {
     const struct item *x = a, *y = b;
-    int nx = x->snap.kind == KVT_SNAP_NONE, ny = y->snap.kind == KVT_SNAP_NONE;
+    int nx = x->snap.kind == KVT_SNAP_NONE || x->snap.kind == KVT_SNAP_SKIP;
+    int ny = y->snap.kind == KVT_SNAP_NONE || y->snap.kind == KVT_SNAP_SKIP;
     if (nx != ny)
         return nx - ny;
     return (x->snap.lsn > y->snap.lsn) - (x->snap.lsn < y->snap.lsn);
 }
 
-/* Write stream s as bucket's chain, reusing its blocks in order. Caller holds
- * gen_lock and has made the bucket's version odd. */
+/* Write stream s as bucket's chain. Caller holds gen_lock and has made the
+ * bucket's version odd. */
 static int chain_write(struct bosc *b, uint32_t bucket, uint64_t gen, const struct kvbuf *s, uint32_t *chain,
                        size_t nchain)
 {
@@ -623,15 +639,20 @@ static int chain_write(struct bosc *b, uint32_t bucket, uint64_t gen, const stru
         return -ENOMEM;
     uint32_t home = FIRST_HOME + bucket;
     int rc = 0;
+    /* Copy on write: the chain's new overflow blocks are fresh ones, never its
+     * current ones, which stay intact (and in use) until the sweep is synced. A
+     * crash before the home block is written leaves the old chain whole; one
+     * after it, the new chain whole (one block write is one page: all or
+     * nothing for a killed process). */
     for (size_t i = 0; i < need; i++) {
-        blocks[i] = i == 0 ? home : i < nchain ? chain[i] : blk_alloc(b);
+        blocks[i] = i == 0 ? home : blk_alloc(b);
         if (!blocks[i]) {
             free(blocks);
             return -ENOSPC;
         }
     }
-    for (size_t i = need > nchain ? nchain : need; i < nchain; i++)
-        if (i > 0 && push_u32(&b->freed, &b->nfreed, &b->capfreed, chain[i]))
+    for (size_t i = 1; i < nchain; i++)
+        if (push_u32(&b->freed, &b->nfreed, &b->capfreed, chain[i]))
             rc = -ENOMEM; /* a leaked block, found again at the next open */
     unsigned char blk[BLK];
     /* Overflow blocks first, the home block last: a reader (or a crash) never
@@ -649,6 +670,7 @@ static int chain_write(struct bosc *b, uint32_t bucket, uint64_t gen, const stru
 }
 
 struct sweep_ctx {
+    uint64_t flushed_bound;      /* the file holds every change up to here (sweep) */
     struct item *items;
     size_t n, cap;
     struct kvbuf vals, stream, out;
@@ -665,15 +687,21 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
     uint32_t bucket = it[0].bucket;
     c->vals.len = 0;
     size_t live = 0;
+    /* Which states the log holds now (fresher than the sweep's D: a key changed
+     * a moment ago is written once its group commit is done, not skipped). */
+    uint64_t now_durable = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX;
     for (size_t i = 0; i < n; i++) {
         it[i].written = 0;
         size_t off = c->vals.len;
-        if (kvt_snapshot(b->t, it[i].d, &c->vals, &it[i].snap))
+        if (kvt_snapshot(b->t, it[i].d, now_durable, &c->vals, &it[i].snap))
             return -ENOMEM;
         it[i].voff = off;
-        if (it[i].snap.kind != KVT_SNAP_NONE)
+        int kind = it[i].snap.kind;
+        if (kind == KVT_SNAP_SKIP && it[i].snap.first_lsn && it[i].snap.first_lsn - 1 < c->flushed_bound)
+            c->flushed_bound = it[i].snap.first_lsn - 1; /* the file lacks its changes from there */
+        if (kind == KVT_SNAP_VALUE || kind == KVT_SNAP_DELETE)
             live++;
-        else /* nothing to write (an absorbed insert, a FLUSHALL): settled now */
+        else /* nothing to write (an absorbed insert, a FLUSHALL) or not yet: settled now */
             kvt_flushed(b->t, it[i].d, it[i].held, it[i].nheld, &it[i].snap, 0, 0, &b->q);
     }
     if (!live)
@@ -716,11 +744,11 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
         after++;
     }
     int written = 1;
-    if (w.changed) {
-        pthread_mutex_lock(&b->gen_lock);
-        if (atomic_load_explicit(&b->gen, memory_order_relaxed) != gen) {
-            written = 0; /* FLUSHALL meanwhile: these states are gone or queued again */
-        } else {
+    pthread_mutex_lock(&b->gen_lock);
+    if (atomic_load_explicit(&b->gen, memory_order_relaxed) != gen) {
+        written = 0; /* FLUSHALL meanwhile: these states are gone or queued again */
+    } else {
+        if (w.changed) {
             /* seqlock: odd while the chain is rewritten; release so a loader that
              * sees the even value after also sees the blocks' new contents */
             atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_acq_rel);
@@ -729,17 +757,19 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
             add(&b->st.io_ns, now_ns() - t0);
             atomic_store_explicit(&b->nkeys[bucket], (uint32_t)after, memory_order_relaxed);
             atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_release);
-            if (!rc) {
-                for (size_t i = 0; i < live; i++)
-                    kvt_written(b->t, it[i].d, &it[i].snap, c->present[i]);
-                kvt_disk_keys_add(b->t, -w.dropped); /* expired records left out */
-            }
         }
-        pthread_mutex_unlock(&b->gen_lock);
-        if (rc) {
-            snprintf(err, errlen, "cannot write data file %s: %s", b->path, strerror(-rc));
-            return rc;
+        /* Unchanged blocks too: the entries learn whether their key is in the block
+         * (a tombstone of a key that never reached it becomes evictable). */
+        if (!rc) {
+            for (size_t i = 0; i < live; i++)
+                kvt_written(b->t, it[i].d, &it[i].snap, c->present[i]);
+            kvt_disk_keys_add(b->t, -w.dropped); /* expired records left out */
         }
+    }
+    pthread_mutex_unlock(&b->gen_lock);
+    if (rc) {
+        snprintf(err, errlen, "cannot write data file %s: %s", b->path, strerror(-rc));
+        return rc;
     }
     for (size_t i = 0; i < live; i++)
         it[i].written = written;
@@ -751,15 +781,18 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
 static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
 {
     uint64_t t0 = now_ns();
-    /* D first, then the barrier: every change with LSN <= D has queued its key. */
+    /* D and the generation together (no FLUSHALL between them), then the
+     * barrier: every change with LSN <= D has queued its key. */
+    pthread_mutex_lock(&b->flush_lock);
     uint64_t durable = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX;
+    uint64_t gen = atomic_load_explicit(&b->gen, memory_order_acquire);
+    pthread_mutex_unlock(&b->flush_lock);
     kvt_barrier(b->t);
     if (b->locked_queue)
         pthread_mutex_lock(&b->qlock);
     struct ldu_node *list = ldu_reverse(ldu_take(&b->q));
     if (b->locked_queue)
         pthread_mutex_unlock(&b->qlock);
-    uint64_t gen = atomic_load_explicit(&b->gen, memory_order_acquire);
     b->sweep_no++;
     c->n = 0;
     for (struct ldu_node *n = list, *next; n; n = next) {
@@ -793,6 +826,7 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     if (c->n > 1)
         qsort(c->items, c->n, sizeof *c->items, bucket_cmp); /* the sweep goes up the file */
     int rc = 0, any_skipped = 0;
+    c->flushed_bound = durable;
     size_t i = 0;
     while (i < c->n && !rc) {
         size_t j = i;
@@ -817,30 +851,35 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         push_u32(&b->free_blk, &b->nfree, &b->capfree, b->freed[k]);
     b->nfreed = 0;
     uint64_t deferred = 0;
+    uint64_t durable_now = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX; /* >= every state written */
     for (size_t k = 0; k < c->n; k++) {
         struct item *it = &c->items[k];
-        if (it->snap.kind == KVT_SNAP_NONE)
+        if (it->snap.kind == KVT_SNAP_NONE || it->snap.kind == KVT_SNAP_SKIP) {
+            deferred += it->snap.kind == KVT_SNAP_SKIP;
             continue; /* settled in sweep_bucket */
-        if (!it->written)
+        }
+        if (!it->written) {
             any_skipped = 1;
-        if (!it->written || it->snap.lsn > durable)
             deferred++;
-        kvt_flushed(b->t, it->d, it->held, it->nheld, &it->snap, it->written, durable, &b->q);
+        }
+        kvt_flushed(b->t, it->d, it->held, it->nheld, &it->snap, it->written, durable_now, &b->q);
     }
     add(&b->st.deferred, deferred);
-    /* The file now holds every change up to D (a key changed after D was written
-     * in its newer state, which the log replays over anyway) unless a FLUSHALL
-     * made this sweep skip blocks: then the flushed LSN stays where it was. */
+    /* The file now holds every change up to D, except those of keys whose state
+     * was not durable yet (SKIP: the bound stops below the first change they
+     * lack), unless a FLUSHALL made this sweep skip blocks: then the flushed LSN
+     * stays where it was. */
     uint64_t flushed = atomic_load(&b->flushed_lsn);
+    uint64_t bound = c->flushed_bound;
     uint64_t cur_gen = atomic_load_explicit(&b->gen, memory_order_acquire);
-    if (!any_skipped && durable != UINT64_MAX && durable > flushed && cur_gen == gen) {
-        rc = sb_write(b, durable, gen);
+    if (!any_skipped && bound != UINT64_MAX && bound > flushed && cur_gen == gen) {
+        rc = sb_write(b, bound, gen);
         if (rc) {
             snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
             return rc;
         }
-        atomic_store(&b->flushed_lsn, durable);
-        flushed = durable;
+        atomic_store(&b->flushed_lsn, bound);
+        flushed = bound;
         if (b->log_dir[0]) {
             int n = wal_truncate(b->log_dir, flushed);
             if (n > 0)
@@ -860,21 +899,26 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     return 0;
 }
 
-static void evict(struct bosc *b)
+/* Evict clean keys down to LOW_PCT of the bound: when memory passes HIGH_PCT,
+ * or at once when a writer waits for room (force: it may need more than the
+ * room below HIGH_PCT). "Stuck" = a writer could wait forever: nothing could
+ * be evicted and nothing is dirty (the stalled writes then get -OOM). */
+static void evict(struct bosc *b, int force)
 {
     uint64_t max = kvt_max_memory(b->t);
-    if (!max)
+    if (!max) {
+        kvt_set_spill_stuck(b->t, 0);
         return;
-    uint64_t used = kvt_used_memory(b->t);
-    if (used * 100 > max * HIGH_PCT) {
+    }
+    uint64_t used = kvt_used_memory(b->t), freed = 0;
+    if (force || used * 100 > max * HIGH_PCT) {
         uint64_t n = 0;
-        uint64_t freed = kvt_evict(b->t, max / 100 * LOW_PCT, &n);
+        freed = kvt_evict(b->t, max / 100 * LOW_PCT, &n);
         add(&b->st.evicted, n);
         add(&b->st.evicted_bytes, freed);
     }
-    /* Nothing dirty left and still (nearly) full: waiting cannot help any more. */
-    int stuck = kvt_used_memory(b->t) * 100 > max * 98 && !atomic_load(&b->q.head);
-    kvt_set_spill_stuck(b->t, stuck);
+    int full = kvt_used_memory(b->t) * 100 > max * HIGH_PCT;
+    kvt_set_spill_stuck(b->t, (force || full) && !freed && !atomic_load(&b->q.head));
 }
 
 static void *flusher_main(void *arg)
@@ -886,7 +930,8 @@ static void *flusher_main(void *arg)
     pthread_mutex_lock(&b->lock);
     while (!b->stop) {
         uint64_t max = kvt_max_memory(b->t);
-        int pressure = max && kvt_used_memory(b->t) * 100 > max * HIGH_PCT;
+        /* (no sweep for pressure that evicting cannot relieve: that would spin) */
+        int pressure = max && kvt_used_memory(b->t) * 100 > max * HIGH_PCT && !kvt_spill_stuck(b->t);
         int due = now_ns() - last >= (uint64_t)b->interval_ms * 1000000u;
         int dirty = atomic_load_explicit(&b->q.head, memory_order_relaxed) != NULL;
         int behind = b->wal && wal_durable_lsn(b->wal) > atomic_load(&b->flushed_lsn);
@@ -902,17 +947,20 @@ static void *flusher_main(void *arg)
             continue;
         }
         uint64_t req = b->sync_req;
+        int forced = b->kick; /* a writer waits for room */
         b->kick = 0;
         pthread_mutex_unlock(&b->lock);
         /* Evict before the sweep too: the clean keys of the last sweep make room for
          * the writers while this one runs (it may take a while), not only after. */
         if (!atomic_load(&b->failed))
-            evict(b);
+            evict(b, forced);
+        atomic_store(&b->sweeping, 1);
         int rc = atomic_load(&b->failed) ? -EIO : sweep(b, &c, err, sizeof err);
+        atomic_store(&b->sweeping, 0);
         if (rc && !atomic_load(&b->failed))
             fail(b, err);
         if (!rc)
-            evict(b);
+            evict(b, forced);
         else
             kvt_set_spill_stuck(b->t, 1); /* writes get an error instead of waiting forever */
         last = now_ns();
@@ -959,7 +1007,11 @@ int bosc_sync_done(struct bosc *b, uint64_t ticket)
     return done;
 }
 
-int bosc_dirty(struct bosc *b) { return atomic_load_explicit(&b->q.head, memory_order_relaxed) != NULL; }
+int bosc_dirty(struct bosc *b)
+{
+    return atomic_load_explicit(&b->q.head, memory_order_relaxed) != NULL ||
+           atomic_load_explicit(&b->sweeping, memory_order_relaxed);
+}
 
 int bosc_sync(struct bosc *b)
 {
@@ -1079,6 +1131,7 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     b->interval_ms = cfg->flush_interval_ms ? cfg->flush_interval_ms : 1000;
     pthread_mutex_init(&b->lock, NULL);
     pthread_mutex_init(&b->gen_lock, NULL);
+    pthread_mutex_init(&b->flush_lock, NULL);
     pthread_mutex_init(&b->qlock, NULL);
     b->locked_queue = cfg->locked_queue;
     pthread_cond_init(&b->cond, NULL);
@@ -1093,7 +1146,11 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
         snprintf(err, errlen, "cannot open data file %s: %s", cfg->path, strerror(errno));
         goto fail;
     }
-    if (st.st_size == 0) {
+    unsigned char first[2 * BLK];
+    int fresh = st.st_size == 0;
+    if (!fresh && st.st_size >= (off_t)sizeof first && !pread_all(b->fd, first, sizeof first, 0))
+        fresh = all_zero(first, sizeof first); /* created, crashed before its superblock */
+    if (fresh) {
         uint32_t buckets = cfg->buckets ? cfg->buckets : 65536;
         if (buckets > MAX_BLOCKS / 2) {
             snprintf(err, errlen, "data file buckets %" PRIu32 " out of range (1..%u)", buckets, MAX_BLOCKS / 2);
@@ -1107,7 +1164,11 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
          * that grew the file, then a crash before the next superblock): the file
          * size says how far blocks were written. */
         uint64_t on_disk = (uint64_t)st.st_size / BLK;
-        if (!rc && on_disk > atomic_load(&b->nblocks) && on_disk <= MAX_BLOCKS)
+        if (!rc && on_disk > MAX_BLOCKS)
+            on_disk = MAX_BLOCKS;
+        /* never past the end of the file either: a damaged count must not make
+         * the scan walk (or allocate for) blocks that do not exist */
+        if (!rc && on_disk >= FIRST_HOME + (uint64_t)b->nbuckets)
             atomic_store(&b->nblocks, on_disk);
     }
     if (rc)
@@ -1193,7 +1254,7 @@ void bosc_close(struct bosc *b)
     struct ldu_node *list = ldu_take(&b->q);
     for (struct ldu_node *n = list, *next; n; n = next) {
         next = n->next;
-        struct kvt_snap none = {KVT_SNAP_NONE, 0, 0, 0};
+        struct kvt_snap none = {.kind = KVT_SNAP_NONE};
         kvt_flushed(b->t, kvt_dnode_of(n), &n, 1, &none, 0, 0, &b->q);
     }
     for (struct ldu_node *n = ldu_take(&b->q), *next; n; n = next) { /* what those re-queued */
@@ -1214,6 +1275,7 @@ void bosc_close(struct bosc *b)
     free(b->freed);
     pthread_mutex_destroy(&b->lock);
     pthread_mutex_destroy(&b->gen_lock);
+    pthread_mutex_destroy(&b->flush_lock);
     pthread_mutex_destroy(&b->qlock);
     pthread_cond_destroy(&b->cond);
     pthread_cond_destroy(&b->done);

@@ -475,6 +475,11 @@ static int c_mget(struct cmd_client *c, const struct cmd_args *a)
     for (; i < a->argc; i++) {
         int rc = kvt_get(c->table, a->argv[i], a->argl[i], add_bulk_cb, c);
         if (rc == -ENODATA) {
+            struct bosc *b = srv_config(c->srv)->bosc;
+            if (b && bosc_failed(b)) { /* this key cannot be read: its element says why */
+                resp_add_errorf(c->out, "ERR %s", bosc_error(b));
+                continue;
+            }
             c->resume_i = i; /* the values so far stay in out */
             return need_load(c, a->argv[i], a->argl[i]);
         }
@@ -517,9 +522,12 @@ static int count_keys(struct cmd_client *c, const struct cmd_args *a, int del)
     for (; i < a->argc; i++) {
         int rc = del ? kvt_del(c->table, a->argv[i], a->argl[i]) : kvt_exists(c->table, a->argv[i], a->argl[i]);
         if (rc == -ENODATA) { /* the keys before stay deleted; carry on with this one once loaded */
-            c->resume_i = i;
-            c->resume_n = n;
-            return need_load(c, a->argv[i], a->argl[i]);
+            int r = need_load(c, a->argv[i], a->argl[i]);
+            if (c->stall) {
+                c->resume_i = i;
+                c->resume_n = n;
+            }
+            return r;
         }
         if (rc < 0)
             return reply_write_err(c, rc);

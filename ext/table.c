@@ -59,6 +59,8 @@ struct kvt_dnode {
     struct kvt_entry *e;
     uint32_t klen;
     uint32_t sweep;          /* flusher's private mark: last sweep that saw it */
+    uint64_t first_lsn;      /* LSN of the first change of this dirty period (0: unlogged):
+                                while the key is not written, the file lacks changes from here */
     int inflight;            /* snapshot taken, its block write not yet settled (kvt_flushed):
                                 the block may hold the key even while e says OD_NO */
     unsigned char key[];
@@ -307,6 +309,7 @@ static int prep_dn(struct kv_table *t, struct kvt_entry *ne, struct kvt_entry *s
     d->klen = ne->klen;
     d->sweep = 0;
     d->inflight = 0;
+    d->first_lsn = 0;
     memcpy(d->key, ne->data, ne->klen);
     ne->dn = d;
     return 0;
@@ -338,6 +341,8 @@ static inline void mark_dirty(struct kv_table *t, struct kvt_entry *e, int op)
 {
     if (!t->sp.queue)
         return;
+    if (!e->dn->first_lsn)
+        e->dn->first_lsn = e->lsn;
     if (t->sp.queue_lock) { /* the simple mutex-protected queue LDU is measured against */
         pthread_mutex_lock(t->sp.queue_lock);
         ldu_log(t->sp.queue, &e->dn->lo, op, 0);
@@ -1061,14 +1066,19 @@ int kvt_flush(struct kv_table *t)
      * written before F. A write logged after F survives here exactly as it does
      * in a replay (FLUSH, then the write), whichever shard order we take. Entries
      * without an LSN (replayed before the log was attached) predate F. */
+    /* Spill mode: the data file's generation is bumped together with the logging
+     * of FLUSH (one critical section the flusher also takes to read the durable
+     * LSN and the generation), so no sweep can record "flushed up to F" with the
+     * old generation. From the bump on every block reads as empty, so what
+     * survives below is known not to be in a block. */
+    if (t->sp.queue)
+        t->sp.flushall(t->sp.arg, KVT_FLUSH_BEGIN);
     int64_t f = t->log ? do_log(t, 3, NULL, 0, NULL, 0, NULL, 0, 0) : 0;
+    if (t->sp.queue)
+        t->sp.flushall(t->sp.arg, f < 0 ? KVT_FLUSH_ABORT : KVT_FLUSH_COMMIT);
     if (f < 0)
         return (int)f;
     uint64_t upto = t->log ? (uint64_t)f : UINT64_MAX;
-    /* Spill mode: every block reads as empty from here on (the data file bumps
-     * its generation), so what survives below is known not to be in a block. */
-    if (t->sp.queue)
-        t->sp.flushall(t->sp.arg);
     for (int i = 0; i < KVT_SHARDS; i++) {
         struct shard *s = &t->shards[i];
         pthread_mutex_lock(&s->lock);
@@ -1238,7 +1248,8 @@ const unsigned char *kvt_dnode_key(const struct kvt_dnode *d, uint32_t *klen)
 
 uint32_t *kvt_dnode_sweep(struct kvt_dnode *d) { return &d->sweep; }
 
-int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, struct kvbuf *val, struct kvt_snap *out)
+int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, uint64_t durable, struct kvbuf *val,
+                 struct kvt_snap *out)
 {
     struct shard *s = shard_of(t, d->hash);
     pthread_mutex_lock(&s->lock);
@@ -1253,6 +1264,12 @@ int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, struct kvbuf *val, str
         /* Orphan: its key was removed while known not to be in its block (an
          * absorbed insert) or by FLUSHALL (the block generation changed): nothing to write. */
         out->kind = KVT_SNAP_NONE;
+    } else if (e->lsn > durable) {
+        /* Not yet durable in the log: the file never gets a change the log could
+         * still lose (write-ahead), so the key waits for a later sweep. */
+        out->kind = KVT_SNAP_SKIP;
+        out->lsn = e->lsn;
+        out->first_lsn = d->first_lsn;
     } else {
         out->lsn = e->lsn;
         if ((e->flags & E_TOMB) || (e->expire_ms && e->expire_ms <= now_ms())) {
@@ -1265,6 +1282,8 @@ int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, struct kvbuf *val, str
         }
         d->inflight = !rc;
     }
+    if (out->kind != KVT_SNAP_SKIP)
+        out->first_lsn = 0;
     pthread_mutex_unlock(&s->lock);
     return rc ? -ENOMEM : 0;
 }
@@ -1301,6 +1320,8 @@ void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held
      * durable in the log (a value ahead of the log must stay dirty: evicted and
      * loaded back it could be read, then lost with the log tail in a crash). */
     int clean = e && written && !marked && e->lsn == snap->lsn && snap->lsn <= durable;
+    if (e && written && !clean)
+        d->first_lsn = snap->lsn + 1; /* the block holds everything up to the snapshot */
     if (e && !clean && nheld > 0) {
         if (t->sp.queue_lock)
             pthread_mutex_lock(t->sp.queue_lock);

@@ -155,11 +155,14 @@ struct kvt_spill {
                                     and removes are not absorbed (the simple queue, for comparison) */
     /* 1 if the key's block may hold it (called for keys not in memory, shard lock held) */
     int (*maybe_on_disk)(void *arg, const void *key, size_t klen);
-    void (*flushall)(void *arg);   /* FLUSHALL: every block is empty from now on */
+    /* FLUSHALL, around the logging of its record: BEGIN, then COMMIT (every block
+     * is empty from now on) or ABORT (the log refused it) */
+    void (*flushall)(void *arg, int phase);
     int (*load_sync)(void *arg, const void *key, size_t klen); /* blocking load (kvt_load_sync) */
     int (*make_room)(void *arg);   /* blocking: sweep and evict (kvt_wait_memory) */
     void *arg;
 };
+enum { KVT_FLUSH_BEGIN, KVT_FLUSH_COMMIT, KVT_FLUSH_ABORT };
 /* Attach (before the table is shared). */
 void kvt_set_spill(struct kv_table *t, const struct kvt_spill *sp);
 void kvt_disk_keys_add(struct kv_table *t, int64_t d);
@@ -175,15 +178,19 @@ struct kvt_dnode;
 struct kvt_dnode *kvt_dnode_of(struct ldu_node *n);
 const unsigned char *kvt_dnode_key(const struct kvt_dnode *d, uint32_t *klen);
 uint32_t *kvt_dnode_sweep(struct kvt_dnode *d); /* a word private to the flusher */
-enum { KVT_SNAP_NONE, KVT_SNAP_VALUE, KVT_SNAP_DELETE };
+enum { KVT_SNAP_NONE, KVT_SNAP_VALUE, KVT_SNAP_DELETE, KVT_SNAP_SKIP };
 struct kvt_snap {
-    int kind;                /* KVT_SNAP_*: nothing to do, write value, delete key */
+    int kind;                /* KVT_SNAP_*: nothing to do, write value, delete key, or skip
+                                (its state is not durable yet: a later sweep writes it) */
     uint64_t lsn;            /* of the state taken */
+    uint64_t first_lsn;      /* SKIP: the file lacks this key's changes from this LSN on */
     int64_t expire;
     uint32_t vlen;           /* value appended to the caller's buffer */
 };
-/* Take the key's current state (claims its pending marks). Returns 0 or -ENOMEM. */
-int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, struct kvbuf *val, struct kvt_snap *out);
+/* Take the key's current state (claims its pending marks); a state with an LSN
+ * above durable is not taken (SKIP). Returns 0 or -ENOMEM. */
+int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, uint64_t durable, struct kvbuf *val,
+                 struct kvt_snap *out);
 /* Right after the block write: the block now holds the snapshot (was_in_block:
  * it held the key before). Keeps the key count exact. */
 void kvt_written(struct kv_table *t, struct kvt_dnode *d, const struct kvt_snap *snap, int was_in_block);

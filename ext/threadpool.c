@@ -187,11 +187,14 @@ static int wait_durable(struct poller *p, uint64_t need)
 static int run_one(struct poller *p, struct tp_conn *c, int argc, const char **argv, const size_t *argl)
 {
     struct srv *s = p->srv;
+    uint64_t need = 0; /* over every run: a multi-key reply resumed after a load */
     for (;;) {
         size_t reply_at = c->out.len;
         kvt_lsn_reset();
         if (cmd_dispatch(&c->cl, argc, argv, argl))
             return -1;
+        if (kvt_lsn_touched() > need)
+            need = kvt_lsn_touched();
         int stall = c->cl.stall;
         if (!stall)
             break;
@@ -208,7 +211,7 @@ static int run_one(struct poller *p, struct tp_conn *c, int argc, const char **a
             return -1;
     }
     st_inc(&p->st.commands, 1);
-    return wait_durable(p, kvt_lsn_touched());
+    return wait_durable(p, need);
 }
 
 /* Serve the requests a ready connection has, one at a time. Returns 0 to keep
