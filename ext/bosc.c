@@ -97,6 +97,7 @@ struct bosc {
     _Atomic int nsubs;
     _Atomic int failed;
     _Atomic int sweeping;         /* a sweep holds keys taken off the queue */
+    int evict_failed;             /* the last eviction found nothing to evict (flusher) */
     char error[256];
     struct {
         _Atomic uint64_t sweeps, records, blocks_read, blocks_written, bytes_written, syncs;
@@ -917,8 +918,12 @@ static void evict(struct bosc *b, int force)
         add(&b->st.evicted, n);
         add(&b->st.evicted_bytes, freed);
     }
+    /* Stuck only after two evictions in a row found nothing (two full turns of
+     * the clock each) with nothing dirty left to flush. */
     int full = kvt_used_memory(b->t) * 100 > max * HIGH_PCT;
-    kvt_set_spill_stuck(b->t, (force || full) && !freed && !atomic_load(&b->q.head));
+    int none = (force || full) && !freed && !atomic_load(&b->q.head);
+    kvt_set_spill_stuck(b->t, none && b->evict_failed);
+    b->evict_failed = none;
 }
 
 static void *flusher_main(void *arg)

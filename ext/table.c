@@ -1344,9 +1344,11 @@ void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held
 
 uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
 {
-    uint64_t freed = 0, n = 0;
-    /* Two passes of the clock at most: the first may only clear reference bits. */
-    for (unsigned step = 0; step < 2 * KVT_SHARDS && kvt_used_memory(t) > target; step++) {
+    uint64_t freed = 0, n = 0, total = 0, visited = 0;
+    for (int i = 0; i < KVT_SHARDS; i++) /* a racy count: only bounds the loop */
+        total += __atomic_load_n(&t->shards[i].size[0], __ATOMIC_RELAXED);
+    /* Two full turns of the clock at most: the first may only clear reference bits. */
+    while (visited <= 2 * total + KVT_SHARDS && kvt_used_memory(t) > target) {
         struct shard *s = &t->shards[t->clock_shard];
         t->clock_shard = (t->clock_shard + 1) % KVT_SHARDS;
         pthread_mutex_lock(&s->lock);
@@ -1370,7 +1372,9 @@ uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
                 }
             }
             s->clock++;
+            visited++;
         }
+        visited++; /* a shard visited, even with no buckets (the loop ends) */
         pthread_mutex_unlock(&s->lock);
     }
     if (evicted)
