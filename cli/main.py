@@ -39,10 +39,18 @@ def main():
 @click.option("--accept", type=click.Choice(["reuseport", "handoff"]),
               help="reuseport: one SO_REUSEPORT listener per poller; handoff: poller 0 accepts "
                    "and hands connections round-robin.  [default: reuseport]")
-@click.option("--arch", type=click.Choice(["poller", "threadpool"]),
+@click.option("--arch", type=click.Choice(["poller", "threadpool", "dpdk"]),
               help="Request handling: poller = one non-blocking epoll poller per core; threadpool = a pool "
                    "of --threads workers (default 32), each serving one request at a time with blocking "
-                   "calls (read, run, wait for the log, reply): paper 000's baseline.  [default: poller]")
+                   "calls (read, run, wait for the log, reply): paper 000's baseline; dpdk = a kernel-bypass "
+                   "UDP front end (DPDK lcores on an AF_XDP port, --dpdk-iface; one RESP request per datagram "
+                   "after an 8-byte id header; no durability, no AUTH) beside --threads TCP pollers (default 1) "
+                   "for the control path.  [default: poller]")
+@click.option("--dpdk-iface", help="arch dpdk: interface for DPDK's AF_XDP port (e.g. one end of a veth pair; "
+                                   "turn its TX checksum offload off).")
+@click.option("--dpdk-lcores", type=int, help="arch dpdk: worker lcores, one RX/TX queue pair each.  [default: 1]")
+@click.option("--dpdk-port", type=int, help="arch dpdk: UDP port of the front end.  [default: 6380]")
+@click.option("--dpdk-eal-args", help="arch dpdk: extra DPDK EAL arguments, space separated.")
 @click.option("--network-only", is_flag=True, default=None,
               help="Benchmark switch (paper 000's N row): SET answers +OK without touching the table. "
                    "Nothing is stored.")
@@ -121,6 +129,9 @@ def serve(config_file, from_peer, **opts):
         if srv.recovery is not None:
             click.echo(f"kvstore: {srv.recovery.summary()}", err=True)
         mm = cfg.max_memory or "unbounded"
+        if cfg.arch == "dpdk":
+            click.echo(f"kvstore: dpdk UDP front end on {cfg.dpdk_iface} port {cfg.dpdk_port} "
+                       f"({cfg.dpdk_lcores} lcores, AF_XDP)", err=True)
         click.echo(f"kvstore {kvstore.__version__} listening on {cfg.bind}:{srv.port} "
                    f"({cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
                    f"accept {cfg.accept}, policy {cfg.poll_policy}, "
@@ -191,6 +202,11 @@ def recover(data_dir, max_memory, check_only, from_peer):
               help="resp for kvstore/Redis, memcache for memcached's text protocol.")
 @click.option("--check/--no-check", default=False, help="Verify every reply's content.")
 @click.option("-a", "--password", default=None, help="AUTH password (RESP).")
+@click.option("--udp", is_flag=True, help="Drive the UDP front end (--arch dpdk) with kernel UDP sockets "
+                                          "(sendmmsg/recvmmsg): -c sockets, -P requests in flight per socket, "
+                                          "replies matched by id; lost replies count as timeouts.")
+@click.option("--timeout-ms", default=500, show_default=True, help="--udp: a request without a reply after this "
+                                                                    "long counts as a timeout.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def bench(as_json, **kw):
     """Load a server and report throughput and latency percentiles.
@@ -216,7 +232,7 @@ def bench(as_json, **kw):
         return
     click.echo(f"{r['requests']} requests in {r['elapsed']:.2f} s: {r['throughput']:,.0f} req/s "
                f"({r['sets']} SET, {r['gets']} GET, {r['hits']} hits, {r['misses']} misses, "
-               f"{r['errors']} errors)")
+               f"{r['errors']} errors" + (f", {r['timeouts']} timeouts" if kw["udp"] else "") + ")")
     click.echo(f"latency us: mean {r['lat_mean_us']:.1f}  p50 {r['lat_p50_us']:.1f}  "
                f"p90 {r['lat_p90_us']:.1f}  p99 {r['lat_p99_us']:.1f}  p99.9 {r['lat_p999_us']:.1f}  "
                f"max {r['lat_max_us']:.1f}")

@@ -91,7 +91,8 @@ int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, int
                          "pollers:%d\r\nprocess_id:%d\r\ntcp_port:%d\r\n"
                          "uptime_in_seconds:%lld\r\nconfig_file:%s\r\n",
                          s->version, un.sysname, un.release, un.machine,
-                         s->cfg.arch == SRV_ARCH_THREADPOOL ? "threadpool" : "poller", s->policy->name,
+                         s->cfg.arch == SRV_ARCH_THREADPOOL ? "threadpool" : s->cfg.arch == SRV_ARCH_DPDK ? "dpdk" : "poller",
+                         s->policy->name,
                          s->cfg.accept_mode == SRV_ACCEPT_HANDOFF ? "handoff" : "reuseport",
                          s->npollers, (int)getpid(), s->port,
                          (long long)(time(NULL) - s->start_time),
@@ -193,6 +194,13 @@ int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, int
                          (unsigned long long)ts.expired_keys, (unsigned long long)ts.hits,
                          (unsigned long long)ts.misses, (unsigned long long)ts.oom_rejections,
                          (unsigned long long)st.protocol_errors);
+            if (s->cfg.arch == SRV_ARCH_DPDK) /* the UDP front end (dpdk.c) */
+                kvbuf_printf(&b,
+                             "udp_rx_packets:%llu\r\nudp_tx_packets:%llu\r\nudp_requests:%llu\r\n"
+                             "udp_dropped_not_ours:%llu\r\nudp_tx_failed:%llu\r\nudp_bad_frames:%llu\r\n",
+                             (unsigned long long)st.udp_rx, (unsigned long long)st.udp_tx,
+                             (unsigned long long)st.udp_requests, (unsigned long long)st.udp_dropped,
+                             (unsigned long long)st.udp_tx_failed, (unsigned long long)st.udp_bad);
         } else if (!strcmp(sec, "pollers")) {
             uint64_t tot[4] = {0};
             for (int i = 0; i < s->npollers; i++) {

@@ -25,6 +25,9 @@
 
 #include "bosc.h"
 #include "cmd.h"
+#ifdef KV_HAVE_DPDK
+#include "dpdk.h"
+#endif
 #include "pollpolicy.h"
 #include "resp.h"
 #include "table.h"
@@ -896,6 +899,24 @@ int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cf
             epoll_ctl(pool ? s->tp_epfd : p->epfd, EPOLL_CTL_ADD, p->lfd, &le);
         }
     }
+    if (cfg->arch == SRV_ARCH_DPDK) {
+#ifdef KV_HAVE_DPDK
+        if (cfg->wal || cfg->bosc) {
+            /* the lcores answer at once: they cannot hold replies for the log */
+            snprintf(err, errlen, "arch dpdk serves without durability: no log, no data file");
+            rc = -EINVAL;
+            goto fail;
+        }
+        rc = dp_create(&s->dpdk, s, t, cfg->dpdk_iface, cfg->dpdk_lcores, cfg->dpdk_port, cfg->dpdk_eal_args,
+                       err, errlen);
+        if (rc < 0)
+            goto fail;
+#else
+        snprintf(err, errlen, "kvstore was built without DPDK (libdpdk-dev not found at build time)");
+        rc = -ENOTSUP;
+        goto fail;
+#endif
+    }
     *out = s;
     return 0;
 fail:
@@ -919,7 +940,25 @@ int srv_start(struct srv *s, char *err, size_t errlen)
                  i % 10000);
         pthread_setname_np(p->th, name);
     }
+#ifdef KV_HAVE_DPDK
+    if (s->dpdk) {
+        int rc = dp_start(s->dpdk, err, errlen);
+        if (rc < 0) {
+            srv_stop(s);
+            return rc;
+        }
+    }
+#endif
     return 0;
+}
+
+int srv_have_dpdk(void)
+{
+#ifdef KV_HAVE_DPDK
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 void srv_stop(struct srv *s)
@@ -940,6 +979,9 @@ void srv_stop(struct srv *s)
         }
     }
     tp_close_all(s); /* the pool's connections (pollers close their own) */
+#ifdef KV_HAVE_DPDK
+    dp_stop(s->dpdk);
+#endif
 }
 
 void srv_destroy(struct srv *s)
@@ -965,6 +1007,9 @@ void srv_destroy(struct srv *s)
         pthread_mutex_destroy(&p->q_lock);
     }
     free(s->pollers);
+#ifdef KV_HAVE_DPDK
+    dp_destroy(s->dpdk);
+#endif
     if (s->tp_epfd >= 0)
         close(s->tp_epfd);
     pthread_mutex_destroy(&s->tp_lock);
@@ -1012,6 +1057,18 @@ void srv_get_stats(struct srv *s, struct srv_stats *st)
         st->bytes_out += ld(&p->bytes_out);
         st->protocol_errors += ld(&p->protocol_errors);
     }
+#ifdef KV_HAVE_DPDK
+    if (s->dpdk) {
+        struct dp_stats d;
+        dp_get_stats(s->dpdk, &d);
+        st->udp_rx = d.rx_packets;
+        st->udp_tx = d.tx_packets;
+        st->udp_requests = d.requests;
+        st->udp_dropped = d.dropped;
+        st->udp_tx_failed = d.tx_failed;
+        st->udp_bad = d.bad_frames;
+    }
+#endif
 }
 
 void srv_reset_stats(struct srv *s)

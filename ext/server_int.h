@@ -33,6 +33,7 @@ struct pstats { /* one writer (the poller), any reader */
 };
 
 struct conn;
+struct dp_port;
 
 struct batch_req {
     int arg0, argc;  /* slice of the poller's argv/argl */
@@ -116,6 +117,7 @@ struct srv {
     int tp_listener_tag;
     pthread_mutex_t tp_lock;
     struct tp_conn *tp_conns;
+    struct dp_port *dpdk;        /* --arch dpdk: the UDP front end (dpdk.c), else NULL */
 };
 
 /* Shared by server.c (pollers) and threadpool.c (workers). */

@@ -4,13 +4,40 @@ The declarations below mirror the public headers; only what Python calls is
 declared. Calls release the GIL (cffi's default), so C threads never wait on Python.
 """
 import os
+import shlex
+import subprocess
 
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT = os.path.relpath(os.path.join(HERE, "..", "ext"))
 SOURCES = ["table.c", "resp.c", "cmd.c", "pollpolicy.c", "server.c", "info.c", "loadgen.c", "crc32c.c", "wal.c",
-           "replog.c", "ldu.c", "bosc.c", "threadpool.c"]
+           "replog.c", "ldu.c", "bosc.c", "threadpool.c", "udpgen.c"]
+
+
+def _dpdk_flags():
+    """(cflags, libs) of libdpdk from pkg-config, or None when it is not installed (or
+    KVSTORE_NO_DPDK=1 asks for a build without it): --arch dpdk then reports that."""
+    if os.environ.get("KVSTORE_NO_DPDK") == "1":
+        return None
+    try:
+        if subprocess.run(["pkg-config", "--exists", "libdpdk"]).returncode != 0:
+            return None
+        cflags = subprocess.run(["pkg-config", "--cflags", "libdpdk"], capture_output=True, text=True,
+                                check=True).stdout
+        libs = subprocess.run(["pkg-config", "--libs", "libdpdk"], capture_output=True, text=True,
+                              check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return shlex.split(cflags), shlex.split(libs)
+
+
+DPDK = _dpdk_flags()
+EXTRA_CFLAGS, EXTRA_LIBS, MACROS = [], [], []
+if DPDK:
+    SOURCES.append("dpdk.c")
+    EXTRA_CFLAGS, EXTRA_LIBS = DPDK
+    MACROS.append(("KV_HAVE_DPDK", "1"))
 
 CDEF = """
 struct kv_table;
@@ -61,6 +88,7 @@ struct srv_config {
     int accept_mode; const char *poll_policy; const char *config_file; const char *version;
     int tcp_backlog; struct wal *wal; const char *durability;
     struct rl_sender *sender; struct rl_receiver *receiver; int arch; int network_only; struct bosc *bosc;
+    const char *dpdk_iface; int dpdk_lcores; int dpdk_port; const char *dpdk_eal_args;
 };
 struct srv_poller_stats {
     uint64_t epoll_wait, epoll_ctl, reads, writes;
@@ -70,12 +98,14 @@ struct srv_stats {
     uint64_t connected_clients, total_connections, rejected_connections;
     uint64_t total_commands, bytes_in, bytes_out, protocol_errors;
     int pollers;
+    uint64_t udp_rx, udp_tx, udp_requests, udp_dropped, udp_tx_failed, udp_bad;
 };
 int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cfg, char *err, size_t errlen);
 int srv_start(struct srv *s, char *err, size_t errlen);
 void srv_stop(struct srv *s);
 void srv_destroy(struct srv *s);
 int srv_port(const struct srv *s);
+int srv_have_dpdk(void);
 void srv_get_stats(struct srv *s, struct srv_stats *st);
 int srv_get_poller_stats(struct srv *s, int i, struct srv_poller_stats *st);
 
@@ -167,6 +197,7 @@ struct lg_result {
     ...;
 };
 int lg_run(const struct lg_config *cfg, struct lg_result *out);
+int ug_run(const struct lg_config *cfg, int timeout_ms, struct lg_result *out, uint64_t *timeouts);
 
 struct pp_conn { uint32_t a, b; };
 struct pp_policy {
@@ -194,13 +225,16 @@ ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "kvstore._ext",
     '#include "table.h"\n#include "resp.h"\n#include "server.h"\n#include "loadgen.h"\n'
-    '#include "wal.h"\n#include "crc32c.h"\n#include "replog.h"\n#include "ldu.h"\n#include "bosc.h"\n#include "pollpolicy.h"\n',
+    '#include "wal.h"\n#include "udpgen.h"\n#include "crc32c.h"\n#include "replog.h"\n#include "ldu.h"\n#include "bosc.h"\n#include "pollpolicy.h"\n',
     sources=[os.path.join(EXT, s) for s in SOURCES],
     include_dirs=[EXT],
+    define_macros=MACROS,
+    # with DPDK its pkg-config flags apply to every file (cffi has no per-file flags):
+    # they only add include paths, -include rte_config.h and -march=corei7
     extra_compile_args=["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wno-unused-parameter",
                         "-Wno-format-truncation",
-                        "-fvisibility=hidden"],
-    extra_link_args=["-pthread"],
+                        "-fvisibility=hidden"] + EXTRA_CFLAGS,
+    extra_link_args=["-pthread"] + EXTRA_LIBS,
 )
 
 if __name__ == "__main__":

@@ -23,12 +23,16 @@ def parse_ratio(text):
 
 def run(host="127.0.0.1", port=6380, threads=2, conns=50, pipeline=1, value_size=85,
         keyspace=1_000_000, ratio="1:0", requests=0, duration=0.0, rate=0.0, protocol="resp",
-        check=False, password=None, seed=1, progress=None):
+        check=False, password=None, seed=1, progress=None, udp=False, timeout_ms=500):
     """Run one load and return a dict of RESULT_FIELDS (latencies in microseconds).
 
     The load runs in C threads; this thread only waits (and calls progress(elapsed)
     about once a second if given). Ctrl-C stops the load early and returns what was
-    measured so far."""
+    measured so far.
+
+    udp=True drives the UDP front end (--arch dpdk): `conns` UDP sockets, `pipeline`
+    requests in flight on each, replies matched by the frame id; the result has a
+    `timeouts` count (requests whose reply never came within timeout_ms)."""
     s, g = parse_ratio(ratio)
     if protocol not in ("resp", "memcache"):
         raise ConfigError(f"protocol: expected 'resp' or 'memcache', got {protocol!r}")
@@ -51,8 +55,10 @@ def run(host="127.0.0.1", port=6380, threads=2, conns=50, pipeline=1, value_size
     res = ffi.new("struct lg_result *")
     box = {}
 
-    def work():
-        box["rc"] = lib.lg_run(cfg, res)  # releases the GIL for the whole run
+    tmo = ffi.new("uint64_t *")
+
+    def work():  # releases the GIL for the whole run
+        box["rc"] = lib.ug_run(cfg, timeout_ms, res, tmo) if udp else lib.lg_run(cfg, res)
 
     t = threading.Thread(target=work, name="kvstore-bench", daemon=True)
     start = time.monotonic()
@@ -73,4 +79,6 @@ def run(host="127.0.0.1", port=6380, threads=2, conns=50, pipeline=1, value_size
         raise ServerError(msg, -rc)
     out = {f: getattr(res, f) for f in RESULT_FIELDS}
     out["first_error"] = ffi.string(res.first_error).decode(errors="replace")
+    if udp:
+        out["timeouts"] = tmo[0]
     return out

@@ -26,7 +26,9 @@ class Client(redis.Redis):
                 "total_connections_received", "rejected_connections", "keyspace_hits",
                 "keyspace_misses", "oom_rejections", "expired_keys", "used_cpu_sys", "used_cpu_user",
                 "total_epoll_wait_calls", "total_epoll_ctl_calls", "total_read_calls",
-                "total_write_calls", "poll_policy", "pollers", "kvstore_version", "tcp_port")
+                "total_write_calls", "poll_policy", "pollers", "kvstore_version", "tcp_port",
+                "udp_rx_packets", "udp_tx_packets", "udp_requests", "udp_dropped_not_ours", "udp_tx_failed",
+                "udp_bad_frames")  # udp_*: --arch dpdk only
         out = {k: info[k] for k in keys if k in info}
         out["poller_stats"] = pollers
         return out

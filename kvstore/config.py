@@ -47,7 +47,7 @@ class ServerConfig:
     bind: str = "127.0.0.1"
     port: int = 6380
     threads: int = 0             # pollers (0 = one per core), or threadpool workers (0 = 32)
-    arch: str = "poller"         # poller | threadpool
+    arch: str = "poller"         # poller | threadpool | dpdk
     max_memory: int = 0          # bytes, 0 = unbounded
     maxclients: int = 10000
     requirepass: str = ""
@@ -69,14 +69,25 @@ class ServerConfig:
     dirty_queue: str = "ldu"     # the flusher's queue: ldu (lock-less) or locked (a mutex, to compare)
     network_only: bool = False   # benchmark switch: SET answers +OK without touching the table
     tcp_backlog: int = 511
+    dpdk_iface: str = ""         # arch dpdk: interface of the AF_XDP port (one end of a veth pair, a NIC)
+    dpdk_lcores: int = 1         # arch dpdk: worker lcores, one RX/TX queue pair each
+    dpdk_port: int = 6380        # arch dpdk: UDP port answered on dpdk_iface
+    dpdk_eal_args: str = ""      # arch dpdk: extra DPDK EAL arguments, space separated
     config_file: str = ""
 
     FIELDS_HELP = {
         "bind": "IPv4 address to listen on",
         "port": "TCP port, 0-65535 (0 = any free port)",
         "threads": "poller threads (0 = one per core), or with arch threadpool the workers (0 = 32)",
-        "arch": "request handling: poller (per-core epoll pollers, non-blocking) or threadpool (a pool of "
-                "workers, each serving one request at a time with blocking calls: paper 000's baseline)",
+        "arch": "request handling: poller (per-core epoll pollers, non-blocking), threadpool (a pool of "
+                "workers, each serving one request at a time with blocking calls: paper 000's baseline) or dpdk "
+                "(kernel-bypass UDP front end on dpdk_iface, DPDK lcores; TCP still served by pollers)",
+        "dpdk_iface": "arch dpdk: network interface for DPDK's AF_XDP port (e.g. one end of a veth pair)",
+        "dpdk_lcores": "arch dpdk: worker lcores, each polling one RX/TX queue pair (the interface needs as many "
+                       "queues)",
+        "dpdk_port": "arch dpdk: UDP port of the kernel-bypass front end",
+        "dpdk_eal_args": "arch dpdk: extra DPDK EAL arguments, space separated (kvstore already passes "
+                         "--no-huge --no-pci -m 256 --no-telemetry --file-prefix --lcores --vdev)",
         "network_only": "benchmark switch (paper 000's N row): SET answers +OK without touching the table, "
                         "nothing is stored",
         "max_memory": "memory bound, bytes or '64mb'/'1gb' (Redis units), 0 = unbounded",
@@ -142,8 +153,10 @@ class ServerConfig:
             raise ConfigError(f"flush_interval_ms: expected an integer >= 1, got {self.flush_interval_ms!r}")
         if not isinstance(self.repl_port, int) or not -1 <= self.repl_port <= 65535:
             raise ConfigError(f"repl_port: expected -1 (off) or a port from 0 to 65535, got {self.repl_port!r}")
-        if self.arch not in ("poller", "threadpool"):
-            raise ConfigError(f"arch: expected 'poller' or 'threadpool', got {self.arch!r}")
+        if self.arch not in ("poller", "threadpool", "dpdk"):
+            raise ConfigError(f"arch: expected 'poller', 'threadpool' or 'dpdk', got {self.arch!r}")
+        if self.arch == "dpdk":
+            self._validate_dpdk()
         if not isinstance(self.network_only, bool):
             raise ConfigError(f"network_only: expected true or false, got {self.network_only!r}")
         if self.dirty_queue not in ("ldu", "locked"):
@@ -157,6 +170,23 @@ class ServerConfig:
             raise ConfigError(f"bind: expected an IPv4 address such as 127.0.0.1, got {self.bind!r}")
         return self
 
+    def _validate_dpdk(self):
+        if self.durability != "none":
+            raise ConfigError(f"arch dpdk: durability {self.durability} is not supported: the UDP front end answers "
+                              "at once and has no log to wait for; use --durability none (or another --arch)")
+        if self.data_file:
+            raise ConfigError("arch dpdk: a data file is not supported (requests on the UDP path cannot wait for "
+                              "the flusher); use --no-data-file")
+        if not self.dpdk_iface or not isinstance(self.dpdk_iface, str) or len(self.dpdk_iface) > 15:
+            raise ConfigError(f"dpdk_iface: arch dpdk needs a network interface name (at most 15 characters), "
+                              f"e.g. --dpdk-iface veth0; got {self.dpdk_iface!r}")
+        if not isinstance(self.dpdk_lcores, int) or not 1 <= self.dpdk_lcores <= 63:
+            raise ConfigError(f"dpdk_lcores: expected an integer from 1 to 63, got {self.dpdk_lcores!r}")
+        if not isinstance(self.dpdk_port, int) or not 1 <= self.dpdk_port <= 65535:
+            raise ConfigError(f"dpdk_port: expected a UDP port from 1 to 65535, got {self.dpdk_port!r}")
+        if not isinstance(self.dpdk_eal_args, str):
+            raise ConfigError("dpdk_eal_args: expected a string of space-separated EAL arguments")
+
     def peer_address(self):
         return parse_address(self.peer, "peer")
 
@@ -164,6 +194,8 @@ class ServerConfig:
     def effective_threads(self):
         if self.arch == "threadpool":
             return self.threads or 32
+        if self.arch == "dpdk":  # the TCP pollers are only the control path: leave the cores to the lcores
+            return self.threads or 1
         return self.threads or os.cpu_count() or 1
 
     @classmethod

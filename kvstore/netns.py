@@ -7,6 +7,7 @@ The only module that touches pyroute2. Needs root (CAP_NET_ADMIN).
         node = Node(netns=host.name, bind=host.addr, ...)
 """
 import concurrent.futures
+import errno
 import os
 import subprocess
 
@@ -79,6 +80,37 @@ class TestHost:
             raise
         return self
 
+    def mac(self, inside=False):
+        """MAC address of this side's veth end (or of the namespace's, inside=True)."""
+        return _off_loop(lambda: self._mac(inside))
+
+    def _mac(self, inside):
+        from pyroute2 import IPRoute, NetNS
+        with (NetNS(self.name) if inside else IPRoute()) as ipr:
+            link = ipr.get_links(ifname=self.ns_if if inside else self.host_if)[0]
+            return link.get_attr("IFLA_ADDRESS")
+
+    def set_neighbour(self, addr, lladdr, inside=True):
+        """Static (permanent) neighbour entry addr -> lladdr on the namespace's veth end (or
+        this side's): needed towards a kernel-bypass peer, which does not answer ARP."""
+        def go():
+            from pyroute2 import IPRoute, NetNS
+            with (NetNS(self.name) if inside else IPRoute()) as ipr:
+                idx = ipr.link_lookup(ifname=self.ns_if if inside else self.host_if)[0]
+                ipr.neigh("replace", dst=addr, lladdr=lladdr, ifindex=idx, state="permanent")
+        _off_loop(go)
+
+    def tx_checksum_offload_off(self):
+        """`ethtool -K <if> tx off` on both veth ends. Frames a veth sends with TX checksum
+        offload carry a partial checksum that an AF_XDP reader sees as is: a reply built from
+        them (or any frame relayed by XDP) reaches the kernel with a bad UDP checksum and is
+        dropped. Raises OSError if ethtool is missing or fails."""
+        for cmd in (["ethtool", "-K", self.host_if, "tx", "off"],
+                    self.exec_prefix() + ["ethtool", "-K", self.ns_if, "tx", "off"]):
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                raise OSError(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
+
     def exec_prefix(self):
         """Prefix for a command run inside the namespace (ip netns exec keeps the pid)."""
         return ["ip", "netns", "exec", self.name]
@@ -90,7 +122,12 @@ class TestHost:
         from pyroute2 import IPRoute, netns
         if self.name in netns.listnetns():
             netns.remove(self.name)
+        from pyroute2.netlink.exceptions import NetlinkError
         with IPRoute() as ipr:  # the host side, if the namespace was already gone
             for idx in ipr.link_lookup(ifname=self.host_if):
-                ipr.link("del", index=idx)
+                try:
+                    ipr.link("del", index=idx)
+                except NetlinkError as e:
+                    if e.code != errno.ENODEV:  # the namespace's removal took the pair meanwhile
+                        raise
         self._up = False

@@ -14,6 +14,11 @@ from kvstore.config import ServerConfig, parse_address
 from kvstore.store import Store
 
 
+def have_dpdk():
+    """True if this build has the kernel-bypass UDP front end (libdpdk found at build time)."""
+    return bool(lib.srv_have_dpdk())
+
+
 class Server:
     """Serve ``store`` over RESP2. Use as a context manager or call start()/stop()."""
 
@@ -57,10 +62,15 @@ class Server:
             self._close_log()
             raise
         cfg = ffi.new("struct srv_config *")
+        if c.arch == "dpdk" and not have_dpdk():
+            raise errors.ConfigError("kvstore was built without DPDK (libdpdk-dev not found at build time)")
         self._keep = [ffi.new("char[]", s.encode()) for s in
-                      (c.bind, c.requirepass, c.poll_policy, c.config_file, __version__, c.durability)]
+                      (c.bind, c.requirepass, c.poll_policy, c.config_file, __version__, c.durability,
+                       c.dpdk_iface, c.dpdk_eal_args)]
         (cfg.bind, cfg.requirepass, cfg.poll_policy, cfg.config_file, cfg.version,
-         cfg.durability) = self._keep
+         cfg.durability, cfg.dpdk_iface, cfg.dpdk_eal_args) = self._keep
+        cfg.dpdk_lcores = c.dpdk_lcores
+        cfg.dpdk_port = c.dpdk_port
         cfg.wal = self.log._w if self.log else ffi.NULL
         cfg.sender = self.sender._s if self.sender else ffi.NULL
         cfg.receiver = self.receiver._r if self.receiver else ffi.NULL
@@ -69,7 +79,7 @@ class Server:
         cfg.threads = c.effective_threads
         cfg.maxclients = c.maxclients
         cfg.accept_mode = 1 if c.accept == "handoff" else 0
-        cfg.arch = 1 if c.arch == "threadpool" else 0
+        cfg.arch = {"poller": 0, "threadpool": 1, "dpdk": 2}[c.arch]
         cfg.network_only = 1 if c.network_only else 0
         cfg.tcp_backlog = c.tcp_backlog
         err = ffi.new("char[256]")
@@ -95,6 +105,8 @@ class Server:
         lib.srv_get_stats(self._srv, st)
         d = {f: getattr(st, f) for f in ("connected_clients", "total_connections", "rejected_connections",
                                          "total_commands", "bytes_in", "bytes_out", "protocol_errors")}
+        if self.config.arch == "dpdk":
+            d["udp"] = {f: getattr(st, "udp_" + f) for f in ("rx", "tx", "requests", "dropped", "tx_failed", "bad")}
         ps = ffi.new("struct srv_poller_stats *")
         d["pollers"] = []
         for i in range(st.pollers):

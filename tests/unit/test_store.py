@@ -35,11 +35,14 @@ def _usable_size_of_empty_bucket_array():
     libc.malloc_usable_size.restype = ctypes.c_size_t
     libc.malloc_usable_size.argtypes = [ctypes.c_void_p]
     libc.free.argtypes = [ctypes.c_void_p]
-    p = libc.calloc(INITIAL_BUCKETS, 8)
+    # The smallest of many: one probe may land in a chunk 16 bytes larger than the smallest
+    # fit (the heap's history decides; shared libraries' constructors, DPDK's among them, change it).
+    ps = [libc.calloc(INITIAL_BUCKETS, 8) for _ in range(64)]
     try:
-        return libc.malloc_usable_size(p)
+        return min(libc.malloc_usable_size(p) for p in ps)
     finally:
-        libc.free(p)
+        for p in ps:
+            libc.free(p)
 
 
 # An empty table holds exactly one 4-bucket array per shard, charged at its
