@@ -4,6 +4,7 @@
  * atomic request budget and the first-failure slot (mutex). Replies are untrusted: parsing is incremental,
  * every line and length is bounded, so a reply split anywhere parses and garbage fails the run cleanly. */
 #define _GNU_SOURCE
+#include "lathist.h"
 #include "loadgen.h"
 
 #include <arpa/inet.h>
@@ -35,9 +36,6 @@
 #define DRAIN_NS     2000000000ull    /* after the deadline, wait this long for in-flight replies */
 #define STALL_NS     30000000000ull   /* nothing received for this long with requests out: server is dead */
 #define CONNECT_MS   2000
-#define SUB_BITS     7                /* 128 linear sub-buckets per power of two: <0.4% error at midpoint */
-#define HIST_MAX_NS  100000000000ull
-#define HIST_LEN     (32 << SUB_BITS) /* covers msb up to 37 > log2(100 s in ns) */
 #define SHOW(p, n)   (int)((n) > 80 ? 80 : (n)), (p)
 
 enum { K_SET, K_GET };
@@ -159,32 +157,6 @@ static inline void fmt12(char *d, uint64_t k)
     }
 }
 
-static inline unsigned hist_index(uint64_t v)
-{
-    if (v > HIST_MAX_NS) v = HIST_MAX_NS;
-    if (v < (1u << SUB_BITS)) return (unsigned)v;
-    unsigned msb = 63u - (unsigned)__builtin_clzll(v);
-    return ((msb - SUB_BITS + 1) << SUB_BITS) + (unsigned)(v >> (msb - SUB_BITS)) - (1u << SUB_BITS);
-}
-
-/* Value at rank ceil(q * total) (HdrHistogram's rule): its bucket's midpoint, capped by the exact max; in us */
-static double percentile(const uint64_t *h, uint64_t total, double q, uint64_t max)
-{
-    double want = q * (double)total, v = (double)max;
-    uint64_t need = (uint64_t)want, cum = 0;
-    unsigned i = 0;
-    if ((double)need < want || !need) need++;
-    while (i < HIST_LEN - 1 && (cum += h[i]) < need) i++;
-    if (i < (1u << SUB_BITS)) {
-        v = i < v ? i : v;
-    } else {
-        unsigned shift = (i >> SUB_BITS) - 1;
-        double mid = (double)((uint64_t)((i & ((1u << SUB_BITS) - 1)) + (1u << SUB_BITS)) << shift) +
-                     (double)((1ull << shift) - 1) / 2.0;
-        v = mid < v ? mid : v;
-    }
-    return v / 1000.0;
-}
 
 /* ---- output: requests are copied into obuf; huge values are referenced, not copied ---- */
 

@@ -492,9 +492,8 @@ void srv_format_addr(int fd, char *dst, size_t n)
     snprintf(dst, n, "%s:%u", ip, (unsigned)ntohs(sa.sin_port));
 }
 
-static void conn_new(struct poller *p, int fd)
+int srv_admit(struct srv *s, int fd)
 {
-    struct srv *s = p->srv;
     uint64_t n = atomic_fetch_add_explicit(&s->clients, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&s->total_conns, 1, memory_order_relaxed);
     if (n >= (uint64_t)s->cfg.maxclients) {
@@ -504,10 +503,29 @@ static void conn_new(struct poller *p, int fd)
         close(fd);
         atomic_fetch_sub_explicit(&s->clients, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&s->rejected, 1, memory_order_relaxed);
-        return;
+        return 0;
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return 1;
+}
+
+void srv_client_init(struct srv *s, struct cmd_client *cl, struct kvbuf *out, int fd)
+{
+    cl->id = atomic_fetch_add_explicit(&s->next_id, 1, memory_order_relaxed) + 1;
+    cl->authenticated = !(s->requirepass && *s->requirepass);
+    cl->resp = 2;
+    cl->out = out;
+    cl->srv = s;
+    cl->table = s->table;
+    srv_format_addr(fd, cl->addr, sizeof cl->addr);
+}
+
+static void conn_new(struct poller *p, int fd)
+{
+    struct srv *s = p->srv;
+    if (!srv_admit(s, fd))
+        return;
     struct conn *c = calloc(1, sizeof *c);
     if (!c) {
         close(fd);
@@ -518,14 +536,8 @@ static void conn_new(struct poller *p, int fd)
     c->fd = fd;
     c->p = p;
     resp_parser_init(&c->rp);
-    c->cl.id = atomic_fetch_add_explicit(&s->next_id, 1, memory_order_relaxed) + 1;
-    c->cl.authenticated = !(s->requirepass && *s->requirepass);
-    c->cl.resp = 2;
-    c->cl.out = &c->out;
-    c->cl.srv = s;
-    c->cl.table = s->table;
+    srv_client_init(s, &c->cl, &c->out, fd);
     c->cl.poller = p->idx;
-    srv_format_addr(fd, c->cl.addr, sizeof c->cl.addr);
     c->interest = EPOLLIN;
     struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
     st_inc(&p->st.epoll_ctl, 1);

@@ -124,6 +124,10 @@ struct srv {
 int64_t srv_mono_ms(void);
 void srv_cron(struct poller *p, int64_t now);
 void srv_format_addr(int fd, char *dst, size_t n);
+/* A new client connection: counted, and refused with Redis's error past maxclients
+ * (returns 0, fd closed); TCP_NODELAY set. Then its command state. */
+int srv_admit(struct srv *s, int fd);
+void srv_client_init(struct srv *s, struct cmd_client *cl, struct kvbuf *out, int fd);
 void *tp_worker_main(void *arg);
 void tp_close_all(struct srv *s);
 

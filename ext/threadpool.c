@@ -12,8 +12,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,18 +62,8 @@ static void tp_accept(struct poller *p)
         int fd = accept4(s->pollers[0].lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             break;
-        atomic_fetch_add_explicit(&s->total_conns, 1, memory_order_relaxed);
-        if (atomic_fetch_add_explicit(&s->clients, 1, memory_order_relaxed) >= (uint64_t)s->cfg.maxclients) {
-            static const char msg[] = "-ERR max number of clients reached\r\n";
-            ssize_t w = send(fd, msg, sizeof msg - 1, MSG_NOSIGNAL);
-            (void)w;
-            close(fd);
-            atomic_fetch_sub_explicit(&s->clients, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&s->rejected, 1, memory_order_relaxed);
+        if (!srv_admit(s, fd))
             continue;
-        }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         struct tp_conn *c = calloc(1, sizeof *c);
         if (!c) {
             close(fd);
@@ -85,13 +73,7 @@ static void tp_accept(struct poller *p)
         c->tag = TAG_CONN;
         c->fd = fd;
         resp_parser_init(&c->rp);
-        c->cl.id = atomic_fetch_add_explicit(&s->next_id, 1, memory_order_relaxed) + 1;
-        c->cl.authenticated = !(s->requirepass && *s->requirepass);
-        c->cl.resp = 2;
-        c->cl.out = &c->out;
-        c->cl.srv = s;
-        c->cl.table = s->table;
-        srv_format_addr(fd, c->cl.addr, sizeof c->cl.addr);
+        srv_client_init(s, &c->cl, &c->out, fd);
         pthread_mutex_lock(&s->tp_lock);
         c->next = s->tp_conns;
         if (c->next)

@@ -3,6 +3,7 @@
  * histogram; the only shared state is the request budget (atomic) and the result
  * merge after join. Reads replies from the network: lengths are checked before use. */
 #define _GNU_SOURCE
+#include "lathist.h"
 #include "udpgen.h"
 
 #include <arpa/inet.h>
@@ -26,9 +27,6 @@
 #define MAX_VALUE 1400
 #define MAX_WINDOW 4096
 #define MMSG 64
-#define SUB_BITS 7 /* latency histogram as loadgen.c's: 128 sub-buckets per power of two */
-#define HIST_MAX_NS 100000000000ull
-#define HIST_LEN (32 << SUB_BITS)
 
 enum { K_SET = 1, K_GET = 2 };
 
@@ -73,31 +71,6 @@ static inline uint64_t rnd(struct uworker *w)
 
 static inline uint64_t below(struct uworker *w, uint64_t n) { return (uint64_t)(((unsigned __int128)rnd(w) * n) >> 64); }
 
-static inline unsigned hist_index(uint64_t v)
-{
-    if (v > HIST_MAX_NS) v = HIST_MAX_NS;
-    if (v < (1u << SUB_BITS)) return (unsigned)v;
-    unsigned msb = 63u - (unsigned)__builtin_clzll(v);
-    return ((msb - SUB_BITS + 1) << SUB_BITS) + (unsigned)(v >> (msb - SUB_BITS)) - (1u << SUB_BITS);
-}
-
-static double percentile(const uint64_t *h, uint64_t total, double q, uint64_t max)
-{
-    double want = q * (double)total, v = (double)max;
-    uint64_t need = (uint64_t)want, cum = 0;
-    unsigned i = 0;
-    if ((double)need < want || !need) need++;
-    while (i < HIST_LEN - 1 && (cum += h[i]) < need) i++;
-    if (i < (1u << SUB_BITS)) {
-        v = i < v ? i : v;
-    } else {
-        unsigned shift = (i >> SUB_BITS) - 1;
-        double mid = (double)((uint64_t)((i & ((1u << SUB_BITS) - 1)) + (1u << SUB_BITS)) << shift) +
-                     (double)((1ull << shift) - 1) / 2.0;
-        v = mid < v ? mid : v;
-    }
-    return v / 1000.0;
-}
 
 static void note_error(struct uworker *w, const char *fmt, ...)
 {

@@ -96,7 +96,7 @@ def fetch_from_peer(data_dir, host, port, timeout_ms=5000):
     if last > local:
         _fsync_dir(staging)
         if os.path.isdir(log_dir(data_dir)):
-            os.rename(log_dir(data_dir), f"{log_dir(data_dir)}.replaced-{int(time.time())}")
+            os.rename(log_dir(data_dir), f"{log_dir(data_dir)}.replaced-{time.time_ns()}")  # unique: restarts within a second
         os.rename(staging, log_dir(data_dir))
         _fsync_dir(data_dir)  # the renames must survive a power cut before anything relies on them
         return last, local, True
