@@ -213,6 +213,21 @@ static int block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t n
     return pwrite_all(b->fd, p, BLK, (off_t)no * BLK);
 }
 
+/* Append x to a growable array. Returns 0 or -ENOMEM. */
+static int push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x)
+{
+    if (*n == *cap) {
+        size_t c = *cap ? *cap * 2 : 64;
+        uint32_t *nv = realloc(*v, c * sizeof *nv);
+        if (!nv)
+            return -ENOMEM;
+        *v = nv;
+        *cap = c;
+    }
+    (*v)[(*n)++] = x;
+    return 0;
+}
+
 /* Read bucket's chain: its record stream into s (reset first) and its block
  * numbers into chain (home first). Blocks of another generation hold nothing
  * (their overflow blocks are still listed, to be reused or freed). Returns
@@ -254,15 +269,8 @@ static int chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbu
                      ", found in the chain of block %" PRIu32, b->path, no, get32(blk + 28), home);
             return -EILSEQ;
         }
-        if (*nchain == *capchain) {
-            size_t cap = *capchain ? *capchain * 2 : 8;
-            uint32_t *nc = realloc(*chain, cap * sizeof *nc);
-            if (!nc)
-                return -ENOMEM;
-            *chain = nc;
-            *capchain = cap;
-        }
-        (*chain)[(*nchain)++] = no;
+        if (push_u32(chain, nchain, capchain, no))
+            return -ENOMEM;
         if (no == home)
             stale = get64(blk + 16) != gen;
         if (!stale && kvbuf_append(s, (const char *)blk + BHDR, get32(blk + 24)))
@@ -368,20 +376,6 @@ static int sb_read(struct bosc *b, uint64_t *flushed, uint64_t *gen, char *err, 
 }
 
 /* ---- free blocks (flusher) */
-
-static int push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x)
-{
-    if (*n == *cap) {
-        size_t c = *cap ? *cap * 2 : 64;
-        uint32_t *nv = realloc(*v, c * sizeof *nv);
-        if (!nv)
-            return -ENOMEM;
-        *v = nv;
-        *cap = c;
-    }
-    (*v)[(*n)++] = x;
-    return 0;
-}
 
 /* A block for a growing chain: a free one (lowest last-freed first), or a new
  * one at the end of the file. 0 if none can be had. */
@@ -1311,6 +1305,7 @@ void bosc_get_stats(struct bosc *b, struct bosc_stats *st)
 #undef L
     st->flushed_lsn = atomic_load(&b->flushed_lsn);
     st->buckets = b->nbuckets;
+    st->blocks = atomic_load_explicit(&b->nblocks, memory_order_relaxed);
     st->queued = atomic_load_explicit(&b->q.pushes, memory_order_relaxed);
     struct kvt_stats ts;
     kvt_get_stats(b->t, &ts);

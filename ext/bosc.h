@@ -61,7 +61,7 @@ struct bosc_stats {
     uint64_t sweep_ns, io_ns;          /* total sweep time; of which block I/O and syncs */
     uint64_t deferred;                 /* keys left dirty for a later sweep */
     uint64_t loads, load_reads, evicted, evicted_bytes, truncated_segments;
-    uint64_t flushed_lsn, disk_keys, buckets, blocks, free_blocks, queued;
+    uint64_t flushed_lsn, disk_keys, buckets, blocks, queued;
     int failed;
     char error[256];
 };

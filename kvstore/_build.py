@@ -53,7 +53,6 @@ int64_t kvt_get_copy(struct kv_table *t, const void *key, size_t klen, void *buf
 int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen,
             int flags, int64_t expire_ms, kvt_read_fn old_fn, void *old_arg);
 int kvt_del(struct kv_table *t, const void *key, size_t klen);
-int kvt_del_blind(struct kv_table *t, const void *key, size_t klen);
 int kvt_load_sync(struct kv_table *t, const void *key, size_t klen);
 int kvt_wait_memory(struct kv_table *t);
 int kvt_exists(struct kv_table *t, const void *key, size_t klen);
@@ -155,7 +154,6 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
                 struct wal_recovery *rec, char *err, size_t errlen);
 uint32_t crc32c(uint32_t crc, const void *p, size_t n);
 int wal_truncate(const char *dir, uint64_t upto);
-uint64_t wal_synced_lsn(struct wal *w);
 
 struct bosc;
 struct bosc_config { const char *path; uint32_t buckets; uint32_t flush_interval_ms; int locked_queue;
@@ -167,7 +165,7 @@ struct bosc_stats {
     uint64_t sweeps, records, blocks_read, blocks_written, bytes_written, syncs;
     uint64_t sweep_ns, io_ns, deferred;
     uint64_t loads, load_reads, evicted, evicted_bytes, truncated_segments;
-    uint64_t flushed_lsn, disk_keys, buckets, blocks, free_blocks, queued;
+    uint64_t flushed_lsn, disk_keys, buckets, blocks, queued;
     int failed; char error[256];
 };
 int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *cfg,

@@ -183,7 +183,7 @@ class DataFile:
         d = {f: getattr(st, f) for f in ("sweeps", "records", "blocks_read", "blocks_written", "bytes_written",
                                          "syncs", "sweep_ns", "io_ns", "deferred", "loads", "load_reads",
                                          "evicted", "evicted_bytes", "truncated_segments", "flushed_lsn",
-                                         "disk_keys", "buckets", "queued", "failed")}
+                                         "disk_keys", "buckets", "blocks", "queued", "failed")}
         d["error"] = ffi.string(st.error).decode(errors="replace")
         return d
 
