@@ -896,8 +896,9 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
 
 /* Evict clean keys down to LOW_PCT of the bound: when memory passes HIGH_PCT,
  * or at once when a writer waits for room (force: it may need more than the
- * room below HIGH_PCT). "Stuck" = a writer could wait forever: nothing could
- * be evicted and nothing is dirty (the stalled writes then get -OOM). */
+ * room below HIGH_PCT). "Stuck" = a writer could wait forever: memory is full,
+ * nothing could be evicted and nothing is dirty (the stalled writes then get
+ * -OOM). */
 static void evict(struct bosc *b, int force)
 {
     uint64_t max = kvt_max_memory(b->t);
@@ -914,8 +915,8 @@ static void evict(struct bosc *b, int force)
     }
     /* Stuck only after two evictions in a row found nothing (two full turns of
      * the clock each) with nothing dirty left to flush. */
-    int full = kvt_used_memory(b->t) * 100 > max * HIGH_PCT;
-    int none = (force || full) && !freed && !atomic_load(&b->q.head);
+    int full = kvt_used_memory(b->t) * 100 > max * 98;
+    int none = full && !freed && !atomic_load(&b->q.head);
     kvt_set_spill_stuck(b->t, none && b->evict_failed);
     b->evict_failed = none;
 }
