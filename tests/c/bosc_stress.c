@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "bosc.h"
+#include "stress.h"
 #include "table.h"
 
 #define NTHREADS 4
@@ -47,55 +48,6 @@
 #define MAX_RETRIES 10000         /* per operation: a load or a wait that never helps */
 #define FLUSH_OLD 500             /* phase 4 */
 #define FLUSH_NEW 50
-
-static void fail_at(const char *file, int line, const char *cond, const char *fmt, ...)
-    __attribute__((noreturn, format(printf, 4, 5)));
-static void fail_at(const char *file, int line, const char *cond, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "FAIL: %s:%d: %s", file, line, cond);
-    if (fmt[1]) { /* fmt is " " plus the caller's format (so that it is never empty) */
-        fputc(':', stderr);
-        vfprintf(stderr, fmt, ap);
-    }
-    fputc('\n', stderr);
-    va_end(ap);
-    fflush(stderr);
-    exit(1);
-}
-
-/* CHECK(cond) or CHECK(cond, "printf format", args...); the format is checked. */
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        if (!(cond))                                                         \
-            fail_at(__FILE__, __LINE__, #cond, " " __VA_ARGS__);             \
-    } while (0)
-
-/* ---- deterministic PRNG (xorshift64*), as in table_stress.c */
-
-struct rng {
-    uint64_t s;
-};
-
-static uint64_t rnd(struct rng *r)
-{
-    r->s ^= r->s >> 12;
-    r->s ^= r->s << 25;
-    r->s ^= r->s >> 27;
-    return r->s * 0x2545F4914F6CDD1DULL;
-}
-
-static uint64_t below(struct rng *r, uint64_t n) { return rnd(r) % n; }
-
-static void rng_seed(struct rng *r, uint64_t seed, uint64_t stream)
-{
-    r->s = (seed + 1) * 0x9E3779B97F4A7C15ULL ^ (stream + 1) * 0xD1B54A32D192ED03ULL;
-    if (!r->s)
-        r->s = 1;
-    for (int i = 0; i < 8; i++)
-        rnd(r);
-}
 
 static int64_t unix_ms(void)
 {
@@ -237,30 +189,6 @@ static void model_put(struct model_key *m, const char *v, size_t n)
     m->present = true;
 }
 
-/* Redis string2ll, written independently of ext/table.c's parse_ll. */
-static bool model_int(const char *p, size_t n, long long *out)
-{
-    if (n == 0 || n > 20)
-        return false;
-    size_t i = p[0] == '-';
-    if (i == n)
-        return false;
-    if (p[i] == '0')
-        return n == 1 ? (*out = 0, true) : false;
-    __int128 v = 0;
-    for (; i < n; i++) {
-        if (p[i] < '0' || p[i] > '9')
-            return false;
-        v = v * 10 + (p[i] - '0');
-    }
-    if (p[0] == '-')
-        v = -v;
-    if (v > INT64_MAX || v < INT64_MIN)
-        return false;
-    *out = (long long)v;
-    return true;
-}
-
 static void mismatch(const char *what, const char *key, const struct model_key *m, const char *got, int64_t glen)
     __attribute__((noreturn));
 static void mismatch(const char *what, const char *key, const struct model_key *m, const char *got, int64_t glen)
@@ -289,13 +217,13 @@ static void check_get(struct ctx *c, const char *key, size_t klen, const struct 
 /* A value no other write produces: a stale or foreign read cannot pass. */
 static size_t make_value(struct rng *r, char *v, int id, uint64_t op)
 {
-    if (below(r, 5) == 0)
-        return (size_t)snprintf(v, 32, "%" PRId64, (int64_t)below(r, 2000001) - 1000000);
-    size_t n = 1 + below(r, 200);
+    if (rng_below(r, 5) == 0)
+        return (size_t)snprintf(v, 32, "%" PRId64, (int64_t)rng_below(r, 2000001) - 1000000);
+    size_t n = 1 + rng_below(r, 200);
     char tag[48];
     int tl = snprintf(tag, sizeof tag, "v%d.%" PRIu64 ".", id, op);
     for (size_t i = 0; i < n; i++)
-        v[i] = i < (size_t)tl ? tag[i] : (char)('a' + below(r, 26));
+        v[i] = i < (size_t)tl ? tag[i] : (char)('a' + rng_below(r, 26));
     return n;
 }
 
@@ -316,17 +244,17 @@ static void copy_old(void *arg, const char *val, size_t vlen)
 static void random_op(struct ctx *c, struct rng *r, char *val, char *buf, char *old, int64_t far)
 {
     struct kv_table *t = c->d->t;
-    int ki = (int)below(r, KEYS);
+    int ki = (int)rng_below(r, KEYS);
     char key[32];
     size_t klen = (size_t)snprintf(key, sizeof key, "t%d:k%d", c->id, ki);
     struct model_key *m = &models[c->id][ki];
-    uint64_t which = below(r, 100);
+    uint64_t which = rng_below(r, 100);
     c->ops++;
     if (which < 30) { /* SET */
         size_t n = make_value(r, val, c->id, c->ops);
         int flags = 0;
         int64_t exp = 0;
-        uint64_t f = below(r, 20);
+        uint64_t f = rng_below(r, 20);
         if (f < 3)
             exp = far;
         else if (f == 3)
@@ -334,7 +262,7 @@ static void random_op(struct ctx *c, struct rng *r, char *val, char *buf, char *
         else if (f == 4)
             flags = KVT_XX;
         struct oldval o = {old, -1};
-        bool with_get = below(r, 20) == 0;
+        bool with_get = rng_below(r, 20) == 0;
         int want = !((flags & KVT_NX) && m->present) && !((flags & KVT_XX) && !m->present);
         int rc;
         RETRY(c, key, klen, "SET", rc, (o.len = -1, kvt_set(t, key, klen, val, n, flags, exp,
@@ -361,7 +289,7 @@ static void random_op(struct ctx *c, struct rng *r, char *val, char *buf, char *
     } else if (which < 70) { /* INCRBY */
         long long cur = 0;
         bool isint = !m->present || model_int(m->val, m->len, &cur);
-        int64_t delta = (int64_t)below(r, 2001) - 1000, res = 0;
+        int64_t delta = (int64_t)rng_below(r, 2001) - 1000, res = 0;
         int rc;
         RETRY(c, key, klen, "INCRBY", rc, kvt_incrby(t, key, klen, delta, &res));
         if (!isint) {
@@ -376,12 +304,12 @@ static void random_op(struct ctx *c, struct rng *r, char *val, char *buf, char *
             model_put(m, num, (size_t)snprintf(num, sizeof num, "%" PRId64, res));
         }
     } else if (which < 80) { /* APPEND */
-        size_t n = 1 + below(r, below(r, 8) ? 40 : 1500);
+        size_t n = 1 + rng_below(r, rng_below(r, 8) ? 40 : 1500);
         size_t base = m->present ? m->len : 0;
         if (base + n > MAX_APPENDED)
             n = 1;
         for (size_t i = 0; i < n; i++)
-            val[i] = (char)('0' + below(r, 10));
+            val[i] = (char)('0' + rng_below(r, 10));
         int64_t rc;
         RETRY(c, key, klen, "APPEND", rc, kvt_append(t, key, klen, val, n));
         CHECK(rc == (int64_t)(base + n), "APPEND %s of %zu returned %" PRId64 ", expected %zu", key, n, rc, base + n);

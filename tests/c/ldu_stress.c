@@ -29,17 +29,9 @@
 #include <string.h>
 
 #include "ldu.h"
+#include "stress.h"
 
 #define MAX_PRODUCERS 16
-#define CHECK(c, ...)                                                        \
-    do {                                                                     \
-        if (!(c)) {                                                          \
-            fprintf(stderr, "CHECK failed at %s:%d: %s: ", __FILE__, __LINE__, #c); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, "\n");                                           \
-            exit(1);                                                         \
-        }                                                                    \
-    } while (0)
 
 enum mode { MODE_ABSORB, MODE_SUPERSEDE };
 

@@ -19,6 +19,8 @@
 #include "table.c"
 
 #include <inttypes.h>
+
+#include "stress.h"
 #include <stdarg.h>
 #include <stdbool.h>
 
@@ -35,55 +37,6 @@ static void die(const char *fmt, ...)
     va_end(ap);
     fflush(stderr);
     exit(1);
-}
-
-static void fail_at(const char *file, int line, const char *cond, const char *fmt, ...)
-    __attribute__((noreturn));
-static void fail_at(const char *file, int line, const char *cond, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "FAIL: %s:%d: %s", file, line, cond);
-    if (*fmt) {
-        fputs(": ", stderr);
-        vfprintf(stderr, fmt, ap);
-    }
-    fputc('\n', stderr);
-    va_end(ap);
-    fflush(stderr);
-    exit(1);
-}
-
-/* CHECK(cond) or CHECK(cond, "printf format", args...) */
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        if (!(cond))                                                         \
-            fail_at(__FILE__, __LINE__, #cond, "" __VA_ARGS__);              \
-    } while (0)
-
-/* ---- deterministic PRNG (xorshift64*) */
-
-struct ts_rng {
-    uint64_t s;
-};
-
-static uint64_t ts_next(struct ts_rng *r)
-{
-    r->s ^= r->s >> 12;
-    r->s ^= r->s << 25;
-    r->s ^= r->s >> 27;
-    return r->s * 0x2545F4914F6CDD1DULL;
-}
-
-static uint64_t ts_below(struct ts_rng *r, uint64_t n) { return ts_next(r) % n; }
-
-static void ts_seed(struct ts_rng *r, uint64_t seed, uint64_t stream)
-{
-    r->s = (seed + 1) * 0x9E3779B97F4A7C15ULL ^ (stream + 1) * 0xD1B54A32D192ED03ULL;
-    if (!r->s)
-        r->s = 1;
-    for (int i = 0; i < 8; i++)
-        ts_next(r);
 }
 
 /* ---- white-box audit (no other thread may use the table meanwhile) */
@@ -199,19 +152,19 @@ static void check_value_cb(void *arg, const char *val, size_t vlen)
     *seen = vlen;
 }
 
-static size_t random_value(struct ts_rng *r, char *buf, size_t max)
+static size_t random_value(struct rng *r, char *buf, size_t max)
 {
     size_t n;
-    uint64_t k = ts_below(r, 100);
+    uint64_t k = rng_below(r, 100);
     if (k < 60)
-        n = ts_below(r, 24);
+        n = rng_below(r, 24);
     else if (k < 90)
-        n = ts_below(r, 300);
+        n = rng_below(r, 300);
     else if (k < 99)
-        n = ts_below(r, 6000);
+        n = rng_below(r, 6000);
     else
-        n = ts_below(r, max);
-    char c = (char)('a' + ts_below(r, 26));
+        n = rng_below(r, max);
+    char c = (char)('a' + rng_below(r, 26));
     memset(buf, c, n);
     return n;
 }
@@ -234,14 +187,14 @@ static void *chaos_worker(void *p)
 {
     struct chaos_arg *a = p;
     struct kv_table *t = a->t;
-    struct ts_rng r;
-    ts_seed(&r, a->seed, (uint64_t)a->id);
+    struct rng r;
+    rng_seed(&r, a->seed, (uint64_t)a->id);
     char *val = malloc(MAX_VALUE_LEN);
     char *copy = malloc(MAX_VALUE_LEN + 64);
     char key[32];
     for (uint64_t op = 0; op < a->ops; op++) {
-        int klen = snprintf(key, sizeof key, "key:%u", (unsigned)ts_below(&r, CHAOS_KEYS));
-        uint64_t which = ts_below(&r, 1000);
+        int klen = snprintf(key, sizeof key, "key:%u", (unsigned)rng_below(&r, CHAOS_KEYS));
+        uint64_t which = rng_below(&r, 1000);
         /* the server's batched prefetch runs concurrently with rehashes and flushes */
         uint64_t h = kvt_hash(key, (size_t)klen);
         for (int stage = 1; stage <= 3; stage++)
@@ -250,14 +203,14 @@ static void *chaos_worker(void *p)
             size_t n = random_value(&r, val, MAX_VALUE_LEN);
             int flags = 0;
             int64_t exp = 0;
-            uint64_t f = ts_below(&r, 20);
+            uint64_t f = rng_below(&r, 20);
             if (f == 0) flags = KVT_NX;
             else if (f == 1) flags = KVT_XX;
             else if (f == 2) flags = KVT_KEEPTTL;
-            else if (f == 3) exp = now_ms() + 1 + (int64_t)ts_below(&r, 30);
+            else if (f == 3) exp = now_ms() + 1 + (int64_t)rng_below(&r, 30);
             size_t old = (size_t)-1;
             int rc = kvt_set(t, key, (size_t)klen, val, n, flags, exp,
-                             ts_below(&r, 4) == 0 ? check_value_cb : NULL, &old);
+                             rng_below(&r, 4) == 0 ? check_value_cb : NULL, &old);
             CHECK(rc == 1 || rc == 0 || rc == -ENOMEM, "kvt_set returned %d", rc);
             CHECK(rc != 0 || (flags & (KVT_NX | KVT_XX)), "kvt_set refused without NX/XX");
             a->n_set += rc == 1;
@@ -268,7 +221,7 @@ static void *chaos_worker(void *p)
             CHECK(rc == 0 || rc == 1, "kvt_get returned %d", rc);
             CHECK(rc == 0 || seen != (size_t)-1, "kvt_get found but did not call back");
         } else if (which < 550) {
-            size_t cap = ts_below(&r, 2) ? MAX_VALUE_LEN + 64 : ts_below(&r, 32);
+            size_t cap = rng_below(&r, 2) ? MAX_VALUE_LEN + 64 : rng_below(&r, 32);
             int64_t n = kvt_get_copy(t, key, (size_t)klen, copy, cap);
             CHECK(n == -ENOENT || n >= 0, "kvt_get_copy returned %" PRId64, n);
             if (n >= 0 && (size_t)n <= cap)
@@ -281,20 +234,20 @@ static void *chaos_worker(void *p)
             CHECK(rc == 0 || rc == 1, "kvt_exists returned %d", rc);
         } else if (which < 820) {
             int64_t res = 0;
-            int64_t delta = (int64_t)ts_below(&r, 2001) - 1000;
+            int64_t delta = (int64_t)rng_below(&r, 2001) - 1000;
             int rc = kvt_incrby(t, key, (size_t)klen, delta, &res);
             CHECK(rc == 0 || rc == -EINVAL || rc == -ENOMEM || rc == -ERANGE, "kvt_incrby returned %d", rc);
             a->n_oom += rc == -ENOMEM;
         } else if (which < 940) {
-            size_t n = ts_below(&r, 10) ? ts_below(&r, 64) : random_value(&r, val, MAX_VALUE_LEN);
-            memset(val, (char)('a' + ts_below(&r, 26)), n);
+            size_t n = rng_below(&r, 10) ? rng_below(&r, 64) : random_value(&r, val, MAX_VALUE_LEN);
+            memset(val, (char)('a' + rng_below(&r, 26)), n);
             int64_t rc = kvt_append(t, key, (size_t)klen, val, n);
             CHECK(rc >= (int64_t)n || rc == -ENOMEM, "kvt_append returned %" PRId64, rc);
             a->n_oom += rc == -ENOMEM;
         } else if (which < 990) {
             int64_t n = kvt_strlen(t, key, (size_t)klen);
             CHECK(n >= 0, "kvt_strlen returned %" PRId64, n);
-        } else if (a->flush && ts_below(&r, 20) == 0) {
+        } else if (a->flush && rng_below(&r, 20) == 0) {
             kvt_flush(t);
             a->n_flush++;
         } else {
@@ -318,15 +271,15 @@ struct hk_arg {
 static void *housekeeper(void *p)
 {
     struct hk_arg *a = p;
-    struct ts_rng r;
-    ts_seed(&r, a->seed, 1000);
+    struct rng r;
+    rng_seed(&r, a->seed, 1000);
     while (!atomic_load(&a->stop)) {
-        unsigned first = (unsigned)ts_below(&r, KVT_SHARDS);
-        unsigned n = 1 + (unsigned)ts_below(&r, 64);
-        int rc = kvt_housekeep(a->t, first, n, 1 + (unsigned)ts_below(&r, 512));
+        unsigned first = (unsigned)rng_below(&r, KVT_SHARDS);
+        unsigned n = 1 + (unsigned)rng_below(&r, 64);
+        int rc = kvt_housekeep(a->t, first, n, 1 + (unsigned)rng_below(&r, 512));
         CHECK(rc >= 0, "kvt_housekeep returned %d", rc);
         CHECK(!a->expect_no_reclaim || rc == 0, "kvt_housekeep reclaimed %d keys without TTLs", rc);
-        if (ts_below(&r, 8) == 0) {
+        if (rng_below(&r, 8) == 0) {
             struct kvt_stats st;
             kvt_get_stats(a->t, &st);
             (void)kvt_count(a->t);
@@ -406,30 +359,6 @@ struct exact_arg {
     struct model_key keys[EXACT_KEYS];
 };
 
-/* Redis string2ll, written independently of ext/table.c's parse_ll. */
-static bool model_int(const char *p, size_t n, long long *out)
-{
-    if (n == 0 || n > 20)
-        return false;
-    size_t i = p[0] == '-';
-    if (i == n)
-        return false;
-    if (p[i] == '0')
-        return n == 1 ? (*out = 0, true) : false;
-    __int128 v = 0;
-    for (; i < n; i++) {
-        if (p[i] < '0' || p[i] > '9')
-            return false;
-        v = v * 10 + (p[i] - '0');
-    }
-    if (p[0] == '-')
-        v = -v;
-    if (v > INT64_MAX || v < INT64_MIN)
-        return false;
-    *out = (long long)v;
-    return true;
-}
-
 static void model_put(struct model_key *m, const char *v, size_t n)
 {
     if (!m->val || n > m->cap) {
@@ -463,31 +392,31 @@ static void *exact_worker(void *p)
 {
     struct exact_arg *a = p;
     struct kv_table *t = a->t;
-    struct ts_rng r;
-    ts_seed(&r, a->seed, 100 + (uint64_t)a->id);
+    struct rng r;
+    rng_seed(&r, a->seed, 100 + (uint64_t)a->id);
     size_t bufcap = 64 * 1024;
     char *val = malloc(bufcap), *buf = malloc(bufcap);
     char key[32];
     const int64_t far = now_ms() + 3600 * 1000; /* TTLs that never pass during the test */
     for (uint64_t op = 0; op < a->ops; op++) {
-        int ki = (int)ts_below(&r, EXACT_KEYS);
+        int ki = (int)rng_below(&r, EXACT_KEYS);
         int klen = snprintf(key, sizeof key, "t%d:%d", a->id, ki);
         struct model_key *m = &a->keys[ki];
-        uint64_t which = ts_below(&r, 100);
+        uint64_t which = rng_below(&r, 100);
         if (which < 30) {
-            size_t n = ts_below(&r, 10) ? ts_below(&r, 40) : ts_below(&r, 4000);
-            if (ts_below(&r, 3) == 0)
+            size_t n = rng_below(&r, 10) ? rng_below(&r, 40) : rng_below(&r, 4000);
+            if (rng_below(&r, 3) == 0)
             {
-                int64_t v = (int64_t)(ts_next(&r) >> ts_below(&r, 64));
-                if (ts_below(&r, 2) && v != INT64_MIN)
+                int64_t v = (int64_t)(rng_next(&r) >> rng_below(&r, 64));
+                if (rng_below(&r, 2) && v != INT64_MIN)
                     v = -v;
                 n = (size_t)snprintf(val, 32, "%" PRId64, v);
             }
             else
-                memset(val, (char)('a' + ts_below(&r, 26)), n);
+                memset(val, (char)('a' + rng_below(&r, 26)), n);
             int flags = 0;
             int64_t exp = 0;
-            uint64_t f = ts_below(&r, 10);
+            uint64_t f = rng_below(&r, 10);
             if (f == 0) flags = KVT_NX;
             else if (f == 1) flags = KVT_XX;
             else if (f == 2) flags = KVT_KEEPTTL;
@@ -507,8 +436,8 @@ static void *exact_worker(void *p)
         } else if (which < 65) {
             long long cur = 0;
             bool isint = !m->present || model_int(m->val, m->len, &cur);
-            int64_t delta = ts_below(&r, 50) ? (int64_t)ts_below(&r, 21) - 10
-                                             : (int64_t)ts_next(&r);
+            int64_t delta = rng_below(&r, 50) ? (int64_t)rng_below(&r, 21) - 10
+                                             : (int64_t)rng_next(&r);
             int64_t res = 0;
             int rc = kvt_incrby(t, key, (size_t)klen, delta, &res);
             if (!isint) {
@@ -525,11 +454,11 @@ static void *exact_worker(void *p)
                     m->ttl = false;
             }
         } else if (which < 80) {
-            size_t n = ts_below(&r, 5) ? ts_below(&r, 20) : ts_below(&r, 3000);
+            size_t n = rng_below(&r, 5) ? rng_below(&r, 20) : rng_below(&r, 3000);
             if (m->len + n > 60000)
                 n = 0;
             for (size_t i = 0; i < n; i++)
-                val[i] = (char)('0' + ts_below(&r, 10));
+                val[i] = (char)('0' + rng_below(&r, 10));
             int64_t rc = kvt_append(t, key, (size_t)klen, val, n);
             bool had = m->present;
             char *joined = malloc(m->len + n + 1);

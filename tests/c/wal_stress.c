@@ -16,17 +16,9 @@
 #include "kvbuf.h"
 #include "table.h"
 #include "wal.h"
+#include "stress.h"
 
 #define APPENDERS 3
-#define CHECK(c, ...)                                                        \
-    do {                                                                     \
-        if (!(c)) {                                                          \
-            fprintf(stderr, "CHECK failed at %s:%d: %s: ", __FILE__, __LINE__, #c); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, "\n");                                           \
-            exit(1);                                                         \
-        }                                                                    \
-    } while (0)
 
 static struct wal *w;
 static struct kv_table *t;

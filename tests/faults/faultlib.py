@@ -11,6 +11,7 @@ sys.modules for every test module collected after it, breaking their
     for the cases where the server must refuse to start
   - parse_recovery: the "kvstore: recovered N records ..." line
 """
+import contextlib
 import os
 import re
 import select
@@ -144,6 +145,25 @@ def start_disk_node(data_dir, threads=2, **settings):
     n = Node(port=0, data_dir=str(data_dir), threads=threads, **settings)
     n.start()
     return n
+
+
+@contextlib.contextmanager
+def started_nodes(**defaults):
+    """start(data_dir, **settings) -> a started disk-mode Node (a new one each call, with
+    `defaults` under `settings`); whatever still runs when the block ends is killed."""
+    started = []
+
+    def start(data_dir, **settings):
+        n = start_disk_node(data_dir, **{**defaults, **settings})
+        started.append(n)
+        return n
+
+    try:
+        yield start
+    finally:
+        for n in started:
+            if n.proc:
+                n.kill()
 
 
 SERVE = [sys.executable, "-m", "kvstore.cli", "serve"]

@@ -49,19 +49,10 @@ def data_dir(tmp_path):
 
 @pytest.fixture
 def nodes():
-    """start(data_dir, **settings) -> a started disk-mode Node (a new one each call);
-    whatever still runs at the end of the test is killed."""
-    started = []
-
-    def start(data_dir, **settings):
-        n = fl.start_disk_node(data_dir, **settings)
-        started.append(n)
-        return n
-
-    yield start
-    for n in started:
-        if n.proc:
-            n.kill()
+    """start(data_dir, **settings) -> a started disk-mode Node (a new one each
+    call); whatever still runs at the end of the test is killed."""
+    with fl.started_nodes() as start:
+        yield start
 
 
 def recovery_of(node):

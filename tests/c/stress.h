@@ -1,0 +1,87 @@
+/* stress.h - what the C stress tests share: a failed check that says where and why,
+ * and a deterministic PRNG (xorshift64*) seeded per thread from one seed. Header-only,
+ * included by the tests' .c files (never by ext/). */
+#ifndef KV_TESTS_STRESS_H
+#define KV_TESTS_STRESS_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static void fail_at(const char *file, int line, const char *cond, const char *fmt, ...)
+    __attribute__((noreturn, format(printf, 4, 5), unused));
+static void fail_at(const char *file, int line, const char *cond, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "FAIL: %s:%d: %s", file, line, cond);
+    if (fmt[1]) { /* fmt is " " plus the caller's format (so that it is never empty) */
+        fputc(':', stderr);
+        vfprintf(stderr, fmt, ap);
+    }
+    fputc('\n', stderr);
+    va_end(ap);
+    fflush(stderr);
+    exit(1);
+}
+
+/* CHECK(cond) or CHECK(cond, "printf format", args...); the format is checked. */
+#define CHECK(cond, ...)                                                     \
+    do {                                                                     \
+        if (!(cond))                                                         \
+            fail_at(__FILE__, __LINE__, #cond, " " __VA_ARGS__);             \
+    } while (0)
+
+struct rng {
+    uint64_t s;
+};
+
+static inline uint64_t rng_next(struct rng *r)
+{
+    r->s ^= r->s >> 12;
+    r->s ^= r->s << 25;
+    r->s ^= r->s >> 27;
+    return r->s * 0x2545F4914F6CDD1DULL;
+}
+
+static inline uint64_t rng_below(struct rng *r, uint64_t n) { return rng_next(r) % n; }
+
+/* Stream `stream` of seed `seed`: threads get independent, reproducible sequences. */
+static inline void rng_seed(struct rng *r, uint64_t seed, uint64_t stream)
+{
+    r->s = (seed + 1) * 0x9E3779B97F4A7C15ULL ^ (stream + 1) * 0xD1B54A32D192ED03ULL;
+    if (!r->s)
+        r->s = 1;
+    for (int i = 0; i < 8; i++)
+        rng_next(r);
+}
+
+/* The models' integer parse: Redis's string2ll, written independently of
+ * ext/table.c's parse_ll. */
+static inline bool model_int(const char *p, size_t n, long long *out)
+{
+    if (n == 0 || n > 20)
+        return false;
+    size_t i = p[0] == '-';
+    if (i == n)
+        return false;
+    if (p[i] == '0')
+        return n == 1 ? (*out = 0, true) : false;
+    __int128 v = 0;
+    for (; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return false;
+        v = v * 10 + (p[i] - '0');
+    }
+    if (p[0] == '-')
+        v = -v;
+    if (v > INT64_MAX || v < INT64_MIN)
+        return false;
+    *out = (long long)v;
+    return true;
+}
+
+#endif
