@@ -39,17 +39,21 @@ def main():
 @click.option("--accept", type=click.Choice(["reuseport", "handoff"]),
               help="reuseport: one SO_REUSEPORT listener per poller; handoff: poller 0 accepts "
                    "and hands connections round-robin.  [default: reuseport]")
-@click.option("--arch", type=click.Choice(["poller", "threadpool", "dpdk"]),
+@click.option("--arch", type=click.Choice(["poller", "threadpool", "udp", "dpdk"]),
               help="Request handling: poller = one non-blocking epoll poller per core; threadpool = a pool "
                    "of --threads workers (default 32), each serving one request at a time with blocking "
-                   "calls (read, run, wait for the log, reply): paper 000's baseline; dpdk = a kernel-bypass "
-                   "UDP front end (DPDK lcores on an AF_XDP port, --dpdk-iface; one RESP request per datagram "
-                   "after an 8-byte id header; no durability, no AUTH) beside --threads TCP pollers (default 1) "
-                   "for the control path.  [default: poller]")
+                   "calls (read, run, wait for the log, reply): paper 000's baseline; udp = a UDP front end "
+                   "on kernel sockets (--udp-workers threads, recvmmsg/sendmmsg, on --bind:--udp-port); dpdk = "
+                   "the same UDP front end bypassing the kernel (DPDK lcores on an AF_XDP port, --dpdk-iface). "
+                   "UDP: one RESP request per datagram after an 8-byte id header, same durability and data "
+                   "file, no AUTH; --threads TCP pollers (default 1) beside it for the control path.  "
+                   "[default: poller]")
+@click.option("--udp-port", type=int, help="arch udp/dpdk: UDP port of the front end (udp: 0 = any free port).  "
+                                           "[default: 6380]")
+@click.option("--udp-workers", type=int, help="arch udp/dpdk: UDP worker threads (dpdk: lcores, one RX/TX queue "
+                                              "pair each).  [default: 1]")
 @click.option("--dpdk-iface", help="arch dpdk: interface for DPDK's AF_XDP port (e.g. one end of a veth pair; "
                                    "turn its TX checksum offload off).")
-@click.option("--dpdk-lcores", type=int, help="arch dpdk: worker lcores, one RX/TX queue pair each.  [default: 1]")
-@click.option("--dpdk-port", type=int, help="arch dpdk: UDP port of the front end.  [default: 6380]")
 @click.option("--dpdk-eal-args", help="arch dpdk: extra DPDK EAL arguments, space separated.")
 @click.option("--network-only", is_flag=True, default=None,
               help="Benchmark switch (paper 000's N row): SET answers +OK without touching the table. "
@@ -129,11 +133,13 @@ def serve(config_file, from_peer, **opts):
         if srv.recovery is not None:
             click.echo(f"kvstore: {srv.recovery.summary()}", err=True)
         mm = cfg.max_memory or "unbounded"
+        udp = ""
         if cfg.arch == "dpdk":
-            click.echo(f"kvstore: dpdk UDP front end on {cfg.dpdk_iface} port {cfg.dpdk_port} "
-                       f"({cfg.dpdk_lcores} lcores, AF_XDP)", err=True)
+            udp = f"udp port {cfg.udp_port} on {cfg.dpdk_iface} ({cfg.udp_workers} DPDK lcores, AF_XDP), "
+        elif cfg.arch == "udp":
+            udp = f"udp port {srv.udp_port} ({cfg.udp_workers} workers, kernel sockets), "
         click.echo(f"kvstore {kvstore.__version__} listening on {cfg.bind}:{srv.port} "
-                   f"({cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
+                   f"({udp}{cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
                    f"accept {cfg.accept}, policy {cfg.poll_policy}, "
                    f"durability {cfg.durability}, max-memory {mm}, data-dir {os.path.abspath(cfg.data_dir)})")
         sys.stdout.flush()
@@ -202,7 +208,7 @@ def recover(data_dir, max_memory, check_only, from_peer):
               help="resp for kvstore/Redis, memcache for memcached's text protocol.")
 @click.option("--check/--no-check", default=False, help="Verify every reply's content.")
 @click.option("-a", "--password", default=None, help="AUTH password (RESP).")
-@click.option("--udp", is_flag=True, help="Drive the UDP front end (--arch dpdk) with kernel UDP sockets "
+@click.option("--udp", is_flag=True, help="Drive the UDP front end (--arch udp or dpdk) with kernel UDP sockets "
                                           "(sendmmsg/recvmmsg): -c sockets, -P requests in flight per socket, "
                                           "replies matched by id; lost replies count as timeouts.")
 @click.option("--timeout-ms", default=500, show_default=True, help="--udp: a request without a reply after this "

@@ -1,9 +1,13 @@
-/* dpdk.c - the kernel-bypass UDP front end (--arch dpdk; framing in dpdk.h).
+/* dpdk.c - the kernel-bypass UDP front end (--arch dpdk; see dpdk.h, udpfront.h).
  * Threads: the control thread runs dp_create/start/stop/destroy; each worker lcore
- * owns one RX/TX queue pair, its own cmd_client and reply buffer, and touches the
+ * owns one RX/TX queue pair, its uf_worker, eventfd and reply ring, and touches the
  * shared table only through cmd_dispatch (kvt_* locks per shard). Counters are
  * single-writer atomics read by INFO/stats. Parses untrusted frames: every length
- * (Ethernet, IPv4, UDP, framing, RESP) is checked against what was received. */
+ * (Ethernet, IPv4, UDP, framing, RESP) is checked against what was received.
+ * An lcore busy-polls, so it also polls for durability: each turn it sends, in order,
+ * the replies whose LSN the log holds; a request that waits for the data file keeps
+ * its mbuf (and the burst behind it) and runs again once the lcore's eventfd says
+ * the data file moved on, while nothing new is taken from the RX ring. */
 #define _GNU_SOURCE
 #include <rte_config.h>
 
@@ -14,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <rte_eal.h>
@@ -27,37 +32,40 @@
 #include <rte_pause.h>
 #include <rte_udp.h>
 
-#include "cmd.h"
+#include "bosc.h"
 #include "dpdk.h"
-#include "resp.h"
 #include "server.h"
+#include "udpfront.h"
+#include "wal.h"
 
 #define MAX_LCORES 64
 #define BURST 32
+#define RING 1024                     /* replies built, waiting for the log (a power of two) */
 #define NB_MBUF 8191
 #define MBUF_CACHE 256
-#define MAX_UDP_PAYLOAD 1472          /* a 1500-byte MTU: 1500 - IPv4 (20) - UDP (8) */
 #define IDLE_SPINS 200000             /* empty polls before the lcore starts napping */
 #define IDLE_NAP_US 20                /* nap between polls once idle: a shared machine
                                          should not lose a whole core to an idle server */
+#define STALL_SPINS 100000            /* a stalled request runs again at least this often,
+                                         in case a wakeup was lost (a refused load request) */
 #define HDRS (sizeof(struct rte_ether_hdr) + sizeof(struct rte_ipv4_hdr) + sizeof(struct rte_udp_hdr))
-
-struct dp_lstats { /* one writer (its lcore) */
-    _Atomic uint64_t rx_packets, tx_packets, requests, dropped, tx_failed, bad_frames;
-};
 
 struct dp_lcore {
     struct dp_port *d;
     unsigned lcore_id;
     uint16_t queue;
     int launched;
-    struct cmd_client cl;
-    struct kvbuf out;
-    struct resp_parser rp;
-    const char **argv;
-    size_t *argl;
-    int argcap;
-    struct dp_lstats st;
+    int evfd;                    /* written by the log and the data file */
+    struct uf_worker w;
+    /* received burst: rx[rx_i..rx_n) still to run; rx[rx_i] is the stalled one if stalled */
+    struct rte_mbuf *rx[BURST];
+    int rx_i, rx_n, stalled;
+    unsigned stall_spins;
+    /* replies built in their request's mbuf: ring[head..head+n) (mod RING), sent in
+     * order once the log holds their LSN */
+    struct rte_mbuf *ring[RING];
+    uint64_t lsn[RING];
+    unsigned head, n;
 } __attribute__((aligned(64)));
 
 struct dp_port {
@@ -76,109 +84,42 @@ struct dp_port {
 /* rte_eal_init works once per process; a second server in it cannot have its own EAL. */
 static atomic_int eal_used;
 
-static inline void inc(_Atomic uint64_t *c, uint64_t d)
-{
-    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + d, memory_order_relaxed);
-}
-
 /* ---- one datagram */
 
-/* Run the RESP request in req[0..len) into lc->out. Returns the flags for the reply. */
-static uint16_t run_request(struct dp_lcore *lc, char *req, size_t len)
+/* The frame's UDP payload, or NULL: *why = -1 not for us (count as dropped), -2 malformed. */
+static uint8_t *frame_payload(struct dp_lcore *lc, struct rte_mbuf *m, size_t *len, int *why)
 {
-    struct srv *s = lc->d->srv;
-    const char *pass = srv_config(s)->requirepass;
-    lc->out.len = 0;
-    /* A datagram is its own connection: no state survives it (AUTH, HELLO 3,
-     * CLIENT SETNAME would otherwise leak to every later sender on this lcore). */
-    lc->cl.authenticated = !(pass && *pass);
-    lc->cl.resp = 2;
-    lc->cl.close_after_reply = 0;
-    resp_reset(&lc->rp);
-    lc->rp.unauth = !lc->cl.authenticated;
-    int rc = resp_parse(&lc->rp, req, len);
-    if (rc == RESP_ERROR) {
-        resp_add_errorf(&lc->out, "ERR Protocol error: %s", lc->rp.err);
-        return KVU_F_ERROR;
-    }
-    if (rc == RESP_AGAIN || lc->rp.scan != len || lc->rp.argc == 0) {
-        resp_add_error(&lc->out, rc == RESP_AGAIN ? "ERR invalid request: incomplete RESP request in datagram"
-                                 : lc->rp.argc == 0 ? "ERR invalid request: empty request"
-                                                    : "ERR invalid request: more than one request in datagram");
-        return KVU_F_ERROR;
-    }
-    int argc = lc->rp.argc;
-    if (argc > lc->argcap) {
-        int cap = argc < 64 ? 64 : argc;
-        const char **v = realloc(lc->argv, (size_t)cap * sizeof *v);
-        if (v)
-            lc->argv = v;
-        size_t *l = v ? realloc(lc->argl, (size_t)cap * sizeof *l) : NULL;
-        if (!l) {
-            resp_add_error(&lc->out, "ERR out of memory");
-            return KVU_F_ERROR;
-        }
-        lc->argl = l;
-        lc->argcap = cap;
-    }
-    for (int i = 0; i < argc; i++) {
-        lc->argv[i] = req + lc->rp.argv[i].off;
-        lc->argl[i] = lc->rp.argv[i].len;
-    }
-    if (cmd_dispatch(&lc->cl, argc, lc->argv, lc->argl)) {
-        lc->out.len = 0;
-        resp_add_error(&lc->out, "ERR out of memory");
-        return KVU_F_ERROR;
-    }
-    if (lc->cl.stall) {
-        /* Only a data file makes requests wait, and --arch dpdk runs without one
-         * (config validation): never expected, but never block an lcore on it. */
-        lc->cl.stall = CMD_STALL_NONE;
-        lc->cl.resume_i = 0;
-        lc->out.len = 0;
-        resp_add_error(&lc->out, "TRYAGAIN the request must wait for the data file; use TCP");
-        return KVU_F_ERROR;
-    }
-    inc(&lc->st.requests, 1);
-    return 0;
-}
-
-/* Turn request mbuf m into its reply in place. Returns 0 to send it, -1 to drop it. */
-static int serve_frame(struct dp_lcore *lc, struct rte_mbuf *m)
-{
+    *why = -1;
     if (m->nb_segs != 1 || m->data_len < HDRS)
-        return -1;
+        return NULL;
     struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, struct rte_ether_hdr *);
     if (eth->ether_type != rte_cpu_to_be_16(RTE_ETHER_TYPE_IPV4))
-        return -1; /* ARP, IPv6 neighbour discovery, ...: the client has a static neighbour */
+        return NULL; /* ARP, IPv6 neighbour discovery, ...: the client has a static neighbour */
     struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
     if (ip->version_ihl != RTE_IPV4_VHL_DEF || ip->next_proto_id != IPPROTO_UDP)
-        return -1; /* IPv4 options are not expected on this path */
-    if (ip->fragment_offset & rte_cpu_to_be_16(RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK))
-        return -2; /* fragments: a request must fit one datagram */
+        return NULL; /* IPv4 options are not expected on this path */
     struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
     if (udp->dst_port != lc->d->udp_port)
-        return -1;
+        return NULL;
+    *why = -2;
+    if (ip->fragment_offset & rte_cpu_to_be_16(RTE_IPV4_HDR_MF_FLAG | RTE_IPV4_HDR_OFFSET_MASK))
+        return NULL; /* fragments: a request must fit one datagram */
     size_t iplen = rte_be_to_cpu_16(ip->total_length), ulen = rte_be_to_cpu_16(udp->dgram_len);
     if (iplen > m->data_len - sizeof *eth || ulen != iplen - sizeof *ip || ulen < sizeof *udp + KVU_HDR_LEN)
-        return -2;
-    uint8_t *fh = (uint8_t *)(udp + 1);
-    uint16_t flags = (uint16_t)(fh[6] << 8 | fh[7]);
-    if (flags)
-        return -2; /* a reply, or a flag this version does not know */
+        return NULL;
+    *len = ulen - sizeof *udp;
+    return (uint8_t *)(udp + 1);
+}
 
-    uint16_t rflags = run_request(lc, (char *)fh + KVU_HDR_LEN, ulen - sizeof *udp - KVU_HDR_LEN);
-    size_t room = m->buf_len - m->data_off - HDRS - KVU_HDR_LEN;
-    if (room > MAX_UDP_PAYLOAD - KVU_HDR_LEN)
-        room = MAX_UDP_PAYLOAD - KVU_HDR_LEN;
-    if (lc->out.len > room) {
-        size_t big = lc->out.len;
-        lc->out.len = 0;
-        resp_add_errorf(&lc->out, "ERR reply too large for a UDP datagram (%zu bytes, at most %zu); use TCP",
-                        big, room);
-        rflags |= KVU_F_ERROR;
-    }
-    /* the reply: addresses and ports swapped, same frame header with REPLY set */
+/* Turn request mbuf m into its reply in place (the reply's RESP is in lc->w.out). */
+static void build_reply(struct dp_lcore *lc, struct rte_mbuf *m)
+{
+    struct rte_ether_hdr *eth = rte_pktmbuf_mtod(m, struct rte_ether_hdr *);
+    struct rte_ipv4_hdr *ip = (struct rte_ipv4_hdr *)(eth + 1);
+    struct rte_udp_hdr *udp = (struct rte_udp_hdr *)(ip + 1);
+    uint8_t *fh = (uint8_t *)(udp + 1);
+    size_t plen = uf_frame_reply(&lc->w, fh, fh, m->buf_len - m->data_off - HDRS);
+    /* addresses and ports swapped */
     struct rte_ether_addr ea = eth->dst_addr;
     eth->dst_addr = eth->src_addr;
     eth->src_addr = ea;
@@ -188,12 +129,7 @@ static int serve_frame(struct dp_lcore *lc, struct rte_mbuf *m)
     rte_be16_t pa = udp->dst_port;
     udp->dst_port = udp->src_port;
     udp->src_port = pa;
-    rflags |= KVU_F_REPLY;
-    fh[4] = fh[5] = 0; /* seq 0: the whole reply is this datagram */
-    fh[6] = (uint8_t)(rflags >> 8);
-    fh[7] = (uint8_t)rflags;
-    memcpy(fh + KVU_HDR_LEN, lc->out.p, lc->out.len);
-    ulen = sizeof *udp + KVU_HDR_LEN + lc->out.len;
+    size_t ulen = sizeof *udp + plen;
     udp->dgram_len = rte_cpu_to_be_16((uint16_t)ulen);
     ip->total_length = rte_cpu_to_be_16((uint16_t)(ulen + sizeof *ip));
     ip->time_to_live = 64;
@@ -206,47 +142,120 @@ static int serve_frame(struct dp_lcore *lc, struct rte_mbuf *m)
     udp->dgram_cksum = rte_ipv4_udptcp_cksum(ip, udp);
     m->data_len = m->pkt_len = (uint32_t)(sizeof *eth + sizeof *ip + ulen);
     m->ol_flags = 0;
-    return 0;
+}
+
+/* Send ring replies in order while the log holds their LSN. */
+static void send_ready(struct dp_lcore *lc)
+{
+    if (!lc->n)
+        return;
+    int failed;
+    uint64_t durable = uf_durable(&lc->w, &failed);
+    while (lc->n) {
+        struct rte_mbuf *tx[BURST];
+        uint16_t m = 0;
+        while (m < BURST && m < lc->n && (failed || lc->lsn[(lc->head + m) % RING] <= durable)) {
+            tx[m] = lc->ring[(lc->head + m) % RING];
+            m++;
+        }
+        if (!m)
+            return;
+        uint16_t sent = 0;
+        if (!failed) /* a failed log: these writes can never be acknowledged */
+            for (int tries = 0; sent < m && tries < 8; tries++)
+                sent += rte_eth_tx_burst(lc->d->port_id, lc->queue, tx + sent, m - sent);
+        uf_inc(&lc->w.st.tx_packets, sent);
+        if (sent < m) { /* TX ring full: the client sees a timeout, as for any lost datagram */
+            uf_inc(&lc->w.st.tx_failed, m - sent);
+            rte_pktmbuf_free_bulk(tx + sent, m - sent);
+        }
+        lc->head = (lc->head + m) % RING;
+        lc->n -= m;
+    }
+}
+
+static int woken(struct dp_lcore *lc)
+{
+    uint64_t v;
+    return lc->evfd >= 0 && read(lc->evfd, &v, sizeof v) == sizeof v;
+}
+
+/* Run the received burst until all ran, one stalls, or the ring is full. */
+static int run_received(struct dp_lcore *lc)
+{
+    if (lc->stalled && !woken(lc) && ++lc->stall_spins < STALL_SPINS)
+        return 0;
+    lc->stall_spins = 0;
+    int ran = 0, failed;
+    uint64_t durable = uf_durable(&lc->w, &failed);
+    while (lc->rx_i < lc->rx_n && lc->n < RING) {
+        struct rte_mbuf *m = lc->rx[lc->rx_i];
+        int r;
+        if (lc->stalled) {
+            r = uf_resume(&lc->w);
+        } else {
+            if (lc->rx_i + 1 < lc->rx_n)
+                rte_prefetch0(rte_pktmbuf_mtod(lc->rx[lc->rx_i + 1], void *));
+            size_t len;
+            int why;
+            uint8_t *p = frame_payload(lc, m, &len, &why);
+            if (!p) {
+                uf_inc(why == -2 ? &lc->w.st.bad_frames : &lc->w.st.dropped, 1);
+                rte_pktmbuf_free(m);
+                lc->rx_i++;
+                ran++;
+                continue;
+            }
+            r = uf_run(&lc->w, p, len);
+        }
+        if (r == UF_STALL) {
+            lc->stalled = 1;
+            break;
+        }
+        lc->stalled = 0;
+        ran++;
+        lc->rx_i++;
+        if (r == UF_BAD) {
+            uf_inc(&lc->w.st.bad_frames, 1);
+            rte_pktmbuf_free(m);
+            continue;
+        }
+        build_reply(lc, m);
+        unsigned at = (lc->head + lc->n) % RING;
+        lc->ring[at] = m;
+        lc->lsn[at] = lc->w.need;
+        if (lc->w.need > durable)
+            uf_inc(&lc->w.st.held, 1);
+        lc->n++;
+    }
+    return ran;
 }
 
 static int lcore_main(void *arg)
 {
     struct dp_lcore *lc = arg;
     struct dp_port *d = lc->d;
-    struct rte_mbuf *rx[BURST], *tx[BURST];
     unsigned idle = 0;
     while (!atomic_load_explicit(&d->stopping, memory_order_acquire)) {
-        uint16_t n = rte_eth_rx_burst(d->port_id, lc->queue, rx, BURST);
-        if (!n) {
-            if (++idle > IDLE_SPINS)
-                usleep(IDLE_NAP_US);
-            else
-                rte_pause();
+        send_ready(lc);
+        int progress = run_received(lc);
+        if (lc->rx_i == lc->rx_n && lc->n < RING - BURST) {
+            uint16_t n = rte_eth_rx_burst(d->port_id, lc->queue, lc->rx, BURST);
+            uf_inc(&lc->w.st.rx_packets, n);
+            lc->rx_i = 0;
+            lc->rx_n = n;
+            progress += n;
+        }
+        if (progress) {
+            idle = 0;
             continue;
         }
-        idle = 0;
-        inc(&lc->st.rx_packets, n);
-        uint16_t nt = 0;
-        for (uint16_t i = 0; i < n; i++) {
-            if (i + 1 < n)
-                rte_prefetch0(rte_pktmbuf_mtod(rx[i + 1], void *));
-            int rc = serve_frame(lc, rx[i]);
-            if (rc == 0) {
-                tx[nt++] = rx[i];
-            } else {
-                inc(rc == -2 ? &lc->st.bad_frames : &lc->st.dropped, 1);
-                rte_pktmbuf_free(rx[i]);
-            }
-        }
-        uint16_t sent = 0;
-        for (int tries = 0; sent < nt && tries < 8; tries++)
-            sent += rte_eth_tx_burst(d->port_id, lc->queue, tx + sent, nt - sent);
-        inc(&lc->st.tx_packets, sent);
-        if (sent < nt) { /* TX ring full: the client sees a timeout, as for any lost datagram */
-            inc(&lc->st.tx_failed, nt - sent);
-            rte_pktmbuf_free_bulk(tx + sent, nt - sent);
-        }
-        kvbuf_shrink(&lc->out, 64 * 1024);
+        if (lc->n || lc->stalled) /* waiting for the log or the data file: keep polling */
+            rte_pause();
+        else if (++idle > IDLE_SPINS)
+            usleep(IDLE_NAP_US);
+        else
+            rte_pause();
     }
     return 0;
 }
@@ -402,14 +411,18 @@ int dp_create(struct dp_port **out, struct srv *s, struct kv_table *t, const cha
         lc->d = d;
         lc->lcore_id = id;
         lc->queue = (uint16_t)i;
-        resp_parser_init(&lc->rp);
-        lc->cl.id = 0;
-        lc->cl.resp = 2;
-        lc->cl.out = &lc->out;
-        lc->cl.srv = s;
-        lc->cl.table = t;
-        lc->cl.poller = (int)i; /* CLIENT INFO: the lcore's index */
-        snprintf(lc->cl.addr, sizeof lc->cl.addr, "udp:%s:%d", iface, udp_port);
+        char addr[64];
+        snprintf(addr, sizeof addr, "udp:%s:%d", iface, udp_port);
+        lc->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        uf_init(&lc->w, s, t, (int)i, lc->evfd, addr);
+        const struct srv_config *cfg = srv_config(s);
+        if (lc->evfd < 0 || (cfg->bosc && bosc_subscribe(cfg->bosc, lc->evfd)) ||
+            (cfg->wal && wal_subscribe(cfg->wal, lc->evfd))) {
+            snprintf(err, errlen, "lcore %u: no eventfd, or too many threads for the log's or the data file's "
+                                  "wake-up lists", id);
+            rc = -ENOSPC;
+            goto fail;
+        }
         i++;
     }
     *out = d;
@@ -462,11 +475,16 @@ void dp_destroy(struct dp_port *d)
         rte_eth_dev_stop(d->port_id);
     rte_eth_dev_close(d->port_id); /* detaches the XDP program from the interface */
     for (int i = 0; i < d->nlcores; i++) {
-        resp_parser_free(&d->lc[i].rp);
-        kvbuf_free(&d->lc[i].out);
-        free(d->lc[i].argv);
-        free(d->lc[i].argl);
-        free(d->lc[i].cl.name);
+        struct dp_lcore *lc = &d->lc[i];
+        if (lc->d) {
+            uf_free(&lc->w);
+            if (lc->evfd >= 0)
+                close(lc->evfd);
+        }
+        for (int j = lc->rx_i; j < lc->rx_n; j++) /* stopped while these waited */
+            rte_pktmbuf_free(lc->rx[j]);
+        for (; lc->n; lc->n--, lc->head = (lc->head + 1) % RING)
+            rte_pktmbuf_free(lc->ring[lc->head]);
     }
     if (d->pool)
         rte_mempool_free(d->pool);
@@ -476,16 +494,8 @@ void dp_destroy(struct dp_port *d)
     free(d);
 }
 
-void dp_get_stats(struct dp_port *d, struct dp_stats *st)
+void dp_get_totals(struct dp_port *d, struct uf_totals *t)
 {
-    memset(st, 0, sizeof *st);
-    for (int i = 0; d && i < d->nlcores; i++) {
-        struct dp_lstats *l = &d->lc[i].st;
-        st->rx_packets += atomic_load_explicit(&l->rx_packets, memory_order_relaxed);
-        st->tx_packets += atomic_load_explicit(&l->tx_packets, memory_order_relaxed);
-        st->requests += atomic_load_explicit(&l->requests, memory_order_relaxed);
-        st->dropped += atomic_load_explicit(&l->dropped, memory_order_relaxed);
-        st->tx_failed += atomic_load_explicit(&l->tx_failed, memory_order_relaxed);
-        st->bad_frames += atomic_load_explicit(&l->bad_frames, memory_order_relaxed);
-    }
+    for (int i = 0; d && i < d->nlcores; i++)
+        uf_add_totals(&d->lc[i].w.st, t);
 }

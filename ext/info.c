@@ -91,12 +91,17 @@ int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, int
                          "pollers:%d\r\nprocess_id:%d\r\ntcp_port:%d\r\n"
                          "uptime_in_seconds:%lld\r\nconfig_file:%s\r\n",
                          s->version, un.sysname, un.release, un.machine,
-                         s->cfg.arch == SRV_ARCH_THREADPOOL ? "threadpool" : s->cfg.arch == SRV_ARCH_DPDK ? "dpdk" : "poller",
+                         s->cfg.arch == SRV_ARCH_THREADPOOL ? "threadpool"
+                         : s->cfg.arch == SRV_ARCH_DPDK ? "dpdk"
+                         : s->cfg.arch == SRV_ARCH_UDP  ? "udp"
+                                                        : "poller",
                          s->policy->name,
                          s->cfg.accept_mode == SRV_ACCEPT_HANDOFF ? "handoff" : "reuseport",
                          s->npollers, (int)getpid(), s->port,
                          (long long)(time(NULL) - s->start_time),
                          s->config_file ? s->config_file : "");
+            if (s->cfg.arch == SRV_ARCH_DPDK || s->cfg.arch == SRV_ARCH_UDP)
+                kvbuf_printf(&b, "udp_port:%d\r\nudp_workers:%d\r\n", srv_udp_port(s), s->cfg.udp_workers);
         } else if (!strcmp(sec, "clients")) {
             kvbuf_printf(&b, "connected_clients:%llu\r\nmaxclients:%d\r\n",
                          (unsigned long long)st.connected_clients, s->cfg.maxclients);
@@ -194,13 +199,15 @@ int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, int
                          (unsigned long long)ts.expired_keys, (unsigned long long)ts.hits,
                          (unsigned long long)ts.misses, (unsigned long long)ts.oom_rejections,
                          (unsigned long long)st.protocol_errors);
-            if (s->cfg.arch == SRV_ARCH_DPDK) /* the UDP front end (dpdk.c) */
+            if (s->cfg.arch == SRV_ARCH_DPDK || s->cfg.arch == SRV_ARCH_UDP) /* the UDP front end (udpfront.h) */
                 kvbuf_printf(&b,
                              "udp_rx_packets:%llu\r\nudp_tx_packets:%llu\r\nudp_requests:%llu\r\n"
-                             "udp_dropped_not_ours:%llu\r\nudp_tx_failed:%llu\r\nudp_bad_frames:%llu\r\n",
+                             "udp_dropped_not_ours:%llu\r\nudp_tx_failed:%llu\r\nudp_bad_frames:%llu\r\n"
+                             "udp_held_for_log:%llu\r\nudp_stalled:%llu\r\n",
                              (unsigned long long)st.udp_rx, (unsigned long long)st.udp_tx,
                              (unsigned long long)st.udp_requests, (unsigned long long)st.udp_dropped,
-                             (unsigned long long)st.udp_tx_failed, (unsigned long long)st.udp_bad);
+                             (unsigned long long)st.udp_tx_failed, (unsigned long long)st.udp_bad,
+                             (unsigned long long)st.udp_held, (unsigned long long)st.udp_stalls);
         } else if (!strcmp(sec, "pollers")) {
             uint64_t tot[4] = {0};
             for (int i = 0; i < s->npollers; i++) {

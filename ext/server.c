@@ -31,6 +31,7 @@
 #include "pollpolicy.h"
 #include "resp.h"
 #include "table.h"
+#include "udpsrv.h"
 #include "wal.h"
 #include "replog.h"
 #include "server_int.h"
@@ -911,15 +912,14 @@ int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cf
             epoll_ctl(pool ? s->tp_epfd : p->epfd, EPOLL_CTL_ADD, p->lfd, &le);
         }
     }
+    if (cfg->arch == SRV_ARCH_UDP) {
+        rc = us_create(&s->udp, s, t, s->bind, cfg->udp_port, cfg->udp_workers, err, errlen);
+        if (rc < 0)
+            goto fail;
+    }
     if (cfg->arch == SRV_ARCH_DPDK) {
 #ifdef KV_HAVE_DPDK
-        if (cfg->wal || cfg->bosc) {
-            /* the lcores answer at once: they cannot hold replies for the log */
-            snprintf(err, errlen, "arch dpdk serves without durability: no log, no data file");
-            rc = -EINVAL;
-            goto fail;
-        }
-        rc = dp_create(&s->dpdk, s, t, cfg->dpdk_iface, cfg->dpdk_lcores, cfg->dpdk_port, cfg->dpdk_eal_args,
+        rc = dp_create(&s->dpdk, s, t, cfg->dpdk_iface, cfg->udp_workers, cfg->udp_port, cfg->dpdk_eal_args,
                        err, errlen);
         if (rc < 0)
             goto fail;
@@ -951,6 +951,13 @@ int srv_start(struct srv *s, char *err, size_t errlen)
         snprintf(name, sizeof name, s->cfg.arch == SRV_ARCH_THREADPOOL ? "kv-worker-%d" : "kv-poller-%d",
                  i % 10000);
         pthread_setname_np(p->th, name);
+    }
+    if (s->udp) {
+        int rc = us_start(s->udp, err, errlen);
+        if (rc < 0) {
+            srv_stop(s);
+            return rc;
+        }
     }
 #ifdef KV_HAVE_DPDK
     if (s->dpdk) {
@@ -991,6 +998,7 @@ void srv_stop(struct srv *s)
         }
     }
     tp_close_all(s); /* the pool's connections (pollers close their own) */
+    us_stop(s->udp);
 #ifdef KV_HAVE_DPDK
     dp_stop(s->dpdk);
 #endif
@@ -1019,6 +1027,7 @@ void srv_destroy(struct srv *s)
         pthread_mutex_destroy(&p->q_lock);
     }
     free(s->pollers);
+    us_destroy(s->udp);
 #ifdef KV_HAVE_DPDK
     dp_destroy(s->dpdk);
 #endif
@@ -1034,6 +1043,7 @@ void srv_destroy(struct srv *s)
 }
 
 int srv_port(const struct srv *s) { return s->port; }
+int srv_udp_port(const struct srv *s) { return s->udp ? us_port(s->udp) : s->cfg.udp_port; }
 
 uint64_t srv_log_appended(struct srv *s) { return s->cfg.wal ? wal_appended_lsn(s->cfg.wal) : 0; }
 const struct srv_config *srv_config(const struct srv *s) { return &s->cfg; }
@@ -1069,18 +1079,20 @@ void srv_get_stats(struct srv *s, struct srv_stats *st)
         st->bytes_out += ld(&p->bytes_out);
         st->protocol_errors += ld(&p->protocol_errors);
     }
+    struct uf_totals u;
+    memset(&u, 0, sizeof u);
+    us_get_totals(s->udp, &u);
 #ifdef KV_HAVE_DPDK
-    if (s->dpdk) {
-        struct dp_stats d;
-        dp_get_stats(s->dpdk, &d);
-        st->udp_rx = d.rx_packets;
-        st->udp_tx = d.tx_packets;
-        st->udp_requests = d.requests;
-        st->udp_dropped = d.dropped;
-        st->udp_tx_failed = d.tx_failed;
-        st->udp_bad = d.bad_frames;
-    }
+    dp_get_totals(s->dpdk, &u);
 #endif
+    st->udp_rx = u.rx_packets;
+    st->udp_tx = u.tx_packets;
+    st->udp_requests = u.requests;
+    st->udp_dropped = u.dropped;
+    st->udp_tx_failed = u.tx_failed;
+    st->udp_bad = u.bad_frames;
+    st->udp_held = u.held;
+    st->udp_stalls = u.stalls;
 }
 
 void srv_reset_stats(struct srv *s)

@@ -25,11 +25,12 @@ struct rl_receiver;
 
 enum srv_accept_mode { SRV_ACCEPT_REUSEPORT = 0, SRV_ACCEPT_HANDOFF = 1 };
 /* poller: `threads` epoll pollers (per core); threadpool: `threads` workers that
- * each serve one request at a time with blocking calls (threadpool.c); dpdk: the
- * pollers serve TCP as usual (the control path: redis-cli, INFO) and dpdk_lcores
- * DPDK lcores serve UDP datagrams on dpdk_iface, bypassing the kernel (dpdk.c).
- * The UDP path has no durability (wal must be NULL, no data file) and no AUTH. */
-enum srv_arch { SRV_ARCH_POLLER = 0, SRV_ARCH_THREADPOOL = 1, SRV_ARCH_DPDK = 2 };
+ * each serve one request at a time with blocking calls (threadpool.c); udp and
+ * dpdk: the pollers serve TCP as usual (the control path: redis-cli, INFO) and
+ * udp_workers threads serve UDP datagrams (udpfront.h), from kernel sockets on
+ * bind:udp_port (udp, udpsrv.c) or from dpdk_iface bypassing the kernel (dpdk,
+ * dpdk.c). The UDP path has the same durability and data file, and no AUTH. */
+enum srv_arch { SRV_ARCH_POLLER = 0, SRV_ARCH_THREADPOOL = 1, SRV_ARCH_DPDK = 2, SRV_ARCH_UDP = 3 };
 
 struct srv_config {
     const char *bind;        /* IPv4 address to listen on, e.g. "127.0.0.1" */
@@ -53,10 +54,11 @@ struct srv_config {
     struct bosc *bosc;       /* data file (not owned) or NULL: with it, a request whose key
                                 must be loaded, or that needs memory the flusher is freeing,
                                 waits (see cmd_client.stall) instead of failing */
+    /* arch udp and dpdk */
+    int udp_port;            /* UDP port of the front end (udp: 0 = any free port) */
+    int udp_workers;         /* UDP worker threads (dpdk: lcores = RX/TX queue pairs), >= 1 */
     /* arch dpdk only */
     const char *dpdk_iface;  /* interface for the AF_XDP port, e.g. one end of a veth pair */
-    int dpdk_lcores;         /* worker lcores = RX/TX queue pairs, >= 1 */
-    int dpdk_port;           /* UDP port answered on dpdk_iface */
     const char *dpdk_eal_args; /* extra EAL arguments, space separated, or NULL */
 };
 
@@ -70,9 +72,9 @@ struct srv_stats {
     uint64_t connected_clients, total_connections, rejected_connections;
     uint64_t total_commands, bytes_in, bytes_out, protocol_errors;
     int pollers;
-    /* arch dpdk: UDP front end counters (zero otherwise); udp_requests are not in
-     * total_commands. dropped: not for us (ARP, IPv6, other ports); bad: malformed */
-    uint64_t udp_rx, udp_tx, udp_requests, udp_dropped, udp_tx_failed, udp_bad;
+    /* arch udp/dpdk: UDP front end counters (zero otherwise; see uf_totals);
+     * udp_requests are not in total_commands */
+    uint64_t udp_rx, udp_tx, udp_requests, udp_dropped, udp_tx_failed, udp_bad, udp_held, udp_stalls;
 };
 
 /* Create a server over table t (not owned) and bind its listeners. Nothing runs
@@ -85,6 +87,8 @@ void srv_stop(struct srv *s);
 void srv_destroy(struct srv *s);
 
 int srv_port(const struct srv *s);
+/* The UDP front end's port (arch udp: the one bound, when udp_port was 0). */
+int srv_udp_port(const struct srv *s);
 /* 1 if this build has the DPDK front end (libdpdk found at build time), else 0. */
 int srv_have_dpdk(void);
 void srv_get_stats(struct srv *s, struct srv_stats *st);

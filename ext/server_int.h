@@ -117,7 +117,8 @@ struct srv {
     int tp_listener_tag;
     pthread_mutex_t tp_lock;
     struct tp_conn *tp_conns;
-    struct dp_port *dpdk;        /* --arch dpdk: the UDP front end (dpdk.c), else NULL */
+    struct dp_port *dpdk;        /* --arch dpdk: the kernel-bypass UDP front end (dpdk.c), else NULL */
+    struct us_server *udp;       /* --arch udp: the kernel-socket UDP front end (udpsrv.c), else NULL */
 };
 
 /* Shared by server.c (pollers) and threadpool.c (workers). */

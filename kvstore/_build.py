@@ -12,7 +12,8 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT = os.path.relpath(os.path.join(HERE, "..", "ext"))
 SOURCES = ["table.c", "resp.c", "cmd.c", "pollpolicy.c", "server.c", "info.c", "loadgen.c", "crc32c.c", "wal.c",
-           "replog.c", "ldu.c", "bosc.c", "threadpool.c", "udpgen.c"]
+           "replog.c", "ldu.c", "bosc.c", "threadpool.c", "udpgen.c",
+           "udpfront.c", "udpsrv.c"]
 
 
 def _dpdk_flags():
@@ -87,7 +88,7 @@ struct srv_config {
     int accept_mode; const char *poll_policy; const char *config_file; const char *version;
     int tcp_backlog; struct wal *wal; const char *durability;
     struct rl_sender *sender; struct rl_receiver *receiver; int arch; int network_only; struct bosc *bosc;
-    const char *dpdk_iface; int dpdk_lcores; int dpdk_port; const char *dpdk_eal_args;
+    int udp_port; int udp_workers; const char *dpdk_iface; const char *dpdk_eal_args;
 };
 struct srv_poller_stats {
     uint64_t epoll_wait, epoll_ctl, reads, writes;
@@ -97,7 +98,7 @@ struct srv_stats {
     uint64_t connected_clients, total_connections, rejected_connections;
     uint64_t total_commands, bytes_in, bytes_out, protocol_errors;
     int pollers;
-    uint64_t udp_rx, udp_tx, udp_requests, udp_dropped, udp_tx_failed, udp_bad;
+    uint64_t udp_rx, udp_tx, udp_requests, udp_dropped, udp_tx_failed, udp_bad, udp_held, udp_stalls;
 };
 int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cfg, char *err, size_t errlen);
 int srv_start(struct srv *s, char *err, size_t errlen);
@@ -105,6 +106,7 @@ void srv_stop(struct srv *s);
 void srv_destroy(struct srv *s);
 int srv_port(const struct srv *s);
 int srv_have_dpdk(void);
+int srv_udp_port(const struct srv *s);
 void srv_get_stats(struct srv *s, struct srv_stats *st);
 int srv_get_poller_stats(struct srv *s, int i, struct srv_poller_stats *st);
 

@@ -47,7 +47,7 @@ class ServerConfig:
     bind: str = "127.0.0.1"
     port: int = 6380
     threads: int = 0             # pollers (0 = one per core), or threadpool workers (0 = 32)
-    arch: str = "poller"         # poller | threadpool | dpdk
+    arch: str = "poller"         # poller | threadpool | udp | dpdk
     max_memory: int = 0          # bytes, 0 = unbounded
     maxclients: int = 10000
     requirepass: str = ""
@@ -69,9 +69,9 @@ class ServerConfig:
     dirty_queue: str = "ldu"     # the flusher's queue: ldu (lock-less) or locked (a mutex, to compare)
     network_only: bool = False   # benchmark switch: SET answers +OK without touching the table
     tcp_backlog: int = 511
+    udp_port: int = 6380         # arch udp/dpdk: UDP port of the front end (udp: 0 = any free port)
+    udp_workers: int = 1         # arch udp/dpdk: UDP worker threads (dpdk: lcores, one RX/TX queue pair each)
     dpdk_iface: str = ""         # arch dpdk: interface of the AF_XDP port (one end of a veth pair, a NIC)
-    dpdk_lcores: int = 1         # arch dpdk: worker lcores, one RX/TX queue pair each
-    dpdk_port: int = 6380        # arch dpdk: UDP port answered on dpdk_iface
     dpdk_eal_args: str = ""      # arch dpdk: extra DPDK EAL arguments, space separated
     config_file: str = ""
 
@@ -80,12 +80,13 @@ class ServerConfig:
         "port": "TCP port, 0-65535 (0 = any free port)",
         "threads": "poller threads (0 = one per core), or with arch threadpool the workers (0 = 32)",
         "arch": "request handling: poller (per-core epoll pollers, non-blocking), threadpool (a pool of "
-                "workers, each serving one request at a time with blocking calls: paper 000's baseline) or dpdk "
-                "(kernel-bypass UDP front end on dpdk_iface, DPDK lcores; TCP still served by pollers)",
+                "workers, each serving one request at a time with blocking calls: paper 000's baseline), udp "
+                "(UDP front end on kernel sockets, recvmmsg/sendmmsg) or dpdk (the same UDP front end on "
+                "dpdk_iface, DPDK lcores bypassing the kernel); with udp and dpdk, TCP is still served by pollers",
+        "udp_port": "arch udp/dpdk: UDP port of the front end (udp: 0 = any free port)",
+        "udp_workers": "arch udp/dpdk: UDP worker threads; with dpdk, lcores each polling one RX/TX queue pair "
+                       "(the interface needs as many queues)",
         "dpdk_iface": "arch dpdk: network interface for DPDK's AF_XDP port (e.g. one end of a veth pair)",
-        "dpdk_lcores": "arch dpdk: worker lcores, each polling one RX/TX queue pair (the interface needs as many "
-                       "queues)",
-        "dpdk_port": "arch dpdk: UDP port of the kernel-bypass front end",
         "dpdk_eal_args": "arch dpdk: extra DPDK EAL arguments, space separated (kvstore already passes "
                          "--no-huge --no-pci -m 256 --no-telemetry --file-prefix --lcores --vdev)",
         "network_only": "benchmark switch (paper 000's N row): SET answers +OK without touching the table, "
@@ -153,10 +154,10 @@ class ServerConfig:
             raise ConfigError(f"flush_interval_ms: expected an integer >= 1, got {self.flush_interval_ms!r}")
         if not isinstance(self.repl_port, int) or not -1 <= self.repl_port <= 65535:
             raise ConfigError(f"repl_port: expected -1 (off) or a port from 0 to 65535, got {self.repl_port!r}")
-        if self.arch not in ("poller", "threadpool", "dpdk"):
-            raise ConfigError(f"arch: expected 'poller', 'threadpool' or 'dpdk', got {self.arch!r}")
-        if self.arch == "dpdk":
-            self._validate_dpdk()
+        if self.arch not in ("poller", "threadpool", "udp", "dpdk"):
+            raise ConfigError(f"arch: expected 'poller', 'threadpool', 'udp' or 'dpdk', got {self.arch!r}")
+        if self.arch in ("udp", "dpdk"):
+            self._validate_udp()
         if not isinstance(self.network_only, bool):
             raise ConfigError(f"network_only: expected true or false, got {self.network_only!r}")
         if self.dirty_queue not in ("ldu", "locked"):
@@ -170,20 +171,20 @@ class ServerConfig:
             raise ConfigError(f"bind: expected an IPv4 address such as 127.0.0.1, got {self.bind!r}")
         return self
 
-    def _validate_dpdk(self):
-        if self.durability != "none":
-            raise ConfigError(f"arch dpdk: durability {self.durability} is not supported: the UDP front end answers "
-                              "at once and has no log to wait for; use --durability none (or another --arch)")
-        if self.data_file:
-            raise ConfigError("arch dpdk: a data file is not supported (requests on the UDP path cannot wait for "
-                              "the flusher); use --no-data-file")
-        if not self.dpdk_iface or not isinstance(self.dpdk_iface, str) or len(self.dpdk_iface) > 15:
+    def _validate_udp(self):
+        if not isinstance(self.udp_workers, int) or not 1 <= self.udp_workers <= 63:
+            raise ConfigError(f"udp_workers: expected an integer from 1 to 63, got {self.udp_workers!r}")
+        low = 0 if self.arch == "udp" else 1
+        if not isinstance(self.udp_port, int) or not low <= self.udp_port <= 65535:
+            raise ConfigError(f"udp_port: expected a UDP port from {low} to 65535"
+                              + (" (0 = any free port)" if low == 0 else "") + f", got {self.udp_port!r}")
+        if self.requirepass:
+            raise ConfigError(f"arch {self.arch}: requirepass is not supported: the UDP front end has no AUTH "
+                              "(anyone who can send it a datagram could write)")
+        if self.arch == "dpdk" and (not self.dpdk_iface or not isinstance(self.dpdk_iface, str)
+                                    or len(self.dpdk_iface) > 15):
             raise ConfigError(f"dpdk_iface: arch dpdk needs a network interface name (at most 15 characters), "
                               f"e.g. --dpdk-iface veth0; got {self.dpdk_iface!r}")
-        if not isinstance(self.dpdk_lcores, int) or not 1 <= self.dpdk_lcores <= 63:
-            raise ConfigError(f"dpdk_lcores: expected an integer from 1 to 63, got {self.dpdk_lcores!r}")
-        if not isinstance(self.dpdk_port, int) or not 1 <= self.dpdk_port <= 65535:
-            raise ConfigError(f"dpdk_port: expected a UDP port from 1 to 65535, got {self.dpdk_port!r}")
         if not isinstance(self.dpdk_eal_args, str):
             raise ConfigError("dpdk_eal_args: expected a string of space-separated EAL arguments")
 
@@ -194,7 +195,7 @@ class ServerConfig:
     def effective_threads(self):
         if self.arch == "threadpool":
             return self.threads or 32
-        if self.arch == "dpdk":  # the TCP pollers are only the control path: leave the cores to the lcores
+        if self.arch in ("udp", "dpdk"):  # the TCP pollers are only the control path: leave the cores to UDP
             return self.threads or 1
         return self.threads or os.cpu_count() or 1
 

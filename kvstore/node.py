@@ -11,6 +11,7 @@ from kvstore.client import Client
 from kvstore.errors import ServerError
 
 _READY = re.compile(rb"listening on ([0-9.]+):(\d+)")
+_UDP = re.compile(rb"udp port (\d+)")
 
 
 class Node:
@@ -26,6 +27,7 @@ class Node:
         self.netns = netns  # run inside this network namespace (kvstore.netns.TestHost.name)
         self.requested_port = port
         self.port = None
+        self.udp_port = None  # arch udp/dpdk: the UDP front end's port, learnt at start
         self.data_dir = data_dir
         self.settings = settings
         self.log_path = log_path
@@ -78,6 +80,8 @@ class Node:
             m = _READY.search(line)
             if m:
                 self.port = int(m.group(2))
+                u = _UDP.search(line)
+                self.udp_port = int(u.group(1)) if u else None
                 break
         if self.port is None:
             self.stop()

@@ -69,8 +69,8 @@ class Server:
                        c.dpdk_iface, c.dpdk_eal_args)]
         (cfg.bind, cfg.requirepass, cfg.poll_policy, cfg.config_file, cfg.version,
          cfg.durability, cfg.dpdk_iface, cfg.dpdk_eal_args) = self._keep
-        cfg.dpdk_lcores = c.dpdk_lcores
-        cfg.dpdk_port = c.dpdk_port
+        cfg.udp_workers = c.udp_workers
+        cfg.udp_port = c.udp_port
         cfg.wal = self.log._w if self.log else ffi.NULL
         cfg.sender = self.sender._s if self.sender else ffi.NULL
         cfg.receiver = self.receiver._r if self.receiver else ffi.NULL
@@ -79,7 +79,7 @@ class Server:
         cfg.threads = c.effective_threads
         cfg.maxclients = c.maxclients
         cfg.accept_mode = 1 if c.accept == "handoff" else 0
-        cfg.arch = {"poller": 0, "threadpool": 1, "dpdk": 2}[c.arch]
+        cfg.arch = {"poller": 0, "threadpool": 1, "dpdk": 2, "udp": 3}[c.arch]
         cfg.network_only = 1 if c.network_only else 0
         cfg.tcp_backlog = c.tcp_backlog
         err = ffi.new("char[256]")
@@ -100,13 +100,19 @@ class Server:
     def port(self):
         return lib.srv_port(self._srv) if self._srv is not None else self.config.port
 
+    @property
+    def udp_port(self):
+        """arch udp/dpdk: the UDP front end's port (the one bound when udp_port was 0)."""
+        return lib.srv_udp_port(self._srv) if self._srv is not None else self.config.udp_port
+
     def stats(self):
         st = ffi.new("struct srv_stats *")
         lib.srv_get_stats(self._srv, st)
         d = {f: getattr(st, f) for f in ("connected_clients", "total_connections", "rejected_connections",
                                          "total_commands", "bytes_in", "bytes_out", "protocol_errors")}
-        if self.config.arch == "dpdk":
-            d["udp"] = {f: getattr(st, "udp_" + f) for f in ("rx", "tx", "requests", "dropped", "tx_failed", "bad")}
+        if self.config.arch in ("udp", "dpdk"):
+            d["udp"] = {f: getattr(st, "udp_" + f) for f in ("rx", "tx", "requests", "dropped", "tx_failed", "bad",
+                                                              "held", "stalls")}
         ps = ffi.new("struct srv_poller_stats *")
         d["pollers"] = []
         for i in range(st.pollers):

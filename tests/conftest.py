@@ -15,6 +15,7 @@ import os
 import resource
 import shutil
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -226,6 +227,51 @@ class Raw:
             self.sock.close()
         except OSError:
             pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class UdpConn:
+    """The UDP front end (--arch udp/dpdk; framing in ext/udpfront.h) over a connected
+    UDP socket: each request one datagram with the next id, replies returned in request
+    order. Nothing is resent: a lost datagram, or a dead server, is a socket.timeout."""
+
+    def __init__(self, port, host="127.0.0.1", timeout=5.0):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.connect((host, port))
+        self.sock.settimeout(timeout)
+        self.next_id = 1
+        self.early = {}  # id -> (flags, reply) received before the one awaited
+
+    def send(self, request, flags=0):
+        rid = self.next_id
+        self.next_id += 1
+        self.sock.send(struct.pack(">IHH", rid, 0, flags) + request)
+        return rid
+
+    def reply(self, rid):
+        """(flags, RESP reply) of request rid."""
+        while rid not in self.early:
+            d = self.sock.recv(65536)
+            got, _seq, flags = struct.unpack(">IHH", d[:8])
+            self.early[got] = (flags, d[8:])
+        return self.early.pop(rid)
+
+    def exchange(self, requests):
+        """Send every request, then yield their replies (RESP bytes) in order."""
+        ids = [self.send(r) for r in requests]
+        for rid in ids:
+            yield self.reply(rid)[1]
+
+    def call(self, *args):
+        return self.reply(self.send(resp_cmd(*args)))[1]
+
+    def close(self):
+        self.sock.close()
 
     def __enter__(self):
         return self

@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-from conftest import Incomplete, Raw, client, resp_cmd, resp_parse, resp_reply_end
+from conftest import Incomplete, Raw, UdpConn, client, resp_cmd, resp_parse, resp_reply_end
 
 import faultlib as fl
 from kvstore import Node, Store, durability
@@ -88,6 +88,29 @@ def write_keys(port, items):
 KEYS_PER_WRITER = 600
 
 
+class TcpConn:
+    """A pipelined RESP connection: exchange sends a batch, yields each one-line reply."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def exchange(self, requests):
+        self.sock.sendall(b"".join(requests))
+        for _ in requests:
+            while b"\r\n" not in self.buf:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise EOFError("server closed the connection")
+                self.buf += chunk
+            line, self.buf = self.buf.split(b"\r\n", 1)
+            yield line + b"\r\n"
+
+    def close(self):
+        self.sock.close()
+
+
 class Writer(threading.Thread):
     """One connection writing only its own keys, `depth` requests per round trip.
 
@@ -98,9 +121,9 @@ class Writer(threading.Thread):
     requests on one connection get ascending LSNs, and recovery replays a prefix
     of the log."""
 
-    def __init__(self, wid, port, state, depth, seed, seq0, max_ops, deadline):
+    def __init__(self, wid, port, state, depth, seed, seq0, max_ops, deadline, udp=False):
         super().__init__(daemon=True, name=f"writer-{wid}")
-        self.wid, self.port, self.depth = wid, port, depth
+        self.wid, self.port, self.depth, self.udp = wid, port, depth, udp
         self.state = state
         self.rng = random.Random(seed)
         self.seq = seq0
@@ -148,12 +171,10 @@ class Writer(threading.Thread):
 
     def run(self):
         try:
-            sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+            conn = UdpConn(self.port, timeout=3.0) if self.udp else TcpConn(self.port)
         except OSError as e:
             self.ended_by = f"connect: {e}"
             return
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        buf = b""
         reqno = 0
         ops = 0
         try:
@@ -167,15 +188,7 @@ class Writer(threading.Thread):
                         self.pending.append((reqno, k, v))
                     batch.append((reqno, data, changes, expect))
                 ops += len(batch)
-                sock.sendall(b"".join(b[1] for b in batch))
-                for no, _, changes, expect in batch:
-                    while b"\r\n" not in buf:
-                        chunk = sock.recv(65536)
-                        if not chunk:
-                            raise EOFError("server closed the connection")
-                        buf += chunk
-                    line, buf = buf.split(b"\r\n", 1)
-                    reply = line + b"\r\n"
+                for (no, _, changes, expect), reply in zip(batch, conn.exchange([b[1] for b in batch])):
                     if reply != expect:
                         self.wrong.append((no, changes, expect, reply))
                     # acknowledged: its effect is now part of the acked state
@@ -187,7 +200,7 @@ class Writer(threading.Thread):
         except (OSError, EOFError) as e:
             self.ended_by = f"{type(e).__name__}: {e}"
         finally:
-            sock.close()
+            conn.close()
 
     def check(self, observed):
         """Problems (empty if fine) comparing the recovered state with the model; on
@@ -221,9 +234,10 @@ class Writer(threading.Thread):
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("arch", ["poller", "threadpool"])
+@pytest.mark.parametrize("arch", ["poller", "threadpool", "udp"])
 def test_kill9_under_write_load_loses_no_acknowledged_write(data_dir, nodes, monkeypatch, arch):
-    """4 connections (pipelines of 1, 1, 8 and 32) write SET/MSET/DEL/INCR/INCRBY/APPEND
+    """4 connections (pipelines of 1, 1, 8 and 32; with arch udp, UDP sockets with as many
+    datagrams in flight) write SET/MSET/DEL/INCR/INCRBY/APPEND
     on 2,400 keys (each key has one writer); SIGKILL at a seeded random point; restart
     on the same directory; every acknowledged write must be there with its last
     acknowledged value (or, for keys with requests in flight, a prefix of those).
@@ -250,11 +264,15 @@ def test_kill9_under_write_load_loses_no_acknowledged_write(data_dir, nodes, mon
             monkeypatch.delenv("KVSTORE_FAULT_SYNC_DELAY_US", raising=False)
 
     spill = dict(data_file=True, max_memory="512kb", flush_interval_ms=100, arch=arch)
+    if arch == "udp":
+        spill["udp_port"] = 0
     set_disk_speed(0)
     node = nodes(data_dir, **spill)
     for it in range(iterations):
         deadline = time.monotonic() + 8.0
-        writers = [Writer(w, node.port, states[w], d, rng.random(), (it + 1) * 10_000_000, 40_000, deadline)
+        udp = arch == "udp"
+        writers = [Writer(w, node.udp_port if udp else node.port, states[w], d, rng.random(),
+                          (it + 1) * 10_000_000, 40_000, deadline, udp=udp)
                    for w, d in enumerate(depths)]
         for w in writers:
             w.start()

@@ -1,14 +1,16 @@
 """--arch dpdk: the kernel-bypass UDP front end, served by a real node on one end of a veth
 pair (AF_XDP) and driven from the namespace at the other end by kernel UDP sockets: a small
-Python client that checks every reply byte for byte, and `kvstore bench --udp --check`.
-Skipped only where it cannot run: not root, kvstore built without libdpdk, no AF_XDP."""
-import json
+Python client that checks every reply byte for byte (udp_client.py), and `kvstore bench --udp
+--check`; in memory only and with disk durability, the data file and a small memory, then
+kill -9. Skipped only where it cannot run: not root, kvstore built without libdpdk, no AF_XDP.
+Also the UDP front ends' settings (both archs)."""
 import os
 import socket
 import subprocess
 import sys
 
 import pytest
+import udp_client
 
 from kvstore import Node, Server
 from kvstore import server as server_mod
@@ -37,78 +39,6 @@ def _why_not():
 
 needs_dpdk = pytest.mark.skipif(bool(_why_not()), reason=_why_not() or "runs")
 
-# Run inside the namespace: SET then GET of each key, a window of requests in flight,
-# every reply matched by id and compared with the exact bytes expected.
-CLIENT = r'''
-import json, socket, struct, sys, time
-host, port, n, window = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.connect((host, port))
-s.settimeout(0.5)
-reqs = []
-for i in range(n):
-    k, v = b"dk:%06d" % i, b"value-%d-" % i + b"x" * (i % 50)
-    reqs.append((b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(k), k, len(v), v), b"+OK\r\n"))
-for i in range(n):
-    k, v = b"dk:%06d" % i, b"value-%d-" % i + b"x" * (i % 50)
-    reqs.append((b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k), b"$%d\r\n%s\r\n" % (len(v), v)))
-reqs.append((b"*2\r\n$3\r\nGET\r\n", None))  # malformed: an error reply with the ERROR flag
-ok, bad, lost, pending, nxt = 0, [], 0, {}, 0
-deadline = time.monotonic() + 60
-def send(i):
-    s.send(struct.pack(">IHH", i, 0, 0) + reqs[i][0])
-    pending[i] = (time.monotonic(), 0)
-while (nxt < len(reqs) or pending) and time.monotonic() < deadline:
-    while nxt < len(reqs) and len(pending) < window and (nxt < n or not any(j < n for j in pending)):
-        send(nxt); nxt += 1   # every SET answered before the first GET goes out
-    try:
-        r = s.recv(4096)
-    except socket.timeout:
-        for i, (t, tries) in list(pending.items()):  # a lost datagram: resend (idempotent here)
-            if tries >= 3:
-                del pending[i]; lost += 1
-            else:
-                send(i); pending[i] = (time.monotonic(), tries + 1)
-        continue
-    rid, seq, flags = struct.unpack(">IHH", r[:8])
-    if rid not in pending:
-        continue
-    del pending[rid]
-    want = reqs[rid][1]
-    if want is None:
-        good = flags == 3 and r[8:] == b"-ERR invalid request: incomplete RESP request in datagram\r\n"
-    else:
-        good = flags == 1 and seq == 0 and r[8:] == want
-    if good:
-        ok += 1
-    elif len(bad) < 5:
-        bad.append([rid, flags, repr(r[8:80])])
-    else:
-        bad.append(rid)
-# odd datagrams: too short and flagged ones are dropped; the others get exact error replies
-s.send(b"abc")
-s.send(struct.pack(">IHH", 900001, 0, 1) + b"*1\r\n$4\r\nPING\r\n")
-big = b"v" * 1400
-s.send(struct.pack(">IHH", 900005, 0, 0) + b"*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n$1400\r\n" + big + b"\r\n")
-while struct.unpack(">I", s.recv(4096)[:4])[0] != 900005:  # the SET first, then a reply too large
-    pass
-s.send(struct.pack(">IHH", 900002, 0, 0) + b"*3\r\n$4\r\nMGET\r\n$3\r\nbig\r\n$3\r\nbig\r\n")
-s.send(struct.pack(">IHH", 900003, 0, 0) + b"*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nPING\r\n")
-s.send(struct.pack(">IHH", 900004, 0, 0) + b"*1\r\n$4\r\nPING\r\n")
-odd, end = {}, time.monotonic() + 1.0
-while time.monotonic() < end:
-    try:
-        r = s.recv(4096)
-    except socket.timeout:
-        break
-    rid, seq, flags = struct.unpack(">IHH", r[:8])
-    if rid >= 900000:
-        odd[rid] = [flags, r[8:].decode()]
-        if len(odd) == 3:
-            break
-print(json.dumps({"ok": ok, "bad": bad, "lost": lost, "unsent": len(reqs) - nxt, "total": len(reqs), "odd": odd}))
-'''
-
 
 @pytest.fixture
 def bypass_host():
@@ -127,58 +57,48 @@ def bypass_host():
 
 @pytest.mark.root
 @needs_dpdk
-def test_udp_set_get_every_reply_checked(bypass_host, tmp_path):
+@pytest.mark.parametrize("durability", ["none", "disk"])
+def test_udp_set_get_every_reply_checked(bypass_host, tmp_path, durability):
+    """Every reply checked, with the node in memory only, and as deployed for durability:
+    disk mode, the data file, memory far below the data (replies wait for the log,
+    requests wait for the flusher and the loader). Then kill -9: every key is back."""
     host = bypass_host
-    node = Node(port=0, data_dir=tmp_path / "node", arch="dpdk", dpdk_iface=host.host_if, dpdk_port=UDP_PORT,
-                dpdk_lcores=1)
+    settings = dict(arch="dpdk", dpdk_iface=host.host_if, udp_port=UDP_PORT, udp_workers=1,
+                    durability=durability)
+    if durability == "disk":
+        settings.update(data_file=True, max_memory="128kb", flush_interval_ms=100)
+    node = Node(port=0, data_dir=tmp_path / "node", **settings)
     with node:
-        script = tmp_path / "udp_client.py"
-        script.write_text(CLIENT)
-        n = 3000
-        r = host.run(sys.executable, str(script), host.local_addr, str(UDP_PORT), str(n), "32",
-                     capture_output=True, text=True, timeout=90)
-        assert r.returncode == 0, r.stderr
-        res = json.loads(r.stdout)
-        assert res["bad"] == [] and res["unsent"] == 0, res
-        assert res["lost"] == 0, res
-        assert res["ok"] == res["total"] == 2 * n + 1
-        odd = {int(k): v for k, v in res["odd"].items()}
-        assert set(odd) == {900002, 900003, 900004}, odd  # 900001 (flagged) is dropped, unanswered
-        assert odd[900002][0] == 3 and odd[900002][1].startswith("-ERR reply too large for a UDP datagram ("), odd
-        assert odd[900003] == [3, "-ERR invalid request: more than one request in datagram\r\n"]
-        assert odd[900004] == [1, "+PONG\r\n"]
-
-        # the same table through the TCP control path
-        with node.client(socket_timeout=5) as c:
-            assert c.get("dk:000007") == b"value-7-" + b"x" * 7
-            st = c.info("stats")
-        assert st["udp_requests"] == 2 * n + 3 and st["udp_bad_frames"] == 2, st  # + SET, MGET, PING; "abc", flagged
-        # the load generator's UDP mode, every reply verified
-        bench = host.run(sys.executable, "-m", "kvstore.cli", "bench", "--udp", "--host", host.local_addr,
-                         "-p", str(UDP_PORT), "-t", "1", "-c", "4", "-P", "8", "-n", "20000", "--ratio", "1:1",
-                         "-r", "2000", "-d", "64", "--check", "--json", capture_output=True, text=True, timeout=90)
-        assert bench.returncode == 0, bench.stderr
-        b = json.loads(bench.stdout)
-        assert b["errors"] == 0, b
-        assert b["requests"] + b["timeouts"] == 20000
-        assert b["timeouts"] <= 20, b  # a veth on a loaded machine may lose a few datagrams, not more
-        assert b["sets"] > 0 and b["hits"] > 0
-        rc = node.stop()
-    assert rc == 0, node.log()[-2000:]
+        st = udp_client.check(lambda cmd, **kw: host.run(*cmd, **kw), node, host.local_addr, UDP_PORT)
+        if durability == "none":
+            rc = node.stop()
+            assert rc == 0, node.log()[-2000:]
+            return
+        assert st["udp_held_for_log"] > 0 and st["udp_stalled"] > 0, st
+        node.kill()
+    # the same directory served by TCP pollers: what the lcores acknowledged is there
+    with Node(port=0, data_dir=tmp_path / "node", durability="disk") as again:
+        with again.client(socket_timeout=10) as c:
+            keys = [f"dk:{i:06d}" for i in range(3000)]
+            assert c.mget(keys) == [b"value-%d-" % i + b"x" * (i % 50) for i in range(3000)]
 
 
-def test_dpdk_rejects_durability_and_data_file():
-    with pytest.raises(ConfigError, match=r"arch dpdk: durability disk is not supported"):
-        ServerConfig(arch="dpdk", dpdk_iface="veth0", durability="disk").validate()
-    with pytest.raises(ConfigError, match=r"arch dpdk: durability remote is not supported"):
-        ServerConfig(arch="dpdk", dpdk_iface="veth0", durability="remote", peer="127.0.0.1:7000").validate()
-    with pytest.raises(ConfigError, match=r"arch dpdk: a data file is not supported"):
-        ServerConfig(arch="dpdk", dpdk_iface="veth0", data_file=True).validate()
+def test_udp_front_end_settings_are_checked():
     with pytest.raises(ConfigError, match=r"dpdk_iface: arch dpdk needs a network interface name"):
         ServerConfig(arch="dpdk").validate()
-    with pytest.raises(ConfigError, match=r"dpdk_lcores: expected an integer from 1 to 63"):
-        ServerConfig(arch="dpdk", dpdk_iface="veth0", dpdk_lcores=0).validate()
-    assert ServerConfig(arch="dpdk", dpdk_iface="veth0").validate().effective_threads == 1
+    for arch in ("udp", "dpdk"):
+        with pytest.raises(ConfigError, match=r"udp_workers: expected an integer from 1 to 63, got 0"):
+            ServerConfig(arch=arch, dpdk_iface="veth0", udp_workers=0).validate()
+        with pytest.raises(ConfigError, match=rf"arch {arch}: requirepass is not supported: the UDP front end has "
+                                              r"no AUTH"):
+            ServerConfig(arch=arch, dpdk_iface="veth0", requirepass="pw").validate()
+    with pytest.raises(ConfigError, match=r"udp_port: expected a UDP port from 1 to 65535, got 0"):
+        ServerConfig(arch="dpdk", dpdk_iface="veth0", udp_port=0).validate()
+    with pytest.raises(ConfigError, match=r"udp_port: expected a UDP port from 0 to 65535 \(0 = any free port\), "
+                                          r"got 70000"):
+        ServerConfig(arch="udp", udp_port=70000).validate()
+    cfg = ServerConfig(arch="dpdk", dpdk_iface="veth0", durability="disk", data_file=True).validate()
+    assert cfg.effective_threads == 1 and cfg.udp_workers == 1 and cfg.udp_port == 6380
 
 
 def test_dpdk_cli_message_when_built_without(monkeypatch):
@@ -196,8 +116,8 @@ def test_udp_bench_rejects_what_it_cannot_do():
         bench.run(port=9, udp=True, requests=1, password="x")
 
 
-def test_cli_serve_dpdk_durability_error():
-    r = subprocess.run([sys.executable, "-m", "kvstore.cli", "serve", "--arch", "dpdk", "--dpdk-iface", "veth0",
-                        "--durability", "disk", "--port", "0"], capture_output=True, text=True, timeout=30)
+def test_cli_serve_udp_front_end_error():
+    r = subprocess.run([sys.executable, "-m", "kvstore.cli", "serve", "--arch", "udp", "--requirepass", "pw",
+                        "--port", "0"], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0
-    assert "arch dpdk: durability disk is not supported" in r.stderr
+    assert "arch udp: requirepass is not supported: the UDP front end has no AUTH" in r.stderr

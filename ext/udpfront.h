@@ -1,0 +1,99 @@
+/* udpfront.h - the request path of kvstore's UDP front ends, shared by --arch udp
+ * (kernel sockets, recvmmsg/sendmmsg: udpsrv.c) and --arch dpdk (kernel bypass,
+ * DPDK lcores on an AF_XDP port: dpdk.c). Only how datagrams arrive and leave differs.
+ *
+ * Datagram framing (both directions, all fields big-endian), after the UDP header:
+ *   u32 id         chosen by the client, echoed unchanged in the reply
+ *   u16 seq        index of this datagram in its message; always 0 (one datagram
+ *                  per request and per reply, like memcached's UDP frames with total 1)
+ *   u16 flags      KVU_F_REPLY on replies; KVU_F_ERROR when the reply is an error
+ *                  made by the UDP front end itself (bad framing, reply too large)
+ *   then exactly one RESP request (or one RESP reply).
+ * Datagrams with KVU_F_REPLY set, or any other flag, are dropped (no reflection).
+ * A datagram is its own connection: no AUTH (a server with requirepass answers
+ * -NOAUTH), RESP2, no state kept between datagrams.
+ *
+ * Durability is the TCP path's: a reply leaves only once the log holds every LSN
+ * its request wrote or read (uf_worker.need against uf_durable), so the front end
+ * keeps built replies in order until then; and a request that must wait for the
+ * data file (a key to load, memory the flusher is freeing) is kept, unanswered,
+ * and run again when the worker's eventfd says the data file moved on.
+ * One uf_worker per thread; nothing in it is shared.
+ */
+#ifndef KV_UDPFRONT_H
+#define KV_UDPFRONT_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cmd.h"
+#include "kvbuf.h"
+#include "resp.h"
+
+#define KVU_HDR_LEN 8
+#define KVU_F_REPLY 0x0001u
+#define KVU_F_ERROR 0x0002u
+#define KVU_MAX_PAYLOAD 1472 /* a 1500-byte MTU: 1500 - IPv4 (20) - UDP (8) */
+
+struct srv;
+struct kv_table;
+
+/* Counters of one worker: single writer (its thread), read by INFO. */
+struct uf_stats {
+    _Atomic uint64_t rx_packets, tx_packets, requests, dropped, tx_failed, bad_frames, held, stalls;
+};
+
+/* Sums over workers, for srv_get_stats. dropped: not for us (ARP, IPv6, other
+ * ports); bad: malformed; held: replies that waited for the log; stalls: requests
+ * that waited for the data file. */
+struct uf_totals {
+    uint64_t rx_packets, tx_packets, requests, dropped, tx_failed, bad_frames, held, stalls;
+};
+
+struct uf_worker {
+    struct srv *srv;
+    int evfd;                /* woken by the log and the data file (subscribed by the owner) */
+    struct cmd_client cl;
+    struct kvbuf out;        /* the RESP reply being built */
+    struct resp_parser rp;
+    const char **argv;       /* the request's arguments, kept while it stalls */
+    size_t *argl;
+    int argc, argcap;
+    uint16_t flags;          /* of the reply in out */
+    uint64_t need;           /* LSN the reply depends on (0: none), over every run of it */
+    struct uf_stats st;
+};
+
+enum { UF_REPLY, UF_STALL, UF_BAD };
+
+/* evfd < 0: no data file or log to wait for. index names the worker in CLIENT INFO. */
+void uf_init(struct uf_worker *w, struct srv *s, struct kv_table *t, int index, int evfd, const char *addr);
+void uf_free(struct uf_worker *w);
+
+/* Run the request of the datagram payload p[0..len) (frame header + RESP).
+ * UF_BAD: not a request (count it, drop it, send nothing). UF_REPLY: the reply is in
+ * w->out with w->flags; it may leave once uf_durable(w) >= w->need. UF_STALL: it
+ * waits for the data file (asked already); keep p unchanged, receive nothing more,
+ * and call uf_resume when woken. The RESP payload is parsed in place. */
+int uf_run(struct uf_worker *w, uint8_t *p, size_t len);
+int uf_resume(struct uf_worker *w);
+
+/* Write the reply frame for request payload req (its id) to dst: header + w->out,
+ * or an error if the reply exceeds room. dst may be req (a reply built in place).
+ * Returns the frame's length. */
+size_t uf_frame_reply(struct uf_worker *w, uint8_t *dst, const uint8_t *req, size_t room);
+
+/* Durable LSN now (UINT64_MAX without a log); *failed set if the log failed,
+ * so held replies can never be sent. */
+uint64_t uf_durable(struct uf_worker *w, int *failed);
+
+void uf_add_totals(const struct uf_stats *st, struct uf_totals *t);
+
+static inline void uf_inc(_Atomic uint64_t *c, uint64_t d)
+{
+    /* single writer: a relaxed load+store is enough */
+    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + d, memory_order_relaxed);
+}
+
+#endif

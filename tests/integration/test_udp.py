@@ -1,0 +1,110 @@
+"""--arch udp: the UDP front end on kernel sockets (recvmmsg/sendmmsg), served by real
+nodes on loopback and checked with real clients: every reply byte for byte
+(udp_client.py) and `kvstore bench --udp --check`; replies held until the log holds
+their write; requests that wait for the flusher or the loader; MGET resumed across
+loads; several workers sharing one port. (kill -9 under load over UDP is in
+tests/faults/test_disk_durability.py, machine loss in test_remote_durability.py.)"""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import udp_client
+from conftest import UdpConn, resp_cmd
+from kvstore import Node
+
+pytestmark = pytest.mark.timeout(120)
+CLI = [sys.executable, "-m", "kvstore.cli"]
+
+
+def udp_node(tmp_path, **settings):
+    return Node(port=0, data_dir=tmp_path / "node", arch="udp", udp_port=0, **settings)
+
+
+def test_every_reply_checked_and_the_bench(tmp_path):
+    with udp_node(tmp_path, udp_workers=2) as node:
+        st = udp_client.check(subprocess.run, node, "127.0.0.1", node.udp_port)
+        assert st["udp_held_for_log"] == 0 and st["udp_stalled"] == 0, st  # nothing to wait for
+        with node.client() as c:
+            info = c.info("server")
+        assert info["arch"] == "udp" and info["udp_port"] == node.udp_port and info["udp_workers"] == 2
+        assert node.stop() == 0, node.log()[-2000:]
+
+
+def test_network_only_answers_without_storing(tmp_path):
+    with udp_node(tmp_path, network_only=True) as node, UdpConn(node.udp_port) as u:
+        assert u.call("SET", "k", "v") == b"+OK\r\n"
+        assert u.call("GET", "k") == b"$-1\r\n"
+
+
+def test_reply_waits_for_the_sync(tmp_path, monkeypatch):
+    delay = 0.3
+    monkeypatch.setenv("KVSTORE_FAULT_SYNC_DELAY_US", str(int(delay * 1e6)))
+    with udp_node(tmp_path, durability="disk", data_file=False) as node, UdpConn(node.udp_port) as u:
+        assert u.call("PING") == b"+PONG\r\n"  # no write: not held
+        for cmd, want in ((("SET", "k", "v"), b"+OK\r\n"), (("INCR", "n"), b":1\r\n"), (("DEL", "k"), b":1\r\n")):
+            t0 = time.monotonic()
+            assert u.call(*cmd) == want
+            dt = time.monotonic() - t0
+            assert dt >= delay - 0.005, f"{cmd} acknowledged after {dt:.3f} s, the sync takes {delay} s"
+        # a read of a write still waiting for its sync waits too
+        rid = u.send(resp_cmd("SET", "k", "new"))
+        t0 = time.monotonic()
+        with UdpConn(node.udp_port) as reader:
+            time.sleep(0.05)
+            assert reader.call("GET", "k") == b"$3\r\nnew\r\n"
+            assert time.monotonic() - t0 >= delay - 0.06
+        assert u.reply(rid) == (1, b"+OK\r\n")
+        st = node.stats()
+    assert st["udp_held_for_log"] >= 4, st
+
+
+def test_memory_far_below_the_data(tmp_path):
+    """5x the memory bound written over UDP: requests wait for the flusher (stalls),
+    every one is acknowledged, and every key reads back, over UDP (loads; MGET resumed
+    key by key) and over TCP."""
+    n, size = 6000, 400  # ~2.6 MB of values in 512 KiB
+    value = lambda i: (b"%d:" % i) * (size // 6) + b"#"  # noqa: E731
+    with udp_node(tmp_path, durability="disk", data_file=True, max_memory="512kb",
+                  flush_interval_ms=100) as node, UdpConn(node.udp_port, timeout=20) as u:
+        window = 64
+        for i in range(0, n, window):
+            reqs = [resp_cmd("SET", f"m:{j}", value(j)) for j in range(i, min(n, i + window))]
+            assert list(u.exchange(reqs)) == [b"+OK\r\n"] * len(reqs)
+        for i in range(0, n, 997):  # single keys, most of them evicted by now
+            assert u.call("GET", f"m:{i}") == b"$%d\r\n%s\r\n" % (len(value(i)), value(i))
+        keys = [f"m:{i}" for i in range(3)]  # an MGET whose reply fits a datagram
+        assert u.call("MGET", *keys) == b"*3\r\n" + b"".join(
+            b"$%d\r\n%s\r\n" % (len(value(i)), value(i)) for i in range(3))
+        assert u.call("DBSIZE") == b":%d\r\n" % n
+        with node.client(socket_timeout=20) as c:
+            for i in range(0, n, 500):
+                chunk = [f"m:{j}" for j in range(i, min(n, i + 500))]
+                assert c.mget(chunk) == [value(j) for j in range(i, min(n, i + 500))]
+        st = node.stats()
+    assert st["udp_stalled"] > 0 and st["udp_held_for_log"] > 0, st
+    assert int(st["used_memory"]) <= 512 * 1024, st
+
+
+def test_udp_port_in_use_is_refused(tmp_path):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    try:
+        r = subprocess.run([*CLI, "serve", "--arch", "udp", "--udp-port", str(port), "--port", "0",
+                            "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
+    finally:
+        s.close()
+    assert r.returncode != 0
+    assert f"cannot bind UDP 127.0.0.1:{port}: Address already in use" in r.stderr, r.stderr
+
+
+def test_help_explains_the_udp_front_end():
+    r = subprocess.run([*CLI, "serve", "--help"], capture_output=True, text=True, timeout=30,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert r.returncode == 0
+    for text in ("--udp-port", "--udp-workers", "udp = a UDP front end on kernel sockets"):
+        assert text in " ".join(r.stdout.split()), text
