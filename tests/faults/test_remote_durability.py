@@ -33,7 +33,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from conftest import Raw, client, free_port, info_dict
+from conftest import Raw, UdpConn, client, free_port, info_dict
 from kvstore import Node
 
 pytestmark = pytest.mark.timeout(120)
@@ -104,6 +104,7 @@ class Pair:
         self.nodes = {}
         self.all = []
         self.starts = 0
+        self.extra = {}  # settings for every start (e.g. the UDP front end)
 
     def peer_of(self, name):
         return "b" if name == "a" else "a"
@@ -119,7 +120,7 @@ class Pair:
         # tests write: keys are flushed, evicted and loaded back throughout.
         settings = dict(repl_port=self.rport[name], durability="remote", peer=self.addr(other),
                         threads=1, peer_timeout_ms=PEER_TIMEOUT_MS, max_memory="256kb", flush_interval_ms=100)
-        settings.update(extra)
+        settings.update(self.extra, **extra)
         if from_peer:
             settings["from_peer"] = self.addr(other)
         n = Node(port=0, data_dir=self.dirs[name],
@@ -190,8 +191,9 @@ class Writers:
     model: key -> last acknowledged value (bytes) or None (absent); it carries over
     between runs (a run ends when the node dies or stop() is called)."""
 
-    def __init__(self, prefix, nwriters=4, keys_per_writer=750, seed=SEED):
+    def __init__(self, prefix, nwriters=4, keys_per_writer=750, seed=SEED, udp=False):
         self.prefix = prefix
+        self.udp = udp  # write through the UDP front end (start gets its port)
         self.keys = [[f"{prefix}{w}:{i}".encode() for i in range(keys_per_writer)] for w in range(nwriters)]
         self.model = {}
         self.seed = seed
@@ -221,7 +223,7 @@ class Writers:
         keys = self.keys[w]
         deadline = time.monotonic() + max_seconds
         try:
-            c = kv(port)
+            c = UdpKv(port) if self.udp else kv(port)
         except Exception as e:
             self.errors[w] = e
             return
@@ -316,6 +318,32 @@ class Writers:
         return observed
 
 
+class UdpKv:
+    """The three writes Writers makes, over the UDP front end, with redis-py's results.
+    One datagram per request, never resent: a dead node is a timeout (an OSError)."""
+
+    def __init__(self, port):
+        self.u = UdpConn(port, timeout=3.0)
+
+    def _int(self, *args):
+        r = self.u.call(*args)
+        if not r.startswith(b":"):
+            raise AssertionError(f"{args[0]}: {r!r}")
+        return int(r[1:])
+
+    def set(self, key, value):
+        return self.u.call("SET", key, value) == b"+OK\r\n"
+
+    def incr(self, key):
+        return self._int("INCR", key)
+
+    def delete(self, key):
+        return self._int("DEL", key)
+
+    def close(self):
+        self.u.close()
+
+
 def kill_at_random_moment(rng, writers, min_acked=200, low=0.1, high=1.2):
     """Wait until the writers have some acknowledged writes, then a random extra delay."""
     wait_for(f"{min_acked} acknowledged writes", lambda: writers.total_acked() >= min_acked
@@ -381,6 +409,28 @@ def test_machine_loss_recovers_every_acknowledged_write_from_the_peer(pair):
         assert dict(zip(b_keys, c.mget(list(b_keys)))) == b_keys
     finally:
         c.close()
+
+
+def test_machine_loss_with_writes_over_the_udp_front_end(pair):
+    """The UDP front end (--arch udp) acknowledges a write only once the peer's memory
+    holds it too: the machine is lost (kill -9, directory deleted), and the node rebuilt
+    from its peer holds every acknowledged write."""
+    rng = random.Random(SEED + 1)
+    pair.extra = dict(arch="udp", udp_port=0)
+    pair.start_both()
+    w = Writers("u:", udp=True)
+    for it in range(2):
+        w.start(pair.nodes["a"].udp_port)
+        kill_at_random_moment(rng, w)
+        st = info(pair.nodes["a"], "stats")
+        assert st["udp_held_for_log"] > 0, st  # replies waited for the peer's ack
+        pair.kill("a")
+        w.join()
+        shutil.rmtree(pair.dirs["a"])
+        a = pair.start("a", from_peer=True)
+        assert FETCHED.search(a.log()), a.log()
+        w.verify(a.port, f"iteration {it} (seed {SEED + 1}), UDP writes, after machine loss + --from-peer")
+        pair.wait_in_sync("a")
 
 
 @pytest.mark.timeout(150)
