@@ -5,47 +5,60 @@
 #include <stddef.h>
 #include <string.h>
 
-static int want_out_exact(struct pp_conn *st, int pending, int spurious, uint32_t round, int idle)
+static int want_out_exact(struct pp_conn *st, int pending, int spurious)
 {
     (void)st;
     (void)spurious;
-    (void)round;
-    (void)idle;
     return pending;
 }
 
 /* FlexPoll (paper 002): adapt the interest set to the load, in user space.
  *
  * strict pays two epoll_ctl system calls per reply: EPOLLOUT in, EPOLLOUT out.
- * Leaving EPOLLOUT registered instead costs one spurious writable event per
- * poll round while there is nothing to send (level-triggered epoll reports a
- * writable socket every time) — nearly free while the poller is busy anyway
- * (the event is one more entry in an epoll_wait that returns for real work),
- * but a busy loop once the poller would otherwise sleep.
+ * Leaving EPOLLOUT registered instead costs the spurious writable events that
+ * arrive before the connection's next reply. The policy measures that cost per
+ * connection instead of assuming it: it keeps the mean cost of the recent gaps
+ * between replies, and keeps EPOLLOUT after a reply while that mean is below
+ * what dropping it at once costs (the epoll_ctl pair, worth PP_FLEX_SPURIOUS
+ * spurious events). A low mean is a high observed probability that the next
+ * writable event has a reply to carry. Within a gap it drops EPOLLOUT after
+ * PP_FLEX_SPURIOUS spurious events: so long a gap has cost what the epoll_ctl
+ * pair would have, and counts double (it pays the pair too). A gap without
+ * EPOLLOUT is not seen: it counts just under the break-even, so that after a
+ * few replies the connection tries keeping EPOLLOUT again and follows a change
+ * of its load. Busy connections never touch EPOLLOUT; one whose writable
+ * events are mostly spurious turns into strict.
  *
- * So flexpoll keeps EPOLLOUT after a reply while the load lasts: it drops it
- * when the poller's previous round read nothing (the load is gone: spurious
- * events would now be all that wakes it), or when the connection has had no
- * reply for PP_FLEX_ROUNDS rounds (this client went quiet while others keep
- * the poller busy: its spurious events would be pure overhead). Under load a
- * connection's next request follows its reply within a round or two and
- * EPOLLOUT is never touched; when the load drops the policy turns into strict.
- * a = the round of the connection's last completed reply. */
-static int want_out_flex(struct pp_conn *st, int pending, int spurious, uint32_t round, int idle)
+ * With the edge-triggered registration the poller uses for this policy (see
+ * pollpolicy.h) a writable event that comes with a request costs nothing and is
+ * not spurious; only bare writable edges are, which steady request-reply
+ * traffic does not cause: the mean stays 0 and EPOLLOUT stays registered.
+ * a = the current gap's cost so far; b = the mean cost of a gap x 16 (moving
+ * average, the newest gap weighing 1/4). */
+static int want_out_flex(struct pp_conn *st, int pending, int spurious)
 {
+    const uint32_t even = PP_FLEX_SPURIOUS;
     if (pending)
         return 1;
-    if (!spurious) { /* a reply has just gone out in full */
-        st->a = round;
-        return !idle;
+    if (spurious) {
+        if (st->a < even && ++st->a == even)
+            st->a = 2 * even; /* dropped: the next reply pays the epoll_ctl pair too */
+        return st->a < even;
     }
-    return !idle && round - st->a < PP_FLEX_ROUNDS;
+    /* A reply has just gone out in full: the gap before it is over. */
+    st->b = st->b - st->b / 4 + st->a * 16 / 4;
+    if (st->b < even * 16) {
+        st->a = 0;
+        return 1;
+    }
+    st->a = even - 1; /* the next gap goes unseen */
+    return 0;
 }
 
 static const struct pp_policy policies[] = {
-    {"direct", 1, want_out_exact},
-    {"strict", 0, want_out_exact},
-    {"flexpoll", 0, want_out_flex},
+    {"direct", 1, 0, want_out_exact},
+    {"strict", 0, 0, want_out_exact},
+    {"flexpoll", 0, 1, want_out_flex},
 };
 
 const struct pp_policy *pp_find(const char *name)

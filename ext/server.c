@@ -185,16 +185,36 @@ static void conn_close(struct conn *c)
     list_pending(c);
 }
 
+/* The input events a connection registers. Edge-triggered, EPOLLRDHUP too: a
+ * read can take the peer's FIN along with the last bytes, and the EOF it leaves
+ * behind is not reported again. */
+static uint32_t in_events(const struct pp_policy *pol)
+{
+    return pol->edge ? EPOLLIN | EPOLLRDHUP : EPOLLIN;
+}
+
 static void set_interest(struct conn *c, uint32_t ev)
 {
     if (ev == c->interest)
         return;
     struct epoll_event e = {.events = ev, .data.ptr = c};
     st_inc(&c->p->st.epoll_ctl, 1);
-    if (epoll_ctl(c->p->epfd, EPOLL_CTL_MOD, c->fd, &e) == 0)
+    if (epoll_ctl(c->p->epfd, EPOLL_CTL_MOD, c->fd, &e) == 0) {
         c->interest = ev;
-    else
+        if (!(ev & EPOLLOUT))
+            c->writable = 0; /* the next registration reports it afresh */
+    } else {
         conn_close(c);
+    }
+}
+
+/* Edge-triggered registration: bytes may remain that no event will report.
+ * Registering again (EPOLL_CTL_MOD, even unchanged) reports them next round. */
+static void rearm_input(struct conn *c)
+{
+    uint32_t ev = c->interest;
+    c->interest = ~0u;
+    set_interest(c, ev);
 }
 
 static void update_interest(struct conn *c, int spurious)
@@ -206,13 +226,19 @@ static void update_interest(struct conn *c, int spurious)
         wait_add(c); /* the rest goes out when the log catches up */
     /* No EPOLLIN while input is not wanted: level-triggered epoll would report
      * it again on every round (busy loop) for bytes we refuse to read. */
-    uint32_t ev = (c->paused || c->stalled || c->cl.close_after_reply) ? 0 : EPOLLIN;
+    const struct pp_policy *pol = c->p->srv->policy;
+    uint32_t ev = (c->paused || c->stalled || c->cl.close_after_reply) ? 0 : in_events(pol);
+    if (pol->edge)
+        ev |= EPOLLET;
     /* Replies held for the log leave through the log's wakeup, not EPOLLOUT: while
-     * only they remain, a registered EPOLLOUT would just fire every round. */
-    if (pending || !held)
-        if (c->p->srv->policy->want_out(&c->pp, pending, spurious, (uint32_t)ld(&c->p->st.epoll_wait),
-                                        c->p->idle))
+     * only they remain, a level-triggered EPOLLOUT would just fire every round
+     * (an edge-triggered one stays as it is: it costs nothing meanwhile). */
+    if (pending || !held) {
+        if (pol->want_out(&c->pp, pending, spurious))
             ev |= EPOLLOUT;
+    } else if (pol->edge) {
+        ev |= c->interest & EPOLLOUT;
+    }
     set_interest(c, ev);
 }
 
@@ -239,8 +265,10 @@ static void conn_write(struct conn *c, int spurious)
             c->out_off += (size_t)n;
             st_inc(&st->bytes_out, (uint64_t)n);
         } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
-            if (errno == EAGAIN)
+            if (errno == EAGAIN) {
+                c->writable = 0; /* an edge-triggered EPOLLOUT reports when room returns */
                 break;
+            }
         } else {
             conn_close(c);
             return;
@@ -437,8 +465,13 @@ static void process_input(struct conn *c)
 static void conn_readable(struct conn *c)
 {
     struct poller *p = c->p;
-    if (c->cl.close_after_reply || c->paused || c->stalled)
+    if (c->cl.close_after_reply || c->paused || c->stalled) {
+        /* Unread bytes: an edge-triggered registration must be made again to
+         * report them, which the update that gives EPOLLIN back now does. */
+        if (p->srv->policy->edge)
+            c->interest &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
         return;
+    }
     if (c->in.len - c->in_off > QUERYBUF_MAX) {
         /* One request may not buffer more than this (Redis's client-query-buffer-limit):
          * a client declaring endless 512 MiB arguments is dropped. */
@@ -460,7 +493,8 @@ static void conn_readable(struct conn *c)
         conn_close(c);
         return;
     }
-    ssize_t n = read(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len);
+    size_t room = c->in.cap - c->in.len;
+    ssize_t n = read(c->fd, c->in.p + c->in.len, room);
     st_inc(&p->st.reads, 1);
     if (n < 0) {
         if (errno != EAGAIN && errno != EINTR)
@@ -479,7 +513,12 @@ static void conn_readable(struct conn *c)
     c->in.len += (size_t)n;
     st_inc(&p->st.bytes_in, (uint64_t)n);
     process_input(c);
-    if (!c->closed && (c->out.len > c->out_off || c->cl.close_after_reply))
+    if (c->closed)
+        return;
+    /* A short read emptied the socket; after a full one more may wait unreported. */
+    if ((size_t)n == room && p->srv->policy->edge)
+        rearm_input(c);
+    if (c->out.len > c->out_off || c->cl.close_after_reply)
         list_pending(c);
 }
 
@@ -539,8 +578,8 @@ static void conn_new(struct poller *p, int fd)
     resp_parser_init(&c->rp);
     srv_client_init(s, &c->cl, &c->out, fd);
     c->cl.poller = p->idx;
-    c->interest = EPOLLIN;
-    struct epoll_event e = {.events = EPOLLIN, .data.ptr = c};
+    c->interest = in_events(s->policy) | (s->policy->edge ? EPOLLET : 0);
+    struct epoll_event e = {.events = c->interest, .data.ptr = c};
     st_inc(&p->st.epoll_ctl, 1);
     if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &e)) {
         close(fd);
@@ -713,7 +752,10 @@ static void flush_round(struct poller *p)
             conn_free(c);
             continue;
         }
-        if (pol->write_at_round_end || c->cl.close_after_reply)
+        /* edge: an EPOLLOUT already reported this round for a registered
+         * EPOLLOUT (writable) is the one strict would wait a round for */
+        if (pol->write_at_round_end || c->cl.close_after_reply ||
+            (pol->edge && c->writable && (c->interest & EPOLLOUT)))
             conn_write(c, 0);
         else
             update_interest(c, 0);
@@ -725,11 +767,8 @@ static void *poller_main(void *arg)
     struct poller *p = arg;
     struct srv *s = p->srv;
     struct epoll_event ev[MAX_EVENTS];
+    int edge = s->policy->edge;
     while (!atomic_load_explicit(&s->stopping, memory_order_acquire)) {
-        /* idle: the last round read nothing (an EPOLLOUT policy's view of the load) */
-        uint64_t reads = ld(&p->st.reads);
-        p->idle = reads == p->reads_last_round;
-        p->reads_last_round = reads;
         int n = epoll_wait(p->epfd, ev, MAX_EVENTS, CRON_MS);
         st_inc(&p->st.epoll_wait, 1);
         for (int i = 0; i < n; i++) {
@@ -745,8 +784,18 @@ static void *poller_main(void *arg)
                     conn_close(c); /* reported whatever the interest set: never ignore them */
                 else if (e & (EPOLLIN | EPOLLHUP))
                     conn_readable(c);
-                if (!c->closed && (e & EPOLLOUT) && !c->listed)
-                    conn_write(c, c->out_off == c->out.len);
+                if (edge && (e & EPOLLRDHUP) && !c->closed && !c->cl.close_after_reply &&
+                    (c->interest & EPOLLIN))
+                    rearm_input(c); /* the EOF, if the last read took it, is read next round */
+                if (!c->closed && (e & EPOLLOUT)) {
+                    c->writable = 1;
+                    /* Queued replies go out now, or at the round's end if listed.
+                     * Edge-triggered, a writable report riding on a read woke
+                     * nothing by itself: not spurious. */
+                    int none = c->out_off == c->out.len;
+                    if (!c->listed && !(edge && none && (e & EPOLLIN)))
+                        conn_write(c, none);
+                }
             }
         }
         flush_round(p);

@@ -56,8 +56,6 @@ struct poller {
     pthread_mutex_t q_lock;      /* guards q_fds: fds handed over by another poller */
     int *q_fds, q_len, q_cap;
     int64_t last_cron;
-    int idle;                    /* the previous poll round read nothing (see pollpolicy.h) */
-    uint64_t reads_last_round;
     /* scratch for the batch being run (process_input): requests and their arguments */
     struct batch_req batch[BATCH];
     const char **argv;
@@ -77,6 +75,7 @@ struct conn {
     size_t out_off;              /* bytes of out already sent */
     struct cmd_client cl;
     uint32_t interest;           /* events registered with epoll */
+    int writable;                /* its last event reported EPOLLOUT, and no send failed since */
     int paused;                  /* input not processed until replies drain */
     int listed;                  /* on p->pending */
     int closed;

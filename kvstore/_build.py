@@ -201,11 +201,11 @@ int ug_run(const struct lg_config *cfg, int timeout_ms, struct lg_result *out, u
 
 struct pp_conn { uint32_t a, b; };
 struct pp_policy {
-    const char *name; int write_at_round_end;
-    int (*want_out)(struct pp_conn *st, int pending, int spurious, uint32_t round, int idle);
+    const char *name; int write_at_round_end; int edge;
+    int (*want_out)(struct pp_conn *st, int pending, int spurious);
 };
 const struct pp_policy *pp_find(const char *name);
-#define PP_FLEX_ROUNDS ...
+#define PP_FLEX_SPURIOUS ...
 
 struct ldu_node { struct ldu_node *next; uint32_t mark; uint8_t op; ...; };
 struct ldu_obj { struct ldu_node node[2]; uint32_t used; };

@@ -96,7 +96,7 @@ class ServerConfig:
         "requirepass": "password clients must AUTH with ('' = none)",
         "accept": "how connections reach pollers: reuseport or handoff",
         "poll_policy": "epoll EPOLLOUT policy: direct (write at the end of each round), strict (EPOLLOUT "
-                       "per reply) or flexpoll (EPOLLOUT kept while replies come often, paper 002)",
+                       "per reply) or flexpoll (EPOLLOUT kept, edge-triggered, while replies come often, paper 002)",
         "data_dir": "directory for the node's files (the log lives in <data_dir>/log)",
         "durability": "none (memory only), disk (acknowledge after the log is fdatasync'ed) or remote "
                       "(acknowledge once the peer's memory holds the log record too)",

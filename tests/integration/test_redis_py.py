@@ -548,7 +548,24 @@ def test_replies_held_for_the_log_do_not_spin_the_poller(kv_node_factory, monkey
         waits = c.info("pollers")["total_epoll_wait_calls"] - before
     finally:
         c.close()
-    # per request: a wake-up for it, one for the log, a cron tick now and then, and for
-    # flexpoll up to PP_FLEX_ROUNDS spurious ones after its reply; a spinning poller
-    # would make thousands in each 20 ms wait
+    # per request: a wake-up for it, one for the log, a cron tick now and then (flexpoll's
+    # EPOLLOUT stays registered, edge-triggered: no wake-up while the reply waits); a
+    # spinning poller would make thousands in each 20 ms wait
     assert waits < 30 * 15, f"{waits} epoll_wait calls for 30 held replies ({poll_policy})"
+
+
+@pytest.mark.parametrize("poll_policy", ["strict", "flexpoll", "direct"])
+def test_a_peer_that_closes_after_sending_is_let_go(kv_node_factory, poll_policy):
+    """The last bytes and the FIN often arrive together, and one read takes both: an
+    edge-triggered registration (flexpoll's) does not report the EOF left behind, so the
+    server must look for it, or the connection stays open for good."""
+    n = kv_node_factory(poll_policy=poll_policy, threads=1)
+    for i in range(20):
+        with Raw(n.port) as r:  # half a request, a whole one, a request and a pipeline
+            r.send([b"*3\r\n$3\r\nSET\r\n$4\r\nhalf", b"*1\r\n$4\r\nPING\r\n",
+                    b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n" * (i + 1), b"PING\r\n"][i % 4])
+    with client(n.port) as c:
+        deadline = time.monotonic() + 5
+        while c.info("clients")["connected_clients"] > 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.info("clients")["connected_clients"] == 1
