@@ -4,6 +4,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -117,3 +118,48 @@ def run_kvstore_bench(port, protocol, op, pipeline, conns, requests, keyspace, v
         raise RuntimeError(f"kvstore bench on port {port}: {r['errors']} errors, first: {r['first_error']}")
     return {"throughput": r["throughput"], "p50_us": r["lat_p50_us"], "p99_us": r["lat_p99_us"],
             "hit_ratio": r["hits"] / r["gets"] if r["gets"] else ""}
+
+
+def add_sweep_args(ap):
+    """--resume / --rerun for a sweep whose points are measured one by one (see Sweep)."""
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the points already in the CSV and measure only the missing ones")
+    ap.add_argument("--rerun", action="store_true",
+                    help="measure the selected points again, keeping every other point in the CSV")
+
+
+class Sweep:
+    """The points of a sweep, written to the CSV as each finishes, with a progress bar.
+
+    key: the fields that name a point (e.g. ("row", "arch", "round")). With resume, the
+    CSV's points are kept and not measured again; with rerun, the CSV's points are kept
+    except the selected ones (selected(row) is true), which are measured anew."""
+
+    def __init__(self, path, key, total, args, selected=lambda r: True, desc="points"):
+        import tqdm
+        tqdm.tqdm.monitor_interval = 0  # no monitor thread: a fork (pyroute2's netns) must not inherit its lock
+        self.path, self.key = path, key
+        old = read_csv(path) if (args.resume or args.rerun) and os.path.exists(path) else []
+        if args.rerun:
+            old = [r for r in old if not selected(r)]
+        self.rows = old
+        self.done = {self._k(r) for r in old}
+        todo_done = sum(1 for r in old if selected(r))
+        self.bar = tqdm.tqdm(total=total, initial=todo_done, desc=desc, unit="pt", file=sys.stderr, dynamic_ncols=True)
+
+    def _k(self, r):
+        return tuple(str(r[k]) for k in self.key)
+
+    def has(self, **point):
+        return self._k(point) in self.done
+
+    def add(self, row, note=""):
+        self.rows.append(row)
+        self.done.add(self._k(row))
+        write_csv(self.path, self.rows)
+        self.bar.update(1)
+        if note:
+            self.bar.write(note)
+
+    def close(self):
+        self.bar.close()

@@ -6,25 +6,36 @@ Rows (the paper's columns):
   NH    + the hash table (durability none)
   NHD   + memory full: --max-memory far below the data with the BOSC data file, so an
         insert waits until the flusher has made room
-  NHL   + remote log: durability remote, the log peer on a test host in its own network
-        namespace (a veth pair, 198.18.0.0/15), so log batches cross a (virtual) network
+  NHL   + remote log: durability remote, each node's log peer on a test host in its own
+        network namespace (a veth pair, 198.18.0.0/15), so log batches cross a (virtual) network
   NHDL  all of them
-Architectures: threadpool (a pool of workers, one blocking request at a time: the
-paper's LinuxTCP), and the per-core pollers with each EPOLLOUT policy (strict,
-flexpoll, direct). The paper's mTCP/DPDK column has no counterpart here (no DPDK
-poller yet): the pollers are the kernel-socket version of that design.
+Architectures:
+  threadpool        a pool of workers, one blocking request at a time (the paper's LinuxTCP)
+  poller-strict, poller-flexpoll, poller-direct
+                    the per-core epoll pollers with each EPOLLOUT policy (kernel TCP)
+  udp               the UDP front end on kernel sockets (recvmmsg/sendmmsg)
+  dpdk              the same UDP front end on DPDK lcores over AF_XDP (kernel bypass: the
+                    paper's mTCP/DPDK column; mTCP itself is not packaged, so UDP as in MICA)
+The two UDP front ends run --udp-workers threads/lcores (default 1: per core).
 
-Load: kvstore bench, SET, 85-byte values, fresh random keys (1 M key space), --conns
-connections at pipeline --pipeline; servers of a row measured in alternation
-(A B C D, A B C D, ...), medians of --rounds. Server CPU time is recorded too.
-Needs root for the namespace (without it NHL/NHDL use a peer on loopback, and say so).
+Topology: every client runs in a test host's namespace and crosses a veth pair to the
+servers (198.18.18.0/30; dpdk gets its own pair, 198.18.19.0/30, whose host end it takes
+over with AF_XDP). Load: kvstore bench, SET, 85-byte values, fresh random keys (1 M key
+space), --conns connections (UDP: sockets) at pipeline --pipeline (UDP: datagrams in
+flight per socket). The servers of a row are measured in alternation (A B C ..., then
+reversed), medians of --rounds; server CPU time is recorded too (a dpdk lcore busy-polls:
+its CPU time is its whole run). Needs root for the namespaces; without root everything
+runs on loopback and dpdk is left out (and it says so).
 
     python experiments/table1_archs.py        -> results/table1_archs.{csv,png}
 """
 import argparse
+import json
 import os
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -32,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 from kvstore import Node, netns  # noqa: E402
+from kvstore import server as kvserver  # noqa: E402
 
 CSV = os.path.join(common.RESULTS, "table1_archs.csv")
 PNG = os.path.join(common.RESULTS, "table1_archs.png")
@@ -43,18 +55,25 @@ def name_outputs(tag):
     if tag:
         CSV = os.path.join(common.RESULTS, f"table1_archs_{tag}.csv")
         PNG = os.path.join(common.RESULTS, f"table1_archs_{tag}.png")
+
+
 ROWS = ["N", "NH", "NHD", "NHL", "NHDL"]
-ARCHS = ["threadpool", "poller-strict", "poller-flexpoll", "poller-direct"]
+ARCHS = ["threadpool", "poller-strict", "poller-flexpoll", "poller-direct", "udp", "dpdk"]
+UDP_PORT = 6390
 PAPER = {"LinuxTCP thread pool": [799_706, 540_093, 417_006, 300_796, 250_405],
          "mTCP/DPDK pollers": [2_208_262, 897_920, 634_251, 740_663, 624_477]}
 
 
-def settings_for(row, arch, args, peer_addr):
-    s = {"threads": args.workers if arch == "threadpool" else args.pollers}
+def settings_for(row, arch, args, peer_addr, hosts):
+    s = {}
     if arch == "threadpool":
-        s["arch"] = "threadpool"
+        s.update(arch="threadpool", threads=args.workers)
+    elif arch.startswith("poller"):
+        s.update(threads=args.pollers, poll_policy=arch.split("-")[1])
     else:
-        s["poll_policy"] = arch.split("-")[1]
+        s.update(arch=arch, udp_port=UDP_PORT, udp_workers=args.udp_workers)
+        if arch == "dpdk":
+            s["dpdk_iface"] = hosts["dpdk"].host_if
     if row == "N":
         s["network_only"] = True
     if "D" in row:
@@ -64,87 +83,175 @@ def settings_for(row, arch, args, peer_addr):
     return s
 
 
-def measure(args):
-    host = None
+class Target:
+    """Where an architecture's clients connect from (a namespace or this host) and to."""
+
+    def __init__(self, host, addr, udp, args):
+        self.host, self.addr, self.udp, self.args = host, addr, udp, args
+
+    def bench(self, port, pipeline, conns, requests, keyspace, value_size):
+        cmd = [sys.executable, "-m", "kvstore.cli", "bench", "--host", self.addr, "-p", str(port),
+               "-t", str(self.args.client_threads),
+               "-c", str(conns), "-P", str(pipeline), "-n", str(requests), "-r", str(keyspace),
+               "-d", str(value_size), "--ratio", "1:0", "--json"]
+        if self.udp:
+            cmd += ["--udp", "--timeout-ms", "2000"]
+        if self.args.client_cpus:
+            cmd = ["taskset", "-c", self.args.client_cpus] + cmd
+        if self.host:
+            cmd = self.host.exec_prefix() + cmd
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if r.returncode:
+            raise RuntimeError(f"kvstore bench failed: {r.stderr.strip()[-500:]}")
+        out = json.loads(r.stdout)
+        if out["errors"]:
+            raise RuntimeError(f"kvstore bench: {out['errors']} errors, first: {out['first_error']}")
+        return out
+
+
+def dpdk_unavailable():
+    if os.geteuid() != 0:
+        return "not root"
+    if not kvserver.have_dpdk():
+        return "kvstore was built without DPDK"
+    return ""
+
+
+def make_hosts(archs):
+    """Test hosts for the clients ('tcp': every kernel-socket arch; 'dpdk'), or {} without root."""
     ok, why = netns.available()
-    peer_dir = tempfile.mkdtemp(prefix="kv-t1-peer-")
+    if not ok:
+        print(f"note: {why}: clients and the log peer run on loopback", file=sys.stderr)
+        return {}
+    hosts = {"peer": netns.TestHost("kvt1peer", index=17).create(),
+             "tcp": netns.TestHost("kvt1cli", index=18).create()}
+    if "dpdk" in archs:
+        h = hosts["dpdk"] = netns.TestHost("kvt1dp", index=19).create()
+        h.tx_checksum_offload_off()  # or every reply built from an offloaded frame is dropped
+        h.set_neighbour(h.local_addr, h.mac())  # the bypassed end answers no ARP
+    return hosts
+
+
+def start_peer(hosts, d):
+    """A log peer for one node (a peer holds one node's log: a fresh node that starts
+    in remote mode takes the log, and identity, it finds there). Returns (Node, addr)."""
     repl = common.free_port()
-    rows = []
-    peer = None
+    if hosts:
+        h = hosts["peer"]
+        peer = Node(netns=h.name, bind=h.addr, port=0, threads=1, repl_port=repl, data_dir=d)
+        addr = f"{h.addr}:{repl}"
+    else:
+        peer = Node(port=0, threads=1, repl_port=repl, data_dir=d)
+        addr = f"127.0.0.1:{repl}"
+    return peer.start(timeout=30), addr
+
+
+def measure(args):
+    hosts = {}
+    sweep = None
     try:
-        if ok:
-            host = netns.TestHost("kvt1peer", index=17).create()
-            peer = Node(netns=host.name, bind=host.addr, port=0, threads=1, repl_port=repl, data_dir=peer_dir)
-            peer_addr = f"{host.addr}:{repl}"
-        else:
-            print(f"note: {why}: the log peer runs on loopback", file=sys.stderr)
-            peer = Node(port=0, threads=1, repl_port=repl, data_dir=peer_dir)
-            peer_addr = f"127.0.0.1:{repl}"
-        peer.start(timeout=30)
+        hosts = make_hosts(args.archs)  # before any thread that a fork could inherit a lock from
+        sweep = common.Sweep(CSV, ("row", "arch", "round"), len(args.rows) * len(args.archs) * args.rounds, args,
+                             selected=lambda r: r["row"] in args.rows and r["arch"] in args.archs, desc="table 1")
+
+        def target(arch):
+            udp = arch in ("udp", "dpdk")
+            if arch == "dpdk":
+                return Target(hosts["dpdk"], hosts["dpdk"].local_addr, True, args)
+            return Target(hosts.get("tcp"), hosts["tcp"].local_addr if hosts else "127.0.0.1", udp, args)
+
         for row in args.rows:
-            servers = {}
-            dirs = []
+            servers, peers, dirs = {}, [], []
+            archs = [a for a in args.archs if any(not sweep.has(row=row, arch=a, round=i) for i in range(args.rounds))]
             try:
-                for arch in args.archs:
+                for arch in archs:
                     d = tempfile.mkdtemp(prefix=f"kv-t1-{row}-")
                     dirs.append(d)
-                    servers[arch] = Node(port=0, data_dir=d, **settings_for(row, arch, args, peer_addr)).start(30)
+                    bind = hosts["tcp"].local_addr if hosts and arch != "dpdk" else "127.0.0.1"
+                    peer_addr = None
+                    if "L" in row:
+                        dirs.append(tempfile.mkdtemp(prefix=f"kv-t1-{row}-peer-"))
+                        peer, peer_addr = start_peer(hosts, dirs[-1])
+                        peers.append(peer)
+                    n = Node(bind=bind, port=0, data_dir=d, **settings_for(row, arch, args, peer_addr, hosts))
+                    servers[arch] = n.start(60)
                     # warm up: a full pass of the key space (fills memory for D)
-                    common.run_kvstore_bench(servers[arch].port, "resp", "SET", 16, 50, args.keyspace,
-                                             args.keyspace, args.value_size, 2)
+                    port = n.udp_port if arch in ("udp", "dpdk") else n.port
+                    target(arch).bench(port, 16, 50, args.keyspace, args.keyspace, args.value_size)
                 for rnd in range(args.rounds):
-                    order = args.archs if rnd % 2 == 0 else list(reversed(args.archs))
+                    order = archs if rnd % 2 == 0 else list(reversed(archs))
                     for arch in order:
+                        if sweep.has(row=row, arch=arch, round=rnd):
+                            continue
                         n = servers[arch]
+                        port = n.udp_port if arch in ("udp", "dpdk") else n.port
+                        udp = arch in ("udp", "dpdk")
+                        busy0 = int(n.stats()["udp_busy_us"]) if udp else 0
                         cpu0 = common.cpu_seconds(n.pid)
-                        r = common.run_kvstore_bench(n.port, "resp", "SET", args.pipeline, args.conns, args.requests,
-                                                     args.keyspace, args.value_size, 2)
+                        r = target(arch).bench(port, args.pipeline, args.conns, args.requests, args.keyspace,
+                                               args.value_size)
                         cpu = common.cpu_seconds(n.pid) - cpu0
-                        rows.append({"round": rnd, "row": row, "arch": arch, "pipeline": args.pipeline,
-                                     "conns": args.conns, "requests": args.requests,
-                                     "throughput": round(r["throughput"]), "p99_us": round(r["p99_us"], 1),
-                                     "server_cpu_s": round(cpu, 3), "peer": "netns" if host else "loopback"})
-                        common.write_csv(CSV, rows)
-                        print(f"[{row:4s} round {rnd + 1}/{args.rounds}] {arch:16s} {r['throughput']:>10,.0f} SET/s "
-                              f"p99 {r['p99_us']:8.0f} us cpu {cpu:5.2f} s", file=sys.stderr, flush=True)
+                        busy = int(n.stats()["udp_busy_us"]) - busy0 if udp else ""
+                        sweep.add({"round": rnd, "row": row, "arch": arch, "pipeline": args.pipeline,
+                                   "conns": args.conns, "requests": args.requests,
+                                   "throughput": round(r["throughput"]), "p50_us": round(r["lat_p50_us"], 1),
+                                   "p99_us": round(r["lat_p99_us"], 1), "timeouts": r.get("timeouts", 0),
+                                   "server_cpu_s": round(cpu, 3),
+                                   "server_cpu_us_per_req": round(cpu * 1e6 / max(1, r["requests"]), 2),
+                                   "udp_busy_us_per_req": round(busy / max(1, r["requests"]), 3) if udp else "",
+                                   "net": "netns" if hosts else "loopback"},
+                                  f"[{row:4s} round {rnd + 1}/{args.rounds}] {arch:16s} {r['throughput']:>10,.0f} "
+                                  f"SET/s p99 {r['lat_p99_us']:8.0f} us cpu {cpu:5.2f} s")
             finally:
-                for n in servers.values():
+                for n in list(servers.values()) + peers:
                     n.stop()
                 for d in dirs:
                     shutil.rmtree(d, ignore_errors=True)
     finally:
-        if peer:
-            peer.stop()
-        if host:
-            host.close()
-        shutil.rmtree(peer_dir, ignore_errors=True)
-    return rows
+        for h in hosts.values():
+            h.close()
+        if sweep:
+            sweep.close()
+    return sweep.rows
 
 
-def medians(rows):
+def medians(rows, field="throughput"):
     out = {}
     for r in rows:
-        out.setdefault((r["row"], r["arch"]), []).append(float(r["throughput"]))
+        out.setdefault((r["row"], r["arch"]), []).append(float(r[field]))
     return {k: statistics.median(v) for k, v in out.items()}
 
 
 def report(rows):
     med = medians(rows)
+    cpu = medians(rows, "server_cpu_us_per_req")
     archs = [a for a in ARCHS if any(k[1] == a for k in med)]
     print("req/s (median) " + "".join(f"{r:>12s}" for r in ROWS))
     for a in archs:
         print(f"{a:15s}" + "".join(f"{med.get((r, a), 0):>12,.0f}" for r in ROWS))
     for name, vals in PAPER.items():
         print(f"{'paper ' + name:15.15s}" + "".join(f"{v:>12,}" for v in vals))
+    print("server CPU us/request (median)")
+    for a in archs:
+        print(f"{a:15s}" + "".join(f"{cpu.get((r, a), 0):>12.2f}" for r in ROWS))
+    busy = medians([r for r in rows if r.get("udp_busy_us_per_req") not in (None, "")], "udp_busy_us_per_req")
+    if busy:
+        print("UDP worker busy time, us/request (median; a dpdk lcore busy-polls, so its CPU time is all of it)")
+        for a in ("udp", "dpdk"):
+            if any(k[1] == a for k in busy):
+                print(f"{a:15s}" + "".join(f"{busy.get((r, a), 0):>12.3f}" for r in ROWS))
     for a in archs:
         nh = med.get(("NH", a))
         if nh:
             print(f"{a:15s} ratios to NH: " + ", ".join(
-                f"{r}/NH {med[(r, a)] / nh:.2f}" for r in ("NHD", "NHL", "NHDL") if (r, a) in med))
-    tp = {r: med.get((r, "threadpool")) for r in ROWS}
-    for a in archs[1:]:
-        print(f"{a} / threadpool: " + ", ".join(f"{r} {med[(r, a)] / tp[r]:.2f}x" for r in ROWS
-                                                if tp.get(r) and (r, a) in med))
+                f"{r}/NH {med[(r, a)] / nh:.2f}" for r in ("N", "NHD", "NHL", "NHDL") if (r, a) in med))
+    for base in ("threadpool", "udp"):
+        for a in archs:
+            if a == base or (base == "udp" and a != "dpdk"):
+                continue
+            pairs = [(r, med[(r, a)] / med[(r, base)]) for r in ROWS if (r, a) in med and med.get((r, base))]
+            if pairs:
+                print(f"{a} / {base}: " + ", ".join(f"{r} {x:.2f}x" for r, x in pairs))
     print("paper mTCP / LinuxTCP: " + ", ".join(f"{r} {m / l:.2f}x" for r, m, l in
                                                 zip(ROWS, PAPER["mTCP/DPDK pollers"], PAPER["LinuxTCP thread pool"])))
 
@@ -155,17 +262,20 @@ def plot(rows):
     import matplotlib.pyplot as plt
     med = medians(rows)
     archs = [a for a in ARCHS if any(k[1] == a for k in med)]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
     w = 0.8 / len(archs)
     for i, a in enumerate(archs):
         axes[0].bar([x + i * w for x in range(len(ROWS))], [med.get((r, a), 0) for r in ROWS], w, label=a)
-    axes[0].set_title("kvstore on this 2-core VM (kernel TCP, loopback + netns peer)", fontsize=10)
+    net = rows[0].get("net", "loopback") if rows else "loopback"
+    axes[0].set_title(f"kvstore on this 2-core VM (clients over {'a veth pair' if net == 'netns' else net})",
+                      fontsize=10)
     w2 = 0.8 / len(PAPER)
     for i, (name, vals) in enumerate(PAPER.items()):
         axes[1].bar([x + i * w2 for x in range(len(ROWS))], vals, w2, label=name)
     axes[1].set_title("paper 000, Table 1 (4 machines, 10 GbE)", fontsize=10)
-    for ax, ww in ((axes[0], w * len(archs)), (axes[1], w2 * len(PAPER))):
-        ax.set_xticks([x + ww / 2 - (w if ax is axes[0] else w2) / 2 for x in range(len(ROWS))])
+    for ax, ww in ((axes[0], w), (axes[1], w2)):
+        n = len(archs) if ax is axes[0] else len(PAPER)
+        ax.set_xticks([x + ww * (n - 1) / 2 for x in range(len(ROWS))])
         ax.set_xticklabels(ROWS)
         ax.set_ylabel("inserts/s")
         ax.grid(axis="y", alpha=0.3)
@@ -187,11 +297,19 @@ def main():
     ap.add_argument("--pipeline", type=int, default=1)
     ap.add_argument("--pollers", type=int, default=2)
     ap.add_argument("--workers", type=int, default=32, help="threadpool size")
+    ap.add_argument("--udp-workers", type=int, default=1, help="threads (udp) or lcores (dpdk) of the UDP front ends")
+    ap.add_argument("--client-threads", type=int, default=2, help="kvstore bench threads")
+    ap.add_argument("--client-cpus", default="", help="pin the client to these CPUs (taskset -c), e.g. 0")
     ap.add_argument("--full-memory", default="48mb", help="--max-memory of the D rows")
     ap.add_argument("--tag", default="", help="suffix of the output files (for a second load)")
     ap.add_argument("--plot-only", action="store_true")
+    common.add_sweep_args(ap)
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop servers, remove namespaces
     name_outputs(args.tag)
+    if not args.plot_only and "dpdk" in args.archs and dpdk_unavailable():
+        print(f"note: dpdk left out: {dpdk_unavailable()}", file=sys.stderr)
+        args.archs = [a for a in args.archs if a != "dpdk"]
     rows = common.read_csv(CSV) if args.plot_only else measure(args)
     report(rows)
     plot(rows)

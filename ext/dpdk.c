@@ -30,6 +30,7 @@
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
 #include <rte_pause.h>
+#include <rte_cycles.h>
 #include <rte_udp.h>
 
 #include "bosc.h"
@@ -44,8 +45,10 @@
 #define NB_MBUF 8191
 #define MBUF_CACHE 256
 #define IDLE_SPINS 200000             /* empty polls before the lcore starts napping */
-#define IDLE_NAP_US 20                /* nap between polls once idle: a shared machine
-                                         should not lose a whole core to an idle server */
+#define IDLE_NAP_US 20                /* first nap between polls once idle, doubling up to
+                                         IDLE_NAP_MAX_US: a shared machine should not lose
+                                         a core (or 10 % of one) to an idle server */
+#define IDLE_NAP_MAX_US 1000
 #define STALL_SPINS 100000            /* a stalled request runs again at least this often,
                                          in case a wakeup was lost (a refused load request) */
 #define HDRS (sizeof(struct rte_ether_hdr) + sizeof(struct rte_ipv4_hdr) + sizeof(struct rte_udp_hdr))
@@ -235,8 +238,20 @@ static int lcore_main(void *arg)
 {
     struct dp_lcore *lc = arg;
     struct dp_port *d = lc->d;
-    unsigned idle = 0;
+    unsigned idle = 0, nap = IDLE_NAP_US;
+    const double ns_per_tick = 1e9 / (double)rte_get_tsc_hz();
+    uint64_t t0 = rte_rdtsc(), busy = 0;
+    int worked = 0;
     while (!atomic_load_explicit(&d->stopping, memory_order_acquire)) {
+        /* busy time: turns that did work (the lcore's CPU time is all of its time) */
+        uint64_t t = rte_rdtsc();
+        if (worked)
+            busy += t - t0;
+        t0 = t;
+        if (busy > 1000000) {
+            uf_inc(&lc->w.st.busy_ns, (uint64_t)((double)busy * ns_per_tick));
+            busy = 0;
+        }
         send_ready(lc);
         int progress = run_received(lc);
         if (lc->rx_i == lc->rx_n && lc->n < RING - BURST) {
@@ -246,16 +261,20 @@ static int lcore_main(void *arg)
             lc->rx_n = n;
             progress += n;
         }
+        worked = progress > 0;
         if (progress) {
             idle = 0;
+            nap = IDLE_NAP_US;
             continue;
         }
-        if (lc->n || lc->stalled) /* waiting for the log or the data file: keep polling */
+        if (lc->n || lc->stalled) { /* waiting for the log or the data file: keep polling */
             rte_pause();
-        else if (++idle > IDLE_SPINS)
-            usleep(IDLE_NAP_US);
-        else
+        } else if (++idle > IDLE_SPINS) {
+            usleep(nap);
+            nap = nap * 2 > IDLE_NAP_MAX_US ? IDLE_NAP_MAX_US : nap * 2;
+        } else {
             rte_pause();
+        }
     }
     return 0;
 }

@@ -203,11 +203,12 @@ int srv_info(struct srv *s, int argc, const char **argv, const size_t *argl, int
                 kvbuf_printf(&b,
                              "udp_rx_packets:%llu\r\nudp_tx_packets:%llu\r\nudp_requests:%llu\r\n"
                              "udp_dropped_not_ours:%llu\r\nudp_tx_failed:%llu\r\nudp_bad_frames:%llu\r\n"
-                             "udp_held_for_log:%llu\r\nudp_stalled:%llu\r\n",
+                             "udp_held_for_log:%llu\r\nudp_stalled:%llu\r\nudp_busy_us:%llu\r\n",
                              (unsigned long long)st.udp_rx, (unsigned long long)st.udp_tx,
                              (unsigned long long)st.udp_requests, (unsigned long long)st.udp_dropped,
                              (unsigned long long)st.udp_tx_failed, (unsigned long long)st.udp_bad,
-                             (unsigned long long)st.udp_held, (unsigned long long)st.udp_stalls);
+                             (unsigned long long)st.udp_held, (unsigned long long)st.udp_stalls,
+                             (unsigned long long)(st.udp_busy_ns / 1000));
         } else if (!strcmp(sec, "pollers")) {
             uint64_t tot[4] = {0};
             for (int i = 0; i < s->npollers; i++) {

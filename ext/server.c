@@ -1142,6 +1142,7 @@ void srv_get_stats(struct srv *s, struct srv_stats *st)
     st->udp_bad = u.bad_frames;
     st->udp_held = u.held;
     st->udp_stalls = u.stalls;
+    st->udp_busy_ns = u.busy_ns;
 }
 
 void srv_reset_stats(struct srv *s)

@@ -74,7 +74,7 @@ struct srv_stats {
     int pollers;
     /* arch udp/dpdk: UDP front end counters (zero otherwise; see uf_totals);
      * udp_requests are not in total_commands */
-    uint64_t udp_rx, udp_tx, udp_requests, udp_dropped, udp_tx_failed, udp_bad, udp_held, udp_stalls;
+    uint64_t udp_rx, udp_tx, udp_requests, udp_dropped, udp_tx_failed, udp_bad, udp_held, udp_stalls, udp_busy_ns;
 };
 
 /* Create a server over table t (not owned) and bind its listeners. Nothing runs

@@ -159,4 +159,5 @@ void uf_add_totals(const struct uf_stats *st, struct uf_totals *t)
     t->bad_frames += atomic_load_explicit(&st->bad_frames, memory_order_relaxed);
     t->held += atomic_load_explicit(&st->held, memory_order_relaxed);
     t->stalls += atomic_load_explicit(&st->stalls, memory_order_relaxed);
+    t->busy_ns += atomic_load_explicit(&st->busy_ns, memory_order_relaxed);
 }

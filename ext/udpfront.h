@@ -42,13 +42,15 @@ struct kv_table;
 /* Counters of one worker: single writer (its thread), read by INFO. */
 struct uf_stats {
     _Atomic uint64_t rx_packets, tx_packets, requests, dropped, tx_failed, bad_frames, held, stalls;
+    _Atomic uint64_t busy_ns; /* time in loop turns that did work (a busy-polling lcore's CPU time
+                                 is all of its time: this is the part that served requests) */
 };
 
 /* Sums over workers, for srv_get_stats. dropped: not for us (ARP, IPv6, other
  * ports); bad: malformed; held: replies that waited for the log; stalls: requests
  * that waited for the data file. */
 struct uf_totals {
-    uint64_t rx_packets, tx_packets, requests, dropped, tx_failed, bad_frames, held, stalls;
+    uint64_t rx_packets, tx_packets, requests, dropped, tx_failed, bad_frames, held, stalls, busy_ns;
 };
 
 struct uf_worker {

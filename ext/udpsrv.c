@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bosc.h"
@@ -162,10 +163,18 @@ static int receive(struct us_worker *k)
     return n;
 }
 
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void *worker_main(void *arg)
 {
     struct us_worker *k = arg;
     struct us_server *u = k->u;
+    uint64_t t0 = now_ns();
     while (!atomic_load_explicit(&u->stopping, memory_order_acquire)) {
         send_ready(k);
         int progress = run_received(k);
@@ -175,6 +184,8 @@ static void *worker_main(void *arg)
             send_ready(k);
             continue;
         }
+        uint64_t t = now_ns(); /* busy since the last wait: the time spent serving */
+        uf_inc(&k->w.st.busy_ns, t - t0);
         /* Nothing to do until a datagram comes (if we may take one), or the log or
          * the data file moves on (eventfd). */
         int may_receive = k->rx_i == k->rx_n && k->n < RING - BURST;
@@ -184,6 +195,7 @@ static void *worker_main(void *arg)
             ssize_t r = read(k->evfd, &v, sizeof v);
             (void)r;
         }
+        t0 = now_ns();
     }
     return NULL;
 }

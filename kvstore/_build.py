@@ -98,7 +98,7 @@ struct srv_stats {
     uint64_t connected_clients, total_connections, rejected_connections;
     uint64_t total_commands, bytes_in, bytes_out, protocol_errors;
     int pollers;
-    uint64_t udp_rx, udp_tx, udp_requests, udp_dropped, udp_tx_failed, udp_bad, udp_held, udp_stalls;
+    uint64_t udp_rx, udp_tx, udp_requests, udp_dropped, udp_tx_failed, udp_bad, udp_held, udp_stalls, udp_busy_ns;
 };
 int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cfg, char *err, size_t errlen);
 int srv_start(struct srv *s, char *err, size_t errlen);

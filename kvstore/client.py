@@ -28,7 +28,7 @@ class Client(redis.Redis):
                 "total_epoll_wait_calls", "total_epoll_ctl_calls", "total_read_calls",
                 "total_write_calls", "poll_policy", "pollers", "kvstore_version", "tcp_port",
                 "udp_rx_packets", "udp_tx_packets", "udp_requests", "udp_dropped_not_ours", "udp_tx_failed",
-                "udp_bad_frames", "udp_held_for_log", "udp_stalled", "udp_port", "udp_workers")  # --arch udp/dpdk
+                "udp_bad_frames", "udp_held_for_log", "udp_stalled", "udp_busy_us", "udp_port", "udp_workers")  # --arch udp/dpdk
         out = {k: info[k] for k in keys if k in info}
         out["poller_stats"] = pollers
         return out

@@ -112,7 +112,7 @@ class Server:
                                          "total_commands", "bytes_in", "bytes_out", "protocol_errors")}
         if self.config.arch in ("udp", "dpdk"):
             d["udp"] = {f: getattr(st, "udp_" + f) for f in ("rx", "tx", "requests", "dropped", "tx_failed", "bad",
-                                                              "held", "stalls")}
+                                                              "held", "stalls", "busy_ns")}
         ps = ffi.new("struct srv_poller_stats *")
         d["pollers"] = []
         for i in range(st.pollers):
