@@ -100,8 +100,8 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-def run_redis_benchmark(port, op, pipeline, conns, requests, keyspace, value_size):
-    cmd = ["redis-benchmark", "-p", str(port), "-t", op.lower(), "-P", str(pipeline), "-c", str(conns),
+def run_redis_benchmark(port, op, pipeline, conns, requests, keyspace, value_size, prefix=()):
+    cmd = [*prefix, "redis-benchmark", "-p", str(port), "-t", op.lower(), "-P", str(pipeline), "-c", str(conns),
            "-n", str(requests), "-d", str(value_size), "-r", str(keyspace), "--csv", "--threads", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     line = [ln for ln in out.splitlines() if ln.startswith(f'"{op.upper()}"')][-1]

@@ -44,9 +44,9 @@ def counters(port):
                                     "total_read_calls", "total_write_calls")}
 
 
-def mix_load(port, seconds, device_rate):
+def mix_load(port, seconds, device_rate, prefix=()):
     """950 open-loop devices + 50 closed-loop gateways at once; returns the gateways' throughput."""
-    kv = [sys.executable, "-m", "kvstore.cli", "bench", "-p", str(port), "-d", "85", "-r", "1000000",
+    kv = [*prefix, sys.executable, "-m", "kvstore.cli", "bench", "-p", str(port), "-d", "85", "-r", "1000000",
           "--ratio", "9:1", "--duration", str(seconds), "--json"]
     devices = subprocess.Popen(kv + ["-t", "1", "-c", "950", "-P", "1", "--rate", str(device_rate)],
                                stdout=subprocess.PIPE, text=True)
@@ -58,48 +58,57 @@ def mix_load(port, seconds, device_rate):
     return {"throughput": g["throughput"] + d["throughput"], "p99_us": g["lat_p99_us"]}
 
 
+def load_name(op, p, conns):
+    return f"{op} P{p} c{conns}" if op != "MIX" else "mix c1000"
+
+
 def measure(args):
     dirs, nodes = [], {}
-    rows = []
     loads = [(op, p, c) for c in args.conns for p in args.pipelines for op in ("SET", "GET")] + [("MIX", 0, 1000)]
+    names = {load_name(*ld) for ld in loads}
+    sweep = common.Sweep(CSV, ("round", "load", "policy"), args.rounds * len(loads) * len(POLICIES), args,
+                         selected=lambda r: r["load"] in names, desc="flexpoll")
+    client = ("taskset", "-c", "0") if args.pin else ()
     try:
         for pol in POLICIES:
             d = tempfile.mkdtemp(prefix=f"kv-flex-{pol}-")
             dirs.append(d)
             nodes[pol] = Node(port=0, threads=args.threads, data_dir=d, poll_policy=pol, maxclients=4000).start()
+            if args.pin:  # every thread of the server on CPU 1, the client on CPU 0
+                subprocess.run(["taskset", "-a", "-p", "-c", "1", str(nodes[pol].pid)], check=True,
+                               capture_output=True)
             common.run_redis_benchmark(nodes[pol].port, "SET", 16, 50, 200_000, 1_000_000, 85)  # keys for GET
-        total = args.rounds * len(loads) * len(POLICIES)
         for rnd in range(args.rounds):
             for op, p, conns in loads:
                 order = POLICIES if rnd % 2 == 0 else list(reversed(POLICIES))
                 for pol in order:
+                    if sweep.has(round=rnd, load=load_name(op, p, conns), policy=pol):
+                        continue
                     n = nodes[pol]
                     c0, cpu0 = counters(n.port), common.cpu_seconds(n.pid)
                     if op == "MIX":
-                        r = mix_load(n.port, args.mix_seconds, args.device_rate)
+                        r = mix_load(n.port, args.mix_seconds, args.device_rate, client)
                     else:
                         req = args.requests if p > 1 else args.requests // 5
-                        r = common.run_redis_benchmark(n.port, op, p, conns, req, 1_000_000, 85)
+                        r = common.run_redis_benchmark(n.port, op, p, conns, req, 1_000_000, 85, prefix=client)
                     cpu = common.cpu_seconds(n.pid) - cpu0
                     c1 = counters(n.port)
                     cmds = max(1, c1["total_commands_processed"] - c0["total_commands_processed"])
                     per = {name: round((c1[f"total_{name}_calls"] - c0[f"total_{name}_calls"]) / cmds, 4)
                            for name in ("epoll_ctl", "epoll_wait", "read", "write")}
-                    rows.append({"round": rnd, "load": f"{op} P{p} c{conns}" if op != "MIX" else "mix c1000",
-                                 "policy": pol, "throughput": round(r["throughput"]), "p99_us": round(r["p99_us"], 1),
-                                 "server_cpu_us_per_req": round(cpu / cmds * 1e6, 3),
-                                 **{f"{name}_per_req": v for name, v in per.items()}})
-                    common.write_csv(CSV, rows)
-                    last = rows[-1]
-                    print(f"[{len(rows)}/{total}] {last['load']:14s} {pol:8s} {r['throughput']:>10,.0f} req/s "
-                          f"ctl/req {last['epoll_ctl_per_req']:.3f} wait/req {last['epoll_wait_per_req']:.3f}",
-                          file=sys.stderr, flush=True)
+                    row = {"round": rnd, "load": load_name(op, p, conns), "policy": pol,
+                           "throughput": round(r["throughput"]), "p99_us": round(r["p99_us"], 1),
+                           "server_cpu_us_per_req": round(cpu / cmds * 1e6, 3), "pinned": int(args.pin),
+                           **{f"{name}_per_req": v for name, v in per.items()}}
+                    sweep.add(row, f"{row['load']:14s} {pol:8s} {r['throughput']:>10,.0f} req/s "
+                                   f"ctl/req {row['epoll_ctl_per_req']:.3f} wait/req {row['epoll_wait_per_req']:.3f}")
     finally:
         for n in nodes.values():
             n.stop()
         for d in dirs:
             shutil.rmtree(d, ignore_errors=True)
-    return rows
+        sweep.close()
+    return sweep.rows
 
 
 def medians(rows, field="throughput"):
@@ -145,7 +154,7 @@ def plot(rows):
     print(f"wrote {PNG}", file=sys.stderr)
 
 
-def main():
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=1_000_000, help="per P16 run (P1: a fifth)")
@@ -154,8 +163,20 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--mix-seconds", type=float, default=4.0)
     ap.add_argument("--device-rate", type=float, default=20_000, help="total req/s of the 950 devices")
+    ap.add_argument("--pin", action="store_true", help="servers on CPU 1, clients on CPU 0 (steadier on 2 cores)")
+    ap.add_argument("--tag", default="", help="suffix of the output files (for a second setup)")
     ap.add_argument("--plot-only", action="store_true")
-    args = ap.parse_args()
+    common.add_sweep_args(ap)
+    args = ap.parse_args(argv)
+    global CSV, PNG
+    if args.tag:
+        CSV = os.path.join(common.RESULTS, f"flexpoll_compare_{args.tag}.csv")
+        PNG = os.path.join(common.RESULTS, f"flexpoll_compare_{args.tag}.png")
+    return args
+
+
+def main():
+    args = parse_args()
     rows = common.read_csv(CSV) if args.plot_only else measure(args)
     report(rows)
     plot(rows)

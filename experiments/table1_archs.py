@@ -285,7 +285,9 @@ def plot(rows):
     print(f"wrote {PNG}", file=sys.stderr)
 
 
-def main():
+def parse_args(argv=None):
+    """The command line (argv: a list, e.g. from a notebook; None: sys.argv); dpdk is left
+    out, with a note, where it cannot run."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", nargs="+", default=ROWS, choices=ROWS)
     ap.add_argument("--archs", nargs="+", default=ARCHS, choices=ARCHS)
@@ -304,12 +306,17 @@ def main():
     ap.add_argument("--tag", default="", help="suffix of the output files (for a second load)")
     ap.add_argument("--plot-only", action="store_true")
     common.add_sweep_args(ap)
-    args = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop servers, remove namespaces
+    args = ap.parse_args(argv)
     name_outputs(args.tag)
     if not args.plot_only and "dpdk" in args.archs and dpdk_unavailable():
         print(f"note: dpdk left out: {dpdk_unavailable()}", file=sys.stderr)
         args.archs = [a for a in args.archs if a != "dpdk"]
+    return args
+
+
+def main():
+    args = parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop servers, remove namespaces
     rows = common.read_csv(CSV) if args.plot_only else measure(args)
     report(rows)
     plot(rows)

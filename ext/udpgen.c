@@ -1,4 +1,4 @@
-/* udpgen.c - UDP load generator (see udpgen.h; frame format in dpdk.h).
+/* udpgen.c - UDP load generator (see udpgen.h; frame format in udpfront.h).
  * Threads: ug_run's caller waits; each worker thread owns its sockets, slots and
  * histogram; the only shared state is the request budget (atomic) and the result
  * merge after join. Reads replies from the network: lengths are checked before use. */

@@ -1,6 +1,6 @@
-/* udpgen.h - UDP load generator for the kernel-bypass front end (--arch dpdk):
+/* udpgen.h - UDP load generator for the UDP front ends (--arch udp, --arch dpdk):
  * kernel UDP sockets, sendmmsg/recvmmsg batches, several requests in flight per
- * socket, replies matched by the 8-byte frame header's id (framing in dpdk.h).
+ * socket, replies matched by the 8-byte frame header's id (framing in udpfront.h).
  * Called from Python through cffi like lg_run: blocks, never prints, never exits.
  * Lost datagrams are not retried: a request without a reply within timeout_ms is
  * counted in *timeouts and its slot reused. */

@@ -30,7 +30,7 @@ def run(host="127.0.0.1", port=6380, threads=2, conns=50, pipeline=1, value_size
     about once a second if given). Ctrl-C stops the load early and returns what was
     measured so far.
 
-    udp=True drives the UDP front end (--arch dpdk): `conns` UDP sockets, `pipeline`
+    udp=True drives the UDP front end (--arch udp or dpdk): `conns` UDP sockets, `pipeline`
     requests in flight on each, replies matched by the frame id; the result has a
     `timeouts` count (requests whose reply never came within timeout_ms)."""
     s, g = parse_ratio(ratio)

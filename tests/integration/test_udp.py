@@ -13,8 +13,9 @@ import time
 import pytest
 
 import udp_client
-from conftest import UdpConn, resp_cmd
+from conftest import Incomplete, UdpConn, resp_cmd, resp_reply_end
 from kvstore import Node
+from test_redis_compat import REPLY_CASES, converse
 
 pytestmark = pytest.mark.timeout(120)
 CLI = [sys.executable, "-m", "kvstore.cli"]
@@ -32,6 +33,53 @@ def test_every_reply_checked_and_the_bench(tmp_path):
             info = c.info("server")
         assert info["arch"] == "udp" and info["udp_port"] == node.udp_port and info["udp_workers"] == 2
         assert node.stop() == 0, node.log()[-2000:]
+
+
+def one_per_datagram(request_bytes, n):
+    """The case's requests, one per datagram; None where the UDP front end cannot carry the case
+    as it stands: inline or partial requests, replies not one per request, or state kept between
+    requests (a datagram is its own connection: HELLO, CLIENT SETNAME, AUTH last one request)."""
+    out, pos = [], 0
+    while pos < len(request_bytes):
+        if request_bytes[pos:pos + 1] != b"*":
+            return None
+        try:
+            end = resp_reply_end(request_bytes, pos)  # a request is an array of bulk strings
+        except (Incomplete, ValueError):
+            return None
+        out.append(request_bytes[pos:end])
+        pos = end
+    words = {r.split(b"\r\n")[2].upper() for r in out if r.count(b"\r\n") > 2}
+    if len(out) != n or words & {b"HELLO", b"CLIENT", b"AUTH", b"QUIT"}:
+        return None
+    return out
+
+
+UDP_CASES = [(name, reqs) for name, b, n in REPLY_CASES if (reqs := one_per_datagram(b, n))]
+
+
+@pytest.fixture(scope="module")
+def udp_plain(tmp_path_factory):
+    n = Node(port=0, data_dir=tmp_path_factory.mktemp("udp"), arch="udp", udp_port=0, udp_workers=2).start()
+    yield n
+    n.stop()
+
+
+@pytest.mark.parametrize("name,requests", UDP_CASES, ids=[c[0] for c in UDP_CASES])
+def test_same_replies_as_redis_over_udp(redis_server, udp_plain, name, requests):
+    """The compatibility cases that fit the UDP front end (one request per datagram, no
+    connection state): the same bytes as redis-server gives over TCP, each reply in its own
+    datagram, with the ERROR flag never set (these are command errors, not framing errors)."""
+    want = converse(redis_server.port, b"".join(requests), len(requests))
+    with UdpConn(udp_plain.udp_port) as u:
+        assert u.call("FLUSHALL") == b"+OK\r\n"
+        got = [u.reply(u.send(r)) for r in requests + [resp_cmd("PING")]]
+    assert [flags for flags, _ in got] == [1] * len(got)
+    assert [reply for _, reply in got] == want
+
+
+def test_cases_over_udp_cover_the_commands():
+    assert len(UDP_CASES) >= 40, [c[0] for c in UDP_CASES]
 
 
 def test_network_only_answers_without_storing(tmp_path):
