@@ -240,6 +240,11 @@ static void update_interest(struct conn *c, int spurious)
         ev |= c->interest & EPOLLOUT;
     }
     set_interest(c, ev);
+    /* Edge-triggered, the EPOLLOUT a registered, writable socket gave is not given
+     * again: bytes that became sendable since (the log made a held reply durable
+     * after this round's write) go out at the round's end, or never. */
+    if (pol->edge && pending && c->writable && (c->interest & EPOLLOUT) && !c->closed)
+        list_pending(c);
 }
 
 static void list_pending(struct conn *c)
