@@ -118,14 +118,25 @@ def medians(rows, field="throughput"):
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def paired(rows, load, a, b):
+    """Median over rounds of a/b measured side by side (steadier than a ratio of medians
+    when the machine's speed drifts between rounds)."""
+    t = {(r["policy"], str(r["round"])): float(r["throughput"]) for r in rows if r["load"] == load}
+    x = [t[(a, rnd)] / t[(b, rnd)] for (p, rnd) in t if p == a and (b, rnd) in t]
+    return statistics.median(x) if x else float("nan")
+
+
 def report(rows):
-    med, ctl = medians(rows), medians(rows, "epoll_ctl_per_req")
+    med, ctl, wait = medians(rows), medians(rows, "epoll_ctl_per_req"), medians(rows, "epoll_wait_per_req")
     loads = list(dict.fromkeys(r["load"] for r in rows))
-    print(f"{'load':16s}" + "".join(f"{p:>12s}" for p in POLICIES) + "  flex/strict  flex/direct  ctl/req s/f/d")
+    print(f"{'load':16s}" + "".join(f"{p:>12s}" for p in POLICIES)
+          + "  flex/strict  flex/direct (paired)  ctl/req s/f/d   wait/req s/f/d")
     for ld in loads:
         v = [med[(ld, p)] for p in POLICIES]
-        print(f"{ld:16s}" + "".join(f"{x:>12,.0f}" for x in v) + f"  {v[1] / v[0]:10.2f}x  {v[1] / v[2]:10.2f}x  "
-              + "/".join(f"{ctl[(ld, p)]:.2f}" for p in POLICIES))
+        print(f"{ld:16s}" + "".join(f"{x:>12,.0f}" for x in v)
+              + f"  {paired(rows, ld, 'flexpoll', 'strict'):10.2f}x  {paired(rows, ld, 'flexpoll', 'direct'):10.2f}x"
+              + "           " + "/".join(f"{ctl[(ld, p)]:.2f}" for p in POLICIES)
+              + "  " + "/".join(f"{wait[(ld, p)]:.2f}" for p in POLICIES))
     print(f"paper: FlexPoll / Redis (strict) {PAPER['micro']:.3f}x micro, {PAPER['real-world']:.3f}x real-world")
 
 

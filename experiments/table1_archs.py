@@ -93,7 +93,7 @@ class Target:
         cmd = [sys.executable, "-m", "kvstore.cli", "bench", "--host", self.addr, "-p", str(port),
                "-t", str(self.args.client_threads),
                "-c", str(conns), "-P", str(pipeline), "-n", str(requests), "-r", str(keyspace),
-               "-d", str(value_size), "--ratio", "1:0", "--json"]
+               "-d", str(value_size), "--ratio", "1:0", "--duration", "120", "--json"]
         if self.udp:
             cmd += ["--udp", "--timeout-ms", "2000"]
         if self.args.client_cpus:
@@ -175,9 +175,12 @@ def measure(args):
                         peers.append(peer)
                     n = Node(bind=bind, port=0, data_dir=d, **settings_for(row, arch, args, peer_addr, hosts))
                     servers[arch] = n.start(60)
-                    # warm up: a full pass of the key space (fills memory for D)
-                    port = n.udp_port if arch in ("udp", "dpdk") else n.port
-                    target(arch).bench(port, 16, 50, args.keyspace, args.keyspace, args.value_size)
+                    # warm up: a full pass of the key space (fills memory for D); the UDP front
+                    # ends one datagram in flight per socket (see the README on AF_XDP bursts)
+                    udp = arch in ("udp", "dpdk")
+                    port = n.udp_port if udp else n.port
+                    target(arch).bench(port, 1 if udp else 16, args.conns if udp else 50, args.keyspace,
+                                       args.keyspace, args.value_size)
                 for rnd in range(args.rounds):
                     order = archs if rnd % 2 == 0 else list(reversed(archs))
                     for arch in order:
@@ -245,13 +248,21 @@ def report(rows):
         if nh:
             print(f"{a:15s} ratios to NH: " + ", ".join(
                 f"{r}/NH {med[(r, a)] / nh:.2f}" for r in ("N", "NHD", "NHL", "NHDL") if (r, a) in med))
+    # ratios of points measured side by side (same row and round), then their median:
+    # steadier than a ratio of medians when the machine's speed drifts between rounds
+    tput = {(r["row"], r["arch"], r["round"]): float(r["throughput"]) for r in rows}
     for base in ("threadpool", "udp"):
         for a in archs:
             if a == base or (base == "udp" and a != "dpdk"):
                 continue
-            pairs = [(r, med[(r, a)] / med[(r, base)]) for r in ROWS if (r, a) in med and med.get((r, base))]
+            pairs = []
+            for row in ROWS:
+                x = [tput[(row, a, rnd)] / tput[(row, base, rnd)] for (rw, ar, rnd) in tput
+                     if rw == row and ar == a and (row, base, rnd) in tput]
+                if x:
+                    pairs.append((row, statistics.median(x)))
             if pairs:
-                print(f"{a} / {base}: " + ", ".join(f"{r} {x:.2f}x" for r, x in pairs))
+                print(f"{a} / {base} (paired): " + ", ".join(f"{r} {x:.2f}x" for r, x in pairs))
     print("paper mTCP / LinuxTCP: " + ", ".join(f"{r} {m / l:.2f}x" for r, m, l in
                                                 zip(ROWS, PAPER["mTCP/DPDK pollers"], PAPER["LinuxTCP thread pool"])))
 
