@@ -47,8 +47,8 @@ struct uf_stats {
 };
 
 /* Sums over workers, for srv_get_stats. dropped: not for us (ARP, IPv6, other
- * ports); bad: malformed; held: replies that waited for the log; stalls: requests
- * that waited for the data file. */
+ * ports); bad: malformed; held: replies that waited for the log; stalls: times a
+ * request had to wait for the data file (a retry that must wait again counts again). */
 struct uf_totals {
     uint64_t rx_packets, tx_packets, requests, dropped, tx_failed, bad_frames, held, stalls, busy_ns;
 };

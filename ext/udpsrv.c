@@ -68,8 +68,8 @@ struct us_server {
     struct us_worker *wk;
 };
 
-/* Send ring replies in order while their LSN is durable. Returns how many left. */
-static unsigned send_ready(struct us_worker *k)
+/* Send ring replies in order while their LSN is durable. */
+static void send_ready(struct us_worker *k)
 {
     int failed;
     uint64_t durable = uf_durable(&k->w, &failed);
@@ -77,7 +77,7 @@ static unsigned send_ready(struct us_worker *k)
         uf_inc(&k->w.st.tx_failed, k->n);
         k->head = (k->head + k->n) % RING;
         k->n = 0;
-        return 0;
+        return;
     }
     unsigned sent = 0;
     while (k->n) {
@@ -106,7 +106,6 @@ static unsigned send_ready(struct us_worker *k)
         k->n -= (unsigned)r;
     }
     uf_inc(&k->w.st.tx_packets, sent);
-    return k->n;
 }
 
 /* Run received datagrams until all ran, one stalls, or the ring is full.
