@@ -816,50 +816,67 @@ static void *poller_main(void *arg)
 
 /* ---- listeners and lifecycle */
 
-static int make_listener(struct srv *s, int reuseport, char *err, size_t errlen)
+int srv_bind_socket(int type, const char *bind_addr, int *port, int reuseport, int probe, const char *what,
+                    char *err, size_t errlen)
 {
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
-    if (inet_pton(AF_INET, s->bind, &sa.sin_addr) != 1) {
-        snprintf(err, errlen, "invalid bind address '%s': expected an IPv4 address such as 127.0.0.1",
-                 s->bind);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)*port)};
+    if (inet_pton(AF_INET, bind_addr, &sa.sin_addr) != 1) {
+        snprintf(err, errlen, "invalid bind address '%s': expected an IPv4 address such as 127.0.0.1", bind_addr);
         return -EINVAL;
     }
+    int stream = (type & 0xf) == SOCK_STREAM; /* TCP: SO_REUSEADDR, or TIME_WAIT blocks a restart */
     int fd = -1, one = 1;
-    if (reuseport && s->port != 0 && !s->port_probed) {
+    if (probe) {
         /* SO_REUSEPORT would let us silently join another server's port (same
          * uid) and split its traffic. A plain bind first fails if anyone holds it. */
-        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        fd = socket(AF_INET, (type & 0xf) | SOCK_CLOEXEC, 0);
         if (fd < 0)
             goto err;
-        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (stream)
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         if (bind(fd, (struct sockaddr *)&sa, sizeof sa))
             goto err;
         close(fd);
-        s->port_probed = 1;
     }
-    fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    fd = socket(AF_INET, type | SOCK_CLOEXEC, 0);
     if (fd < 0)
         goto err;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (stream)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one))
         goto err;
     if (bind(fd, (struct sockaddr *)&sa, sizeof sa))
         goto err;
-    if (listen(fd, s->cfg.tcp_backlog > 0 ? s->cfg.tcp_backlog : 511))
-        goto err;
-    if (s->port == 0) { /* later listeners must share the port the kernel picked */
+    if (*port == 0) { /* later sockets must share the port the kernel picked */
         socklen_t sl = sizeof sa;
         getsockname(fd, (struct sockaddr *)&sa, &sl);
-        s->port = ntohs(sa.sin_port);
-        s->port_probed = 1; /* the kernel gave us a free port: nobody else holds it */
+        *port = ntohs(sa.sin_port);
     }
     return fd;
 err:;
     int e = errno;
-    snprintf(err, errlen, "cannot listen on %s:%d: %s", s->bind, s->port, strerror(e));
+    snprintf(err, errlen, "cannot %s %s:%d: %s", what, bind_addr, *port, strerror(e));
     if (fd >= 0)
         close(fd);
     return -e;
+}
+
+static int make_listener(struct srv *s, int reuseport, char *err, size_t errlen)
+{
+    int picked = s->port == 0;
+    int fd = srv_bind_socket(SOCK_STREAM | SOCK_NONBLOCK, s->bind, &s->port, reuseport,
+                             reuseport && s->port != 0 && !s->port_probed, "listen on", err, errlen);
+    if (fd < 0)
+        return fd;
+    /* probed, or the kernel gave us a free port: nobody else holds it */
+    s->port_probed |= reuseport || picked;
+    if (listen(fd, s->cfg.tcp_backlog > 0 ? s->cfg.tcp_backlog : 511)) {
+        int e = errno;
+        snprintf(err, errlen, "cannot listen on %s:%d: %s", s->bind, s->port, strerror(e));
+        close(fd);
+        return -e;
+    }
+    return fd;
 }
 
 static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }

@@ -94,6 +94,14 @@ int srv_have_dpdk(void);
 void srv_get_stats(struct srv *s, struct srv_stats *st);
 int srv_get_poller_stats(struct srv *s, int i, struct srv_poller_stats *st);
 
+/* A socket of type (SOCK_STREAM or SOCK_DGRAM, | SOCK_NONBLOCK) bound to bind_addr:*port,
+ * with SO_REUSEPORT if reuseport (and SO_REUSEADDR for TCP). probe: first bind once without
+ * SO_REUSEPORT, so that a port someone holds is refused rather than silently shared. *port 0
+ * becomes the port the kernel picked. Returns the fd, or -errno with "cannot <what> addr:port:
+ * reason" in err. Control thread (srv_create and the UDP front end's us_create). */
+int srv_bind_socket(int type, const char *bind_addr, int *port, int reuseport, int probe, const char *what,
+                    char *err, size_t errlen);
+
 /* For command handlers (any poller thread). */
 const struct srv_config *srv_config(const struct srv *s);
 /* INFO [section ...] reply (a verbatim string in RESP3) appended to out. */

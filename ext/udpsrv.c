@@ -12,7 +12,6 @@
 #define _GNU_SOURCE
 #include "udpsrv.h"
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -201,39 +200,13 @@ static void *worker_main(void *arg)
 
 static int bind_socket(struct us_server *u, const char *bind_addr, int probe, char *err, size_t errlen)
 {
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)u->port)};
-    if (inet_pton(AF_INET, bind_addr, &sa.sin_addr) != 1) {
-        snprintf(err, errlen, "invalid bind address '%s': expected an IPv4 address such as 127.0.0.1", bind_addr);
-        return -EINVAL;
-    }
-    int one = 1, fd;
-    if (probe) {
-        /* SO_REUSEPORT would let us silently share another server's port (same uid):
-         * a plain bind first fails if anyone holds it. */
-        fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa))
-            goto err;
-        close(fd);
-    }
-    fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) ||
-        bind(fd, (struct sockaddr *)&sa, sizeof sa))
-        goto err;
-    int buf = 4 << 20; /* absorb bursts while a worker is busy; capped by net.core.rmem_max */
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
-    if (u->port == 0) { /* the others share the port the kernel picked */
-        socklen_t sl = sizeof sa;
-        getsockname(fd, (struct sockaddr *)&sa, &sl);
-        u->port = ntohs(sa.sin_port);
+    int fd = srv_bind_socket(SOCK_DGRAM, bind_addr, &u->port, 1, probe, "bind UDP", err, errlen);
+    if (fd >= 0) {
+        int buf = 4 << 20; /* absorb bursts while a worker is busy; capped by net.core.rmem_max */
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
     }
     return fd;
-err:;
-    int e = errno;
-    if (fd >= 0)
-        close(fd);
-    snprintf(err, errlen, "cannot bind UDP %s:%d: %s", bind_addr, u->port, strerror(e));
-    return -e;
 }
 
 int us_create(struct us_server **out, struct srv *s, struct kv_table *t, const char *bind_addr, int port,
