@@ -3,6 +3,7 @@ import csv
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -163,3 +164,21 @@ class Sweep:
 
     def close(self):
         self.bar.close()
+
+
+def medians(rows, keys, field="throughput"):
+    """{(r[k] for k in keys): median of r[field]} over the rounds of each point."""
+    out = {}
+    for r in rows:
+        out.setdefault(tuple(r[k] for k in keys), []).append(float(r[field]))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def paired(rows, side, a, b, field="throughput", **where):
+    """Median over rounds of a/b (values of column `side`) for points measured side by side,
+    in the same round, among the rows matching `where`: steadier than a ratio of medians
+    when the machine's speed drifts between rounds. None without a pair."""
+    t = {(str(r[side]), str(r["round"])): float(r[field]) for r in rows
+         if all(str(r[k]) == str(v) for k, v in where.items())}
+    x = [t[(a, rnd)] / t[(b, rnd)] for (s, rnd) in t if s == a and (b, rnd) in t]
+    return statistics.median(x) if x else None

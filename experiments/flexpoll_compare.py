@@ -21,7 +21,6 @@ medians of --rounds; syscalls per request from INFO pollers; server CPU per requ
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,18 +111,12 @@ def measure(args):
 
 
 def medians(rows, field="throughput"):
-    out = {}
-    for r in rows:
-        out.setdefault((r["load"], r["policy"]), []).append(float(r[field]))
-    return {k: statistics.median(v) for k, v in out.items()}
+    return common.medians(rows, ("load", "policy"), field)
 
 
 def paired(rows, load, a, b):
-    """Median over rounds of a/b measured side by side (steadier than a ratio of medians
-    when the machine's speed drifts between rounds)."""
-    t = {(r["policy"], str(r["round"])): float(r["throughput"]) for r in rows if r["load"] == load}
-    x = [t[(a, rnd)] / t[(b, rnd)] for (p, rnd) in t if p == a and (b, rnd) in t]
-    return statistics.median(x) if x else float("nan")
+    x = common.paired(rows, "policy", a, b, load=load)
+    return float("nan") if x is None else x
 
 
 def report(rows):

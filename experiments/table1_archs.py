@@ -34,7 +34,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -219,10 +218,7 @@ def measure(args):
 
 
 def medians(rows, field="throughput"):
-    out = {}
-    for r in rows:
-        out.setdefault((r["row"], r["arch"]), []).append(float(r[field]))
-    return {k: statistics.median(v) for k, v in out.items()}
+    return common.medians(rows, ("row", "arch"), field)
 
 
 def report(rows):
@@ -250,17 +246,12 @@ def report(rows):
                 f"{r}/NH {med[(r, a)] / nh:.2f}" for r in ("N", "NHD", "NHL", "NHDL") if (r, a) in med))
     # ratios of points measured side by side (same row and round), then their median:
     # steadier than a ratio of medians when the machine's speed drifts between rounds
-    tput = {(r["row"], r["arch"], r["round"]): float(r["throughput"]) for r in rows}
     for base in ("threadpool", "udp"):
         for a in archs:
             if a == base or (base == "udp" and a != "dpdk"):
                 continue
-            pairs = []
-            for row in ROWS:
-                x = [tput[(row, a, rnd)] / tput[(row, base, rnd)] for (rw, ar, rnd) in tput
-                     if rw == row and ar == a and (row, base, rnd) in tput]
-                if x:
-                    pairs.append((row, statistics.median(x)))
+            pairs = [(row, common.paired(rows, "arch", a, base, row=row)) for row in ROWS]
+            pairs = [(row, x) for row, x in pairs if x is not None]
             if pairs:
                 print(f"{a} / {base} (paired): " + ", ".join(f"{r} {x:.2f}x" for r, x in pairs))
     print("paper mTCP / LinuxTCP: " + ", ".join(f"{r} {m / l:.2f}x" for r, m, l in
