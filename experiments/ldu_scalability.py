@@ -29,7 +29,7 @@ import common  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SOURCE = os.path.join(HERE, "ldu_bench.c")
+SOURCE = os.path.join(ROOT, "ext", "bench", "ldu_bench.c")
 BUILD_DIR = os.path.join(ROOT, "build", "ldu_bench")
 VARIANTS = ["mutex", "rwlock", "harris", "harris-unordered", "ldu-global", "ldu-percore"]
 STYLE = {"mutex": ("#d62728", "o-"), "rwlock": ("#ff7f0e", "s-"), "harris": ("#7f7f7f", "v:"),
@@ -51,7 +51,7 @@ def build_bench():
     out = os.path.join(BUILD_DIR, "ldu_bench")
     tmp = f"{out}.{os.getpid()}"
     cmd = ["gcc", "-std=gnu11", "-O2", "-g", "-Wall", "-pthread", "-I", os.path.join(ROOT, "ext"), SOURCE,
-           os.path.join(ROOT, "ext", "ldu.c"), "-o", tmp]
+           os.path.join(ROOT, "ext", "core", "ldu.c"), "-o", tmp]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"build failed:\n$ {' '.join(cmd)}\n{r.stderr}")

@@ -3,6 +3,7 @@
 The declarations below mirror the public headers; only what Python calls is
 declared. Calls release the GIL (cffi's default), so C threads never wait on Python.
 """
+import glob
 import os
 import shlex
 import subprocess
@@ -11,9 +12,12 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT = os.path.relpath(os.path.join(HERE, "..", "ext"))
-SOURCES = ["table.c", "resp.c", "cmd.c", "pollpolicy.c", "server.c", "info.c", "loadgen.c", "crc32c.c", "wal.c",
-           "replog.c", "ldu.c", "bosc.c", "threadpool.c", "udpgen.c",
-           "udpfront.c", "udpsrv.c"]
+# Every C file of the server's layers (ext/<layer>/*.c); dpdk.c only when libdpdk is
+# found. ext/bench/ holds the load generators, linked here until they get their own module.
+LAYERS = ["core", "proto", "durability", "cmd", "engine", "frontend", "server", "bench"]
+SOURCES = sorted(os.path.relpath(p, EXT) for layer in LAYERS
+                 for p in glob.glob(os.path.join(EXT, layer, "*.c"))
+                 if os.path.basename(p) not in ("dpdk.c", "ldu_bench.c"))
 
 
 def _dpdk_flags():
@@ -36,7 +40,7 @@ def _dpdk_flags():
 DPDK = _dpdk_flags()
 EXTRA_CFLAGS, EXTRA_LIBS, MACROS = [], [], []
 if DPDK:
-    SOURCES.append("dpdk.c")
+    SOURCES.append("frontend/dpdk.c")
     EXTRA_CFLAGS, EXTRA_LIBS = DPDK
     MACROS.append(("KV_HAVE_DPDK", "1"))
 
@@ -224,8 +228,9 @@ ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "kvstore._ext",
-    '#include "table.h"\n#include "resp.h"\n#include "server.h"\n#include "loadgen.h"\n'
-    '#include "wal.h"\n#include "udpgen.h"\n#include "crc32c.h"\n#include "replog.h"\n#include "ldu.h"\n#include "bosc.h"\n#include "pollpolicy.h"\n',
+    '#include "core/table.h"\n#include "proto/resp.h"\n#include "server/server.h"\n#include "bench/loadgen.h"\n'
+    '#include "durability/wal.h"\n#include "bench/udpgen.h"\n#include "core/crc32c.h"\n#include "durability/replog.h"\n'
+    '#include "core/ldu.h"\n#include "durability/bosc.h"\n#include "frontend/pollpolicy.h"\n',
     sources=[os.path.join(EXT, s) for s in SOURCES],
     include_dirs=[EXT],
     define_macros=MACROS,

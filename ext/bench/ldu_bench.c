@@ -48,7 +48,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ldu.h"
+#include "core/ldu.h"
 
 #define MAX_THREADS 1024
 #define MAX_SLOTS 64

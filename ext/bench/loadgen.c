@@ -4,8 +4,8 @@
  * atomic request budget and the first-failure slot (mutex). Replies are untrusted: parsing is incremental,
  * every line and length is bounded, so a reply split anywhere parses and garbage fails the run cleanly. */
 #define _GNU_SOURCE
-#include "lathist.h"
-#include "loadgen.h"
+#include "core/lathist.h"
+#include "bench/loadgen.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -3,8 +3,8 @@
  * histogram; the only shared state is the request budget (atomic) and the result
  * merge after join. Reads replies from the network: lengths are checked before use. */
 #define _GNU_SOURCE
-#include "lathist.h"
-#include "udpgen.h"
+#include "core/lathist.h"
+#include "bench/udpgen.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -9,7 +9,7 @@
 
 #include <stdint.h>
 
-#include "loadgen.h"
+#include "bench/loadgen.h"
 
 /* Run one load as lg_run does, over UDP: cfg->conns sockets spread over cfg->threads
  * threads, cfg->pipeline requests in flight per socket (<= 4096), SET values of

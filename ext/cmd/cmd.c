@@ -3,7 +3,7 @@
  * Error texts follow Redis 7.0 so clients and tools behave the same. Runs on
  * poller threads; all arguments are untrusted. */
 #define _GNU_SOURCE
-#include "cmd.h"
+#include "cmd/cmd.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -14,10 +14,10 @@
 #include <sys/time.h>
 #include <time.h>
 
-#include "bosc.h"
-#include "resp.h"
-#include "server.h"
-#include "table.h"
+#include "durability/bosc.h"
+#include "proto/resp.h"
+#include "server/server.h"
+#include "core/table.h"
 
 static inline int tolower_ascii(int ch) { return ch >= 'A' && ch <= 'Z' ? ch + 32 : ch; }
 

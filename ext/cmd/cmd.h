@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvbuf.h"
+#include "core/kvbuf.h"
 
 struct srv;
 struct kv_table;

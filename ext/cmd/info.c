@@ -10,11 +10,11 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
-#include "replog.h"
-#include "bosc.h"
-#include "server_int.h"
-#include "table.h"
-#include "wal.h"
+#include "durability/replog.h"
+#include "durability/bosc.h"
+#include "server/server_int.h"
+#include "core/table.h"
+#include "durability/wal.h"
 
 static void human_bytes(char *dst, size_t n, uint64_t v)
 {

@@ -1,5 +1,5 @@
 /* crc32c.c - CRC-32C, hardware (SSE4.2) or table-driven, chosen once at first use. */
-#include "crc32c.h"
+#include "core/crc32c.h"
 
 #include <pthread.h>
 #include <string.h>

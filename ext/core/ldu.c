@@ -1,6 +1,6 @@
 /* ldu.c - LDU lock-less deferred-update queue (see ldu.h). No locks; the
  * memory-order choice of every atomic is explained where it is made. */
-#include "ldu.h"
+#include "core/ldu.h"
 
 #include <stddef.h>
 

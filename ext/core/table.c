@@ -5,7 +5,7 @@
  * Lock order: one shard lock at a time, never nested. Keys and values come from
  * the network (untrusted): lengths are bounded by KVT_MAX_VALUE. */
 #define _GNU_SOURCE
-#include "table.h"
+#include "core/table.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -19,8 +19,8 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "kvbuf.h"
-#include "ldu.h"
+#include "core/kvbuf.h"
+#include "core/ldu.h"
 
 #define INITIAL_BUCKETS 4
 #define REHASH_STEP 1        /* buckets migrated per table operation */

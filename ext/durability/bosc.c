@@ -5,7 +5,7 @@
  * being written) and the generation tell the loader that what it read is stale.
  * Parses untrusted bytes (the file): every length and chain is bounded. */
 #define _GNU_SOURCE
-#include "bosc.h"
+#include "durability/bosc.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,11 +20,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "crc32c.h"
-#include "kvbuf.h"
-#include "ldu.h"
-#include "table.h"
-#include "wal.h"
+#include "core/crc32c.h"
+#include "core/kvbuf.h"
+#include "core/ldu.h"
+#include "core/table.h"
+#include "durability/wal.h"
 
 #define BLK BOSC_BLOCK
 #define BHDR 32

@@ -4,7 +4,7 @@
  * Frames are untrusted: magic, type, length (<= MAX_FRAME) and CRC32C are checked
  * before a payload is used; a peer that breaks the protocol is disconnected. */
 #define _GNU_SOURCE
-#include "replog.h"
+#include "durability/replog.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -26,9 +26,9 @@
 #include <unistd.h>
 #include <dirent.h>
 
-#include "crc32c.h"
-#include "kvbuf.h"
-#include "wal.h"
+#include "core/crc32c.h"
+#include "core/kvbuf.h"
+#include "durability/wal.h"
 
 #define RL_MAGIC 0x5052564bu /* "KVRP" */
 #define RL_VERSION 1

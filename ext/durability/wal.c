@@ -5,7 +5,7 @@
  * fdatasync() returned; a new segment's directory entry is synced (fsync of the
  * directory) before records in it can count as durable. */
 #define _GNU_SOURCE
-#include "wal.h"
+#include "durability/wal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -20,9 +20,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "crc32c.h"
-#include "kvbuf.h"
-#include "table.h"
+#include "core/crc32c.h"
+#include "core/kvbuf.h"
+#include "core/table.h"
 
 #define MAX_LEN WAL_MAX_LEN
 #define MAX_NOTIFY 1024

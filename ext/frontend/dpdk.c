@@ -33,11 +33,11 @@
 #include <rte_cycles.h>
 #include <rte_udp.h>
 
-#include "bosc.h"
-#include "dpdk.h"
-#include "server.h"
-#include "udpfront.h"
-#include "wal.h"
+#include "durability/bosc.h"
+#include "frontend/dpdk.h"
+#include "server/server.h"
+#include "frontend/udpfront.h"
+#include "durability/wal.h"
 
 #define MAX_LCORES 64
 #define BURST 32

@@ -11,7 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "udpfront.h"
+#include "frontend/udpfront.h"
 
 struct srv;
 struct kv_table;

@@ -1,6 +1,6 @@
 /* pollpolicy.c - the EPOLLOUT interest policies (see pollpolicy.h).
  * Pure functions of per-connection state; called only by the owning poller. */
-#include "pollpolicy.h"
+#include "frontend/pollpolicy.h"
 
 #include <stddef.h>
 #include <string.h>

@@ -19,10 +19,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "bosc.h"
-#include "server_int.h"
-#include "table.h"
-#include "wal.h"
+#include "durability/bosc.h"
+#include "server/server_int.h"
+#include "core/table.h"
+#include "durability/wal.h"
 
 struct tp_conn {
     int tag;                 /* TAG_CONN */

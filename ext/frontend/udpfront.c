@@ -1,16 +1,16 @@
 /* udpfront.c - one datagram's request, for both UDP front ends (see udpfront.h).
  * Parses untrusted bytes: the frame header and the RESP payload are bounded by the
  * datagram's length; the request must be exactly one RESP request. */
-#include "udpfront.h"
+#include "frontend/udpfront.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "bosc.h"
-#include "server.h"
-#include "table.h"
-#include "wal.h"
+#include "durability/bosc.h"
+#include "server/server.h"
+#include "core/table.h"
+#include "durability/wal.h"
 
 void uf_init(struct uf_worker *w, struct srv *s, struct kv_table *t, int index, int evfd, const char *addr)
 {

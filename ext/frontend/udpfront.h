@@ -27,9 +27,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cmd.h"
-#include "kvbuf.h"
-#include "resp.h"
+#include "cmd/cmd.h"
+#include "core/kvbuf.h"
+#include "proto/resp.h"
 
 #define KVU_HDR_LEN 8
 #define KVU_F_REPLY 0x0001u

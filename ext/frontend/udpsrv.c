@@ -10,7 +10,7 @@
  * datagrams behind it wait in their buffers and nothing new is received, which
  * pushes back on senders the way a stalled TCP connection does. */
 #define _GNU_SOURCE
-#include "udpsrv.h"
+#include "frontend/udpsrv.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -24,9 +24,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bosc.h"
-#include "server.h"
-#include "wal.h"
+#include "durability/bosc.h"
+#include "server/server.h"
+#include "durability/wal.h"
 
 #define BURST 32
 #define RING 512              /* replies built, waiting to be sent (a power of two) */

@@ -10,7 +10,7 @@
 
 #include <stddef.h>
 
-#include "udpfront.h"
+#include "frontend/udpfront.h"
 
 struct srv;
 struct kv_table;

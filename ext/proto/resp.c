@@ -1,7 +1,7 @@
 /* resp.c - RESP2 parser (untrusted input, bounded) and reply encoders.
  * Error texts match Redis 7.0 networking.c so clients see the same messages. */
 #define _GNU_SOURCE
-#include "resp.h"
+#include "proto/resp.h"
 
 #include <errno.h>
 #include <stdarg.h>

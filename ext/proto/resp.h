@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvbuf.h"
+#include "core/kvbuf.h"
 
 #define RESP_MAX_INLINE (64 * 1024)          /* Redis PROTO_INLINE_MAX_SIZE */
 #define RESP_MAX_MULTIBULK 2147483647LL     /* arguments per request: Redis 7 (INT_MAX); memory

@@ -5,7 +5,7 @@
  * per-poller stats (_Atomic, written by the owner only, read by INFO anywhere).
  * Reads untrusted bytes from sockets; the parser (resp.c) bounds them. */
 #define _GNU_SOURCE
-#include "server.h"
+#include "server/server.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -23,18 +23,18 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bosc.h"
-#include "cmd.h"
+#include "durability/bosc.h"
+#include "cmd/cmd.h"
 #ifdef KV_HAVE_DPDK
-#include "dpdk.h"
+#include "frontend/dpdk.h"
 #endif
-#include "pollpolicy.h"
-#include "resp.h"
-#include "table.h"
-#include "udpsrv.h"
-#include "wal.h"
-#include "replog.h"
-#include "server_int.h"
+#include "frontend/pollpolicy.h"
+#include "proto/resp.h"
+#include "core/table.h"
+#include "frontend/udpsrv.h"
+#include "durability/wal.h"
+#include "durability/replog.h"
+#include "server/server_int.h"
 
 int64_t srv_mono_ms(void)
 {

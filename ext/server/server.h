@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kvbuf.h"
+#include "core/kvbuf.h"
 
 struct kv_table;
 struct srv;

@@ -9,11 +9,11 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "cmd.h"
-#include "kvbuf.h"
-#include "pollpolicy.h"
-#include "resp.h"
-#include "server.h"
+#include "cmd/cmd.h"
+#include "core/kvbuf.h"
+#include "frontend/pollpolicy.h"
+#include "proto/resp.h"
+#include "server/server.h"
 
 #define MAX_EVENTS 256
 #define READ_CHUNK (16 * 1024)         /* Redis PROTO_IOBUF_LEN */

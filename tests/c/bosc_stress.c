@@ -34,9 +34,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "bosc.h"
+#include "durability/bosc.h"
 #include "stress.h"
-#include "table.h"
+#include "core/table.h"
 
 #define NTHREADS 4
 #define KEYS 3000                 /* per thread */

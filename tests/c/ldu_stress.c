@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ldu.h"
+#include "core/ldu.h"
 #include "stress.h"
 
 #define MAX_PRODUCERS 16

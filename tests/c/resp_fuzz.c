@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "resp.h"
+#include "proto/resp.h"
 
 static uint64_t rng_s;
 

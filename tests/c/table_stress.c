@@ -16,7 +16,7 @@
  * running, audit() can walk every shard and check the structure and the memory
  * accounting exactly (used_memory == sum of malloc_usable_size of every entry and
  * bucket array). Exits 0 on success; prints "FAIL: ..." and exits 1 otherwise. */
-#include "table.c"
+#include "core/table.c"
 
 #include <inttypes.h>
 

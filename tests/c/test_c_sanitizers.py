@@ -61,19 +61,19 @@ SANITIZER_MARKERS = (
 )
 
 BUILDS = {
-    "table_stress_tsan": (["table_stress.c", str(EXT / "ldu.c")], TSAN),
-    "table_stress_asan": (["table_stress.c", str(EXT / "ldu.c")], ASAN_UBSAN),  # ext/table.c is #included
-    "resp_fuzz_asan": (["resp_fuzz.c", str(EXT / "resp.c")], ASAN_UBSAN),
-    "wal_stress_tsan": (["wal_stress.c", str(EXT / "wal.c"), str(EXT / "table.c"), str(EXT / "crc32c.c"),
-                         str(EXT / "ldu.c")], TSAN),
-    "wal_stress_asan": (["wal_stress.c", str(EXT / "wal.c"), str(EXT / "table.c"), str(EXT / "crc32c.c"),
-                         str(EXT / "ldu.c")], ASAN_UBSAN),
-    "ldu_stress_tsan": (["ldu_stress.c", str(EXT / "ldu.c")], TSAN),
-    "ldu_stress_asan": (["ldu_stress.c", str(EXT / "ldu.c")], ASAN_UBSAN),
-    "bosc_stress_tsan": (["bosc_stress.c", str(EXT / "bosc.c"), str(EXT / "table.c"), str(EXT / "ldu.c"),
-                          str(EXT / "crc32c.c"), str(EXT / "wal.c")], TSAN),
-    "bosc_stress_asan": (["bosc_stress.c", str(EXT / "bosc.c"), str(EXT / "table.c"), str(EXT / "ldu.c"),
-                          str(EXT / "crc32c.c"), str(EXT / "wal.c")], ASAN_UBSAN),
+    "table_stress_tsan": (["table_stress.c", str(EXT / "core" / "ldu.c")], TSAN),
+    "table_stress_asan": (["table_stress.c", str(EXT / "core" / "ldu.c")], ASAN_UBSAN),  # ext/table.c is #included
+    "resp_fuzz_asan": (["resp_fuzz.c", str(EXT / "proto" / "resp.c")], ASAN_UBSAN),
+    "wal_stress_tsan": (["wal_stress.c", str(EXT / "durability" / "wal.c"), str(EXT / "core" / "table.c"), str(EXT / "core" / "crc32c.c"),
+                         str(EXT / "core" / "ldu.c")], TSAN),
+    "wal_stress_asan": (["wal_stress.c", str(EXT / "durability" / "wal.c"), str(EXT / "core" / "table.c"), str(EXT / "core" / "crc32c.c"),
+                         str(EXT / "core" / "ldu.c")], ASAN_UBSAN),
+    "ldu_stress_tsan": (["ldu_stress.c", str(EXT / "core" / "ldu.c")], TSAN),
+    "ldu_stress_asan": (["ldu_stress.c", str(EXT / "core" / "ldu.c")], ASAN_UBSAN),
+    "bosc_stress_tsan": (["bosc_stress.c", str(EXT / "durability" / "bosc.c"), str(EXT / "core" / "table.c"), str(EXT / "core" / "ldu.c"),
+                          str(EXT / "core" / "crc32c.c"), str(EXT / "durability" / "wal.c")], TSAN),
+    "bosc_stress_asan": (["bosc_stress.c", str(EXT / "durability" / "bosc.c"), str(EXT / "core" / "table.c"), str(EXT / "core" / "ldu.c"),
+                          str(EXT / "core" / "crc32c.c"), str(EXT / "durability" / "wal.c")], ASAN_UBSAN),
 }
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")

@@ -13,9 +13,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kvbuf.h"
-#include "table.h"
-#include "wal.h"
+#include "core/kvbuf.h"
+#include "core/table.h"
+#include "durability/wal.h"
 #include "stress.h"
 
 #define APPENDERS 3
