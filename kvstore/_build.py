@@ -87,32 +87,33 @@ struct srv;
 struct wal;
 struct rl_sender;
 struct rl_receiver;
-struct srv_config {
+struct kv_config {
     const char *bind; int port; int threads; int maxclients; const char *requirepass;
-    int accept_mode; const char *poll_policy; const char *config_file; const char *version;
+    const char *accept; const char *poll_policy; const char *config_file; const char *version;
     int tcp_backlog; struct wal *wal; const char *durability;
-    struct rl_sender *sender; struct rl_receiver *receiver; int arch; int network_only; struct bosc *bosc;
+    struct rl_sender *sender; struct rl_receiver *receiver; const char *arch; int network_only; struct bosc *bosc;
     int udp_port; int udp_workers; const char *dpdk_iface; const char *dpdk_eal_args;
 };
-struct srv_poller_stats {
+struct fe_thread_stats {
     uint64_t epoll_wait, epoll_ctl, reads, writes;
     uint64_t commands, accepted, clients, bytes_in, bytes_out;
 };
-struct srv_stats {
+struct fe_stats {
     uint64_t connected_clients, total_connections, rejected_connections;
-    uint64_t total_commands, bytes_in, bytes_out, protocol_errors;
+    uint64_t total_commands, bytes_in, bytes_out, protocol_errors, ops_per_sec;
     int pollers;
     uint64_t udp_rx, udp_tx, udp_requests, udp_dropped, udp_tx_failed, udp_bad, udp_held, udp_stalls, udp_busy_ns;
 };
-int srv_create(struct srv **out, struct kv_table *t, const struct srv_config *cfg, char *err, size_t errlen);
+int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg, char *err, size_t errlen);
 int srv_start(struct srv *s, char *err, size_t errlen);
 void srv_stop(struct srv *s);
 void srv_destroy(struct srv *s);
 int srv_port(const struct srv *s);
 int srv_have_dpdk(void);
 int srv_udp_port(const struct srv *s);
-void srv_get_stats(struct srv *s, struct srv_stats *st);
-int srv_get_poller_stats(struct srv *s, int i, struct srv_poller_stats *st);
+void srv_get_stats(struct srv *s, struct fe_stats *st);
+int srv_get_poller_stats(struct srv *s, int i, struct fe_thread_stats *st);
+int wal_subscribe(struct wal *w, int evfd);
 
 struct wal_config { const char *dir; int sync; uint64_t segment_bytes; uint64_t max_pending; uint64_t first_lsn;
                    uint32_t sync_delay_us; uint64_t batch_bytes; uint32_t batch_ms; int ship; };

@@ -61,14 +61,14 @@ class Server:
         except BaseException:
             self._close_log()
             raise
-        cfg = ffi.new("struct srv_config *")
+        cfg = ffi.new("struct kv_config *")
         if c.arch == "dpdk" and not have_dpdk():
             raise errors.ConfigError("kvstore was built without DPDK (libdpdk-dev not found at build time)")
         self._keep = [ffi.new("char[]", s.encode()) for s in
                       (c.bind, c.requirepass, c.poll_policy, c.config_file, __version__, c.durability,
-                       c.dpdk_iface, c.dpdk_eal_args)]
+                       c.dpdk_iface, c.dpdk_eal_args, c.arch, c.accept)]
         (cfg.bind, cfg.requirepass, cfg.poll_policy, cfg.config_file, cfg.version,
-         cfg.durability, cfg.dpdk_iface, cfg.dpdk_eal_args) = self._keep
+         cfg.durability, cfg.dpdk_iface, cfg.dpdk_eal_args, cfg.arch, cfg.accept) = self._keep
         cfg.udp_workers = c.udp_workers
         cfg.udp_port = c.udp_port
         cfg.wal = self.log._w if self.log else ffi.NULL
@@ -78,8 +78,6 @@ class Server:
         cfg.port = c.port
         cfg.threads = c.effective_threads
         cfg.maxclients = c.maxclients
-        cfg.accept_mode = 1 if c.accept == "handoff" else 0
-        cfg.arch = {"poller": 0, "threadpool": 1, "dpdk": 2, "udp": 3}[c.arch]
         cfg.network_only = 1 if c.network_only else 0
         cfg.tcp_backlog = c.tcp_backlog
         err = ffi.new("char[256]")
@@ -106,14 +104,14 @@ class Server:
         return lib.srv_udp_port(self._srv) if self._srv is not None else self.config.udp_port
 
     def stats(self):
-        st = ffi.new("struct srv_stats *")
+        st = ffi.new("struct fe_stats *")
         lib.srv_get_stats(self._srv, st)
         d = {f: getattr(st, f) for f in ("connected_clients", "total_connections", "rejected_connections",
                                          "total_commands", "bytes_in", "bytes_out", "protocol_errors")}
         if self.config.arch in ("udp", "dpdk"):
             d["udp"] = {f: getattr(st, "udp_" + f) for f in ("rx", "tx", "requests", "dropped", "tx_failed", "bad",
                                                               "held", "stalls", "busy_ns")}
-        ps = ffi.new("struct srv_poller_stats *")
+        ps = ffi.new("struct fe_thread_stats *")
         d["pollers"] = []
         for i in range(st.pollers):
             lib.srv_get_poller_stats(self._srv, i, ps)

@@ -1,8 +1,9 @@
-/* cmd.h - the command table and handlers of the RESP front door.
- * Handlers run on the poller thread that owns the connection; they touch the
- * shared table only through kvt_* (which locks per shard) and the server only
- * through srv_* accessors. Arguments come from the network: every handler
- * validates counts, numbers and option combinations before acting. */
+/* cmd.h - the command table and handlers of the RESP front doors.
+ * Handlers run on the front-end thread that owns the connection; they touch the
+ * shared table only through kvt_* (which locks per shard) and the rest of the
+ * node only through its engine (engine/engine.h). Arguments come from the
+ * network: every handler validates counts, numbers and option combinations
+ * before acting. */
 #ifndef KV_CMD_H
 #define KV_CMD_H
 
@@ -11,7 +12,7 @@
 
 #include "core/kvbuf.h"
 
-struct srv;
+struct kv_engine;
 struct kv_table;
 
 /* Per-connection state that commands read and change. */
@@ -22,9 +23,9 @@ struct cmd_client {
     int close_after_reply;   /* QUIT or a protocol error: send what is queued, then close */
     char *name;              /* CLIENT SETNAME, malloc'd, NULL = none */
     struct kvbuf *out;       /* replies are appended here */
-    struct srv *srv;
-    struct kv_table *table;
-    int poller;              /* index of the owning poller */
+    struct kv_engine *eng;   /* the node this connection is served by */
+    struct kv_table *table;  /* eng->table */
+    int poller;              /* index of the owning front-end thread (CLIENT INFO) */
     char addr[64];           /* peer "ip:port" */
     /* Set by a handler (with no reply and no change made) when the request
      * must wait: CMD_STALL_LOAD for stall_key to be loaded from the data file,
@@ -37,7 +38,7 @@ struct cmd_client {
     /* A multi-key command (MGET, EXISTS, DEL) that stalled on its resume_i-th key
      * carries on from there when run again (0 = from the start): it never needs
      * all its keys in memory at once, which a small memory could not give. MGET's
-     * reply so far stays in out (the server keeps it, held like any reply). */
+     * reply so far stays in out (the front end keeps it, held like any reply). */
     int resume_i;
     long long resume_n;
 };
@@ -53,9 +54,5 @@ int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t
 
 /* Number of top-level commands in the table (COMMAND COUNT). */
 int cmd_count(void);
-
-/* Glob-style match as Redis's stringmatchlen (*, ?, [a-z], [^x], \x), case-insensitive
- * when nocase. Used by CONFIG GET. */
-int cmd_glob_match(const char *pat, size_t plen, const char *s, size_t slen, int nocase);
 
 #endif

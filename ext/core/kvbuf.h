@@ -6,6 +6,8 @@
 #define KV_KVBUF_H
 
 #include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,6 +43,28 @@ static inline int kvbuf_append(struct kvbuf *b, const void *data, size_t n)
         return rc;
     memcpy(b->p + b->len, data, n);
     b->len += n;
+    return 0;
+}
+
+/* Append printf-formatted text, growing the buffer as needed (never truncated).
+ * Returns 0, -ENOMEM, or -EINVAL for a bad format. */
+static inline int kvbuf_printf(struct kvbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static inline int kvbuf_printf(struct kvbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->p ? b->p + b->len : NULL, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return -EINVAL;
+    if ((size_t)n >= b->cap - b->len) { /* did not fit (with its NUL): grow, format again */
+        if (kvbuf_reserve(b, (size_t)n + 1))
+            return -ENOMEM;
+        va_start(ap, fmt);
+        vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    b->len += (size_t)n;
     return 0;
 }
 

@@ -1,4 +1,9 @@
-/* dpdk.c - the kernel-bypass UDP front end (--arch dpdk; see dpdk.h, udpfront.h).
+/* dpdk.c - the kernel-bypass UDP front end (--arch dpdk; framing in udpfront.h):
+ * DPDK lcores that take bursts of UDP datagrams from one port (rte_eth_rx_burst),
+ * run the RESP request each carries on the engine, and send the reply back in
+ * the same mbuf (rte_eth_tx_burst). Built only with KV_HAVE_DPDK (frontend.c
+ * lists it then). mTCP, the paper's kernel-bypass TCP, is not packaged anywhere
+ * usable: the fast path is UDP, as in MICA. TCP is still served by the pollers.
  * Threads: the control thread runs dp_create/start/stop/destroy; each worker lcore
  * owns one RX/TX queue pair, its uf_worker, eventfd and reply ring, and touches the
  * shared table only through cmd_dispatch (kvt_* locks per shard). Counters are
@@ -33,9 +38,9 @@
 #include <rte_cycles.h>
 #include <rte_udp.h>
 
-#include "durability/bosc.h"
-#include "frontend/dpdk.h"
-#include "server/server.h"
+#include "core/counter.h"
+#include "engine/engine.h"
+#include "frontend/frontend.h"
 #include "frontend/udpfront.h"
 #include "durability/wal.h"
 
@@ -72,7 +77,9 @@ struct dp_lcore {
 } __attribute__((aligned(64)));
 
 struct dp_port {
-    struct srv *srv;
+    struct kv_engine *eng;
+    int port;                    /* udp_port, host order (INFO) */
+    struct uf_info info;
     uint16_t port_id;
     int port_started;
     uint16_t udp_port;           /* network order */
@@ -167,9 +174,9 @@ static void send_ready(struct dp_lcore *lc)
         if (!failed) /* a failed log: these writes can never be acknowledged */
             for (int tries = 0; sent < m && tries < 8; tries++)
                 sent += rte_eth_tx_burst(lc->d->port_id, lc->queue, tx + sent, m - sent);
-        uf_inc(&lc->w.st.tx_packets, sent);
+        st_inc(&lc->w.st.tx_packets, sent);
         if (sent < m) { /* TX ring full: the client sees a timeout, as for any lost datagram */
-            uf_inc(&lc->w.st.tx_failed, m - sent);
+            st_inc(&lc->w.st.tx_failed, m - sent);
             rte_pktmbuf_free_bulk(tx + sent, m - sent);
         }
         lc->head = (lc->head + m) % RING;
@@ -203,7 +210,7 @@ static int run_received(struct dp_lcore *lc)
             int why;
             uint8_t *p = frame_payload(lc, m, &len, &why);
             if (!p) {
-                uf_inc(why == -2 ? &lc->w.st.bad_frames : &lc->w.st.dropped, 1);
+                st_inc(why == -2 ? &lc->w.st.bad_frames : &lc->w.st.dropped, 1);
                 rte_pktmbuf_free(m);
                 lc->rx_i++;
                 ran++;
@@ -219,16 +226,16 @@ static int run_received(struct dp_lcore *lc)
         ran++;
         lc->rx_i++;
         if (r == UF_BAD) {
-            uf_inc(&lc->w.st.bad_frames, 1);
+            st_inc(&lc->w.st.bad_frames, 1);
             rte_pktmbuf_free(m);
             continue;
         }
         build_reply(lc, m);
         unsigned at = (lc->head + lc->n) % RING;
         lc->ring[at] = m;
-        lc->lsn[at] = lc->w.need;
-        if (lc->w.need > durable)
-            uf_inc(&lc->w.st.held, 1);
+        lc->lsn[at] = lc->w.ses.need;
+        if (lc->w.ses.need > durable)
+            st_inc(&lc->w.st.held, 1);
         lc->n++;
     }
     return ran;
@@ -249,14 +256,14 @@ static int lcore_main(void *arg)
             busy += t - t0;
         t0 = t;
         if (busy > 1000000) {
-            uf_inc(&lc->w.st.busy_ns, (uint64_t)((double)busy * ns_per_tick));
+            st_inc(&lc->w.st.busy_ns, (uint64_t)((double)busy * ns_per_tick));
             busy = 0;
         }
         send_ready(lc);
         int progress = run_received(lc);
         if (lc->rx_i == lc->rx_n && lc->n < RING - BURST) {
             uint16_t n = rte_eth_rx_burst(d->port_id, lc->queue, lc->rx, BURST);
-            uf_inc(&lc->w.st.rx_packets, n);
+            st_inc(&lc->w.st.rx_packets, n);
             lc->rx_i = 0;
             lc->rx_n = n;
             progress += n;
@@ -355,9 +362,17 @@ static int eal_init(struct dp_port *d, const char *iface, int lcores, const char
     return 0;
 }
 
-int dp_create(struct dp_port **out, struct srv *s, struct kv_table *t, const char *iface, int lcores,
-              int udp_port, const char *eal_args, char *err, size_t errlen)
+static void dp_stop(void *st);
+static void dp_destroy(void *st);
+static void dp_totals(void *st, struct uf_totals *t);
+
+/* Initialise DPDK's EAL (once per process: a second create fails with -EALREADY),
+ * probe an AF_XDP port on dpdk_iface and set up udp_workers RX/TX queue pairs, one
+ * per worker lcore. Nothing is received until dp_start. */
+static int dp_create(void **out, struct kv_engine *eng, char *err, size_t errlen)
 {
+    const char *iface = eng->cfg.dpdk_iface, *eal_args = eng->cfg.dpdk_eal_args;
+    int lcores = eng->cfg.udp_workers, udp_port = eng->cfg.udp_port;
     if (!iface || !*iface) {
         snprintf(err, errlen, "arch dpdk needs an interface (--dpdk-iface), e.g. one end of a veth pair");
         return -EINVAL;
@@ -377,11 +392,13 @@ int dp_create(struct dp_port **out, struct srv *s, struct kv_table *t, const cha
     struct dp_port *d = calloc(1, sizeof *d);
     if (!d)
         return -ENOMEM;
-    d->srv = s;
+    d->eng = eng;
+    d->port = udp_port;
+    d->info = (struct uf_info){dp_totals, d, &d->port, lcores};
     d->nlcores = lcores;
     d->udp_port = rte_cpu_to_be_16((uint16_t)udp_port);
-    int rc = eal_init(d, iface, lcores, eal_args, err, errlen);
-    if (rc)
+    int rc = uf_register_info(eng, &d->info);
+    if (rc < 0 || (rc = eal_init(d, iface, lcores, eal_args, err, errlen)))
         goto fail_noeal;
     if (rte_eth_dev_get_port_by_name("net_af_xdp0", &d->port_id)) {
         snprintf(err, errlen, "no DPDK port for AF_XDP on interface %s (is the net_af_xdp driver installed, "
@@ -433,15 +450,14 @@ int dp_create(struct dp_port **out, struct srv *s, struct kv_table *t, const cha
         char addr[64];
         snprintf(addr, sizeof addr, "udp:%s:%d", iface, udp_port);
         lc->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        uf_init(&lc->w, s, t, (int)i, lc->evfd, addr);
-        const struct srv_config *cfg = srv_config(s);
-        if (lc->evfd < 0 || (cfg->bosc && bosc_subscribe(cfg->bosc, lc->evfd)) ||
-            (cfg->wal && wal_subscribe(cfg->wal, lc->evfd))) {
-            snprintf(err, errlen, "lcore %u: no eventfd, or too many threads for the log's or the data file's "
-                                  "wake-up lists", id);
-            rc = -ENOSPC;
+        uf_init(&lc->w, eng, (int)i, lc->evfd, addr);
+        if (lc->evfd < 0) {
+            rc = -errno;
+            snprintf(err, errlen, "lcore %u: eventfd: %s", id, strerror(errno));
             goto fail;
         }
+        if ((rc = ses_subscribe(eng, lc->evfd, err, errlen)) < 0)
+            goto fail;
         i++;
     }
     *out = d;
@@ -456,8 +472,9 @@ fail_noeal:
     return rc;
 }
 
-int dp_start(struct dp_port *d, char *err, size_t errlen)
+static int dp_start(void *st, char *err, size_t errlen)
 {
+    struct dp_port *d = st;
     for (int i = 0; i < d->nlcores; i++) {
         struct dp_lcore *lc = &d->lc[i];
         int rc = rte_eal_remote_launch(lcore_main, lc, lc->lcore_id);
@@ -471,10 +488,9 @@ int dp_start(struct dp_port *d, char *err, size_t errlen)
     return 0;
 }
 
-void dp_stop(struct dp_port *d)
+static void dp_stop(void *st)
 {
-    if (!d)
-        return;
+    struct dp_port *d = st;
     /* release: lcores that see it have nothing more to finish */
     atomic_store_explicit(&d->stopping, 1, memory_order_release);
     for (int i = 0; i < d->nlcores; i++) {
@@ -485,8 +501,9 @@ void dp_stop(struct dp_port *d)
     }
 }
 
-void dp_destroy(struct dp_port *d)
+static void dp_destroy(void *st)
 {
+    struct dp_port *d = st;
     if (!d)
         return;
     dp_stop(d);
@@ -513,8 +530,21 @@ void dp_destroy(struct dp_port *d)
     free(d);
 }
 
-void dp_get_totals(struct dp_port *d, struct uf_totals *t)
+static int dp_port_of(const void *st) { return ((const struct dp_port *)st)->port; }
+
+static void dp_totals(void *st, struct uf_totals *t)
 {
-    for (int i = 0; d && i < d->nlcores; i++)
+    struct dp_port *d = st;
+    for (int i = 0; i < d->nlcores; i++)
         uf_add_totals(&d->lc[i].w.st, t);
 }
+
+static void dp_add_stats(void *st, struct fe_stats *out)
+{
+    struct uf_totals t = {0};
+    dp_totals(st, &t);
+    uf_add_stats(&t, out);
+}
+
+const struct kv_frontend_ops fe_dpdk = {"dpdk", dp_create, dp_start, dp_stop, dp_destroy, dp_port_of, dp_add_stats,
+                                        NULL};

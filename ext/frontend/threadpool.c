@@ -5,252 +5,263 @@
  *
  * Workers share one epoll instance; every connection (and the listener) is
  * registered EPOLLONESHOT, so exactly one worker owns a ready connection until
- * it re-arms it. Blocking waits are poll()/read() calls bounded by CRON_MS so a
+ * it re-arms it. Blocking waits are poll()/read() calls bounded by TCP_CRON_MS so a
  * stopping server is noticed. Same table, log, data file and commands as the
- * pollers; only the request-handling loop differs. Worker state: struct poller
- * (its counters, its eventfd for log and data-file wakeups). */
+ * pollers (requests run through ses_run, waits through ses_wait); only the
+ * request-handling loop differs. Worker state: struct tp_worker (its counters,
+ * its eventfd for log wakeups). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "durability/bosc.h"
-#include "server/server_int.h"
-#include "core/table.h"
+#include "core/counter.h"
+#include "core/list.h"
+#include "core/net.h"
 #include "durability/wal.h"
+#include "engine/engine.h"
+#include "engine/session.h"
+#include "frontend/frontend.h"
+#include "frontend/tcp.h"
+#include "proto/resp.h"
+
+struct tp_server;
+
+struct tp_worker {
+    int idx;
+    struct tp_server *tp;
+    pthread_t th;
+    int started;
+    int evfd;                /* woken by the log (subscribed): replies wait on it */
+    struct tcp_thread *st;   /* its counters (in tp->tcp) */
+    int64_t last_cron;
+    struct resp_args args;   /* the request being run */
+} __attribute__((aligned(64)));
+
+struct tp_server {
+    struct tcp_front tcp;
+    struct kv_engine *eng;
+    int lfd;                 /* the listener, EPOLLONESHOT in epfd */
+    int epfd;                /* the workers' shared epoll set (connections EPOLLONESHOT) */
+    int listener_tag;
+    int nworkers;
+    struct tp_worker *workers;
+    _Atomic int stopping;
+    pthread_mutex_t lock;    /* guards conns */
+    struct list conns;       /* every connection, for closing them at stop */
+};
 
 struct tp_conn {
-    int tag;                 /* TAG_CONN */
     int fd;
     struct kvbuf in, out;
     size_t in_off;
     struct resp_parser rp;
-    struct cmd_client cl;
-    struct tp_conn *prev, *next; /* every connection, for closing them at stop */
+    struct session ses;
+    struct list node;        /* on tp->conns */
 };
 
-static int stopping(struct srv *s) { return atomic_load_explicit(&s->stopping, memory_order_acquire); }
+static int stopping(struct tp_server *tp) { return atomic_load_explicit(&tp->stopping, memory_order_acquire); }
 
-static void tp_close(struct srv *s, struct tp_conn *c)
+static void tp_close(struct tp_server *tp, struct tp_conn *c)
 {
-    pthread_mutex_lock(&s->tp_lock);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        s->tp_conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
-    pthread_mutex_unlock(&s->tp_lock);
+    pthread_mutex_lock(&tp->lock);
+    list_del(&c->node);
+    pthread_mutex_unlock(&tp->lock);
     close(c->fd); /* also leaves the epoll set */
-    atomic_fetch_sub_explicit(&s->clients, 1, memory_order_relaxed);
+    tcp_closed(&tp->tcp);
     kvbuf_free(&c->in);
     kvbuf_free(&c->out);
     resp_parser_free(&c->rp);
-    free(c->cl.name);
+    ses_free(&c->ses);
     free(c);
 }
 
-static void tp_accept(struct poller *p)
+static void tp_accept(struct tp_worker *w)
 {
-    struct srv *s = p->srv;
+    struct tp_server *tp = w->tp;
     for (int i = 0; i < 64; i++) {
-        int fd = accept4(s->pollers[0].lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = accept4(tp->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0)
             break;
-        if (!srv_admit(s, fd))
+        if (!tcp_admit(&tp->tcp, fd))
             continue;
         struct tp_conn *c = calloc(1, sizeof *c);
         if (!c) {
             close(fd);
-            atomic_fetch_sub_explicit(&s->clients, 1, memory_order_relaxed);
+            tcp_closed(&tp->tcp);
             continue;
         }
-        c->tag = TAG_CONN;
         c->fd = fd;
         resp_parser_init(&c->rp);
-        srv_client_init(s, &c->cl, &c->out, fd);
-        pthread_mutex_lock(&s->tp_lock);
-        c->next = s->tp_conns;
-        if (c->next)
-            c->next->prev = c;
-        s->tp_conns = c;
-        pthread_mutex_unlock(&s->tp_lock);
+        char addr[64];
+        net_peer_addr(fd, addr, sizeof addr);
+        /* no eventfd: a worker waits for the data file in ses_wait, blocking */
+        ses_init(&c->ses, tp->eng, &c->out, addr, w->idx, -1);
+        pthread_mutex_lock(&tp->lock);
+        list_add(&tp->conns, &c->node);
+        pthread_mutex_unlock(&tp->lock);
         struct epoll_event e = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
-        st_inc(&p->st.epoll_ctl, 1);
-        if (epoll_ctl(s->tp_epfd, EPOLL_CTL_ADD, fd, &e)) {
-            tp_close(s, c);
+        st_inc(&w->st->epoll_ctl, 1);
+        if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, fd, &e)) {
+            tp_close(tp, c);
             continue;
         }
-        st_inc(&p->st.accepted, 1);
+        st_inc(&w->st->accepted, 1);
     }
 }
 
-/* Wait until fd is ready for ev; 0 ready, -1 stopping or error. */
-static int wait_fd(struct srv *s, int fd, short ev)
+/* Wait until fd is ready for ev; 0 ready, -EPIPE stopping or error. */
+static int wait_fd(struct tp_server *tp, int fd, short ev)
 {
     for (;;) {
         struct pollfd pf = {.fd = fd, .events = ev};
-        int r = poll(&pf, 1, CRON_MS);
+        int r = poll(&pf, 1, TCP_CRON_MS);
         if (r > 0)
-            return (pf.revents & (POLLERR | POLLNVAL)) ? -1 : 0;
-        if ((r < 0 && errno != EINTR) || stopping(s))
-            return -1;
+            return (pf.revents & (POLLERR | POLLNVAL)) ? -EPIPE : 0;
+        if ((r < 0 && errno != EINTR) || stopping(tp))
+            return -EPIPE;
     }
 }
 
-/* Blocking read of more input. Returns bytes read, 0 at end of stream, -1 error. */
-static ssize_t tp_read(struct poller *p, struct tp_conn *c, int block)
+/* Read more input. Returns bytes read, 0 at end of stream, -EAGAIN when nothing
+ * is there and !block, another -errno on error or stop. */
+static ssize_t tp_read(struct tp_worker *w, struct tp_conn *c, int block)
 {
-    if (kvbuf_reserve(&c->in, READ_CHUNK))
-        return -1;
+    if (kvbuf_reserve(&c->in, TCP_READ_CHUNK))
+        return -ENOMEM;
     for (;;) {
         ssize_t n = read(c->fd, c->in.p + c->in.len, c->in.cap - c->in.len);
-        st_inc(&p->st.reads, 1);
+        st_inc(&w->st->reads, 1);
         if (n > 0) {
             c->in.len += (size_t)n;
-            st_inc(&p->st.bytes_in, (uint64_t)n);
+            st_inc(&w->st->bytes_in, (uint64_t)n);
             return n;
         }
         if (n == 0)
             return 0;
         if (errno == EINTR)
             continue;
-        if (errno != EAGAIN || !block || wait_fd(p->srv, c->fd, POLLIN))
-            return errno == EAGAIN && !block ? -2 : -1;
+        if (errno != EAGAIN)
+            return -errno;
+        if (!block)
+            return -EAGAIN;
+        int rc = wait_fd(w->tp, c->fd, POLLIN);
+        if (rc)
+            return rc;
     }
 }
 
-static int tp_send(struct poller *p, struct tp_conn *c)
+static int tp_send(struct tp_worker *w, struct tp_conn *c)
 {
     size_t off = 0;
     while (off < c->out.len) {
         ssize_t n = send(c->fd, c->out.p + off, c->out.len - off, MSG_NOSIGNAL);
-        st_inc(&p->st.writes, 1);
+        st_inc(&w->st->writes, 1);
         if (n > 0) {
             off += (size_t)n;
-            st_inc(&p->st.bytes_out, (uint64_t)n);
+            st_inc(&w->st->bytes_out, (uint64_t)n);
         } else if (n < 0 && errno == EINTR) {
             continue;
         } else if (n < 0 && errno == EAGAIN) {
-            if (wait_fd(p->srv, c->fd, POLLOUT))
-                return -1;
+            int rc = wait_fd(w->tp, c->fd, POLLOUT);
+            if (rc)
+                return rc;
         } else {
-            return -1;
+            return n < 0 ? -errno : -EPIPE;
         }
     }
     c->out.len = 0;
-    kvbuf_shrink(&c->out, BUF_KEEP);
+    kvbuf_shrink(&c->out, TCP_BUF_KEEP);
     return 0;
 }
 
 /* Block until the log holds LSN need (the worker's eventfd is woken by the log). */
-static int wait_durable(struct poller *p, uint64_t need)
+static int wait_durable(struct tp_worker *w, uint64_t need)
 {
-    struct wal *w = p->srv->cfg.wal;
-    while (w && wal_durable_lsn(w) < need) {
-        if (wal_failed(w) || stopping(p->srv))
-            return -1;
-        struct pollfd pf = {.fd = p->evfd, .events = POLLIN};
-        if (poll(&pf, 1, CRON_MS) > 0) {
+    struct wal *log = w->tp->eng->wal;
+    while (log && wal_durable_lsn(log) < need) {
+        if (wal_failed(log) || stopping(w->tp))
+            return -EIO;
+        struct pollfd pf = {.fd = w->evfd, .events = POLLIN};
+        if (poll(&pf, 1, TCP_CRON_MS) > 0) {
             uint64_t v;
-            ssize_t r = read(p->evfd, &v, sizeof v);
+            ssize_t r = read(w->evfd, &v, sizeof v);
             (void)r;
         }
     }
     return 0;
 }
 
-/* Run one request, waiting (blocking) for whatever the data file must do first. */
-static int run_one(struct poller *p, struct tp_conn *c, int argc, const char **argv, const size_t *argl)
+/* Run one request, waiting (blocking) for whatever the data file must do first,
+ * then for the log to hold what the reply depends on. 0 or -errno. */
+static int run_one(struct tp_worker *w, struct tp_conn *c, int argc)
 {
-    struct srv *s = p->srv;
-    uint64_t need = 0; /* over every run: a multi-key reply resumed after a load */
-    for (;;) {
-        size_t reply_at = c->out.len;
-        kvt_lsn_reset();
-        if (cmd_dispatch(&c->cl, argc, argv, argl))
-            return -1;
-        if (kvt_lsn_touched() > need)
-            need = kvt_lsn_touched();
-        int stall = c->cl.stall;
-        if (!stall)
-            break;
-        c->cl.stall = CMD_STALL_NONE;
-        if (!c->cl.resume_i)
-            c->out.len = reply_at;
-        if (stall == CMD_STALL_LOAD)
-            kvt_load_sync(s->table, c->cl.stall_key, c->cl.stall_klen); /* an error is reported by the retry */
-        else if (stall == CMD_STALL_MEM)
-            kvt_wait_memory(s->table);
-        else if (s->cfg.bosc)
-            bosc_sync(s->cfg.bosc);
-        if (stopping(s))
-            return -1;
+    int r;
+    while ((r = ses_run(&c->ses, argc, w->args.argv, w->args.argl)) == SES_STALL) {
+        ses_wait(&c->ses); /* an error is reported by the run after it */
+        if (stopping(w->tp))
+            return -EPIPE;
     }
-    st_inc(&p->st.commands, 1);
-    return wait_durable(p, need);
+    if (r < 0)
+        return r;
+    st_inc(&w->st->commands, 1);
+    return r == SES_HOLD ? wait_durable(w, c->ses.need) : 0;
 }
 
 /* Serve the requests a ready connection has, one at a time. Returns 0 to keep
- * the connection (re-armed), -1 to close it. */
-static int tp_serve(struct poller *p, struct tp_conn *c)
+ * the connection (re-armed), -errno to close it. */
+static int tp_serve(struct tp_worker *w, struct tp_conn *c)
 {
-    ssize_t n = tp_read(p, c, 0);
-    if (n == 0 || n == -1)
-        return -1;
+    ssize_t n = tp_read(w, c, 0);
+    if (n <= 0)
+        return n == -EAGAIN ? 0 : n ? (int)n : -EPIPE;
     for (;;) {
         if (c->in_off == c->in.len) {
             c->in.len = c->in_off = 0;
-            kvbuf_shrink(&c->in, BUF_KEEP);
+            kvbuf_shrink(&c->in, TCP_BUF_KEEP);
             return 0; /* all served: wait for the next request */
         }
-        c->rp.unauth = !c->cl.authenticated;
+        c->rp.unauth = !c->ses.cl.authenticated;
         int rc = resp_parse(&c->rp, c->in.p + c->in_off, c->in.len - c->in_off);
         if (rc == RESP_AGAIN) {
-            if (c->in.len - c->in_off > QUERYBUF_MAX)
-                return -1;
-            n = tp_read(p, c, 1); /* a request in part: block for the rest of it */
+            if (c->in.len - c->in_off > TCP_QUERYBUF_MAX)
+                return -E2BIG;
+            n = tp_read(w, c, 1); /* a request in part: block for the rest of it */
             if (n <= 0)
-                return -1;
+                return n ? (int)n : -EPIPE;
             continue;
         }
         if (rc == RESP_ERROR) {
             resp_add_errorf(&c->out, "ERR %s", c->rp.err);
-            st_inc(&p->st.protocol_errors, 1);
-            tp_send(p, c);
-            return -1;
+            st_inc(&w->st->protocol_errors, 1);
+            tp_send(w, c);
+            return -EPROTO;
         }
         int argc = c->rp.argc;
         size_t start = c->in_off;
         c->in_off += c->rp.scan;
         if (argc > 0) {
-            if (argc > p->argcap) {
-                int cap = argc < 64 ? 64 : argc;
-                const char **v = realloc(p->argv, (size_t)cap * sizeof *v);
-                size_t *l = v ? realloc(p->argl, (size_t)cap * sizeof *l) : NULL;
-                if (v)
-                    p->argv = v;
-                if (!l)
-                    return -1;
-                p->argl = l;
-                p->argcap = cap;
-            }
+            if (resp_args_reserve(&w->args, argc))
+                return -ENOMEM;
             for (int i = 0; i < argc; i++) {
-                p->argv[i] = c->in.p + start + c->rp.argv[i].off;
-                p->argl[i] = c->rp.argv[i].len;
+                w->args.argv[i] = c->in.p + start + c->rp.argv[i].off;
+                w->args.argl[i] = c->rp.argv[i].len;
             }
-            c->cl.poller = p->idx;
-            if (run_one(p, c, argc, p->argv, p->argl) || tp_send(p, c))
-                return -1;
+            c->ses.cl.poller = w->idx;
+            if ((rc = run_one(w, c, argc)) || (rc = tp_send(w, c)))
+                return rc;
         }
         resp_reset(&c->rp);
-        if (c->cl.close_after_reply)
-            return -1;
+        if (c->ses.cl.close_after_reply)
+            return -EPIPE;
         if (c->in_off > 0 && c->in_off >= c->in.cap / 2) {
             kvbuf_consume(&c->in, c->in_off);
             c->in_off = 0;
@@ -258,40 +269,168 @@ static int tp_serve(struct poller *p, struct tp_conn *c)
     }
 }
 
-void *tp_worker_main(void *arg)
+static void *tp_worker_main(void *arg)
 {
-    struct poller *p = arg;
-    struct srv *s = p->srv;
-    while (!stopping(s)) {
+    struct tp_worker *w = arg;
+    struct tp_server *tp = w->tp;
+    while (!stopping(tp)) {
         struct epoll_event ev;
-        int n = epoll_wait(s->tp_epfd, &ev, 1, CRON_MS);
-        st_inc(&p->st.epoll_wait, 1);
-        int64_t now = srv_mono_ms();
-        if (now - p->last_cron >= CRON_MS)
-            srv_cron(p, now);
+        int n = epoll_wait(tp->epfd, &ev, 1, TCP_CRON_MS);
+        st_inc(&w->st->epoll_wait, 1);
+        int64_t now = tcp_mono_ms();
+        if (now - w->last_cron >= TCP_CRON_MS) {
+            w->last_cron = now;
+            tcp_cron(&tp->tcp, w->idx, now);
+        }
         if (n <= 0)
             continue;
-        if (ev.data.ptr == &s->tp_listener_tag) {
-            tp_accept(p);
-            struct epoll_event e = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = &s->tp_listener_tag};
-            epoll_ctl(s->tp_epfd, EPOLL_CTL_MOD, s->pollers[0].lfd, &e);
+        if (ev.data.ptr == &tp->listener_tag) {
+            tp_accept(w);
+            struct epoll_event e = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = &tp->listener_tag};
+            epoll_ctl(tp->epfd, EPOLL_CTL_MOD, tp->lfd, &e);
             continue;
         }
         struct tp_conn *c = ev.data.ptr;
-        if (tp_serve(p, c)) {
-            tp_close(s, c);
+        if (tp_serve(w, c)) {
+            tp_close(tp, c);
             continue;
         }
         struct epoll_event e = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
-        st_inc(&p->st.epoll_ctl, 1);
-        if (epoll_ctl(s->tp_epfd, EPOLL_CTL_MOD, c->fd, &e))
-            tp_close(s, c);
+        st_inc(&w->st->epoll_ctl, 1);
+        if (epoll_ctl(tp->epfd, EPOLL_CTL_MOD, c->fd, &e))
+            tp_close(tp, c);
     }
     return NULL;
 }
 
-void tp_close_all(struct srv *s)
+/* ---- lifecycle (struct kv_frontend_ops) */
+
+static void tp_stop(void *st);
+static void tp_destroy(void *st);
+
+static int tp_create(void **out, struct kv_engine *eng, char *err, size_t errlen)
 {
-    while (s->tp_conns)
-        tp_close(s, s->tp_conns);
+    int n = eng->cfg.threads;
+    struct tp_server *tp = calloc(1, sizeof *tp);
+    if (!tp) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    tp->lfd = tp->epfd = -1;
+    tp->eng = eng;
+    list_init(&tp->conns);
+    pthread_mutex_init(&tp->lock, NULL);
+    int rc = tcp_init(&tp->tcp, eng, n, err, errlen); /* checks the thread count */
+    if (rc < 0 || !(tp->workers = aligned_alloc(64, sizeof *tp->workers * (size_t)n))) {
+        if (!rc)
+            snprintf(err, errlen, "out of memory");
+        tp_destroy(tp);
+        return rc < 0 ? rc : -ENOMEM;
+    }
+    memset(tp->workers, 0, sizeof *tp->workers * (size_t)n);
+    for (int i = 0; i < n; i++)
+        tp->workers[i].evfd = -1;
+    tp->nworkers = n;
+    if ((tp->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) {
+        rc = -errno;
+        snprintf(err, errlen, "epoll: %s", strerror(errno));
+        goto fail;
+    }
+    for (int i = 0; i < n; i++) {
+        struct tp_worker *w = &tp->workers[i];
+        w->idx = i;
+        w->tp = tp;
+        w->st = &tp->tcp.st[i];
+        if ((w->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+            rc = -errno;
+            snprintf(err, errlen, "eventfd: %s", strerror(errno));
+            goto fail;
+        }
+        if ((rc = ses_subscribe(eng, w->evfd, err, errlen)) < 0)
+            goto fail;
+    }
+    if ((tp->lfd = tcp_listen(&tp->tcp, 0, err, errlen)) < 0) {
+        rc = tp->lfd;
+        goto fail;
+    }
+    /* one worker at a time accepts, then re-arms the listener */
+    struct epoll_event le = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = &tp->listener_tag};
+    epoll_ctl(tp->epfd, EPOLL_CTL_ADD, tp->lfd, &le);
+    *out = tp;
+    return 0;
+fail:
+    tp_destroy(tp);
+    return rc;
 }
+
+static int tp_start(void *st, char *err, size_t errlen)
+{
+    struct tp_server *tp = st;
+    for (int i = 0; i < tp->nworkers; i++) {
+        struct tp_worker *w = &tp->workers[i];
+        int rc = pthread_create(&w->th, NULL, tp_worker_main, w);
+        if (rc) {
+            snprintf(err, errlen, "cannot start worker thread: %s", strerror(rc));
+            tp_stop(tp);
+            return -rc;
+        }
+        w->started = 1;
+        char name[16];
+        snprintf(name, sizeof name, "kv-worker-%d", i % 10000);
+        pthread_setname_np(w->th, name);
+    }
+    return 0;
+}
+
+static void tp_stop(void *st)
+{
+    struct tp_server *tp = st;
+    /* release: workers that see stopping also see everything written before it */
+    atomic_store_explicit(&tp->stopping, 1, memory_order_release);
+    for (int i = 0; i < tp->nworkers; i++) {
+        uint64_t one = 1;
+        if (tp->workers[i].evfd >= 0) {
+            ssize_t r = write(tp->workers[i].evfd, &one, sizeof one);
+            (void)r;
+        }
+    }
+    for (int i = 0; i < tp->nworkers; i++) {
+        if (tp->workers[i].started) {
+            pthread_join(tp->workers[i].th, NULL);
+            tp->workers[i].started = 0;
+        }
+    }
+    while (!list_empty(&tp->conns))
+        tp_close(tp, list_entry(tp->conns.next, struct tp_conn, node));
+}
+
+static void tp_destroy(void *st)
+{
+    struct tp_server *tp = st;
+    if (!tp)
+        return;
+    tp_stop(tp);
+    for (int i = 0; i < tp->nworkers; i++) {
+        if (tp->workers[i].evfd >= 0)
+            close(tp->workers[i].evfd);
+        resp_args_free(&tp->workers[i].args);
+    }
+    if (tp->lfd >= 0)
+        close(tp->lfd);
+    if (tp->epfd >= 0)
+        close(tp->epfd);
+    free(tp->workers);
+    tcp_free(&tp->tcp);
+    pthread_mutex_destroy(&tp->lock);
+    free(tp);
+}
+
+static int tp_port(const void *st) { return ((const struct tp_server *)st)->eng->port; }
+static void tp_add_stats(void *st, struct fe_stats *out) { tcp_add_stats(&((struct tp_server *)st)->tcp, out); }
+static int tp_thread_stats(void *st, int i, struct fe_thread_stats *out)
+{
+    return tcp_thread_stats(&((struct tp_server *)st)->tcp, i, out);
+}
+
+const struct kv_frontend_ops fe_threadpool = {"threadpool", tp_create, tp_start, tp_stop, tp_destroy,
+                                              tp_port, tp_add_stats, tp_thread_stats};

@@ -7,32 +7,26 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "durability/bosc.h"
-#include "server/server.h"
-#include "core/table.h"
+#include "core/counter.h"
 #include "durability/wal.h"
+#include "engine/engine.h"
+#include "frontend/frontend.h"
 
-void uf_init(struct uf_worker *w, struct srv *s, struct kv_table *t, int index, int evfd, const char *addr)
+void uf_init(struct uf_worker *w, struct kv_engine *eng, int index, int evfd, const char *addr)
 {
     memset(w, 0, sizeof *w);
-    w->srv = s;
+    w->eng = eng;
     w->evfd = evfd;
     resp_parser_init(&w->rp);
-    w->cl.resp = 2;
-    w->cl.out = &w->out;
-    w->cl.srv = s;
-    w->cl.table = t;
-    w->cl.poller = index; /* CLIENT INFO: the worker's index */
-    snprintf(w->cl.addr, sizeof w->cl.addr, "%s", addr);
+    ses_init(&w->ses, eng, &w->out, addr, index, evfd); /* CLIENT INFO: the worker's index */
 }
 
 void uf_free(struct uf_worker *w)
 {
     resp_parser_free(&w->rp);
     kvbuf_free(&w->out);
-    free(w->argv);
-    free(w->argl);
-    free(w->cl.name);
+    resp_args_free(&w->args);
+    ses_free(&w->ses);
 }
 
 static int error_reply(struct uf_worker *w, const char *msg)
@@ -40,34 +34,21 @@ static int error_reply(struct uf_worker *w, const char *msg)
     w->out.len = 0;
     resp_add_error(&w->out, msg);
     w->flags = KVU_F_ERROR;
-    w->need = 0;
+    w->ses.need = 0;
     return UF_REPLY;
 }
 
 /* Dispatch the parsed request (again, after a stall). */
 int uf_resume(struct uf_worker *w)
 {
-    size_t reply_at = w->out.len;
-    kvt_lsn_reset();
-    if (cmd_dispatch(&w->cl, w->argc, w->argv, w->argl))
+    int r = ses_run(&w->ses, w->argc, w->args.argv, w->args.argl);
+    if (r < 0)
         return error_reply(w, "ERR out of memory");
-    uint64_t touched = kvt_lsn_touched(); /* 0 without a log */
-    if (touched > w->need)
-        w->need = touched; /* a multi-key reply resumed after a load depends on every run */
-    if (w->cl.stall) {
-        const struct srv_config *cfg = srv_config(w->srv);
-        if (w->cl.stall == CMD_STALL_LOAD)
-            bosc_request_load(cfg->bosc, w->cl.stall_key, w->cl.stall_klen, w->evfd); /* ENOMEM: the timed retry */
-        else if (w->cl.stall == CMD_STALL_MEM)
-            bosc_kick(cfg->bosc);
-        /* CMD_STALL_SYNC: requested already; every sweep wakes us */
-        w->cl.stall = CMD_STALL_NONE;
-        if (!w->cl.resume_i) /* MGET's reply so far stays: it carries on from resume_i */
-            w->out.len = reply_at;
-        uf_inc(&w->st.stalls, 1);
+    if (r == SES_STALL) {
+        st_inc(&w->st.stalls, 1);
         return UF_STALL;
     }
-    uf_inc(&w->st.requests, 1);
+    st_inc(&w->st.requests, 1);
     return UF_REPLY;
 }
 
@@ -79,18 +60,20 @@ int uf_run(struct uf_worker *w, uint8_t *p, size_t len)
         return UF_BAD; /* a reply, or a flag this version does not know */
     char *req = (char *)p + KVU_HDR_LEN;
     len -= KVU_HDR_LEN;
-    const char *pass = srv_config(w->srv)->requirepass;
+    const char *pass = w->eng->cfg.requirepass;
+    struct cmd_client *cl = &w->ses.cl;
     w->out.len = 0;
     w->flags = 0;
-    w->need = 0;
+    w->ses.need = 0;
+    w->ses.again = 0;
     /* A datagram is its own connection: no state survives it (AUTH, HELLO 3,
      * CLIENT SETNAME would otherwise leak to every later sender on this worker). */
-    w->cl.authenticated = !(pass && *pass);
-    w->cl.resp = 2;
-    w->cl.close_after_reply = 0;
-    w->cl.resume_i = 0;
+    cl->authenticated = !(pass && *pass);
+    cl->resp = 2;
+    cl->close_after_reply = 0;
+    cl->resume_i = 0;
     resp_reset(&w->rp);
-    w->rp.unauth = !w->cl.authenticated;
+    w->rp.unauth = !cl->authenticated;
     int rc = resp_parse(&w->rp, req, len);
     if (rc == RESP_ERROR) {
         resp_add_errorf(&w->out, "ERR Protocol error: %s", w->rp.err);
@@ -102,25 +85,15 @@ int uf_run(struct uf_worker *w, uint8_t *p, size_t len)
                               : w->rp.argc == 0 ? "ERR invalid request: empty request"
                                                 : "ERR invalid request: more than one request in datagram");
     int argc = w->rp.argc;
-    if (argc > w->argcap) {
-        int cap = argc < 64 ? 64 : argc;
-        const char **v = realloc(w->argv, (size_t)cap * sizeof *v);
-        if (v)
-            w->argv = v;
-        size_t *l = v ? realloc(w->argl, (size_t)cap * sizeof *l) : NULL;
-        if (!l)
-            return error_reply(w, "ERR out of memory");
-        w->argl = l;
-        w->argcap = cap;
-    }
+    if (resp_args_reserve(&w->args, argc))
+        return error_reply(w, "ERR out of memory");
     for (int i = 0; i < argc; i++) {
-        w->argv[i] = req + w->rp.argv[i].off;
-        w->argl[i] = w->rp.argv[i].len;
+        w->args.argv[i] = req + w->rp.argv[i].off;
+        w->args.argl[i] = w->rp.argv[i].len;
     }
     w->argc = argc;
     return uf_resume(w);
 }
-
 size_t uf_frame_reply(struct uf_worker *w, uint8_t *dst, const uint8_t *req, size_t room)
 {
     uint16_t flags = w->flags | KVU_F_REPLY;
@@ -144,7 +117,7 @@ size_t uf_frame_reply(struct uf_worker *w, uint8_t *dst, const uint8_t *req, siz
 
 uint64_t uf_durable(struct uf_worker *w, int *failed)
 {
-    struct wal *log = srv_config(w->srv)->wal;
+    struct wal *log = w->eng->wal;
     *failed = log && wal_failed(log);
     return log ? wal_durable_lsn(log) : UINT64_MAX;
 }
@@ -160,4 +133,44 @@ void uf_add_totals(const struct uf_stats *st, struct uf_totals *t)
     t->held += atomic_load_explicit(&st->held, memory_order_relaxed);
     t->stalls += atomic_load_explicit(&st->stalls, memory_order_relaxed);
     t->busy_ns += atomic_load_explicit(&st->busy_ns, memory_order_relaxed);
+}
+
+static void info_server(void *arg, struct kvbuf *b)
+{
+    struct uf_info *in = arg;
+    kvbuf_printf(b, "udp_port:%d\r\nudp_workers:%d\r\n", *in->port, in->workers);
+}
+
+static void info_stats(void *arg, struct kvbuf *b)
+{
+    struct uf_info *in = arg;
+    struct uf_totals u = {0};
+    in->totals(in->arg, &u);
+    kvbuf_printf(b,
+                 "udp_rx_packets:%llu\r\nudp_tx_packets:%llu\r\nudp_requests:%llu\r\n"
+                 "udp_dropped_not_ours:%llu\r\nudp_tx_failed:%llu\r\nudp_bad_frames:%llu\r\n"
+                 "udp_held_for_log:%llu\r\nudp_stalled:%llu\r\nudp_busy_us:%llu\r\n",
+                 (unsigned long long)u.rx_packets, (unsigned long long)u.tx_packets,
+                 (unsigned long long)u.requests, (unsigned long long)u.dropped, (unsigned long long)u.tx_failed,
+                 (unsigned long long)u.bad_frames, (unsigned long long)u.held, (unsigned long long)u.stalls,
+                 (unsigned long long)(u.busy_ns / 1000));
+}
+
+int uf_register_info(struct kv_engine *eng, struct uf_info *info)
+{
+    int rc = eng_info_add(eng, "server", info_server, NULL, info);
+    return rc < 0 ? rc : eng_info_add(eng, "stats", info_stats, NULL, info);
+}
+
+void uf_add_stats(const struct uf_totals *u, struct fe_stats *st)
+{
+    st->udp_rx += u->rx_packets;
+    st->udp_tx += u->tx_packets;
+    st->udp_requests += u->requests;
+    st->udp_dropped += u->dropped;
+    st->udp_tx_failed += u->tx_failed;
+    st->udp_bad += u->bad_frames;
+    st->udp_held += u->held;
+    st->udp_stalls += u->stalls;
+    st->udp_busy_ns += u->busy_ns;
 }

@@ -13,11 +13,12 @@
  * A datagram is its own connection: no AUTH (a server with requirepass answers
  * -NOAUTH), RESP2, no state kept between datagrams.
  *
- * Durability is the TCP path's: a reply leaves only once the log holds every LSN
- * its request wrote or read (uf_worker.need against uf_durable), so the front end
- * keeps built replies in order until then; and a request that must wait for the
- * data file (a key to load, memory the flusher is freeing) is kept, unanswered,
- * and run again when the worker's eventfd says the data file moved on.
+ * Durability is the TCP path's, from the same runner (engine/session.h): a reply
+ * leaves only once the log holds every LSN its request wrote or read
+ * (uf_worker.ses.need against uf_durable), so the front end keeps built replies in
+ * order until then; and a request that must wait for the data file (a key to
+ * load, memory the flusher is freeing) is kept, unanswered, and run again when
+ * the worker's eventfd says the data file moved on.
  * One uf_worker per thread; nothing in it is shared.
  */
 #ifndef KV_UDPFRONT_H
@@ -27,8 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cmd/cmd.h"
 #include "core/kvbuf.h"
+#include "engine/session.h"
 #include "proto/resp.h"
 
 #define KVU_HDR_LEN 8
@@ -36,8 +37,7 @@
 #define KVU_F_ERROR 0x0002u
 #define KVU_MAX_PAYLOAD 1472 /* a 1500-byte MTU: 1500 - IPv4 (20) - UDP (8) */
 
-struct srv;
-struct kv_table;
+struct kv_engine;
 
 /* Counters of one worker: single writer (its thread), read by INFO. */
 struct uf_stats {
@@ -46,7 +46,7 @@ struct uf_stats {
                                  is all of its time: this is the part that served requests) */
 };
 
-/* Sums over workers, for srv_get_stats. dropped: not for us (ARP, IPv6, other
+/* Sums over workers, for the front end's add_stats. dropped: not for us (ARP, IPv6, other
  * ports); bad: malformed; held: replies that waited for the log; stalls: times a
  * request had to wait for the data file (a retry that must wait again counts again). */
 struct uf_totals {
@@ -54,23 +54,21 @@ struct uf_totals {
 };
 
 struct uf_worker {
-    struct srv *srv;
-    int evfd;                /* woken by the log and the data file (subscribed by the owner) */
-    struct cmd_client cl;
+    struct kv_engine *eng;
+    int evfd;                /* woken by the log and the data file (ses_subscribe'd by the owner) */
+    struct session ses;      /* ses.need: LSN the reply depends on (0: none), over every run of it */
     struct kvbuf out;        /* the RESP reply being built */
     struct resp_parser rp;
-    const char **argv;       /* the request's arguments, kept while it stalls */
-    size_t *argl;
-    int argc, argcap;
+    struct resp_args args;   /* the request's arguments, kept while it stalls */
+    int argc;
     uint16_t flags;          /* of the reply in out */
-    uint64_t need;           /* LSN the reply depends on (0: none), over every run of it */
     struct uf_stats st;
 };
 
 enum { UF_REPLY, UF_STALL, UF_BAD };
 
-/* evfd < 0: no data file or log to wait for. index names the worker in CLIENT INFO. */
-void uf_init(struct uf_worker *w, struct srv *s, struct kv_table *t, int index, int evfd, const char *addr);
+/* evfd: the worker's eventfd (subscribed with ses_subscribe). index names the worker in CLIENT INFO. */
+void uf_init(struct uf_worker *w, struct kv_engine *eng, int index, int evfd, const char *addr);
 void uf_free(struct uf_worker *w);
 
 /* Run the request of the datagram payload p[0..len) (frame header + RESP).
@@ -92,10 +90,18 @@ uint64_t uf_durable(struct uf_worker *w, int *failed);
 
 void uf_add_totals(const struct uf_stats *st, struct uf_totals *t);
 
-static inline void uf_inc(_Atomic uint64_t *c, uint64_t d)
-{
-    /* single writer: a relaxed load+store is enough */
-    atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + d, memory_order_relaxed);
-}
+/* What a UDP front end (udpsrv.c, dpdk.c) shows in INFO: its port and worker count
+ * (server section) and the totals over its workers (stats section). */
+struct uf_info {
+    void (*totals)(void *arg, struct uf_totals *t);
+    void *arg;
+    const int *port;
+    int workers;
+};
+/* Register info's INFO lines (info must outlive the engine's use of it). 0 or -errno. */
+int uf_register_info(struct kv_engine *eng, struct uf_info *info);
+/* Add totals u to a front end's stats (the udp_* fields). */
+struct fe_stats;
+void uf_add_stats(const struct uf_totals *u, struct fe_stats *st);
 
 #endif

@@ -1,4 +1,10 @@
-/* udpsrv.c - the kernel-socket UDP front end (--arch udp; see udpsrv.h).
+/* udpsrv.c - the kernel-socket UDP front end (--arch udp): `udp_workers` threads,
+ * each with its own SO_REUSEPORT UDP socket on bind:udp_port (the kernel spreads
+ * senders over them), taking datagrams in recvmmsg batches and answering in
+ * sendmmsg batches. Framing, durability and stalls as in udpfront.h. It is the
+ * kernel's best UDP path for the same request loop that --arch dpdk runs over
+ * kernel bypass, so the two compare like for like. TCP is still served by the
+ * pollers (arch udp runs both front ends).
  * Each worker thread owns its socket, eventfd, buffers and reply ring; the table
  * is reached only through cmd_dispatch (udpfront.c). A worker loops:
  *   send the replies whose LSN is durable (sendmmsg, in order);
@@ -10,7 +16,7 @@
  * datagrams behind it wait in their buffers and nothing new is received, which
  * pushes back on senders the way a stalled TCP connection does. */
 #define _GNU_SOURCE
-#include "frontend/udpsrv.h"
+#include "frontend/udpfront.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -24,8 +30,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "durability/bosc.h"
-#include "server/server.h"
+#include "core/counter.h"
+#include "core/net.h"
+#include "engine/engine.h"
+#include "frontend/frontend.h"
 #include "durability/wal.h"
 
 #define BURST 32
@@ -61,10 +69,11 @@ struct us_worker {
 } __attribute__((aligned(64)));
 
 struct us_server {
-    struct srv *srv;
+    struct kv_engine *eng;
     int port, nworkers;
     _Atomic int stopping;
     struct us_worker *wk;
+    struct uf_info info;     /* what INFO shows of it */
 };
 
 /* Send ring replies in order while their LSN is durable. */
@@ -73,7 +82,7 @@ static void send_ready(struct us_worker *k)
     int failed;
     uint64_t durable = uf_durable(&k->w, &failed);
     if (failed && k->n) { /* the log failed: these writes can never be acknowledged */
-        uf_inc(&k->w.st.tx_failed, k->n);
+        st_inc(&k->w.st.tx_failed, k->n);
         k->head = (k->head + k->n) % RING;
         k->n = 0;
         return;
@@ -97,14 +106,14 @@ static void send_ready(struct us_worker *k)
             if (errno == EINTR)
                 continue;
             r = 1; /* this datagram cannot go (e.g. the sender's route vanished): drop it, go on */
-            uf_inc(&k->w.st.tx_failed, 1);
+            st_inc(&k->w.st.tx_failed, 1);
         } else {
             sent += (unsigned)r;
         }
         k->head = (k->head + (unsigned)r) % RING;
         k->n -= (unsigned)r;
     }
-    uf_inc(&k->w.st.tx_packets, sent);
+    st_inc(&k->w.st.tx_packets, sent);
 }
 
 /* Run received datagrams until all ran, one stalls, or the ring is full.
@@ -130,14 +139,14 @@ static int run_received(struct us_worker *k)
         k->stalled = 0;
         ran++;
         if (r == UF_BAD) {
-            uf_inc(&k->w.st.bad_frames, 1);
+            st_inc(&k->w.st.bad_frames, 1);
         } else {
             struct us_slot *sl = &k->ring[(k->head + k->n) % RING];
             sl->len = (uint16_t)uf_frame_reply(&k->w, sl->buf, k->rxb[k->rx_i], sizeof sl->buf);
             sl->to = k->rxa[k->rx_i];
-            sl->lsn = k->w.need;
+            sl->lsn = k->w.ses.need;
             if (sl->lsn > durable)
-                uf_inc(&k->w.st.held, 1);
+                st_inc(&k->w.st.held, 1);
             k->n++;
         }
         k->rx_i++;
@@ -155,7 +164,7 @@ static int receive(struct us_worker *k)
     int n = recvmmsg(k->fd, k->rx, BURST, MSG_DONTWAIT, NULL);
     if (n <= 0)
         return 0;
-    uf_inc(&k->w.st.rx_packets, (uint64_t)n);
+    st_inc(&k->w.st.rx_packets, (uint64_t)n);
     k->rx_i = 0;
     k->rx_n = n;
     return n;
@@ -183,7 +192,7 @@ static void *worker_main(void *arg)
             continue;
         }
         uint64_t t = now_ns(); /* busy since the last wait: the time spent serving */
-        uf_inc(&k->w.st.busy_ns, t - t0);
+        st_inc(&k->w.st.busy_ns, t - t0);
         /* Nothing to do until a datagram comes (if we may take one), or the log or
          * the data file moves on (eventfd). */
         int may_receive = k->rx_i == k->rx_n && k->n < RING - BURST;
@@ -200,7 +209,7 @@ static void *worker_main(void *arg)
 
 static int bind_socket(struct us_server *u, const char *bind_addr, int probe, char *err, size_t errlen)
 {
-    int fd = srv_bind_socket(SOCK_DGRAM, bind_addr, &u->port, 1, probe, "bind UDP", err, errlen);
+    int fd = net_bind(SOCK_DGRAM, bind_addr, &u->port, 1, probe, "bind UDP", err, errlen);
     if (fd >= 0) {
         int buf = 4 << 20; /* absorb bursts while a worker is busy; capped by net.core.rmem_max */
         setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
@@ -209,9 +218,14 @@ static int bind_socket(struct us_server *u, const char *bind_addr, int probe, ch
     return fd;
 }
 
-int us_create(struct us_server **out, struct srv *s, struct kv_table *t, const char *bind_addr, int port,
-              int workers, char *err, size_t errlen)
+static void us_stop(void *st);
+static void us_destroy(void *st);
+static void us_totals(void *st, struct uf_totals *t);
+
+static int us_create(void **out, struct kv_engine *eng, char *err, size_t errlen)
 {
+    const char *bind_addr = eng->cfg.bind;
+    int port = eng->cfg.udp_port, workers = eng->cfg.udp_workers;
     if (workers < 1 || workers > MAX_WORKERS) {
         snprintf(err, errlen, "udp workers must be between 1 and %d, got %d", MAX_WORKERS, workers);
         return -EINVAL;
@@ -228,12 +242,12 @@ int us_create(struct us_server **out, struct srv *s, struct kv_table *t, const c
         return -ENOMEM;
     }
     memset(wk, 0, sizeof *wk * (size_t)workers);
-    u->srv = s;
+    u->eng = eng;
     u->port = port;
     u->wk = wk;
-    const struct srv_config *cfg = srv_config(s);
-    int rc = 0;
-    for (int i = 0; i < workers; i++) {
+    u->info = (struct uf_info){us_totals, u, &u->port, workers};
+    int rc = uf_register_info(eng, &u->info);
+    for (int i = 0; i < workers && rc == 0; i++) {
         struct us_worker *k = &wk[i];
         u->nworkers = i + 1; /* us_destroy releases what this one got so far */
         k->u = u;
@@ -243,32 +257,29 @@ int us_create(struct us_server **out, struct srv *s, struct kv_table *t, const c
         k->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
         char addr[64];
         snprintf(addr, sizeof addr, "udp:%s", bind_addr);
-        uf_init(&k->w, s, t, i, k->evfd, addr);
+        uf_init(&k->w, eng, i, k->evfd, addr);
         if (!k->rxb || !k->ring || k->evfd < 0) {
             rc = -ENOMEM;
             snprintf(err, errlen, "out of memory (or eventfd: %s)", strerror(errno));
-            goto fail;
+            break;
         }
         k->fd = bind_socket(u, bind_addr, i == 0 && port != 0, err, errlen);
-        if (k->fd < 0) {
+        if (k->fd < 0)
             rc = k->fd;
-            goto fail;
-        }
-        if ((cfg->bosc && bosc_subscribe(cfg->bosc, k->evfd)) || (cfg->wal && wal_subscribe(cfg->wal, k->evfd))) {
-            snprintf(err, errlen, "too many threads for the log's or the data file's wake-up lists");
-            rc = -ENOSPC;
-            goto fail;
-        }
+        else
+            rc = ses_subscribe(eng, k->evfd, err, errlen);
+    }
+    if (rc < 0) {
+        us_destroy(u);
+        return rc;
     }
     *out = u;
     return 0;
-fail:
-    us_destroy(u);
-    return rc;
 }
 
-int us_start(struct us_server *u, char *err, size_t errlen)
+static int us_start(void *st, char *err, size_t errlen)
 {
+    struct us_server *u = st;
     for (int i = 0; i < u->nworkers; i++) {
         struct us_worker *k = &u->wk[i];
         int rc = pthread_create(&k->th, NULL, worker_main, k);
@@ -285,10 +296,9 @@ int us_start(struct us_server *u, char *err, size_t errlen)
     return 0;
 }
 
-void us_stop(struct us_server *u)
+static void us_stop(void *st)
 {
-    if (!u)
-        return;
+    struct us_server *u = st;
     /* release: workers that see it have nothing more to finish */
     atomic_store_explicit(&u->stopping, 1, memory_order_release);
     for (int i = 0; i < u->nworkers; i++) {
@@ -306,8 +316,9 @@ void us_stop(struct us_server *u)
     }
 }
 
-void us_destroy(struct us_server *u)
+static void us_destroy(void *st)
 {
+    struct us_server *u = st;
     if (!u)
         return;
     us_stop(u);
@@ -325,10 +336,20 @@ void us_destroy(struct us_server *u)
     free(u);
 }
 
-int us_port(const struct us_server *u) { return u->port; }
+static int us_port(const void *st) { return ((const struct us_server *)st)->port; }
 
-void us_get_totals(struct us_server *u, struct uf_totals *t)
+static void us_totals(void *st, struct uf_totals *t)
 {
-    for (int i = 0; u && i < u->nworkers; i++)
+    struct us_server *u = st;
+    for (int i = 0; i < u->nworkers; i++)
         uf_add_totals(&u->wk[i].w.st, t);
 }
+
+static void us_add_stats(void *st, struct fe_stats *out)
+{
+    struct uf_totals t = {0};
+    us_totals(st, &t);
+    uf_add_stats(&t, out);
+}
+
+const struct kv_frontend_ops fe_udp = {"udp", us_create, us_start, us_stop, us_destroy, us_port, us_add_stats, NULL};

@@ -374,3 +374,33 @@ int resp_add_bulk(struct kvbuf *b, const void *p, size_t n)
 }
 
 int resp_add_bulk_str(struct kvbuf *b, const char *s) { return resp_add_bulk(b, s, strlen(s)); }
+
+int resp_args_reserve(struct resp_args *a, int n)
+{
+    if (n <= a->cap)
+        return 0;
+    if (n > (1 << 29))
+        return -ENOMEM;
+    int cap = a->cap ? a->cap : 64;
+    while (cap < n)
+        cap *= 2;
+    const char **v = realloc(a->argv, (size_t)cap * sizeof *v);
+    if (!v)
+        return -ENOMEM;
+    a->argv = v;
+    size_t *l = realloc(a->argl, (size_t)cap * sizeof *l);
+    if (!l)
+        return -ENOMEM;
+    a->argl = l;
+    a->cap = cap;
+    return 0;
+}
+
+void resp_args_free(struct resp_args *a)
+{
+    free(a->argv);
+    free(a->argl);
+    a->argv = NULL;
+    a->argl = NULL;
+    a->cap = 0;
+}

@@ -53,6 +53,18 @@ void resp_parser_free(struct resp_parser *p);
 int resp_parse(struct resp_parser *p, char *buf, size_t len);
 void resp_reset(struct resp_parser *p);
 
+/* Argument arrays a front end copies parsed requests into (argv[i] points into its
+ * input buffer, argl[i] is the length), grown on demand; owned by one thread. */
+struct resp_args {
+    const char **argv;
+    size_t *argl;
+    int cap;
+};
+/* Room for n arguments: 0, or -ENOMEM (also past 2^29, which no buffer within the
+ * query-buffer limit can hold: every argument takes at least 6 bytes). */
+int resp_args_reserve(struct resp_args *a, int n);
+void resp_args_free(struct resp_args *a);
+
 /* Reply encoders. Each returns 0 or -ENOMEM. */
 int resp_add_status(struct kvbuf *b, const char *s);          /* +s\r\n */
 int resp_add_error(struct kvbuf *b, const char *s);           /* -s\r\n (s includes the code) */

@@ -1,0 +1,100 @@
+/* cmd_int.h - what the command files share (not a public interface: only
+ * the files of ext/cmd include it): the command table's types, Redis's error texts,
+ * argument helpers, and every handler (the table in dispatch.c names them).
+ * Handlers return 0, or -ENOMEM when even the reply could not be queued. */
+#ifndef KV_CMD_INT_H
+#define KV_CMD_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <strings.h>
+
+#include "cmd/cmd.h"
+#include "core/kvbuf.h"
+#include "proto/resp.h"
+
+#define F_WRITE (1 << 0)
+#define F_READONLY (1 << 1)
+#define F_NOAUTH (1 << 2)  /* allowed before AUTH */
+#define F_FAST (1 << 3)
+#define F_DENYOOM (1 << 4)
+
+struct cmd_args {
+    int argc;
+    const char **argv;
+    const size_t *argl;
+};
+
+typedef int (*cmd_fn)(struct cmd_client *c, const struct cmd_args *a);
+
+struct cmd_def {
+    const char *name;
+    int arity; /* > 0 exact argc, < 0 at least -arity */
+    int flags;
+    cmd_fn fn;
+    const char *group, *summary, *since;
+};
+
+#define ERR_INT "ERR value is not an integer or out of range"
+#define ERR_SYNTAX "ERR syntax error"
+#define ERR_OOM "OOM command not allowed when used memory > 'maxmemory'."
+#define ERR_BIG "ERR string exceeds maximum allowed size (proto-max-bulk-len)"
+
+/* Argument i is the literal lit, case-insensitive. */
+#define ARGIS(a, i, lit) ((a)->argl[i] == sizeof(lit) - 1 && !strncasecmp((a)->argv[i], lit, sizeof(lit) - 1))
+
+/* ---- helpers (dispatch.c) */
+int cmd_reply_ok(struct cmd_client *c);
+int cmd_reply_err(struct cmd_client *c, const char *e);
+/* The error reply for a failed table write (-ENOMEM, -E2BIG, log backlog or failure). */
+int cmd_reply_write_err(struct cmd_client *c, int64_t rc);
+/* Redis's string2ll on argument i: 0, or -1 if it is not a 64-bit decimal integer. */
+int cmd_arg_ll(const struct cmd_args *a, int i, long long *v);
+int64_t cmd_unix_ms(void);
+/* kvt_read_fn that appends the value as a bulk string to the client's replies. */
+void cmd_add_bulk_cb(void *arg, const char *v, size_t n);
+int cmd_unknown_sub(struct cmd_client *c, const struct cmd_args *a, const char *cmd);
+/* 1 if argc fits want (> 0 exact, < 0 at least -want), else replies Redis's arity error, 0. */
+int cmd_sub_arity(struct cmd_client *c, const struct cmd_args *a, int want, const char *full);
+/* key left memory for its data-file block: stall until it is loaded (or say why it cannot be). */
+int cmd_need_load(struct cmd_client *c, const char *key, size_t klen);
+/* 1 if a write refused for memory should wait for the flusher (stall set), else 0. */
+int cmd_wait_for_memory(struct cmd_client *c, size_t need);
+/* Errors of a write to key: stall for a load or for memory, or reply the error. */
+int cmd_write_err_key(struct cmd_client *c, int64_t rc, const char *key, size_t klen, size_t need);
+
+/* ---- handlers, by file */
+/* conn.c */
+int c_ping(struct cmd_client *c, const struct cmd_args *a);
+int c_echo(struct cmd_client *c, const struct cmd_args *a);
+int c_quit(struct cmd_client *c, const struct cmd_args *a);
+int c_auth(struct cmd_client *c, const struct cmd_args *a);
+int c_hello(struct cmd_client *c, const struct cmd_args *a);
+int c_client(struct cmd_client *c, const struct cmd_args *a);
+int c_select(struct cmd_client *c, const struct cmd_args *a);
+int c_time(struct cmd_client *c, const struct cmd_args *a);
+int c_info(struct cmd_client *c, const struct cmd_args *a);
+/* keyspace.c */
+int c_del(struct cmd_client *c, const struct cmd_args *a);
+int c_exists(struct cmd_client *c, const struct cmd_args *a);
+int c_dbsize(struct cmd_client *c, const struct cmd_args *a);
+int c_flushall(struct cmd_client *c, const struct cmd_args *a);
+/* string.c */
+int c_get(struct cmd_client *c, const struct cmd_args *a);
+int c_set(struct cmd_client *c, const struct cmd_args *a);
+int c_mget(struct cmd_client *c, const struct cmd_args *a);
+int c_mset(struct cmd_client *c, const struct cmd_args *a);
+int c_incr(struct cmd_client *c, const struct cmd_args *a);
+int c_decr(struct cmd_client *c, const struct cmd_args *a);
+int c_incrby(struct cmd_client *c, const struct cmd_args *a);
+int c_decrby(struct cmd_client *c, const struct cmd_args *a);
+int c_append(struct cmd_client *c, const struct cmd_args *a);
+int c_strlen(struct cmd_client *c, const struct cmd_args *a);
+/* config.c */
+int c_config(struct cmd_client *c, const struct cmd_args *a);
+/* dispatch.c */
+int c_command(struct cmd_client *c, const struct cmd_args *a);
+/* info.c: the INFO reply for sections argv[0..argc) (all when argc == 0) */
+int cmd_info(struct cmd_client *c, int argc, const char **argv, const size_t *argl);
+
+#endif

@@ -1,0 +1,143 @@
+/* config.c - CONFIG GET/SET/RESETSTAT/HELP: the Redis parameters clients and
+ * tools ask for, answered from the engine's settings. Runs on front-end threads. */
+#define _GNU_SOURCE
+#include "cmd/cmd_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/glob.h"
+#include "core/table.h"
+#include "engine/engine.h"
+
+/* Redis's memtoull: digits then an optional unit b, k, kb, m, mb, g, gb
+ * (k/m/g are powers of 1000, kb/mb/gb of 1024), case-insensitive. */
+static int parse_memory(const char *p, size_t n, unsigned long long *out)
+{
+    size_t i = 0;
+    unsigned long long v = 0;
+    if (n == 0 || n > 40)
+        return -1;
+    for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) {
+        if (v > (~0ULL - 9) / 10)
+            return -1;
+        v = v * 10 + (unsigned)(p[i] - '0');
+    }
+    if (i == 0)
+        return -1;
+    static const struct { const char *u; unsigned long long mul; } units[] = {
+        {"", 1}, {"b", 1}, {"k", 1000}, {"kb", 1024}, {"m", 1000000}, {"mb", 1024 * 1024},
+        {"g", 1000000000ULL}, {"gb", 1024ULL * 1024 * 1024}};
+    for (size_t u = 0; u < sizeof units / sizeof *units; u++) {
+        if (strlen(units[u].u) == n - i && !strncasecmp(units[u].u, p + i, n - i)) {
+            if (v > ~0ULL / units[u].mul)
+                return -1;
+            *out = v * units[u].mul;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* CONFIG GET's parameters, in the order a pattern lists them: each one's value,
+ * from the engine's settings. One table, so a name cannot lack its value. */
+typedef void (*param_fn)(struct cmd_client *c, char *dst, size_t n);
+#define PARAM_STR(fn, expr) static void fn(struct cmd_client *c, char *dst, size_t n) { snprintf(dst, n, "%s", expr); }
+#define PARAM_INT(fn, expr) static void fn(struct cmd_client *c, char *dst, size_t n) { snprintf(dst, n, "%lld", (long long)(expr)); }
+PARAM_STR(p_bind, c->eng->cfg.bind)
+PARAM_INT(p_port, c->eng->port)
+PARAM_INT(p_maxclients, c->eng->cfg.maxclients)
+PARAM_INT(p_maxmemory, kvt_max_memory(c->table))
+PARAM_STR(p_noeviction, "noeviction")
+PARAM_STR(p_requirepass, c->eng->cfg.requirepass ? c->eng->cfg.requirepass : "")
+PARAM_STR(p_empty, "")
+PARAM_STR(p_no, "no")
+PARAM_INT(p_one, 1)
+PARAM_INT(p_zero, 0)
+PARAM_INT(p_threads, c->eng->cfg.threads)
+PARAM_INT(p_max_bulk, RESP_MAX_BULK)
+PARAM_INT(p_backlog, c->eng->cfg.tcp_backlog > 0 ? c->eng->cfg.tcp_backlog : 511)
+PARAM_STR(p_poll_policy, c->eng->cfg.poll_policy)
+
+static const struct param {
+    const char *name;
+    param_fn value;
+} params[] = {
+    {"bind", p_bind},           {"port", p_port},         {"maxclients", p_maxclients},
+    {"maxmemory", p_maxmemory}, {"maxmemory-policy", p_noeviction}, {"requirepass", p_requirepass},
+    {"save", p_empty},          {"appendonly", p_no},     {"databases", p_one},
+    {"timeout", p_zero},        {"io-threads", p_threads}, {"proto-max-bulk-len", p_max_bulk},
+    {"tcp-backlog", p_backlog}, {"poll-policy", p_poll_policy}, {"threads", p_threads},
+};
+#define NPARAMS (int)(sizeof params / sizeof params[0])
+
+int c_config(struct cmd_client *c, const struct cmd_args *a)
+{
+    if (ARGIS(a, 1, "GET")) {
+        if (!cmd_sub_arity(c, a, -3, "config|get"))
+            return 0;
+        /* Each parameter once; named as the client spelled it when it asked by
+         * exact name, as Redis 7 does, by its own name when a pattern matched. */
+        enum { NP = NPARAMS };
+        int from_arg[NP];
+        int count = 0;
+        for (int j = 0; j < NP; j++)
+            from_arg[j] = -1;
+        for (int i = 2; i < a->argc; i++) {
+            int pattern = memchr(a->argv[i], '*', a->argl[i]) || memchr(a->argv[i], '?', a->argl[i]) ||
+                          memchr(a->argv[i], '[', a->argl[i]);
+            for (int j = 0; j < NP; j++) {
+                if (from_arg[j] != -1)
+                    continue;
+                const char *name = params[j].name;
+                if (pattern ? glob_match(a->argv[i], a->argl[i], name, strlen(name), 1)
+                            : (a->argl[i] == strlen(name) && !strncasecmp(a->argv[i], name, a->argl[i]))) {
+                    from_arg[j] = pattern ? -2 : i;
+                    count++;
+                }
+            }
+        }
+        resp_add_map(c->out, c->resp, count);
+        for (int i = 2; i <= a->argc; i++) { /* exact names in the order asked, then patterns */
+            int want = i < a->argc ? i : -2;
+            for (int j = 0; j < NP; j++) {
+                if (from_arg[j] != want)
+                    continue;
+                char v[128];
+                params[j].value(c, v, sizeof v);
+                if (from_arg[j] >= 0)
+                    resp_add_bulk(c->out, a->argv[i], a->argl[i]);
+                else
+                    resp_add_bulk_str(c->out, params[j].name);
+                resp_add_bulk_str(c->out, v);
+            }
+        }
+        return 0;
+    }
+    if (ARGIS(a, 1, "SET")) {
+        if (!cmd_sub_arity(c, a, -4, "config|set"))
+            return 0;
+        if (a->argc == 4 && ARGIS(a, 2, "maxmemory")) {
+            unsigned long long v;
+            if (parse_memory(a->argv[3], a->argl[3], &v))
+                return resp_add_errorf(c->out, "ERR CONFIG SET failed (possibly related to argument "
+                                               "'maxmemory') - argument must be a memory value");
+            kvt_set_max_memory(c->table, v);
+            return cmd_reply_ok(c);
+        }
+        return resp_add_errorf(c->out, "ERR Unknown option or number of arguments for CONFIG SET - '%.*s'",
+                               (int)(a->argl[2] > 128 ? 128 : a->argl[2]), a->argv[2]);
+    }
+    if (ARGIS(a, 1, "RESETSTAT")) {
+        eng_reset_stats(c->eng);
+        return cmd_reply_ok(c);
+    }
+    if (ARGIS(a, 1, "HELP")) {
+        resp_add_array(c->out, 4);
+        resp_add_status(c->out, "CONFIG <subcommand> [<arg> ...]. Subcommands are:");
+        resp_add_status(c->out, "GET <pattern>");
+        resp_add_status(c->out, "SET maxmemory <bytes>");
+        return resp_add_status(c->out, "RESETSTAT");
+    }
+    return cmd_unknown_sub(c, a, "CONFIG");
+}

@@ -1,0 +1,301 @@
+/* dispatch.c - the command table, COMMAND, and cmd_dispatch (see cmd.h); the
+ * helpers every handler shares. One table of {name, arity, flags, handler};
+ * lookup is case-insensitive. Error texts follow Redis 7.0 so clients and tools
+ * behave the same. Runs on front-end threads; all arguments are untrusted. */
+#define _GNU_SOURCE
+#include "cmd/cmd_int.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/table.h"
+#include "durability/bosc.h"
+#include "engine/engine.h"
+
+static inline int tolower_ascii(int ch) { return ch >= 'A' && ch <= 'Z' ? ch + 32 : ch; }
+
+
+#define ARGIS(a, i, lit) ((a)->argl[i] == sizeof(lit) - 1 && !strncasecmp((a)->argv[i], lit, sizeof(lit) - 1))
+
+int cmd_reply_ok(struct cmd_client *c) { return kvbuf_append(c->out, "+OK\r\n", 5); }
+
+int cmd_reply_err(struct cmd_client *c, const char *e) { return resp_add_error(c->out, e); }
+
+/* Redis's string2ll on an argument. */
+int cmd_arg_ll(const struct cmd_args *a, int i, long long *v)
+{
+    char tmp[24];
+    size_t n = a->argl[i];
+    if (n == 0 || n >= sizeof tmp)
+        return -1;
+    memcpy(tmp, a->argv[i], n);
+    tmp[n] = 0;
+    if (!(tmp[0] == '-' || (tmp[0] >= '0' && tmp[0] <= '9')))
+        return -1;
+    if (n > 1 && (tmp[0] == '0' || (tmp[0] == '-' && tmp[1] == '0')))
+        return -1;
+    if (n == 1 && tmp[0] == '-')
+        return -1;
+    char *end;
+    errno = 0;
+    long long x = strtoll(tmp, &end, 10);
+    if (errno || *end)
+        return -1;
+    *v = x;
+    return 0;
+}
+
+int64_t cmd_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void cmd_add_bulk_cb(void *arg, const char *v, size_t n)
+{
+    struct cmd_client *c = arg;
+    if (resp_add_bulk(c->out, v, n))
+        c->close_after_reply = 1; /* could not queue the reply: drop the client */
+}
+
+int cmd_unknown_sub(struct cmd_client *c, const struct cmd_args *a, const char *cmd)
+{
+    return resp_add_errorf(c->out, "ERR unknown subcommand '%.*s'. Try %s HELP.",
+                           (int)(a->argl[1] > 128 ? 128 : a->argl[1]), a->argv[1], cmd);
+}
+
+int cmd_sub_arity(struct cmd_client *c, const struct cmd_args *a, int want, const char *full)
+{
+    if ((want > 0 && a->argc != want) || (want < 0 && a->argc < -want)) {
+        resp_add_errorf(c->out, "ERR wrong number of arguments for '%s' command", full);
+        return 0;
+    }
+    return 1;
+}
+
+/* ---- strings */
+
+/* The key is not in memory but may be in its data-file block: wait for it to
+ * be loaded (or report the damage that keeps it from loading). */
+int cmd_need_load(struct cmd_client *c, const char *key, size_t klen)
+{
+    struct bosc *b = c->eng->bosc;
+    if (!b)
+        return cmd_reply_err(c, "ERR internal: key not resident without a data file");
+    if (bosc_failed(b))
+        return resp_add_errorf(c->out, "ERR %s", bosc_error(b));
+    c->stall = CMD_STALL_LOAD;
+    c->stall_key = key;
+    c->stall_klen = klen;
+    return 0;
+}
+
+/* With a data file a write that finds memory full waits for the flusher to
+ * evict clean records (paper 000's NHD case), unless waiting cannot help: the
+ * request alone needs a large share of the bound, or nothing is left to evict. */
+int cmd_wait_for_memory(struct cmd_client *c, size_t need)
+{
+    uint64_t max = kvt_max_memory(c->table);
+    if (!c->eng->bosc || !max || need > max / 4 || kvt_spill_stuck(c->table))
+        return 0;
+    c->stall = CMD_STALL_MEM;
+    return 1;
+}
+
+/* Errors of a write to key (argument 1 unless given). */
+int cmd_write_err_key(struct cmd_client *c, int64_t rc, const char *key, size_t klen, size_t need)
+{
+    if (rc == -ENODATA)
+        return cmd_need_load(c, key, klen);
+    if (rc == -ENOMEM && cmd_wait_for_memory(c, need))
+        return 0;
+    return cmd_reply_write_err(c, rc);
+}
+
+int cmd_reply_write_err(struct cmd_client *c, int64_t rc)
+{
+    if (rc == -ENOMEM)
+        return cmd_reply_err(c, ERR_OOM);
+    if (rc == -E2BIG)
+        return cmd_reply_err(c, ERR_BIG);
+    if (rc == -EAGAIN)
+        return cmd_reply_err(c, "ERR durability log backlog full (the disk cannot keep up), write refused: retry");
+    if (rc == -EIO)
+        return cmd_reply_err(c, "ERR durability log failed (I/O error, see the server's log): writes refused "
+                            "until restart");
+    return resp_add_errorf(c->out, "ERR %s", strerror((int)-rc));
+}
+
+static const struct cmd_def commands[] = {
+    {"get", 2, F_READONLY | F_FAST, c_get, "string", "Returns the string value of a key.", "1.0.0"},
+    {"set", -3, F_WRITE | F_DENYOOM, c_set, "string", "Sets the string value of a key, ignoring its type.", "1.0.0"},
+    {"mget", -2, F_READONLY | F_FAST, c_mget, "string", "Atomically returns the string values of one or more keys.", "1.0.0"},
+    {"mset", -3, F_WRITE | F_DENYOOM, c_mset, "string", "Creates or modifies the string values of one or more keys.", "1.0.1"},
+    {"del", -2, F_WRITE, c_del, "generic", "Deletes one or more keys.", "1.0.0"},
+    {"exists", -2, F_READONLY | F_FAST, c_exists, "generic", "Determines whether one or more keys exist.", "1.0.0"},
+    {"incr", 2, F_WRITE | F_DENYOOM | F_FAST, c_incr, "string", "Increments the integer value of a key by one.", "1.0.0"},
+    {"decr", 2, F_WRITE | F_DENYOOM | F_FAST, c_decr, "string", "Decrements the integer value of a key by one.", "1.0.0"},
+    {"incrby", 3, F_WRITE | F_DENYOOM | F_FAST, c_incrby, "string", "Increments the integer value of a key by a number.", "1.0.0"},
+    {"decrby", 3, F_WRITE | F_DENYOOM | F_FAST, c_decrby, "string", "Decrements a number from the integer value of a key.", "1.0.0"},
+    {"append", 3, F_WRITE | F_DENYOOM, c_append, "string", "Appends a string to the value of a key.", "2.0.0"},
+    {"strlen", 2, F_READONLY | F_FAST, c_strlen, "string", "Returns the length of a string value.", "2.2.0"},
+    {"ping", -1, F_FAST, c_ping, "connection", "Returns the server's liveliness response.", "1.0.0"},
+    {"echo", 2, F_FAST, c_echo, "connection", "Returns the given string.", "1.0.0"},
+    {"quit", -1, F_NOAUTH | F_FAST, c_quit, "connection", "Closes the connection.", "1.0.0"},
+    {"auth", -2, F_NOAUTH | F_FAST, c_auth, "connection", "Authenticates the connection.", "1.0.0"},
+    {"hello", -1, F_NOAUTH | F_FAST, c_hello, "connection", "Handshakes with the server.", "6.0.0"},
+    {"select", 2, F_FAST, c_select, "connection", "Changes the selected database (only 0 exists).", "1.0.0"},
+    {"client", -2, 0, c_client, "connection", "A container for client connection commands.", "2.4.0"},
+    {"dbsize", 1, F_READONLY | F_FAST, c_dbsize, "server", "Returns the number of keys in the database.", "1.0.0"},
+    {"flushall", -1, F_WRITE, c_flushall, "server", "Removes all keys from all databases.", "1.0.0"},
+    {"flushdb", -1, F_WRITE, c_flushall, "server", "Remove all keys from the current database.", "1.0.0"},
+    {"info", -1, 0, c_info, "server", "Returns information and statistics about the server.", "1.0.0"},
+    {"config", -2, 0, c_config, "server", "A container for server configuration commands.", "2.0.0"},
+    {"command", -1, 0, c_command, "server", "Returns detailed information about all commands.", "2.8.13"},
+    {"time", 1, F_FAST, c_time, "server", "Returns the server time.", "2.6.0"},
+};
+
+#define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
+
+int cmd_count(void) { return NCOMMANDS; }
+
+static const struct cmd_def *lookup(const char *name, size_t n)
+{
+    if (n == 0)
+        return NULL;
+    int first = tolower_ascii((unsigned char)name[0]);
+    for (int i = 0; i < NCOMMANDS; i++)
+        if (commands[i].name[0] == first && strlen(commands[i].name) == n &&
+            !strncasecmp(commands[i].name, name, n))
+            return &commands[i];
+    return NULL;
+}
+
+static void add_flags(struct cmd_client *c, int f)
+{
+    int n = !!(f & F_WRITE) + !!(f & F_READONLY) + !!(f & F_NOAUTH) + !!(f & F_FAST) + !!(f & F_DENYOOM);
+    resp_add_set(c->out, c->resp, n);
+    if (f & F_WRITE) resp_add_status(c->out, "write");
+    if (f & F_READONLY) resp_add_status(c->out, "readonly");
+    if (f & F_DENYOOM) resp_add_status(c->out, "denyoom");
+    if (f & F_NOAUTH) resp_add_status(c->out, "no_auth");
+    if (f & F_FAST) resp_add_status(c->out, "fast");
+}
+
+/* COMMAND reply entry: name, arity, flags, first key, last key, step, acl categories,
+ * tips, key specs, subcommands (Redis 7 layout). */
+static void add_info(struct cmd_client *c, const struct cmd_def *d)
+{
+    int keys = (d->flags & (F_WRITE | F_READONLY)) && strcmp(d->name, "flushall") &&
+               strcmp(d->name, "flushdb") && strcmp(d->name, "dbsize");
+    int last = !keys ? 0 : (d->arity < 0 && strcmp(d->name, "set") ? -1 : 1);
+    int step = !keys ? 0 : (!strcmp(d->name, "mset") ? 2 : 1);
+    resp_add_array(c->out, 10);
+    resp_add_bulk_str(c->out, d->name);
+    resp_add_int(c->out, d->arity);
+    add_flags(c, d->flags);
+    resp_add_int(c->out, keys);
+    resp_add_int(c->out, last);
+    resp_add_int(c->out, step);
+    resp_add_array(c->out, 0);
+    resp_add_array(c->out, 0);
+    resp_add_array(c->out, 0);
+    resp_add_array(c->out, 0);
+}
+
+static void add_docs(struct cmd_client *c, const struct cmd_def *d)
+{
+    resp_add_bulk_str(c->out, d->name);
+    resp_add_map(c->out, c->resp, 3);
+    resp_add_bulk_str(c->out, "summary");
+    resp_add_bulk_str(c->out, d->summary);
+    resp_add_bulk_str(c->out, "since");
+    resp_add_bulk_str(c->out, d->since);
+    resp_add_bulk_str(c->out, "group");
+    resp_add_bulk_str(c->out, d->group);
+}
+
+int c_command(struct cmd_client *c, const struct cmd_args *a)
+{
+    if (a->argc == 1) {
+        resp_add_array(c->out, NCOMMANDS);
+        for (int i = 0; i < NCOMMANDS; i++)
+            add_info(c, &commands[i]);
+        return 0;
+    }
+    if (ARGIS(a, 1, "COUNT"))
+        return cmd_sub_arity(c, a, 2, "command|count") ? resp_add_int(c->out, NCOMMANDS) : 0;
+    if (ARGIS(a, 1, "INFO")) {
+        if (a->argc == 2) {
+            resp_add_array(c->out, NCOMMANDS);
+            for (int i = 0; i < NCOMMANDS; i++)
+                add_info(c, &commands[i]);
+            return 0;
+        }
+        resp_add_array(c->out, a->argc - 2);
+        for (int i = 2; i < a->argc; i++) {
+            const struct cmd_def *d = lookup(a->argv[i], a->argl[i]);
+            if (d)
+                add_info(c, d);
+            else
+                resp_add_null(c->out, c->resp);
+        }
+        return 0;
+    }
+    if (ARGIS(a, 1, "DOCS")) {
+        if (a->argc == 2) {
+            resp_add_map(c->out, c->resp, NCOMMANDS);
+            for (int i = 0; i < NCOMMANDS; i++)
+                add_docs(c, &commands[i]);
+            return 0;
+        }
+        int n = 0;
+        for (int i = 2; i < a->argc; i++)
+            n += lookup(a->argv[i], a->argl[i]) != NULL;
+        resp_add_map(c->out, c->resp, n);
+        for (int i = 2; i < a->argc; i++) {
+            const struct cmd_def *d = lookup(a->argv[i], a->argl[i]);
+            if (d)
+                add_docs(c, d);
+        }
+        return 0;
+    }
+    if (ARGIS(a, 1, "LIST")) {
+        resp_add_array(c->out, NCOMMANDS);
+        for (int i = 0; i < NCOMMANDS; i++)
+            resp_add_bulk_str(c->out, commands[i].name);
+        return 0;
+    }
+    return cmd_unknown_sub(c, a, "COMMAND");
+}
+
+int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t *argl)
+{
+    const struct cmd_def *d = lookup(argv[0], argl[0]);
+    struct cmd_args a = {argc, argv, argl};
+    if (!d) {
+        /* Redis: "unknown command '<name>', with args beginning with: '<a1>' '<a2>' "
+         * where the argument list stops once it reaches 128 bytes. */
+        char args[300];
+        size_t len = 0;
+        args[0] = 0;
+        for (int i = 1; i < argc && len < 128; i++) {
+            int room = 128 - (int)len;
+            int n = snprintf(args + len, sizeof args - len, "'%.*s' ",
+                             (int)argl[i] < room ? (int)argl[i] : room, argv[i]);
+            if (n < 0)
+                break;
+            len += (size_t)n;
+        }
+        return resp_add_errorf(c->out, "ERR unknown command '%.*s', with args beginning with: %s",
+                               (int)(argl[0] > 128 ? 128 : argl[0]), argv[0], args);
+    }
+    if ((d->arity > 0 && argc != d->arity) || (d->arity < 0 && argc < -d->arity))
+        return resp_add_errorf(c->out, "ERR wrong number of arguments for '%s' command", d->name);
+    if (!c->authenticated && !(d->flags & F_NOAUTH))
+        return cmd_reply_err(c, "NOAUTH Authentication required.");
+    return d->fn(c, &a);
+}

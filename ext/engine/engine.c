@@ -1,0 +1,232 @@
+/* engine.c - the engine context and its INFO sections (see engine.h).
+ * The providers here read other threads' counters through the components' own
+ * get_stats calls (locks or relaxed atomics): INFO may be a moment stale. */
+#define _GNU_SOURCE
+#include "engine/engine.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "core/table.h"
+#include "durability/bosc.h"
+#include "durability/replog.h"
+#include "durability/wal.h"
+
+static const char *const sections[] = {"server", "clients",  "memory", "persistence", "replication",
+                                       "stats",  "pollers", "cpu",    "keyspace",    NULL};
+
+const char *eng_info_section(int i)
+{
+    return i >= 0 && i < (int)(sizeof sections / sizeof *sections) ? sections[i] : NULL;
+}
+
+int eng_info_add(struct kv_engine *e, const char *section, eng_info_fn fn, eng_reset_fn reset, void *arg)
+{
+    int s = 0;
+    while (sections[s] && strcmp(sections[s], section))
+        s++;
+    if (!sections[s])
+        return -EINVAL;
+    if (e->ninfo == ENG_INFO_MAX)
+        return -ENOSPC;
+    e->info[e->ninfo++] = (struct eng_info){s, fn, reset, arg};
+    return 0;
+}
+
+void eng_reset_stats(struct kv_engine *e)
+{
+    for (int i = 0; i < e->ninfo; i++)
+        if (e->info[i].reset)
+            e->info[i].reset(e->info[i].arg);
+}
+
+uint64_t eng_client_id(struct kv_engine *e)
+{
+    return atomic_fetch_add_explicit(&e->next_client_id, 1, memory_order_relaxed) + 1;
+}
+
+uint64_t eng_log_appended(const struct kv_engine *e) { return e->wal ? wal_appended_lsn(e->wal) : 0; }
+
+/* ---- the engine's own INFO sections */
+
+static void human_bytes(char *dst, size_t n, uint64_t v)
+{
+    const char *u[] = {"B", "K", "M", "G", "T"};
+    double d = (double)v;
+    int i = 0;
+    while (d >= 1024 && i < 4) {
+        d /= 1024;
+        i++;
+    }
+    snprintf(dst, n, "%.2f%s", d, u[i]);
+}
+
+static void info_memory(void *arg, struct kvbuf *b)
+{
+    struct kv_engine *e = arg;
+    struct kvt_stats ts;
+    char h1[32], h2[32];
+    kvt_get_stats(e->table, &ts);
+    human_bytes(h1, sizeof h1, ts.used_memory);
+    human_bytes(h2, sizeof h2, ts.max_memory);
+    kvbuf_printf(b,
+                 "used_memory:%llu\r\nused_memory_human:%s\r\nmaxmemory:%llu\r\n"
+                 "maxmemory_human:%s\r\nmaxmemory_policy:noeviction\r\n"
+                 "table_buckets:%llu\r\ntable_rehashing_shards:%llu\r\n"
+                 "mem_allocator:libc\r\n",
+                 (unsigned long long)ts.used_memory, h1, (unsigned long long)ts.max_memory, h2,
+                 (unsigned long long)ts.buckets, (unsigned long long)ts.rehashing);
+}
+
+static void info_persistence(void *arg, struct kvbuf *b)
+{
+    struct kv_engine *e = arg;
+    kvbuf_printf(b, "loading:0\r\ndurability:%s\r\naof_enabled:0\r\nrdb_changes_since_last_save:0\r\n",
+                 e->cfg.durability);
+    if (e->wal) {
+        struct wal_stats ws;
+        wal_get_stats(e->wal, &ws);
+        kvbuf_printf(b,
+                     "log_appended_lsn:%llu\r\nlog_durable_lsn:%llu\r\nlog_groups:%llu\r\n"
+                     "log_records:%llu\r\nlog_bytes:%llu\r\nlog_max_group_records:%llu\r\n"
+                     "log_syncs:%llu\r\nlog_sync_avg_us:%.1f\r\nlog_sync_max_us:%.1f\r\n"
+                     "log_failed:%d\r\n",
+                     (unsigned long long)ws.appended_lsn, (unsigned long long)ws.durable_lsn,
+                     (unsigned long long)ws.groups, (unsigned long long)ws.records, (unsigned long long)ws.bytes,
+                     (unsigned long long)ws.max_group_records, (unsigned long long)ws.syncs,
+                     ws.syncs ? (double)ws.sync_ns_total / (double)ws.syncs / 1000.0 : 0.0,
+                     (double)ws.sync_ns_max / 1000.0, ws.failed);
+    }
+    if (e->bosc) {
+        struct bosc_stats bs;
+        struct kvt_stats ts;
+        bosc_get_stats(e->bosc, &bs);
+        kvt_get_stats(e->table, &ts);
+        kvbuf_printf(b,
+                     "datafile_buckets:%llu\r\ndatafile_keys:%llu\r\nmemory_keys:%llu\r\n"
+                     "datafile_flushed_lsn:%llu\r\ndatafile_sweeps:%llu\r\n"
+                     "datafile_records_written:%llu\r\ndatafile_blocks_written:%llu\r\n"
+                     "datafile_blocks_read:%llu\r\ndatafile_deferred:%llu\r\n"
+                     "datafile_loads:%llu\r\ndatafile_evicted_keys:%llu\r\n"
+                     "datafile_log_segments_deleted:%llu\r\ndatafile_failed:%d\r\n"
+                     "datafile_error:%s\r\n",
+                     (unsigned long long)bs.buckets, (unsigned long long)ts.disk_keys,
+                     (unsigned long long)ts.entries, (unsigned long long)bs.flushed_lsn,
+                     (unsigned long long)bs.sweeps, (unsigned long long)bs.records,
+                     (unsigned long long)bs.blocks_written, (unsigned long long)bs.blocks_read,
+                     (unsigned long long)bs.deferred, (unsigned long long)bs.loads, (unsigned long long)bs.evicted,
+                     (unsigned long long)bs.truncated_segments, bs.failed, bs.error);
+    }
+}
+
+static void info_replication(void *arg, struct kvbuf *b)
+{
+    struct kv_engine *e = arg;
+    kvbuf_printf(b, "role:master\r\nconnected_slaves:0\r\n");
+    if (e->cfg.sender) {
+        struct rl_sender_stats rs;
+        rl_sender_get_stats(e->cfg.sender, &rs);
+        kvbuf_printf(b,
+                     "log_peer_connected:%d\r\nlog_peer_degraded:%d\r\nlog_peer_acked_lsn:%llu\r\n"
+                     "log_peer_sent_lsn:%llu\r\nlog_peer_batches:%llu\r\nlog_peer_records:%llu\r\n"
+                     "log_peer_bytes:%llu\r\nlog_peer_connects:%llu\r\nlog_peer_disconnects:%llu\r\n"
+                     "log_peer_catchup_records:%llu\r\nlog_peer_last_error:%s\r\n",
+                     rs.connected, rs.degraded, (unsigned long long)rs.acked_lsn, (unsigned long long)rs.sent_lsn,
+                     (unsigned long long)rs.batches, (unsigned long long)rs.records, (unsigned long long)rs.bytes,
+                     (unsigned long long)rs.connects, (unsigned long long)rs.disconnects,
+                     (unsigned long long)rs.catchup_records, rs.last_error);
+    }
+    if (e->cfg.receiver) {
+        struct rl_receiver_stats rr;
+        rl_receiver_get_stats(e->cfg.receiver, &rr);
+        kvbuf_printf(b,
+                     "log_receiver_port:%d\r\nlog_receiver_peers:%d\r\nlog_receiver_held_lsn:%llu\r\n"
+                     "log_receiver_batches:%llu\r\nlog_receiver_records:%llu\r\n"
+                     "log_receiver_syncs:%llu\r\nlog_receiver_fetches:%llu\r\n",
+                     rl_receiver_port(e->cfg.receiver), rr.peers_connected, (unsigned long long)rr.held_lsn,
+                     (unsigned long long)rr.batches, (unsigned long long)rr.records, (unsigned long long)rr.syncs,
+                     (unsigned long long)rr.fetches);
+    }
+}
+
+static void info_cpu(void *arg, struct kvbuf *b)
+{
+    (void)arg;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    kvbuf_printf(b, "used_cpu_sys:%ld.%06ld\r\nused_cpu_user:%ld.%06ld\r\n", (long)ru.ru_stime.tv_sec,
+                 (long)ru.ru_stime.tv_usec, (long)ru.ru_utime.tv_sec, (long)ru.ru_utime.tv_usec);
+}
+
+static void info_keyspace(void *arg, struct kvbuf *b)
+{
+    struct kv_engine *e = arg;
+    struct kvt_stats ts;
+    kvt_get_stats(e->table, &ts);
+    if (ts.keys)
+        kvbuf_printf(b, "db0:keys=%llu,expires=%llu,avg_ttl=0\r\n", (unsigned long long)ts.keys,
+                     (unsigned long long)ts.expires);
+}
+
+/* ---- lifecycle */
+
+static int dup_str(const char **dst, const char *src, const char *dflt)
+{
+    if (!src)
+        src = dflt;
+    if (!src) {
+        *dst = NULL;
+        return 0;
+    }
+    *dst = strdup(src);
+    return *dst ? 0 : -ENOMEM;
+}
+
+#define CFG_STRINGS(X) X(bind, "127.0.0.1") X(requirepass, NULL) X(accept, "reuseport") X(poll_policy, "direct") \
+    X(config_file, NULL) X(version, "0") X(durability, "none") X(arch, "poller") X(dpdk_iface, NULL)               \
+    X(dpdk_eal_args, NULL)
+
+int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_config *cfg, char *err, size_t errlen)
+{
+    struct kv_engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    e->cfg = *cfg;
+    int rc = 0;
+#define DUP(f, d) rc |= dup_str(&e->cfg.f, cfg->f, d);
+    CFG_STRINGS(DUP)
+#undef DUP
+    if (rc) {
+        eng_destroy(e);
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    e->table = t;
+    e->wal = cfg->wal;
+    e->bosc = cfg->bosc;
+    e->port = cfg->port;
+    e->start_time = time(NULL);
+    /* the engine's sections; the server and the front ends add theirs */
+    eng_info_add(e, "memory", info_memory, NULL, e);
+    eng_info_add(e, "persistence", info_persistence, NULL, e);
+    eng_info_add(e, "replication", info_replication, NULL, e);
+    eng_info_add(e, "cpu", info_cpu, NULL, e);
+    eng_info_add(e, "keyspace", info_keyspace, NULL, e);
+    *out = e;
+    return 0;
+}
+
+void eng_destroy(struct kv_engine *e)
+{
+    if (!e)
+        return;
+#define FREE(f, d) free((char *)e->cfg.f);
+    CFG_STRINGS(FREE)
+#undef FREE
+    free(e);
+}

@@ -1,0 +1,106 @@
+/* engine.h - the engine: what commands and front ends share of one node.
+ *
+ * struct kv_engine holds the node's settings (struct kv_config, owned copies),
+ * the table, the durability log and the data file (not owned), client ids, and
+ * the INFO registry: each owner (the engine itself, the server, every front end)
+ * registers the lines it contributes to a section, and the INFO command renders
+ * the sections in Redis's order. Commands reach the node only through this
+ * struct, never through the server or a front end.
+ * Threads: created and filled by the control thread before any front end runs;
+ * afterwards read-only except the atomics (client ids).
+ */
+#ifndef KV_ENGINE_H
+#define KV_ENGINE_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "core/kvbuf.h"
+
+struct kv_table;
+struct wal;
+struct bosc;
+struct rl_sender;
+struct rl_receiver;
+
+/* A node's settings, as the control plane (Python) fills them. */
+struct kv_config {
+    const char *bind;        /* IPv4 address to listen on, e.g. "127.0.0.1" */
+    int port;                /* TCP port; 0 = any free port (the bound one: kv_engine.port) */
+    int threads;             /* TCP front end threads (pollers or pool workers), >= 1 */
+    int maxclients;          /* connections beyond this get an error and are closed */
+    const char *requirepass; /* NULL or "" = no AUTH required */
+    const char *accept;      /* "reuseport" (one listener per poller) or "handoff" (poller 0 accepts) */
+    const char *poll_policy; /* "direct" (default), "strict" or "flexpoll"; see frontend/pollpolicy.h */
+    const char *config_file; /* shown by INFO, may be NULL */
+    const char *version;     /* kvstore version shown by INFO/HELLO */
+    int tcp_backlog;
+    struct wal *wal;         /* durability log (not owned) or NULL: replies then wait for
+                                the LSN their request wrote or read to be durable */
+    const char *durability;  /* mode name for INFO: "none", "disk", ... */
+    struct rl_sender *sender;      /* remote mode's log sender, for INFO (not owned), or NULL */
+    struct rl_receiver *receiver;  /* this node's log receiver, for INFO (not owned), or NULL */
+    const char *arch;        /* front ends, by name: "poller", "threadpool" (paper 000's baseline),
+                                "udp" or "dpdk" (pollers for TCP + that UDP front end); see
+                                server/server.c */
+    int network_only;        /* benchmark switch (paper 000's N row): SET answers +OK
+                                without touching the table; nothing is stored */
+    struct bosc *bosc;       /* data file (not owned) or NULL: with it, a request whose key
+                                must be loaded, or that needs memory the flusher is freeing,
+                                waits (engine/session.h) instead of failing */
+    int udp_port;            /* arch udp/dpdk: UDP port (udp: 0 = any free port) */
+    int udp_workers;         /* arch udp/dpdk: UDP worker threads (dpdk: lcores), >= 1 */
+    const char *dpdk_iface;  /* arch dpdk: interface of the AF_XDP port, e.g. a veth end */
+    const char *dpdk_eal_args; /* arch dpdk: extra EAL arguments, space separated, or NULL */
+};
+
+/* An INFO provider appends "field:value\r\n" lines of its section to out; reset
+ * (may be NULL) zeroes the counters CONFIG RESETSTAT covers. Any thread. */
+typedef void (*eng_info_fn)(void *arg, struct kvbuf *out);
+typedef void (*eng_reset_fn)(void *arg);
+
+#define ENG_INFO_MAX 32
+
+struct eng_info {
+    int section;             /* index into eng_info_section() */
+    eng_info_fn fn;
+    eng_reset_fn reset;
+    void *arg;
+};
+
+struct kv_engine {
+    struct kv_config cfg;    /* strings are owned copies */
+    struct kv_table *table;  /* not owned */
+    struct wal *wal;         /* cfg.wal */
+    struct bosc *bosc;       /* cfg.bosc */
+    int port;                /* TCP port bound by the RESP front end (set before threads start) */
+    time_t start_time;
+    _Atomic uint64_t next_client_id;
+    struct eng_info info[ENG_INFO_MAX];
+    int ninfo;
+};
+
+/* Copy cfg (its strings too) into a new engine over table t (not owned) and register
+ * the engine's own INFO sections (memory, persistence, replication, cpu, keyspace).
+ * Control thread. 0 or -errno with a message in err. */
+int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_config *cfg, char *err, size_t errlen);
+void eng_destroy(struct kv_engine *e);
+
+/* Register an INFO provider for section (one of eng_info_section()). Providers of a
+ * section run in registration order. Control thread, before front ends run.
+ * 0, -EINVAL (unknown section) or -ENOSPC. */
+int eng_info_add(struct kv_engine *e, const char *section, eng_info_fn fn, eng_reset_fn reset, void *arg);
+/* Name of INFO section i in Redis's order, lower case; NULL past the last. */
+const char *eng_info_section(int i);
+/* CONFIG RESETSTAT: every provider's reset. Any thread. */
+void eng_reset_stats(struct kv_engine *e);
+
+/* A new client id (1, 2, ...). Any thread. */
+uint64_t eng_client_id(struct kv_engine *e);
+/* Last LSN appended to the log (0 without one): replies that summarize the whole
+ * table (DBSIZE, INFO) depend on all of it. Any thread. */
+uint64_t eng_log_appended(const struct kv_engine *e);
+
+#endif

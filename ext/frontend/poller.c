@@ -1,0 +1,799 @@
+/* poller.c - the poller front end (arch poller, and the TCP side of udp/dpdk):
+ * per-core epoll pollers serving RESP connections without ever blocking.
+ * Threads: the control thread creates, starts and stops; each poller thread owns
+ * its epoll fd, its listener (reuseport mode) and its connections, and a
+ * connection is only ever touched by its poller. Connections reach a poller
+ * through its own SO_REUSEPORT listener (the kernel spreads them) or, in handoff
+ * mode, from poller 0's listener through a queue + eventfd. Replies are gathered
+ * per poll round and written at its end; when to keep EPOLLOUT registered is the
+ * poll policy's choice (pollpolicy.h). Requests run through ses_run; a reply held
+ * for the log leaves when the log wakes the poller's eventfd, a stalled request
+ * runs again when the data file does. Cross-thread state: the client count and
+ * handoff queues (mutex), per-poller counters (single writer, read by INFO).
+ * Reads untrusted bytes from sockets; the parser (proto/resp.c) bounds them. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/counter.h"
+#include "core/fdq.h"
+#include "core/kvbuf.h"
+#include "core/list.h"
+#include "core/net.h"
+#include "core/table.h"
+#include "durability/wal.h"
+#include "engine/engine.h"
+#include "engine/session.h"
+#include "frontend/frontend.h"
+#include "frontend/pollpolicy.h"
+#include "frontend/tcp.h"
+#include "proto/resp.h"
+
+#define MAX_EVENTS 256
+#define OUT_PAUSE (4 * 1024 * 1024)    /* stop reading a client whose unsent replies pass this */
+#define BATCH 32                       /* requests parsed (and prefetched) before running them */
+
+enum tag { TAG_CONN = 1, TAG_LISTENER, TAG_EVENT };
+
+struct conn;
+struct poller_server;
+
+struct batch_req {
+    int arg0, argc;  /* slice of the poller's argv/argl */
+    size_t end;      /* input offset just past this request */
+    uint64_t h;      /* hash of the first key, for prefetching */
+};
+
+struct poller {
+    int idx;
+    struct poller_server *ps;
+    pthread_t th;
+    int started;
+    int epfd, lfd, evfd;
+    int spare_fd;                /* reserved descriptor for shedding connections at EMFILE */
+    int listener_tag, event_tag; /* addresses used as epoll tags */
+    struct tcp_thread *st;       /* its counters (in ps->tcp) */
+    struct list all;             /* every connection of this poller */
+    struct list waiting;         /* connections with replies held for the log */
+    struct list stalled;         /* connections whose next request waits for the data file */
+    struct conn *pending;        /* connections with replies queued this round */
+    struct fdq handed;           /* connections poller 0 accepted for this one (handoff mode) */
+    int64_t last_cron;
+    /* scratch for the batch being run (process_input): requests and their arguments */
+    struct batch_req batch[BATCH];
+    struct resp_args args;
+} __attribute__((aligned(64)));
+
+struct poller_server {
+    struct tcp_front tcp;
+    struct kv_engine *eng;
+    const struct pp_policy *policy;
+    int handoff;                 /* accept mode handoff: poller 0 accepts, hands round-robin */
+    int npollers;
+    struct poller *pollers;
+    _Atomic int stopping;
+    _Atomic uint64_t handoff_rr;
+};
+
+struct conn {
+    int tag;                     /* TAG_CONN: must stay the first member */
+    int fd;
+    struct poller *p;
+    struct kvbuf in;
+    size_t in_off;               /* start of the request being parsed */
+    struct resp_parser rp;
+    struct kvbuf out;
+    size_t out_off;              /* bytes of out already sent */
+    struct session ses;          /* command state; ses.need: the LSN the last reply needs */
+    uint32_t interest;           /* events registered with epoll */
+    int writable;                /* its last event reported EPOLLOUT, and no send failed since */
+    int paused;                  /* input not processed until replies drain */
+    int listed;                  /* on p->pending */
+    int closed;
+    struct conn *next_pending;
+    struct list node;            /* on p->all */
+    struct pp_conn pp;
+    struct list wait_node;       /* on p->waiting: replies held for the log */
+    struct list stall_node;      /* on p->stalled: its next request waits for a load or for memory */
+};
+
+/* ---- connections */
+
+static void conn_free(struct conn *c)
+{
+    list_del(&c->node);
+    kvbuf_free(&c->in);
+    kvbuf_free(&c->out);
+    resp_parser_free(&c->rp);
+    ses_free(&c->ses);
+    free(c);
+}
+
+static int stalled(const struct conn *c) { return !list_empty(&c->stall_node); }
+
+static void list_pending(struct conn *c);
+
+/* The next request waits for the data file (ses_run asked it already). Input
+ * stays unparsed (EPOLLIN is dropped) until a wakeup runs it again. */
+static void stall_add(struct conn *c)
+{
+    if (!stalled(c))
+        list_add(&c->p->stalled, &c->stall_node);
+}
+
+/* End of the part of out that may be sent now: up to the first reply still
+ * waiting for its LSN to become durable. */
+static size_t sendable_end(struct conn *c) { return ses_sendable(&c->ses, c->out.len); }
+
+/* Close now; the struct is freed by the end-of-round flush, so pointers held
+ * while handling this round's events stay valid. */
+static void conn_close(struct conn *c)
+{
+    if (c->closed)
+        return;
+    c->closed = 1;
+    list_del(&c->wait_node);
+    list_del(&c->stall_node);
+    /* Explicitly: close() removes the fd from epoll only if no other descriptor
+     * (e.g. a forked child's copy) refers to the socket; otherwise events for
+     * this freed connection would keep arriving. */
+    epoll_ctl(c->p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    st_inc(&c->p->st->epoll_ctl, 1);
+    close(c->fd);
+    tcp_closed(&c->p->ps->tcp);
+    st_inc(&c->p->st->clients, (uint64_t)-1);
+    list_pending(c);
+}
+
+/* The input events a connection registers. Edge-triggered, EPOLLRDHUP too: a
+ * read can take the peer's FIN along with the last bytes, and the EOF it leaves
+ * behind is not reported again. */
+static uint32_t in_events(const struct pp_policy *pol)
+{
+    return pol->edge ? EPOLLIN | EPOLLRDHUP : EPOLLIN;
+}
+
+static void set_interest(struct conn *c, uint32_t ev)
+{
+    if (ev == c->interest)
+        return;
+    struct epoll_event e = {.events = ev, .data.ptr = c};
+    st_inc(&c->p->st->epoll_ctl, 1);
+    if (epoll_ctl(c->p->epfd, EPOLL_CTL_MOD, c->fd, &e) == 0) {
+        c->interest = ev;
+        if (!(ev & EPOLLOUT))
+            c->writable = 0; /* the next registration reports it afresh */
+    } else {
+        conn_close(c);
+    }
+}
+
+/* Edge-triggered registration: bytes may remain that no event will report.
+ * Registering again (EPOLL_CTL_MOD, even unchanged) reports them next round. */
+static void rearm_input(struct conn *c)
+{
+    uint32_t ev = c->interest;
+    c->interest = ~0u;
+    set_interest(c, ev);
+}
+
+static void update_interest(struct conn *c, int spurious)
+{
+    size_t end = sendable_end(c);
+    int pending = c->out_off < end; /* bytes the socket could take now */
+    int held = end < c->out.len;
+    if (held)
+        if (list_empty(&c->wait_node)) /* the rest goes out when the log catches up */
+            list_add(&c->p->waiting, &c->wait_node);
+    /* No EPOLLIN while input is not wanted: level-triggered epoll would report
+     * it again on every round (busy loop) for bytes we refuse to read. */
+    const struct pp_policy *pol = c->p->ps->policy;
+    uint32_t ev = (c->paused || stalled(c) || c->ses.cl.close_after_reply) ? 0 : in_events(pol);
+    if (pol->edge)
+        ev |= EPOLLET;
+    /* Replies held for the log leave through the log's wakeup, not EPOLLOUT: while
+     * only they remain, a level-triggered EPOLLOUT would just fire every round
+     * (an edge-triggered one stays as it is: it costs nothing meanwhile). */
+    if (pending || !held) {
+        if (pol->want_out(&c->pp, pending, spurious))
+            ev |= EPOLLOUT;
+    } else if (pol->edge) {
+        ev |= c->interest & EPOLLOUT;
+    }
+    set_interest(c, ev);
+    /* Edge-triggered, the EPOLLOUT a registered, writable socket gave is not given
+     * again: bytes that became sendable since (the log made a held reply durable
+     * after this round's write) go out at the round's end, or never. */
+    if (pol->edge && pending && c->writable && (c->interest & EPOLLOUT) && !c->closed)
+        list_pending(c);
+}
+
+static void list_pending(struct conn *c)
+{
+    if (!c->listed) {
+        c->listed = 1;
+        c->next_pending = c->p->pending;
+        c->p->pending = c;
+    }
+}
+
+static void process_input(struct conn *c);
+
+/* Send queued replies until done or the socket is full. */
+static void conn_write(struct conn *c, int spurious)
+{
+    struct tcp_thread *st = c->p->st;
+    size_t end = sendable_end(c);
+    while (c->out_off < end) {
+        ssize_t n = send(c->fd, c->out.p + c->out_off, end - c->out_off, MSG_NOSIGNAL);
+        st_inc(&st->writes, 1);
+        if (n > 0) {
+            c->out_off += (size_t)n;
+            st_inc(&st->bytes_out, (uint64_t)n);
+        } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+            if (errno == EAGAIN) {
+                c->writable = 0; /* an edge-triggered EPOLLOUT reports when room returns */
+                break;
+            }
+        } else {
+            conn_close(c);
+            return;
+        }
+    }
+    if (c->out_off > TCP_BUF_KEEP && c->out_off < c->out.len && c->out_off >= c->out.len / 2) {
+        /* A client that always keeps some replies unread would otherwise make
+         * out grow by everything ever sent to it: drop the sent half. */
+        ses_consumed(&c->ses, c->out_off);
+        kvbuf_consume(&c->out, c->out_off);
+        c->out_off = 0;
+    }
+    if (c->out_off == c->out.len) {
+        c->out.len = c->out_off = 0;
+        kvbuf_shrink(&c->out, TCP_BUF_KEEP);
+        if (c->ses.cl.close_after_reply) {
+            conn_close(c);
+            return;
+        }
+        if (c->paused) { /* backlog drained: resume buffered requests */
+            c->paused = 0;
+            process_input(c);
+            if (c->closed)
+                return;
+            if (c->out.len) {
+                list_pending(c);
+                return;
+            }
+        }
+    }
+    update_interest(c, spurious);
+}
+
+/* Parse and execute every complete request in the input buffer.
+ *
+ * Requests are parsed in batches of up to BATCH before any runs, so the table
+ * lines their keys need can be prefetched together (kvt_prefetch): with
+ * pipelining a single read brings many requests, and their cache misses then
+ * overlap instead of stalling one after another. Arguments of a batch point
+ * into the input buffer, which does not move until the batch has run. */
+static void process_input(struct conn *c)
+{
+    struct poller *p = c->p;
+    struct kv_table *t = p->ps->eng->table;
+    while (!c->ses.cl.close_after_reply && !stalled(c)) {
+        if (c->out.len - c->out_off > OUT_PAUSE) {
+            /* The client sends faster than it reads: stop taking requests (and
+             * drop EPOLLIN) until the replies drain, so memory stays bounded. */
+            c->paused = 1;
+            break;
+        }
+        /* Before AUTH one request at a time: AUTH changes the limits for the next. */
+        int max = c->ses.cl.authenticated ? BATCH : 1;
+        int n = 0, nargs = 0, perr = 0, again = 0;
+        size_t off = c->in_off;
+        while (n < max) {
+            /* An inline request is unescaped in place when parsed, so it must not
+             * be parsed twice: it only starts a batch (and ends it), never waits in
+             * one that a pause may cut short. */
+            if (n > 0 && off < c->in.len && c->in.p[off] != '*')
+                break;
+            c->rp.unauth = !c->ses.cl.authenticated;
+            int rc = resp_parse(&c->rp, c->in.p + off, c->in.len - off);
+            if (rc == RESP_AGAIN) {
+                again = 1;
+                break;
+            }
+            if (rc == RESP_ERROR) {
+                perr = 1;
+                break;
+            }
+            int argc = c->rp.argc;
+            if (argc > 0) {
+                if (resp_args_reserve(&p->args, nargs + argc)) {
+                    conn_close(c);
+                    return;
+                }
+                for (int i = 0; i < argc; i++) {
+                    p->args.argv[nargs + i] = c->in.p + off + c->rp.argv[i].off;
+                    p->args.argl[nargs + i] = c->rp.argv[i].len;
+                }
+                p->batch[n].arg0 = nargs;
+                p->batch[n].argc = argc;
+                p->batch[n].end = off + c->rp.scan;
+                nargs += argc;
+                n++;
+            }
+            int was_inline = c->in.p[off] != '*';
+            off += c->rp.scan;
+            resp_reset(&c->rp);
+            if (was_inline)
+                break;
+        }
+        if (n > 1) {
+            for (int i = 0; i < n; i++) {
+                struct batch_req *b = &p->batch[i];
+                b->h = b->argc > 1 ? kvt_hash(p->args.argv[b->arg0 + 1], p->args.argl[b->arg0 + 1]) : 0;
+                if (b->argc > 1)
+                    kvt_prefetch(t, b->h, 1);
+            }
+            for (int stage = 2; stage <= 3; stage++)
+                for (int i = 0; i < n; i++)
+                    if (p->batch[i].argc > 1)
+                        kvt_prefetch(t, p->batch[i].h, stage);
+        }
+        int i = 0;
+        for (; i < n; i++) {
+            struct batch_req *b = &p->batch[i];
+            if (c->out.len - c->out_off > OUT_PAUSE) {
+                c->paused = 1;
+                break;
+            }
+            size_t reply_at = c->out.len;
+            int r = ses_run(&c->ses, b->argc, p->args.argv + b->arg0, p->args.argl + b->arg0);
+            /* a reply (or a multi-key reply in part, kept over a stall) waits for its LSN */
+            if (r < 0 || (c->out.len > reply_at && ses_hold(&c->ses, reply_at, c->ses.need))) {
+                conn_close(c);
+                return;
+            }
+            if (r == SES_STALL) { /* runs again when the data file has what it needs */
+                stall_add(c);
+                break;
+            }
+            st_inc(&p->st->commands, 1);
+            c->in_off = b->end;
+            if (c->ses.cl.close_after_reply) { /* QUIT: what follows it is not run */
+                i++;
+                break;
+            }
+        }
+        if (i < n || c->paused || stalled(c) || c->ses.cl.close_after_reply) {
+            /* Stopped inside the batch: what follows is parsed again later, so
+             * forget any partial progress the parser made past it. */
+            resp_reset(&c->rp);
+            break;
+        }
+        c->in_off = off; /* also steps over empty requests ("*0") after the last one */
+        if (perr) {
+            resp_add_errorf(&c->out, "ERR %s", c->rp.err);
+            st_inc(&p->st->protocol_errors, 1);
+            c->ses.cl.close_after_reply = 1;
+            break;
+        }
+        if (again)
+            break; /* the rest of the buffer is an incomplete request */
+    }
+    if (c->in_off == c->in.len) {
+        c->in.len = c->in_off = 0;
+        kvbuf_shrink(&c->in, TCP_BUF_KEEP);
+    } else if (c->in_off > 0 && (c->in_off >= c->in.cap / 2 || c->in.cap - c->in.len < TCP_READ_CHUNK)) {
+        /* parser offsets are relative to the request start, so moving is safe */
+        kvbuf_consume(&c->in, c->in_off);
+        c->in_off = 0;
+    }
+}
+
+static void conn_readable(struct conn *c)
+{
+    struct poller *p = c->p;
+    if (c->ses.cl.close_after_reply || c->paused || stalled(c)) {
+        /* Unread bytes: an edge-triggered registration must be made again to
+         * report them, which the update that gives EPOLLIN back now does. */
+        if (p->ps->policy->edge)
+            c->interest &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
+        return;
+    }
+    if (c->in.len - c->in_off > TCP_QUERYBUF_MAX) {
+        /* One request may not buffer more than this (Redis's client-query-buffer-limit):
+         * a client declaring endless 512 MiB arguments is dropped. */
+        conn_close(c);
+        return;
+    }
+    /* Read at least TCP_READ_CHUNK; inside a large bulk, grow with what has already
+     * arrived (geometric), never by the length the client merely declared. */
+    size_t want = TCP_READ_CHUNK;
+    if (c->rp.bulk > 0) {
+        size_t have = c->in.len - c->in_off - c->rp.scan;
+        size_t need = (size_t)c->rp.bulk + 2 > have ? (size_t)c->rp.bulk + 2 - have : 0;
+        size_t cap = c->in.len > TCP_READ_CHUNK ? c->in.len : TCP_READ_CHUNK;
+        want = need < cap ? need : cap;
+        if (want < TCP_READ_CHUNK)
+            want = TCP_READ_CHUNK;
+    }
+    if (kvbuf_reserve(&c->in, want)) {
+        conn_close(c);
+        return;
+    }
+    size_t room = c->in.cap - c->in.len;
+    ssize_t n = read(c->fd, c->in.p + c->in.len, room);
+    st_inc(&p->st->reads, 1);
+    if (n < 0) {
+        if (errno != EAGAIN && errno != EINTR)
+            conn_close(c);
+        return;
+    }
+    if (n == 0) {
+        /* Peer closed its side: answer what it already sent, then close. */
+        c->ses.cl.close_after_reply = 1;
+        if (c->out_off == c->out.len)
+            conn_close(c);
+        else
+            list_pending(c);
+        return;
+    }
+    c->in.len += (size_t)n;
+    st_inc(&p->st->bytes_in, (uint64_t)n);
+    process_input(c);
+    if (c->closed)
+        return;
+    /* A short read emptied the socket; after a full one more may wait unreported. */
+    if ((size_t)n == room && p->ps->policy->edge)
+        rearm_input(c);
+    if (c->out.len > c->out_off || c->ses.cl.close_after_reply)
+        list_pending(c);
+}
+
+static void conn_new(struct poller *p, int fd)
+{
+    struct poller_server *ps = p->ps;
+    if (!tcp_admit(&ps->tcp, fd))
+        return;
+    struct conn *c = calloc(1, sizeof *c);
+    if (!c) {
+        close(fd);
+        tcp_closed(&ps->tcp);
+        return;
+    }
+    c->tag = TAG_CONN;
+    c->fd = fd;
+    c->p = p;
+    resp_parser_init(&c->rp);
+    char addr[64];
+    net_peer_addr(fd, addr, sizeof addr);
+    ses_init(&c->ses, ps->eng, &c->out, addr, p->idx, p->evfd);
+    c->interest = in_events(ps->policy) | (ps->policy->edge ? EPOLLET : 0);
+    struct epoll_event e = {.events = c->interest, .data.ptr = c};
+    st_inc(&p->st->epoll_ctl, 1);
+    if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &e)) {
+        close(fd);
+        tcp_closed(&ps->tcp);
+        resp_parser_free(&c->rp);
+        ses_free(&c->ses);
+        free(c);
+        return;
+    }
+    list_init(&c->wait_node);
+    list_init(&c->stall_node);
+    list_add(&p->all, &c->node);
+    st_inc(&p->st->accepted, 1);
+    st_inc(&p->st->clients, 1);
+}
+
+static void do_accept(struct poller *p)
+{
+    struct poller_server *ps = p->ps;
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(p->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if ((errno == EMFILE || errno == ENFILE) && p->spare_fd >= 0) {
+                /* Out of descriptors: the pending connection would keep the
+                 * level-triggered listener readable forever (a busy loop). Spend
+                 * the spare descriptor to accept it and close it at once. */
+                close(p->spare_fd);
+                fd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
+                if (fd >= 0)
+                    close(fd);
+                atomic_fetch_add_explicit(&ps->tcp.rejected, 1, memory_order_relaxed);
+                p->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+                continue;
+            }
+            return; /* EAGAIN: nothing more to accept */
+        }
+        if (ps->handoff) {
+            uint64_t i2 = atomic_fetch_add_explicit(&ps->handoff_rr, 1, memory_order_relaxed);
+            struct poller *to = &ps->pollers[i2 % (uint64_t)ps->npollers];
+            if (to != p) {
+                fdq_push(&to->handed, fd);
+                continue;
+            }
+        }
+        conn_new(p, fd);
+    }
+}
+
+/* The log moved on (or failed): send the replies it released. */
+static void release_waiting(struct poller *p)
+{
+    struct wal *w = p->ps->eng->wal;
+    if (!w || list_empty(&p->waiting))
+        return;
+    int failed = wal_failed(w);
+    struct list l;
+    list_move_all(&l, &p->waiting);
+    while (!list_empty(&l)) {
+        struct conn *c = list_entry(l.next, struct conn, wait_node);
+        list_del(&c->wait_node);
+        if (failed)
+            conn_close(c); /* their writes can never be acknowledged */
+        else
+            conn_write(c, 0); /* re-lists itself if something is still held */
+    }
+}
+
+/* The data file loaded a key or freed memory: run the stalled requests again. */
+static void retry_stalled(struct poller *p)
+{
+    struct list l;
+    list_move_all(&l, &p->stalled);
+    while (!list_empty(&l)) {
+        struct conn *c = list_entry(l.next, struct conn, stall_node);
+        list_del(&c->stall_node);
+        process_input(c); /* may stall again */
+        if (!c->closed)
+            list_pending(c); /* replies out, EPOLLIN back */
+    }
+}
+
+static void drain_event(struct poller *p)
+{
+    uint64_t v;
+    ssize_t r = read(p->evfd, &v, sizeof v);
+    (void)r;
+    int fds[64]; /* at most 64 per wakeup; fdq_take wakes us again for the rest */
+    int n = fdq_take(&p->handed, fds, 64);
+    for (int i = 0; i < n; i++)
+        conn_new(p, fds[i]);
+    release_waiting(p);
+    retry_stalled(p);
+}
+
+static void flush_round(struct poller *p)
+{
+    const struct pp_policy *pol = p->ps->policy;
+    while (p->pending) {
+        struct conn *c = p->pending;
+        p->pending = c->next_pending;
+        c->listed = 0;
+        if (c->closed) {
+            conn_free(c);
+            continue;
+        }
+        /* edge: an EPOLLOUT already reported this round for a registered
+         * EPOLLOUT (writable) is the one strict would wait a round for */
+        if (pol->write_at_round_end || c->ses.cl.close_after_reply ||
+            (pol->edge && c->writable && (c->interest & EPOLLOUT)))
+            conn_write(c, 0);
+        else
+            update_interest(c, 0);
+    }
+}
+
+static void *poller_main(void *arg)
+{
+    struct poller *p = arg;
+    struct poller_server *ps = p->ps;
+    struct epoll_event ev[MAX_EVENTS];
+    int edge = ps->policy->edge;
+    while (!atomic_load_explicit(&ps->stopping, memory_order_acquire)) {
+        int n = epoll_wait(p->epfd, ev, MAX_EVENTS, TCP_CRON_MS);
+        st_inc(&p->st->epoll_wait, 1);
+        for (int i = 0; i < n; i++) {
+            int *tag = ev[i].data.ptr;
+            if (*tag == TAG_LISTENER) {
+                do_accept(p);
+            } else if (*tag == TAG_EVENT) {
+                drain_event(p);
+            } else {
+                struct conn *c = (struct conn *)tag;
+                uint32_t e = ev[i].events;
+                if ((e & EPOLLERR) || ((e & EPOLLHUP) && (c->paused || stalled(c) || c->ses.cl.close_after_reply)))
+                    conn_close(c); /* reported whatever the interest set: never ignore them */
+                else if (e & (EPOLLIN | EPOLLHUP))
+                    conn_readable(c);
+                if (edge && (e & EPOLLRDHUP) && !c->closed && !c->ses.cl.close_after_reply &&
+                    (c->interest & EPOLLIN))
+                    rearm_input(c); /* the EOF, if the last read took it, is read next round */
+                if (!c->closed && (e & EPOLLOUT)) {
+                    c->writable = 1;
+                    /* Queued replies go out now, or at the round's end if listed.
+                     * Edge-triggered, a writable report riding on a read woke
+                     * nothing by itself: not spurious. */
+                    int none = c->out_off == c->out.len;
+                    if (!c->listed && !(edge && none && (e & EPOLLIN)))
+                        conn_write(c, none);
+                }
+            }
+        }
+        flush_round(p);
+        int64_t now = tcp_mono_ms();
+        if (now - p->last_cron >= TCP_CRON_MS) {
+            p->last_cron = now;
+            if (!list_empty(&p->stalled))
+                retry_stalled(p); /* a wakeup may be lost (a load request refused for memory) */
+            tcp_cron(&ps->tcp, p->idx, now);
+        }
+    }
+    for (struct list *n = p->all.next; n != &p->all; n = n->next)
+        conn_close(list_entry(n, struct conn, node));
+    flush_round(p); /* frees them all */
+    return NULL;
+}
+
+/* ---- lifecycle (struct kv_frontend_ops) */
+
+static void poller_stop(void *st);
+static void poller_destroy(void *st);
+
+static int poller_create(void **out, struct kv_engine *eng, char *err, size_t errlen)
+{
+    const struct kv_config *cfg = &eng->cfg;
+    const struct pp_policy *pol = pp_find(cfg->poll_policy);
+    if (!pol) {
+        snprintf(err, errlen, "unknown poll policy '%s': expected one of %s", cfg->poll_policy, pp_names());
+        return -EINVAL;
+    }
+    if (strcmp(cfg->accept, "reuseport") && strcmp(cfg->accept, "handoff")) {
+        snprintf(err, errlen, "unknown accept mode '%s': expected reuseport or handoff", cfg->accept);
+        return -EINVAL;
+    }
+    struct poller_server *ps = calloc(1, sizeof *ps);
+    if (!ps) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    int rc = tcp_init(&ps->tcp, eng, cfg->threads, err, errlen); /* checks threads */
+    if (rc < 0 || !(ps->pollers = aligned_alloc(64, sizeof *ps->pollers * (size_t)cfg->threads))) {
+        if (!rc)
+            snprintf(err, errlen, "out of memory");
+        tcp_free(&ps->tcp);
+        free(ps);
+        return rc < 0 ? rc : -ENOMEM;
+    }
+    memset(ps->pollers, 0, sizeof *ps->pollers * (size_t)cfg->threads);
+    ps->eng = eng;
+    ps->policy = pol;
+    ps->handoff = !strcmp(cfg->accept, "handoff");
+    for (int i = 0; i < cfg->threads; i++) /* so a failed create never closes fd 0 */
+        ps->pollers[i].epfd = ps->pollers[i].lfd = ps->pollers[i].evfd = ps->pollers[i].spare_fd = -1;
+    ps->npollers = cfg->threads;
+    for (int i = 0; i < ps->npollers; i++) {
+        struct poller *p = &ps->pollers[i];
+        p->idx = i;
+        p->ps = ps;
+        p->st = &ps->tcp.st[i];
+        p->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        list_init(&p->all);
+        list_init(&p->waiting);
+        list_init(&p->stalled);
+        p->listener_tag = TAG_LISTENER;
+        p->event_tag = TAG_EVENT;
+        p->epfd = epoll_create1(EPOLL_CLOEXEC);
+        p->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        fdq_init(&p->handed, p->evfd);
+        if (p->epfd < 0 || p->evfd < 0) {
+            rc = -errno;
+            snprintf(err, errlen, "epoll/eventfd: %s", strerror(errno));
+            goto fail;
+        }
+        struct epoll_event e = {.events = EPOLLIN, .data.ptr = &p->event_tag};
+        epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->evfd, &e);
+        if ((rc = ses_subscribe(eng, p->evfd, err, errlen)) < 0)
+            goto fail;
+        if (i == 0 || !ps->handoff) {
+            p->lfd = tcp_listen(&ps->tcp, !ps->handoff, err, errlen);
+            if (p->lfd < 0) {
+                rc = p->lfd;
+                goto fail;
+            }
+            struct epoll_event le = {.events = EPOLLIN, .data.ptr = &p->listener_tag};
+            epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->lfd, &le);
+        }
+    }
+    *out = ps;
+    return 0;
+fail:
+    poller_destroy(ps);
+    return rc;
+}
+
+static int poller_start(void *st, char *err, size_t errlen)
+{
+    struct poller_server *ps = st;
+    for (int i = 0; i < ps->npollers; i++) {
+        struct poller *p = &ps->pollers[i];
+        int rc = pthread_create(&p->th, NULL, poller_main, p);
+        if (rc) {
+            snprintf(err, errlen, "cannot start poller thread: %s", strerror(rc));
+            poller_stop(ps);
+            return -rc;
+        }
+        p->started = 1;
+        char name[16];
+        snprintf(name, sizeof name, "kv-poller-%d", i % 10000);
+        pthread_setname_np(p->th, name);
+    }
+    return 0;
+}
+
+static void poller_stop(void *st)
+{
+    struct poller_server *ps = st;
+    /* release: pollers that see stopping also see everything written before it */
+    atomic_store_explicit(&ps->stopping, 1, memory_order_release);
+    for (int i = 0; i < ps->npollers; i++) {
+        uint64_t one = 1;
+        if (ps->pollers[i].evfd >= 0) {
+            ssize_t w = write(ps->pollers[i].evfd, &one, sizeof one);
+            (void)w;
+        }
+    }
+    for (int i = 0; i < ps->npollers; i++) {
+        if (ps->pollers[i].started) {
+            pthread_join(ps->pollers[i].th, NULL);
+            ps->pollers[i].started = 0;
+        }
+    }
+}
+
+static void poller_destroy(void *st)
+{
+    struct poller_server *ps = st;
+    if (!ps)
+        return;
+    poller_stop(ps);
+    for (int i = 0; ps->pollers && i < ps->npollers; i++) {
+        struct poller *p = &ps->pollers[i];
+        if (p->lfd >= 0)
+            close(p->lfd);
+        if (p->evfd >= 0)
+            close(p->evfd);
+        if (p->epfd >= 0)
+            close(p->epfd);
+        if (p->spare_fd >= 0)
+            close(p->spare_fd);
+        fdq_free(&p->handed);
+        resp_args_free(&p->args);
+    }
+    free(ps->pollers);
+    tcp_free(&ps->tcp);
+    free(ps);
+}
+
+static int poller_port(const void *st) { return ((const struct poller_server *)st)->eng->port; }
+
+static void poller_add_stats(void *st, struct fe_stats *out) { tcp_add_stats(&((struct poller_server *)st)->tcp, out); }
+
+static int poller_thread_stats(void *st, int i, struct fe_thread_stats *out)
+{
+    return tcp_thread_stats(&((struct poller_server *)st)->tcp, i, out);
+}
+
+const struct kv_frontend_ops fe_poller = {"poller", poller_create, poller_start, poller_stop, poller_destroy,
+                                          poller_port, poller_add_stats, poller_thread_stats};

@@ -1,0 +1,192 @@
+/* tcp.c - the shared parts of the TCP front ends (see tcp.h). */
+#define _GNU_SOURCE
+#include "frontend/tcp.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/counter.h"
+#include "core/net.h"
+#include "core/table.h"
+#include "engine/engine.h"
+
+#define HOUSEKEEP_BUDGET 64
+
+int64_t tcp_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void info_pollers(void *arg, struct kvbuf *b)
+{
+    struct tcp_front *f = arg;
+    uint64_t tot[4] = {0};
+    for (int i = 0; i < f->nthreads; i++) {
+        struct fe_thread_stats ps;
+        tcp_thread_stats(f, i, &ps);
+        kvbuf_printf(b,
+                     "poller%d:clients=%llu,commands=%llu,epoll_wait=%llu,epoll_ctl=%llu,"
+                     "read=%llu,write=%llu\r\n",
+                     i, (unsigned long long)ps.clients, (unsigned long long)ps.commands,
+                     (unsigned long long)ps.epoll_wait, (unsigned long long)ps.epoll_ctl,
+                     (unsigned long long)ps.reads, (unsigned long long)ps.writes);
+        tot[0] += ps.epoll_wait;
+        tot[1] += ps.epoll_ctl;
+        tot[2] += ps.reads;
+        tot[3] += ps.writes;
+    }
+    kvbuf_printf(b,
+                 "total_epoll_wait_calls:%llu\r\ntotal_epoll_ctl_calls:%llu\r\n"
+                 "total_read_calls:%llu\r\ntotal_write_calls:%llu\r\n",
+                 (unsigned long long)tot[0], (unsigned long long)tot[1], (unsigned long long)tot[2],
+                 (unsigned long long)tot[3]);
+}
+
+/* CONFIG RESETSTAT: the counters INFO presents as totals since reset. Each thread
+ * is the single writer of its counters, so a concurrent increment may be lost:
+ * fine for statistics, as in Redis. */
+static void reset_pollers(void *arg)
+{
+    struct tcp_front *f = arg;
+    for (int i = 0; i < f->nthreads; i++) {
+        struct tcp_thread *t = &f->st[i];
+        atomic_store_explicit(&t->epoll_wait, 0, memory_order_relaxed);
+        atomic_store_explicit(&t->epoll_ctl, 0, memory_order_relaxed);
+        atomic_store_explicit(&t->reads, 0, memory_order_relaxed);
+        atomic_store_explicit(&t->writes, 0, memory_order_relaxed);
+    }
+}
+
+int tcp_init(struct tcp_front *f, struct kv_engine *eng, int nthreads, char *err, size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    f->eng = eng;
+    if (nthreads < 1 || nthreads > 1024) {
+        snprintf(err, errlen, "threads must be between 1 and 1024, got %d", nthreads);
+        return -EINVAL;
+    }
+    if (eng->cfg.port < 0 || eng->cfg.port > 65535) {
+        snprintf(err, errlen, "port must be between 0 and 65535, got %d", eng->cfg.port);
+        return -EINVAL;
+    }
+    if (eng->cfg.maxclients < 1) {
+        snprintf(err, errlen, "maxclients must be at least 1, got %d", eng->cfg.maxclients);
+        return -EINVAL;
+    }
+    f->st = aligned_alloc(64, sizeof *f->st * (size_t)nthreads);
+    if (!f->st) {
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    memset(f->st, 0, sizeof *f->st * (size_t)nthreads);
+    f->nthreads = nthreads;
+    return eng_info_add(eng, "pollers", info_pollers, reset_pollers, f);
+}
+
+void tcp_free(struct tcp_front *f)
+{
+    free(f->st);
+    f->st = NULL;
+}
+
+int tcp_listen(struct tcp_front *f, int reuseport, char *err, size_t errlen)
+{
+    struct kv_engine *e = f->eng;
+    int picked = e->port == 0;
+    int fd = net_bind(SOCK_STREAM | SOCK_NONBLOCK, e->cfg.bind, &e->port, reuseport,
+                      reuseport && e->port != 0 && !f->port_probed, "listen on", err, errlen);
+    if (fd < 0)
+        return fd;
+    /* probed, or the kernel gave us a free port: nobody else holds it */
+    f->port_probed |= reuseport || picked;
+    if (listen(fd, e->cfg.tcp_backlog > 0 ? e->cfg.tcp_backlog : 511)) {
+        int rc = -errno;
+        snprintf(err, errlen, "cannot listen on %s:%d: %s", e->cfg.bind, e->port, strerror(-rc));
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
+int tcp_admit(struct tcp_front *f, int fd)
+{
+    uint64_t n = atomic_fetch_add_explicit(&f->clients, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&f->total_conns, 1, memory_order_relaxed);
+    if (n >= (uint64_t)f->eng->cfg.maxclients) {
+        static const char msg[] = "-ERR max number of clients reached\r\n";
+        ssize_t w = send(fd, msg, sizeof msg - 1, MSG_NOSIGNAL);
+        (void)w;
+        close(fd);
+        atomic_fetch_sub_explicit(&f->clients, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&f->rejected, 1, memory_order_relaxed);
+        return 0;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return 1;
+}
+
+void tcp_closed(struct tcp_front *f) { atomic_fetch_sub_explicit(&f->clients, 1, memory_order_relaxed); }
+
+void tcp_cron(struct tcp_front *f, int idx, int64_t now)
+{
+    /* each thread keeps its own slice of the shards rehashed and expired */
+    unsigned per = (KVT_SHARDS + (unsigned)f->nthreads - 1) / (unsigned)f->nthreads;
+    kvt_housekeep(f->eng->table, (unsigned)idx * per, per, HOUSEKEEP_BUDGET);
+    if (idx != 0)
+        return;
+    uint64_t total = 0;
+    for (int i = 0; i < f->nthreads; i++)
+        total += st_get(&f->st[i].commands);
+    int64_t dt = now - f->ops_last_ms;
+    if (f->ops_last_ms && dt > 0)
+        atomic_store_explicit(&f->ops_samples[f->ops_idx++ % TCP_OPS_SAMPLES],
+                              (total - f->ops_last) * 1000 / (uint64_t)dt, memory_order_relaxed);
+    f->ops_last = total;
+    f->ops_last_ms = now;
+}
+
+void tcp_add_stats(struct tcp_front *f, struct fe_stats *st)
+{
+    st->pollers += f->nthreads;
+    st->connected_clients += atomic_load_explicit(&f->clients, memory_order_relaxed);
+    st->total_connections += st_get(&f->total_conns);
+    st->rejected_connections += st_get(&f->rejected);
+    for (int i = 0; i < f->nthreads; i++) {
+        struct tcp_thread *t = &f->st[i];
+        st->total_commands += st_get(&t->commands);
+        st->bytes_in += st_get(&t->bytes_in);
+        st->bytes_out += st_get(&t->bytes_out);
+        st->protocol_errors += st_get(&t->protocol_errors);
+    }
+    uint64_t ops = 0;
+    for (int i = 0; i < TCP_OPS_SAMPLES; i++)
+        ops += st_get(&f->ops_samples[i]);
+    st->ops_per_sec += ops / TCP_OPS_SAMPLES;
+}
+
+int tcp_thread_stats(struct tcp_front *f, int i, struct fe_thread_stats *st)
+{
+    if (i < 0 || i >= f->nthreads)
+        return -EINVAL;
+    struct tcp_thread *t = &f->st[i];
+    st->epoll_wait = st_get(&t->epoll_wait);
+    st->epoll_ctl = st_get(&t->epoll_ctl);
+    st->reads = st_get(&t->reads);
+    st->writes = st_get(&t->writes);
+    st->commands = st_get(&t->commands);
+    st->accepted = st_get(&t->accepted);
+    st->clients = st_get(&t->clients);
+    st->bytes_in = st_get(&t->bytes_in);
+    st->bytes_out = st_get(&t->bytes_out);
+    return 0;
+}

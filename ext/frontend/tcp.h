@@ -1,0 +1,70 @@
+/* tcp.h - what the two RESP-over-TCP front ends (poller.c, threadpool.c) share:
+ * the listener, admitting a connection (maxclients, TCP_NODELAY), each thread's
+ * counters and the INFO lines made from them (clients and stats totals are the
+ * server's, summed from add_stats; the "pollers" section is this file's), and the
+ * housekeeping every thread does once per TCP_CRON_MS.
+ * Threads: tcp_init/tcp_listen/tcp_free on the control thread; the rest on the
+ * front end's threads (counters: single writer, see core/counter.h).
+ */
+#ifndef KV_TCP_H
+#define KV_TCP_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "frontend/frontend.h"
+
+#define TCP_READ_CHUNK (16 * 1024)         /* Redis PROTO_IOBUF_LEN */
+#define TCP_BUF_KEEP (64 * 1024)           /* shrink idle buffers above this */
+#define TCP_CRON_MS 100
+#define TCP_QUERYBUF_MAX (1024LL * 1024 * 1024) /* unparsed input one client may buffer */
+#define TCP_OPS_SAMPLES 16
+
+struct kv_engine;
+
+/* One thread's counters: written by that thread only, read by anyone. */
+struct tcp_thread {
+    _Atomic uint64_t epoll_wait, epoll_ctl, reads, writes, commands, accepted, clients;
+    _Atomic uint64_t bytes_in, bytes_out, protocol_errors;
+} __attribute__((aligned(64)));
+
+struct tcp_front {
+    struct kv_engine *eng;
+    int nthreads;
+    struct tcp_thread *st;            /* nthreads of them */
+    int port_probed;                  /* the port is known to be ours (see tcp_listen) */
+    _Atomic uint64_t clients, total_conns, rejected;
+    /* instantaneous_ops_per_sec: samples taken by thread 0's cron */
+    uint64_t ops_last;
+    int64_t ops_last_ms;
+    _Atomic uint64_t ops_samples[TCP_OPS_SAMPLES];
+    int ops_idx;
+};
+
+/* Counters for nthreads threads; registers the INFO "pollers" section (and its
+ * CONFIG RESETSTAT). 0 or -errno with a message. */
+int tcp_init(struct tcp_front *f, struct kv_engine *eng, int nthreads, char *err, size_t errlen);
+void tcp_free(struct tcp_front *f);
+
+/* A listening socket on the engine's bind address and port; the first call with
+ * port 0 picks a free port, stored in eng->port for every later call (and for
+ * CONFIG GET port / INFO). reuseport: SO_REUSEPORT (one listener per thread), and
+ * the first such bind probes that nobody else holds the port. fd or -errno. */
+int tcp_listen(struct tcp_front *f, int reuseport, char *err, size_t errlen);
+
+/* A connection just accepted: counted, and refused with Redis's error past
+ * maxclients (returns 0, fd closed); else TCP_NODELAY set, returns 1. */
+int tcp_admit(struct tcp_front *f, int fd);
+/* A connection admitted by tcp_admit is gone (its fd closed by the caller). */
+void tcp_closed(struct tcp_front *f);
+
+/* Once per TCP_CRON_MS on thread idx: its slice of the table's rehash/expiry
+ * housekeeping; thread 0 also samples the command rate. */
+void tcp_cron(struct tcp_front *f, int idx, int64_t now_ms);
+int64_t tcp_mono_ms(void);
+
+void tcp_add_stats(struct tcp_front *f, struct fe_stats *st);
+int tcp_thread_stats(struct tcp_front *f, int i, struct fe_thread_stats *st);
+
+#endif
