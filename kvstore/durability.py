@@ -1,9 +1,11 @@
 """The durability log from Python: recovery into a Store, opening the group-committed log."""
 import dataclasses
+import errno
 import os
 import time
 
 from kvstore import errors
+from kvstore._cstruct import as_dict
 from kvstore._native import ffi, lib
 
 
@@ -26,8 +28,7 @@ class Recovery:
         rec = ffi.new("struct wal_recovery *")
         err = ffi.new("char[1024]")
         rc = lib.wal_recover(ffi.NULL, directory.encode(), 0, 0, rec, err, 1024)
-        if rc < 0:
-            raise errors.CorruptLogError(ffi.string(err).decode(errors="replace"))
+        errors.raise_for(rc, ffi.string(err).decode(errors="replace"), damaged=errors.CorruptLogError)
         return rec.last_lsn
 
     def summary(self):
@@ -86,6 +87,8 @@ def fetch_from_peer(data_dir, host, port, timeout_ms=5000):
     last = lib.rl_fetch(host.encode(), port, nid, staging.encode(), timeout_ms, err, 512)
     if last < 0:
         shutil.rmtree(staging, ignore_errors=True)
+        # Not raise_for: every failure here is the peer's (a refusal comes back as EINVAL,
+        # which raise_for would call a bad setting), and start-up waits on ServerError.
         raise errors.ServerError(ffi.string(err).decode(errors="replace"), -last)
     if known is None and any(nid):
         node_id(data_dir, value=bytes(nid))  # this node's identity, as the peer knows it
@@ -112,13 +115,9 @@ def recover(store, data_dir, repair=True, after_lsn=0):
     err = ffi.new("char[1024]")
     t0 = time.monotonic()
     rc = lib.wal_recover(store._t, log_dir(data_dir).encode(), after_lsn, 1 if repair else 0, rec, err, 1024)
-    msg = ffi.string(err).decode(errors="replace")
-    if rc == -84:  # EILSEQ
-        raise errors.CorruptLogError(
-            f"{msg}. The server will not start on a damaged log: move the damaged segment away "
-            f"(keeping a copy) to start from what precedes it.")
-    if rc < 0:
-        errors.raise_for(rc, msg)
+    errors.raise_for(rc, ffi.string(err).decode(errors="replace"), damaged=errors.CorruptLogError,
+                     hint={errno.EILSEQ: "The server will not start on a damaged log: move the damaged "
+                                         "segment away (keeping a copy) to start from what precedes it."})
     return Recovery(rec.records, rec.first_lsn, rec.last_lsn, rec.segments, rec.bytes, rec.truncated_bytes,
                     ffi.string(rec.problem).decode(errors="replace"), time.monotonic() - t0)
 
@@ -146,16 +145,12 @@ class DataFile:
         out = ffi.new("struct bosc **")
         err = ffi.new("char[1024]")
         rc = lib.bosc_open(out, store._t, cfg, info, err, 1024)
-        if rc < 0:
-            msg = ffi.string(err).decode(errors="replace")
-            if rc == -84:  # EILSEQ
-                raise errors.CorruptDataFileError(
-                    f"{msg}. The server will not start on a damaged data file: restore the node from its "
-                    f"peer (move the data directory away, start with --from-peer) or from a backup.")
-            errors.raise_for(rc, msg)
+        errors.raise_for(rc, ffi.string(err).decode(errors="replace"),
+                         hint={errno.EILSEQ: "The server will not start on a damaged data file: restore the node "
+                                             "from its peer (move the data directory away, start with "
+                                             "--from-peer) or from a backup."})
         self._b = out[0]
-        self.info = {f: getattr(info, f) for f in ("flushed_lsn", "generation", "buckets", "blocks", "disk_keys",
-                                                    "overflow_blocks", "seconds")}
+        self.info = as_dict(info)
 
     @property
     def flushed_lsn(self):
@@ -169,9 +164,7 @@ class DataFile:
     def start(self, log=None):
         """Start the flusher and loader; log's durable LSN bounds what may become clean."""
         lib.bosc_set_log(self._b, log._w if log is not None else ffi.NULL)
-        rc = lib.bosc_start(self._b)
-        if rc < 0:
-            raise errors.ServerError("cannot start the data file's flusher", -rc)
+        errors.raise_for(lib.bosc_start(self._b), "cannot start the data file's flusher")
 
     def sync(self):
         """Sweep now and wait for it (tests and experiments)."""
@@ -180,12 +173,7 @@ class DataFile:
     def stats(self):
         st = ffi.new("struct bosc_stats *")
         lib.bosc_get_stats(self._b, st)
-        d = {f: getattr(st, f) for f in ("sweeps", "records", "blocks_read", "blocks_written", "bytes_written",
-                                         "syncs", "sweep_ns", "io_ns", "deferred", "loads", "load_reads",
-                                         "evicted", "evicted_bytes", "truncated_segments", "flushed_lsn",
-                                         "disk_keys", "buckets", "blocks", "queued", "failed")}
-        d["error"] = ffi.string(st.error).decode(errors="replace")
-        return d
+        return as_dict(st)
 
     def close(self):
         if self._b is not None:
@@ -209,24 +197,20 @@ class Log:
         cfg.sync_delay_us = int(os.environ.get("KVSTORE_FAULT_SYNC_DELAY_US", "0"))
         out = ffi.new("struct wal **")
         err = ffi.new("char[512]")
-        rc = lib.wal_open(out, cfg, err, 512)
-        if rc < 0:
-            raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
+        errors.raise_for(lib.wal_open(out, cfg, err, 512), ffi.string(err).decode(errors="replace"))
         self._w = out[0]
         self._store = store  # None: a bare log (experiments append to it directly)
         rc = lib.wal_start(self._w)
         if rc < 0:
             lib.wal_close(self._w)
-            raise errors.ServerError("cannot start the log thread", -rc)
+            errors.raise_for(rc, "cannot start the log thread")
         if store is not None:
             lib.kvt_set_log(store._t, ffi.addressof(lib, "wal_log_fn"), self._w)
 
     def stats(self):
         st = ffi.new("struct wal_stats *")
         lib.wal_get_stats(self._w, st)
-        return {f: getattr(st, f) for f in ("appended_lsn", "durable_lsn", "groups", "records", "bytes",
-                                            "syncs", "sync_ns_total", "sync_ns_max", "max_group_records",
-                                            "failed")}
+        return as_dict(st)
 
     def close(self):
         """Detach from the table, write and sync what is buffered, stop the log thread."""
@@ -251,18 +235,13 @@ class Sender:
         cfg.timeout_ms = timeout_ms
         out = ffi.new("struct rl_sender **")
         err = ffi.new("char[256]")
-        rc = lib.rl_sender_start(out, log._w, cfg, err, 256)
-        if rc < 0:
-            raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
+        errors.raise_for(lib.rl_sender_start(out, log._w, cfg, err, 256), ffi.string(err).decode(errors="replace"))
         self._s = out[0]
 
     def stats(self):
         st = ffi.new("struct rl_sender_stats *")
         lib.rl_sender_get_stats(self._s, st)
-        d = {f: getattr(st, f) for f in ("batches", "records", "bytes", "acked_lsn", "sent_lsn", "connects",
-                                         "disconnects", "catchup_records", "connected", "degraded")}
-        d["last_error"] = ffi.string(st.last_error).decode(errors="replace")
-        return d
+        return as_dict(st)
 
     def close(self):
         if self._s is not None:
@@ -278,8 +257,7 @@ class Receiver:
         err = ffi.new("char[256]")
         rc = lib.rl_receiver_start(out, bind.encode(), port, os.path.join(data_dir, "peer").encode(), sync_ms,
                                    err, 256)
-        if rc < 0:
-            raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
+        errors.raise_for(rc, ffi.string(err).decode(errors="replace"))
         self._r = out[0]
 
     @property
@@ -289,8 +267,7 @@ class Receiver:
     def stats(self):
         st = ffi.new("struct rl_receiver_stats *")
         lib.rl_receiver_get_stats(self._r, st)
-        return {f: getattr(st, f) for f in ("batches", "records", "bytes", "held_lsn", "syncs", "fetches",
-                                            "peers_connected")}
+        return as_dict(st)
 
     def close(self):
         if self._r is not None:

@@ -8,6 +8,7 @@ import threading
 import time
 
 from kvstore import __version__, errors
+from kvstore._cstruct import as_dict, split_prefix
 from kvstore._native import ffi, lib
 from kvstore import durability
 from kvstore.config import ServerConfig, parse_address
@@ -108,18 +109,15 @@ class Server:
     def stats(self):
         st = ffi.new("struct srv_stats *")
         lib.srv_get_stats(self._srv, st)
-        d = {f: getattr(st, f) for f in ("connected_clients", "total_connections", "rejected_connections",
-                                         "total_commands", "bytes_in", "bytes_out", "protocol_errors")}
+        d = as_dict(st, skip=("pollers",))  # pollers: the count; the list of their counters follows
+        udp = split_prefix(d, "udp_")  # the UDP front end's counters (zero without one)
         if self.config.arch in ("udp", "dpdk"):
-            d["udp"] = {f: getattr(st, "udp_" + f) for f in ("rx", "tx", "requests", "dropped", "tx_failed", "bad",
-                                                              "held", "stalls", "busy_ns")}
+            d["udp"] = udp
         ps = ffi.new("struct srv_poller_stats *")
         d["pollers"] = []
         for i in range(st.pollers):
             lib.srv_get_poller_stats(self._srv, i, ps)
-            d["pollers"].append({f: getattr(ps, f) for f in (
-                "epoll_wait", "epoll_ctl", "reads", "writes", "commands", "accepted", "clients",
-                "bytes_in", "bytes_out")})
+            d["pollers"].append(as_dict(ps))
         return d
 
     def _start_durability(self, from_peer=None):
