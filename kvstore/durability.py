@@ -1,4 +1,5 @@
-"""The durability log from Python: recovery into a Store, opening the group-committed log."""
+"""Durability from Python: the log, its recovery into a Store, the BOSC data file, the remote
+mode's sender and receiver, and Durability, which opens and closes them in order for a server."""
 import dataclasses
 import errno
 import os
@@ -7,6 +8,7 @@ import time
 from kvstore import errors
 from kvstore._cstruct import as_dict
 from kvstore._native import ffi, lib
+from kvstore.config import parse_address
 
 
 @dataclasses.dataclass
@@ -273,3 +275,142 @@ class Receiver:
         if self._r is not None:
             lib.rl_receiver_stop(self._r)
             self._r = None
+
+
+class Durability:
+    """A server's durability pieces, opened in dependency order and closed in reverse.
+
+    open(): the log receiver (a peer's log, independent of the rest); then, with durability
+    disk or remote: this node's log fetched from its peer (remote always compares, waiting
+    up to peer_startup_wait_ms), the data file (scanned: its flushed LSN bounds the replay),
+    the replay into the store, the log (from the LSN after the replay), the sender (remote),
+    and last the data file's flusher, which reads the log's durable LSN. durability none
+    with a data file: the data file alone (a spilling cache).
+    close(): the data file first (its flusher reads the log's and the sender's LSNs), then
+    the sender, the log, the receiver. Both run on the thread that starts/stops the server."""
+
+    def __init__(self, store, config, from_peer=None):
+        self.store = store
+        self.config = config
+        self.from_peer = from_peer  # "HOST:PORT": fetch this node's log from its peer before recovery
+        self.receiver = None
+        self.datafile = None
+        self.recovery = None
+        self.log = None
+        self.sender = None
+        self.fetched = None  # (peer LSN, local LSN, replaced) after a fetch
+        self.local_complete = False  # remote mode started without its peer, on a complete local log
+
+    def open(self):
+        """Open everything the config asks for; on failure close what was opened and raise."""
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _open(self):
+        c = self.config
+        if c.repl_port >= 0:
+            os.makedirs(c.data_dir, exist_ok=True)
+            self.receiver = Receiver(c.data_dir, c.bind, c.repl_port)
+        if c.durability == "none":
+            if c.data_file:  # a spilling cache: bounded memory, nothing durable
+                os.makedirs(c.data_dir, exist_ok=True)
+                self.datafile = DataFile(self.store, c.data_dir, c.data_buckets, c.flush_interval_ms,
+                                         truncate_log=False, dirty_queue=c.dirty_queue)
+                self.datafile.start(None)
+            return
+        os.makedirs(c.data_dir, exist_ok=True)
+        if c.durability == "remote":
+            # The local log lags the acknowledged writes by up to disk_log_interval_ms:
+            # the peer's copy may reach further, and starting from the local log alone
+            # would lose acknowledged writes and reuse their LSNs. Always compare.
+            source = self.from_peer or c.peer
+            self.fetched = self._fetch_waiting(*parse_address(source, "from_peer" if self.from_peer else "peer"),
+                                               c.peer_startup_wait_ms)
+        elif self.from_peer:
+            self.fetched = fetch_from_peer(c.data_dir, *parse_address(self.from_peer, "from_peer"))
+        if c.data_file:
+            self.datafile = DataFile(self.store, c.data_dir, c.data_buckets, c.flush_interval_ms,
+                                     truncate_log=c.durability == "disk", dirty_queue=c.dirty_queue)
+        self.recovery = recover(self.store, c.data_dir, after_lsn=self.datafile.flushed_lsn if self.datafile else 0)
+        remote = c.durability == "remote"
+        self.log = Log(self.store, c.data_dir, self.recovery.last_lsn + 1, sync=not remote, ship=remote,
+                       batch_ms=c.disk_log_interval_ms, segment_bytes=c.log_segment_size)
+        if remote:
+            host, port = c.peer_address()
+            self.sender = Sender(self.log, c.data_dir, host, port, c.ship_interval_us, c.max_batch_records,
+                                 c.peer_timeout_ms)
+        if self.datafile:
+            self.datafile.start(self.log)
+
+    def _fetch_waiting(self, host, port, wait_ms):
+        data_dir = self.config.data_dir
+        fresh = node_id(data_dir, create=False) is None and not os.path.isdir(log_dir(data_dir))
+        complete = os.path.exists(os.path.join(log_dir(data_dir), "LOCAL-COMPLETE"))
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            try:
+                return fetch_from_peer(data_dir, host, port)
+            except errors.ServerError as e:
+                if complete:
+                    # It last ran without its peer, syncing every acknowledged write
+                    # locally (the marker goes before any peer ack counts): its own log
+                    # holds everything the peer could.
+                    self.local_complete = True
+                    return None
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)  # the peer may be starting too
+                    continue
+                if fresh:
+                    # A new node (no identity, no log) has acknowledged nothing: it may
+                    # start; under a new identity it cannot reuse a lost node's LSNs.
+                    return None
+                raise errors.ServerError(
+                    f"durability remote: could not read this node's log from its peer {host}:{port} within "
+                    f"{wait_ms} ms ({e}). The peer may hold acknowledged writes that the local log lacks "
+                    f"(it lags by up to disk_log_interval_ms), so the node does not start on the local log "
+                    f"alone. Start the peer, or start this node with --durability disk to recover from the "
+                    f"local log only (writes acknowledged only in the peer's memory would then be lost).",
+                    e.errno) from None
+
+    def c_handles(self):
+        """The C handles the server's srv_config points to (NULL for what is not open)."""
+        return {"wal": self.log._w if self.log else ffi.NULL,
+                "sender": self.sender._s if self.sender else ffi.NULL,
+                "receiver": self.receiver._r if self.receiver else ffi.NULL,
+                "bosc": self.datafile._b if self.datafile else ffi.NULL}
+
+    def report(self):
+        """What start-up found, one line each (as `kvstore serve` prints them after "kvstore: ")."""
+        c, lines = self.config, []
+        if self.fetched is not None:
+            peer_lsn, local_lsn, replaced = self.fetched
+            lines.append(f"fetched the log from {self.from_peer or c.peer} up to LSN {peer_lsn} (local log ended "
+                         f"at {local_lsn}); " + ("it replaces the local log" if replaced else "local log kept"))
+        if self.local_complete:
+            lines.append(f"peer {c.peer} unreachable; this node last ran without it, syncing every acknowledged "
+                         f"write locally (LOCAL-COMPLETE), so it starts from its own log")
+        if self.receiver is not None:
+            lines.append(f"log receiver on {c.bind}:{self.receiver.port}")
+        if self.datafile is not None:
+            lines.append(self.datafile.summary())
+        if self.recovery is not None:
+            lines.append(self.recovery.summary())
+        return lines
+
+    def close(self):
+        if self.datafile is not None:  # its flusher reads the log's durable LSN and the sender's
+            self.datafile.close()
+            self.datafile = None
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+        if self.receiver is not None:
+            self.receiver.close()
+            self.receiver = None
