@@ -90,18 +90,17 @@ class Process:
         deadline passes, stop it and raise ServerError with the end of its log."""
         if self.ready:
             return self
-        deadline = time.monotonic() + timeout
-        why = self._wait_line(deadline) if self.ready_line is not None else self._wait_port(deadline)
+        wait = self._wait_line if self.ready_line is not None else self._wait_port
+        why = wait(time.monotonic() + timeout, f"{timeout:g} s")
         if why is None:
             self.ready = True
             return self
-        why = why.replace("DEADLINE", f"{timeout:g} s")
         rc = self.stop(timeout=5.0)
         tail = self.log()[-2000:].strip()
         raise ServerError(f"{self.name} did not start ({why}" + (f", exit code {rc}" if rc is not None else "")
                           + ")" + (f": {tail}" if tail else ""))
 
-    def _wait_line(self, deadline):
+    def _wait_line(self, deadline, within):
         """None once a stdout line matches ready_line, else why not."""
         fd = self.proc.stdout.fileno()
         buf = b""
@@ -110,7 +109,7 @@ class Process:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return "no ready line within DEADLINE"
+                    return f"no ready line within {within}"
                 if not sel.select(left):
                     continue
                 chunk = os.read(fd, 65536)  # ready: returns at once
@@ -141,14 +140,14 @@ class Process:
         finally:
             f.close()
 
-    def _wait_port(self, deadline):
+    def _wait_port(self, deadline, within):
         """None once host:port accepts a connection, else why not."""
         while True:
             if self.proc.poll() is not None:
                 return "it exited"
             left = deadline - time.monotonic()
             if left <= 0:
-                return f"nothing accepted on {self.host}:{self.port} within DEADLINE"
+                return f"nothing accepted on {self.host}:{self.port} within {within}"
             try:
                 with socket.create_connection((self.host, self.port), timeout=min(left, 0.5)):
                     return None
