@@ -7,7 +7,7 @@ import click
 
 import kvstore
 from kvstore import bench as benchmod
-from kvstore.config import ServerConfig, parse_address, parse_size
+from kvstore.config import PATH, SIZE, ServerConfig, parse_address, parse_size
 from kvstore.errors import KVError
 
 
@@ -24,93 +24,44 @@ def main():
     Start a server with `kvstore serve`, load it with `kvstore bench`."""
 
 
+def _setting_options(f):
+    """One click option per ServerConfig setting, from its declaration (name, help,
+    [default: ...], choices, flag or on/off switch). Defaults stay None: a flag not given
+    leaves the config file's value (or the setting's default) alone."""
+    for field in reversed(ServerConfig.settings()):
+        m, flag = field.metadata, "--" + field.name.replace("_", "-")
+        shown = field.default if m["shown"] is True else m["shown"]
+        kw = dict(help=m["help"] + (f"  [default: {shown}]" if shown is not None else ""), default=None)
+        if m["cli"] == "switch":
+            decls = [f"{flag}/--no-{flag[2:]}"]
+        else:
+            decls = [flag]
+            if m["cli"] == "flag":
+                kw["is_flag"] = True
+            elif m["choices"]:
+                kw["type"] = click.Choice(list(m["choices"]))
+            elif m["type"] is int:
+                kw["type"] = int
+            elif m["type"] is PATH:
+                kw["type"] = click.Path(file_okay=False)
+        f = click.option(*decls, field.name, **kw)(f)
+    return f
+
+
 @main.command()
 @click.option("-c", "--config", "config_file", type=click.Path(dir_okay=False),
               help="TOML config file (keys as the long options, e.g. max_memory = \"1gib\"); "
                    "options given on the command line override it.")
-@click.option("--bind", help="IPv4 address to listen on.  [default: 127.0.0.1]")
-@click.option("--port", type=int, help="TCP port (0 = any free port).  [default: 6380]")
-@click.option("--threads", type=int, help="Poller threads (0 = one per core).  [default: 0]")
-@click.option("--max-memory", help="Memory bound for the table: bytes or a size with Redis's units, "
-                                   "e.g. 512mb, 4gb (1024-based) or 500m (1000-based); 0 = unbounded. "
-                                   "Writes past it get -OOM; nothing is evicted.")
-@click.option("--maxclients", type=int, help="Maximum client connections.  [default: 10000]")
-@click.option("--requirepass", help="Password clients must AUTH with.")
-@click.option("--accept", type=click.Choice(["reuseport", "handoff"]),
-              help="reuseport: one SO_REUSEPORT listener per poller; handoff: poller 0 accepts "
-                   "and hands connections round-robin.  [default: reuseport]")
-@click.option("--arch", type=click.Choice(["poller", "threadpool", "udp", "dpdk"]),
-              help="Request handling: poller = one non-blocking epoll poller per core; threadpool = a pool "
-                   "of --threads workers (default 32), each serving one request at a time with blocking "
-                   "calls (read, run, wait for the log, reply): paper 000's baseline; udp = a UDP front end "
-                   "on kernel sockets (--udp-workers threads, recvmmsg/sendmmsg, on --bind:--udp-port); dpdk = "
-                   "the same UDP front end bypassing the kernel (DPDK lcores on an AF_XDP port, --dpdk-iface). "
-                   "UDP: one RESP request per datagram after an 8-byte id header, same durability and data "
-                   "file, no AUTH; --threads TCP pollers (default 1) beside it for the control path.  "
-                   "[default: poller]")
-@click.option("--udp-port", type=int, help="arch udp/dpdk: UDP port of the front end (udp: 0 = any free port).  "
-                                           "[default: 6380]")
-@click.option("--udp-workers", type=int, help="arch udp/dpdk: UDP worker threads (dpdk: lcores, one RX/TX queue "
-                                              "pair each).  [default: 1]")
-@click.option("--dpdk-iface", help="arch dpdk: interface for DPDK's AF_XDP port (e.g. one end of a veth pair; "
-                                   "turn its TX checksum offload off).")
-@click.option("--dpdk-eal-args", help="arch dpdk: extra DPDK EAL arguments, space separated.")
-@click.option("--network-only", is_flag=True, default=None,
-              help="Benchmark switch (paper 000's N row): SET answers +OK without touching the table. "
-                   "Nothing is stored.")
-@click.option("--poll-policy", type=click.Choice(["direct", "strict", "flexpoll"]),
-              help="EPOLLOUT policy: direct writes replies at the end of each poll round (EPOLLOUT only "
-                   "after a short write); strict registers EPOLLOUT for every reply and removes it when "
-                   "sent; flexpoll (paper 002) writes on EPOLLOUT like strict but keeps it registered "
-                   "while replies come often.  [default: direct]")
-@click.option("--data-dir", type=click.Path(file_okay=False),
-              help="Directory for this node's files; the durability log is <data-dir>/log.  [default: ./data]")
-@click.option("--durability", type=click.Choice(["none", "disk", "remote"]),
-              help="none: memory only. disk: a write is acknowledged once its log record is on disk "
-                   "(group commit: one write + one fdatasync for every record gathered meanwhile). "
-                   "remote: acknowledged once the record is in this node's memory and in its peer's "
-                   "(--peer); the local log is written in large batches; if the peer is lost "
-                   "(--peer-timeout-ms) writes are synced to the local disk instead. The log is "
-                   "replayed at start.  [default: none]")
-@click.option("--peer", help="remote mode: HOST:PORT of the peer's log receiver (the peer's --repl-port).")
-@click.option("--repl-port", type=int,
-              help="Run a log receiver on this port, storing a peer's log so that it survives the "
-                   "loss of that machine (0 = any free port).  [default: off]")
-@click.option("--ship-interval-us", type=int, help="remote: ship gathered log records every N µs.  [default: 100]")
-@click.option("--max-batch-records", type=int, help="remote: at most N records per shipped batch.  [default: 65536]")
-@click.option("--peer-timeout-ms", type=int,
-              help="remote: an ack overdue this long means the peer is lost: fall back to disk mode "
-                   "until it is back and caught up.  [default: 1000]")
-@click.option("--disk-log-interval-ms", type=int,
-              help="remote: write and sync the local log every N ms (or every 16 MiB).  [default: 1000]")
-@click.option("--peer-startup-wait-ms", type=int,
-              help="remote: at start, the node compares its log with the peer's copy (which may reach "
-                   "further: the local log lags); wait this long for the peer, then refuse to start.  "
-                   "[default: 10000]")
-@click.option("--data-file/--no-data-file", default=None,
-              help="Keep the BOSC data file <data-dir>/data.kvd. With it memory is bounded by --max-memory "
-                   "(when full, writes wait for the flusher instead of failing; evicted keys are read back from "
-                   "their block) and log segments are deleted once flushed.  [default: on with --durability "
-                   "disk/remote; off with none, where it makes a cache that spills to disk, not durable]")
-@click.option("--data-buckets", type=int,
-              help="Home blocks (4 KiB each) of a new data file; an existing file keeps its own.  [default: 65536]")
-@click.option("--flush-interval-ms", type=int,
-              help="The flusher sweeps the dirty blocks at least this often (sooner when memory is "
-                   "nearly full): the longer, the more updates each block write carries.  [default: 5000]")
-@click.option("--dirty-queue", type=click.Choice(["ldu", "locked"]),
-              help="The data file's dirty-key queue: ldu (lock-less, paper 003) or locked (a mutex-protected "
-                   "list, kept to measure LDU against).  [default: ldu]")
-@click.option("--log-segment-size",
-              help="Start a new log segment past this size (Redis units); with a data file, segments wholly "
-                   "below the flushed LSN are deleted (disk mode).  [default: 64mb]")
+@_setting_options
 @click.option("--from-peer", help="Before recovery, fetch this node's log from the peer at HOST:PORT "
                                   "(when the local disk is gone or behind). Remote mode always does this "
                                   "with its --peer.")
 def serve(config_file, from_peer, **opts):
     """Run a kvstore server until Ctrl-C or SIGTERM."""
     try:
-        if opts.get("max_memory") is not None:
-            opts["max_memory"] = parse_size(opts["max_memory"], "--max-memory")
+        for field in ServerConfig.settings():  # sizes parsed here, so that a refusal names the flag
+            if field.metadata["type"] is SIZE and opts.get(field.name) is not None:
+                opts[field.name] = parse_size(opts[field.name], "--" + field.name.replace("_", "-"))
         cfg = ServerConfig.load(config_file, **opts)
         os.makedirs(cfg.data_dir, exist_ok=True)
         server = kvstore.Server(config=cfg, from_peer=from_peer)
@@ -118,20 +69,8 @@ def serve(config_file, from_peer, **opts):
         _fail(e)
 
     def ready(srv):
-        if srv.fetched is not None:
-            peer_lsn, local_lsn, replaced = srv.fetched
-            click.echo(f"kvstore: fetched the log from {from_peer or cfg.peer} up to LSN {peer_lsn} (local log ended at "
-                       f"{local_lsn}); " + ("it replaces the local log" if replaced else "local log kept"),
-                       err=True)
-        if srv.local_complete:
-            click.echo(f"kvstore: peer {cfg.peer} unreachable; this node last ran without it, syncing every "
-                       f"acknowledged write locally (LOCAL-COMPLETE), so it starts from its own log", err=True)
-        if srv.receiver is not None:
-            click.echo(f"kvstore: log receiver on {cfg.bind}:{srv.receiver.port}", err=True)
-        if srv.datafile is not None:
-            click.echo(f"kvstore: {srv.datafile.summary()}", err=True)
-        if srv.recovery is not None:
-            click.echo(f"kvstore: {srv.recovery.summary()}", err=True)
+        for line in srv.startup_report():
+            click.echo(f"kvstore: {line}", err=True)
         mm = cfg.max_memory or "unbounded"
         udp = ""
         if cfg.arch == "dpdk":

@@ -2,12 +2,10 @@
 import threading
 import time
 
-from kvstore.errors import ConfigError, ServerError
+from kvstore import errors
+from kvstore.errors import ConfigError
+from kvstore._cstruct import as_dict
 from kvstore._native import ffi, lib
-
-RESULT_FIELDS = ("requests", "sets", "gets", "hits", "misses", "errors", "bytes_sent",
-                 "bytes_received", "elapsed", "throughput", "lat_mean_us", "lat_p50_us",
-                 "lat_p90_us", "lat_p99_us", "lat_p999_us", "lat_max_us")
 
 
 def parse_ratio(text):
@@ -24,7 +22,8 @@ def parse_ratio(text):
 def run(host="127.0.0.1", port=6380, threads=2, conns=50, pipeline=1, value_size=85,
         keyspace=1_000_000, ratio="1:0", requests=0, duration=0.0, rate=0.0, protocol="resp",
         check=False, password=None, seed=1, progress=None, udp=False, timeout_ms=500):
-    """Run one load and return a dict of RESULT_FIELDS (latencies in microseconds).
+    """Run one load and return a dict of struct lg_result's fields (latencies in microseconds),
+    first_error as text.
 
     The load runs in C threads; this thread only waits (and calls progress(elapsed)
     about once a second if given). Ctrl-C stops the load early and returns what was
@@ -72,13 +71,8 @@ def run(host="127.0.0.1", port=6380, threads=2, conns=50, pipeline=1, value_size
         stop[0] = 1
         t.join()
     rc = box.get("rc", -1)
-    if rc < 0:
-        msg = ffi.string(res.error).decode(errors="replace")
-        if rc == -22:
-            raise ConfigError(msg)
-        raise ServerError(msg, -rc)
-    out = {f: getattr(res, f) for f in RESULT_FIELDS}
-    out["first_error"] = ffi.string(res.first_error).decode(errors="replace")
+    errors.raise_for(rc, ffi.string(res.error).decode(errors="replace"))  # EINVAL: a bad setting
+    out = as_dict(res, skip=("error",))  # error: the failed run's message, raised above
     if udp:
         out["timeouts"] = tmo[0]
     return out

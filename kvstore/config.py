@@ -1,4 +1,7 @@
-"""Server settings: defaults, TOML file, validation with messages that say what is accepted."""
+"""Server settings, each declared once: a ServerConfig field whose metadata (help, type,
+default, choices or bounds, command-line form, C config field) is the single source of
+the `kvstore serve` options, the TOML checks, validate()'s messages and the C config.
+Cross-field rules (remote needs a peer, udp/dpdk limits) are explicit code in validate()."""
 import dataclasses
 import os
 import re
@@ -40,153 +43,191 @@ def parse_address(text, what):
 
 
 DURABILITY_MODES = ("none", "disk", "remote")
+ARCHS = ("poller", "threadpool", "udp", "dpdk")
+
+SIZE, IPV4, PATH = "size", "ipv4", "path"  # types beyond int, str, bool
+
+
+def setting(default, help, type=None, *, choices=None, min=None, max=None, accepts=None, shown=True,
+            cli="option", c=None, to_c=None):
+    """A ServerConfig field and everything said about it.
+
+    help: the option's help text (also the TOML key's meaning).
+    type: int, str, bool, SIZE (bytes or '64mb', Redis units), IPV4 or PATH (a directory);
+          by default the default's type.
+    choices / min / max: the values accepted; accepts: how a refusal says what is accepted
+          ("expected <accepts>, got ..."), by default worded from type, choices and bounds.
+    shown: the "[default: ...]" of --help: True = the default, a string = that text,
+          None = nothing shown.
+    cli: "option" (--name VALUE), "flag" (--name, on only), "switch" (--name/--no-name) or None
+          (not a command-line option, nor a TOML key).
+    c: the struct kv_config field filled from it (None: not passed to C);
+    to_c(value, config): the value C gets, if not the setting itself (strings become char *)."""
+    if type is None:
+        type = {bool: bool, int: int, str: str}[default.__class__]
+    return dataclasses.field(default=default, metadata=dict(
+        help=help, type=type, choices=choices, min=min, max=max, accepts=accepts or _accepts(type, choices, min, max),
+        shown=shown, cli=cli, c=c, to_c=to_c))
+
+
+def _one_of(choices):
+    q = [repr(x) for x in choices]
+    return ", ".join(q[:-1]) + " or " + q[-1] if len(q) > 1 else q[0]
+
+
+def _accepts(type, choices, lo, hi):
+    if choices:
+        return _one_of(choices)
+    if type is bool:
+        return "true or false"
+    if type is IPV4:
+        return "an IPv4 address such as 127.0.0.1"
+    if type is SIZE:
+        return f"at least {lo} bytes" if lo else "a size"
+    if type is int:
+        if lo is not None and hi is not None:
+            return f"an integer from {lo} to {hi}"
+        return f"an integer >= {lo}" if lo is not None else "an integer"
+    return "a string"
 
 
 @dataclasses.dataclass
 class ServerConfig:
-    bind: str = "127.0.0.1"
-    port: int = 6380
-    threads: int = 0             # pollers (0 = one per core), or threadpool workers (0 = 32)
-    arch: str = "poller"         # poller | threadpool | udp | dpdk
-    max_memory: int = 0          # bytes, 0 = unbounded
-    maxclients: int = 10000
-    requirepass: str = ""
-    accept: str = "reuseport"    # or "handoff"
-    poll_policy: str = "direct"  # or "strict"
-    data_dir: str = "data"
-    durability: str = "none"     # none | disk | remote
-    peer: str = ""               # remote: the peer's log receiver, HOST:PORT
-    repl_port: int = -1          # this node's log receiver port (-1 = off, 0 = any free port)
-    ship_interval_us: int = 100  # remote: ship gathered log records this often
-    max_batch_records: int = 65536
-    peer_timeout_ms: int = 1000  # remote: an ack overdue this long = peer lost -> disk mode
-    disk_log_interval_ms: int = 1000  # remote: the local log is written+synced this often
-    peer_startup_wait_ms: int = 10000  # remote: how long start waits to compare logs with the peer
-    data_file: bool = None       # BOSC data file: on with disk/remote, off with none unless asked
-    data_buckets: int = 65536    # home blocks of a new data file (4 KiB each, sparse)
-    flush_interval_ms: int = 5000  # the flusher sweeps at least this often while keys are dirty
-    log_segment_size: int = 64 * 1024 * 1024  # a new log segment past this size
-    dirty_queue: str = "ldu"     # the flusher's queue: ldu (lock-less) or locked (a mutex, to compare)
-    network_only: bool = False   # benchmark switch: SET answers +OK without touching the table
-    tcp_backlog: int = 511
-    udp_port: int = 6380         # arch udp/dpdk: UDP port of the front end (udp: 0 = any free port)
-    udp_workers: int = 1         # arch udp/dpdk: UDP worker threads (dpdk: lcores, one RX/TX queue pair each)
-    dpdk_iface: str = ""         # arch dpdk: interface of the AF_XDP port (one end of a veth pair, a NIC)
-    dpdk_eal_args: str = ""      # arch dpdk: extra DPDK EAL arguments, space separated
-    config_file: str = ""
+    """Every setting of `kvstore serve`, in the order of its --help."""
+    bind: str = setting(
+        "127.0.0.1", "IPv4 address to listen on.", IPV4, c="bind")
+    port: int = setting(
+        6380, "TCP port (0 = any free port).", min=0, max=65535, c="port")
+    threads: int = setting(
+        0, "Poller threads (0 = one per core).", min=0, max=1024,
+        accepts="an integer from 0 (one per core) to 1024", c="threads", to_c=lambda v, cfg: cfg.effective_threads)
+    max_memory: int = setting(
+        0, "Memory bound for the table: bytes or a size with Redis's units, e.g. 512mb, 4gb (1024-based) or "
+           "500m (1000-based); 0 = unbounded. Writes past it get -OOM; nothing is evicted.", SIZE, shown=None)
+    maxclients: int = setting(
+        10000, "Maximum client connections.", min=1, accepts="a positive integer", c="maxclients")
+    requirepass: str = setting(
+        "", "Password clients must AUTH with.", shown=None, c="requirepass")
+    accept: str = setting(
+        "reuseport", "reuseport: one SO_REUSEPORT listener per poller; handoff: poller 0 accepts and hands "
+                     "connections round-robin.", choices=("reuseport", "handoff"),
+        c="accept")
+    arch: str = setting(
+        "poller", "Request handling: poller = one non-blocking epoll poller per core; threadpool = a pool of "
+                  "--threads workers (default 32), each serving one request at a time with blocking calls (read, "
+                  "run, wait for the log, reply): paper 000's baseline; udp = a UDP front end on kernel sockets "
+                  "(--udp-workers threads, recvmmsg/sendmmsg, on --bind:--udp-port); dpdk = the same UDP front end "
+                  "bypassing the kernel (DPDK lcores on an AF_XDP port, --dpdk-iface). UDP: one RESP request per "
+                  "datagram after an 8-byte id header, same durability and data file, no AUTH; --threads TCP "
+                  "pollers (default 1) beside it for the control path.", choices=ARCHS,
+        c="arch")
+    udp_port: int = setting(
+        6380, "arch udp/dpdk: UDP port of the front end (udp: 0 = any free port).", min=0, max=65535,
+        accepts="a UDP port from 0 to 65535 (0 = any free port)", c="udp_port")
+    udp_workers: int = setting(
+        1, "arch udp/dpdk: UDP worker threads (dpdk: lcores, one RX/TX queue pair each).", min=1, max=63,
+        c="udp_workers")
+    dpdk_iface: str = setting(
+        "", "arch dpdk: interface for DPDK's AF_XDP port (e.g. one end of a veth pair; turn its TX checksum "
+            "offload off).", shown=None, c="dpdk_iface")
+    dpdk_eal_args: str = setting(
+        "", "arch dpdk: extra DPDK EAL arguments, space separated.", shown=None,
+        accepts="a string of space-separated EAL arguments", c="dpdk_eal_args")
+    network_only: bool = setting(
+        False, "Benchmark switch (paper 000's N row): SET answers +OK without touching the table. Nothing is "
+               "stored.", shown=None, cli="flag", c="network_only")
+    poll_policy: str = setting(
+        "direct", "EPOLLOUT policy: direct writes replies at the end of each poll round (EPOLLOUT only after a "
+                  "short write); strict registers EPOLLOUT for every reply and removes it when sent; flexpoll "
+                  "(paper 002) writes on EPOLLOUT like strict but keeps it registered while replies come often.",
+        choices=("direct", "strict", "flexpoll"), c="poll_policy")
+    data_dir: str = setting(
+        "data", "Directory for this node's files; the durability log is <data-dir>/log.", PATH, shown="./data")
+    durability: str = setting(
+        "none", "none: memory only. disk: a write is acknowledged once its log record is on disk (group commit: "
+                "one write + one fdatasync for every record gathered meanwhile). remote: acknowledged once the "
+                "record is in this node's memory and in its peer's (--peer); the local log is written in large "
+                "batches; if the peer is lost (--peer-timeout-ms) writes are synced to the local disk instead. "
+                "The log is replayed at start.", choices=DURABILITY_MODES, c="durability")
+    peer: str = setting(
+        "", "remote mode: HOST:PORT of the peer's log receiver (the peer's --repl-port).", shown=None)
+    repl_port: int = setting(
+        -1, "Run a log receiver on this port, storing a peer's log so that it survives the loss of that machine "
+            "(0 = any free port).", min=-1, max=65535, accepts="-1 (off) or a port from 0 to 65535", shown="off")
+    ship_interval_us: int = setting(
+        100, "remote: ship gathered log records every N µs.", min=1)
+    max_batch_records: int = setting(
+        65536, "remote: at most N records per shipped batch.", min=1)
+    peer_timeout_ms: int = setting(
+        1000, "remote: an ack overdue this long means the peer is lost: fall back to disk mode until it is back "
+              "and caught up.", min=10)
+    disk_log_interval_ms: int = setting(
+        1000, "remote: write and sync the local log every N ms (or every 16 MiB).", min=1)
+    peer_startup_wait_ms: int = setting(
+        10000, "remote: at start, the node compares its log with the peer's copy (which may reach further: the "
+               "local log lags); wait this long for the peer, then refuse to start.", min=0)
+    # None until validate(): on with durability disk/remote, off with none
+    data_file: bool = setting(
+        None, "Keep the BOSC data file <data-dir>/data.kvd. With it memory is bounded by --max-memory (when full, "
+              "writes wait for the flusher instead of failing; evicted keys are read back from their block) and "
+              "log segments are deleted once flushed.", bool,
+        shown="on with --durability disk/remote; off with none, where it makes a cache that spills to disk, "
+              "not durable", cli="switch")
+    data_buckets: int = setting(
+        65536, "Home blocks (4 KiB each) of a new data file; an existing file keeps its own.", min=1, max=1 << 30)
+    flush_interval_ms: int = setting(
+        5000, "The flusher sweeps the dirty blocks at least this often (sooner when memory is nearly full): the "
+              "longer, the more updates each block write carries.", min=1)
+    dirty_queue: str = setting(
+        "ldu", "The data file's dirty-key queue: ldu (lock-less, paper 003) or locked (a mutex-protected list, "
+               "kept to measure LDU against).", choices=("ldu", "locked"))
+    log_segment_size: int = setting(
+        64 * 1024 * 1024, "Start a new log segment past this size (Redis units); with a data file, segments "
+                          "wholly below the flushed LSN are deleted (disk mode).", SIZE, min=4096, shown="64mb")
+    tcp_backlog: int = setting(
+        511, "listen() backlog: connections the kernel queues before they are accepted.", min=1, c="tcp_backlog")
+    config_file: str = setting(
+        "", "the TOML file the settings came from (INFO shows it)", shown=None, cli=None, c="config_file")
 
-    FIELDS_HELP = {
-        "bind": "IPv4 address to listen on",
-        "port": "TCP port, 0-65535 (0 = any free port)",
-        "threads": "poller threads (0 = one per core), or with arch threadpool the workers (0 = 32)",
-        "arch": "request handling: poller (per-core epoll pollers, non-blocking), threadpool (a pool of "
-                "workers, each serving one request at a time with blocking calls: paper 000's baseline), udp "
-                "(UDP front end on kernel sockets, recvmmsg/sendmmsg) or dpdk (the same UDP front end on "
-                "dpdk_iface, DPDK lcores bypassing the kernel); with udp and dpdk, TCP is still served by pollers",
-        "udp_port": "arch udp/dpdk: UDP port of the front end (udp: 0 = any free port)",
-        "udp_workers": "arch udp/dpdk: UDP worker threads; with dpdk, lcores each polling one RX/TX queue pair "
-                       "(the interface needs as many queues)",
-        "dpdk_iface": "arch dpdk: network interface for DPDK's AF_XDP port (e.g. one end of a veth pair)",
-        "dpdk_eal_args": "arch dpdk: extra DPDK EAL arguments, space separated (kvstore already passes "
-                         "--no-huge --no-pci -m 256 --no-telemetry --file-prefix --lcores --vdev)",
-        "network_only": "benchmark switch (paper 000's N row): SET answers +OK without touching the table, "
-                        "nothing is stored",
-        "max_memory": "memory bound, bytes or '64mb'/'1gb' (Redis units), 0 = unbounded",
-        "maxclients": "maximum simultaneous client connections",
-        "requirepass": "password clients must AUTH with ('' = none)",
-        "accept": "how connections reach pollers: reuseport or handoff",
-        "poll_policy": "epoll EPOLLOUT policy: direct (write at the end of each round), strict (EPOLLOUT "
-                       "per reply) or flexpoll (EPOLLOUT kept, edge-triggered, while replies come often, paper 002)",
-        "data_dir": "directory for the node's files (the log lives in <data_dir>/log)",
-        "durability": "none (memory only), disk (acknowledge after the log is fdatasync'ed) or remote "
-                      "(acknowledge once the peer's memory holds the log record too)",
-        "peer": "remote mode: HOST:PORT of the peer's log receiver (its --repl-port)",
-        "repl_port": "port of this node's log receiver, storing a peer's log (-1 = off, 0 = any)",
-        "ship_interval_us": "remote mode: ship gathered log records every this many microseconds",
-        "max_batch_records": "remote mode: at most this many records per shipped batch",
-        "peer_timeout_ms": "remote mode: an ack overdue this long means the peer is lost",
-        "disk_log_interval_ms": "remote mode: the local log is written and synced this often",
-        "peer_startup_wait_ms": "remote mode: at start, wait this long for the peer to compare logs",
-        "data_file": "keep a BOSC data file (<data_dir>/data.kvd): memory bounded by max_memory (full memory "
-                     "makes writes wait for the flusher), log segments deleted once flushed. Default: on with "
-                     "disk and remote; with none only when asked (a cache that spills to disk: what the last "
-                     "sweep wrote is kept, nothing is durable)",
-        "data_buckets": "home blocks (4 KiB) of a new data file; keys per block ~ keys / data_buckets",
-        "flush_interval_ms": "the data-file flusher sweeps at least this often while keys are dirty",
-        "dirty_queue": "the data file's dirty-key queue: ldu (lock-less, paper 003) or locked (a mutex-protected "
-                       "list, kept to measure LDU against)",
-        "log_segment_size": "start a new log segment past this size (bytes or '64mb'); with a data file, "
-                            "segments wholly below the flushed LSN are deleted",
-        "tcp_backlog": "listen() backlog",
-    }
+    @classmethod
+    def settings(cls):
+        """The fields that are settings (command-line options and TOML keys), in --help order."""
+        return [f for f in dataclasses.fields(cls) if f.metadata["cli"]]
 
     def validate(self):
-        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ConfigError(f"port: expected an integer from 0 to 65535, got {self.port!r}")
-        if not isinstance(self.threads, int) or not 0 <= self.threads <= 1024:
-            raise ConfigError(f"threads: expected an integer from 0 (one per core) to 1024, got {self.threads!r}")
-        if not isinstance(self.maxclients, int) or self.maxclients < 1:
-            raise ConfigError(f"maxclients: expected a positive integer, got {self.maxclients!r}")
-        self.max_memory = parse_size(self.max_memory, "max_memory")
-        self.log_segment_size = parse_size(self.log_segment_size, "log_segment_size")
-        if self.log_segment_size < 4096:
-            raise ConfigError(f"log_segment_size: expected at least 4096 bytes, got {self.log_segment_size}")
-        if self.accept not in ("reuseport", "handoff"):
-            raise ConfigError(f"accept: expected 'reuseport' or 'handoff', got {self.accept!r}")
-        if self.durability not in DURABILITY_MODES:
-            raise ConfigError(f"durability: expected one of {', '.join(DURABILITY_MODES)}, got {self.durability!r}")
+        """Check every setting (raising ConfigError that names it and says what is accepted),
+        turn sizes into bytes and fill data_file's default. Returns self."""
+        if self.data_file is None:
+            self.data_file = self.durability != "none"
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, check(f, getattr(self, f.name)))
+        # rules between settings
         if self.durability == "remote":
             if not self.peer:
                 raise ConfigError("durability remote needs --peer HOST:PORT (the peer's --repl-port)")
             self.peer_address()
-        for name, lo in (("ship_interval_us", 1), ("max_batch_records", 1), ("peer_timeout_ms", 10),
-                         ("disk_log_interval_ms", 1), ("peer_startup_wait_ms", 0)):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < lo:
-                raise ConfigError(f"{name}: expected an integer >= {lo}, got {v!r}")
-        if self.data_file is None:
-            self.data_file = self.durability != "none"
-        if not isinstance(self.data_file, bool):
-            raise ConfigError(f"data_file: expected true or false, got {self.data_file!r}")
-        if not isinstance(self.data_buckets, int) or not 1 <= self.data_buckets <= 1 << 30:
-            raise ConfigError(f"data_buckets: expected an integer from 1 to {1 << 30}, got {self.data_buckets!r}")
-        if not isinstance(self.flush_interval_ms, int) or self.flush_interval_ms < 1:
-            raise ConfigError(f"flush_interval_ms: expected an integer >= 1, got {self.flush_interval_ms!r}")
-        if not isinstance(self.repl_port, int) or not -1 <= self.repl_port <= 65535:
-            raise ConfigError(f"repl_port: expected -1 (off) or a port from 0 to 65535, got {self.repl_port!r}")
-        if self.arch not in ("poller", "threadpool", "udp", "dpdk"):
-            raise ConfigError(f"arch: expected 'poller', 'threadpool', 'udp' or 'dpdk', got {self.arch!r}")
         if self.arch in ("udp", "dpdk"):
             self._validate_udp()
-        if not isinstance(self.network_only, bool):
-            raise ConfigError(f"network_only: expected true or false, got {self.network_only!r}")
-        if self.dirty_queue not in ("ldu", "locked"):
-            raise ConfigError(f"dirty_queue: expected 'ldu' or 'locked', got {self.dirty_queue!r}")
-        if self.poll_policy not in ("direct", "strict", "flexpoll"):
-            raise ConfigError(f"poll_policy: expected 'direct', 'strict' or 'flexpoll', got {self.poll_policy!r}")
-        if not isinstance(self.requirepass, str):
-            raise ConfigError("requirepass: expected a string")
-        parts = str(self.bind).split(".")
-        if len(parts) != 4 or not all(p.isdigit() and int(p) < 256 for p in parts):
-            raise ConfigError(f"bind: expected an IPv4 address such as 127.0.0.1, got {self.bind!r}")
         return self
 
     def _validate_udp(self):
-        if not isinstance(self.udp_workers, int) or not 1 <= self.udp_workers <= 63:
-            raise ConfigError(f"udp_workers: expected an integer from 1 to 63, got {self.udp_workers!r}")
-        low = 0 if self.arch == "udp" else 1
-        if not isinstance(self.udp_port, int) or not low <= self.udp_port <= 65535:
-            raise ConfigError(f"udp_port: expected a UDP port from {low} to 65535"
-                              + (" (0 = any free port)" if low == 0 else "") + f", got {self.udp_port!r}")
+        if self.arch == "dpdk" and self.udp_port == 0:
+            raise ConfigError(f"udp_port: expected a UDP port from 1 to 65535, got {self.udp_port!r}")
         if self.requirepass:
             raise ConfigError(f"arch {self.arch}: requirepass is not supported: the UDP front end has no AUTH "
                               "(anyone who can send it a datagram could write)")
-        if self.arch == "dpdk" and (not self.dpdk_iface or not isinstance(self.dpdk_iface, str)
-                                    or len(self.dpdk_iface) > 15):
+        if self.arch == "dpdk" and (not self.dpdk_iface or len(self.dpdk_iface) > 15):
             raise ConfigError(f"dpdk_iface: arch dpdk needs a network interface name (at most 15 characters), "
                               f"e.g. --dpdk-iface veth0; got {self.dpdk_iface!r}")
-        if not isinstance(self.dpdk_eal_args, str):
-            raise ConfigError("dpdk_eal_args: expected a string of space-separated EAL arguments")
+
+    def c_values(self):
+        """{struct kv_config field: value} of the settings C takes (strings still str)."""
+        out = {}
+        for f in dataclasses.fields(self):
+            m, v = f.metadata, getattr(self, f.name)
+            if m["c"]:
+                out[m["c"]] = m["to_c"](v, self) if m["to_c"] else v
+        return out
 
     def peer_address(self):
         return parse_address(self.peer, "peer")
@@ -212,13 +253,35 @@ class ServerConfig:
             except tomllib.TOMLDecodeError as e:
                 raise ConfigError(f"config file {path}: invalid TOML: {e}") from None
             data = data.get("server", data)
-            known = {f.name for f in dataclasses.fields(cls)}
+            known = [f.name for f in cls.settings()]
             for k, v in data.items():
                 key = k.replace("-", "_")
-                if key not in known or key == "config_file":
-                    raise ConfigError(f"config file {path}: unknown setting {k!r}; known: "
-                                      + ", ".join(sorted(cls.FIELDS_HELP)))
+                if key not in known:
+                    raise ConfigError(f"config file {path}: unknown setting {k!r}; known: " + ", ".join(sorted(known)))
                 values[key] = v
             values["config_file"] = os.path.abspath(path)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values).validate()
+
+
+def check(field, value):
+    """value checked against field's declaration; sizes come back in bytes.
+    Raises ConfigError "<name>: expected <what is accepted>, got <value>"."""
+    m, name = field.metadata, field.name
+    t = m["type"]
+    if t is SIZE:
+        value = parse_size(value, name)
+    ok = {bool: lambda v: isinstance(v, bool),
+          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          SIZE: lambda v: True,
+          IPV4: _is_ipv4}.get(t, lambda v: isinstance(v, str))(value)
+    ok = ok and (m["choices"] is None or value in m["choices"])
+    ok = ok and (m["min"] is None or value >= m["min"]) and (m["max"] is None or value <= m["max"])
+    if not ok:
+        raise ConfigError(f"{name}: expected {m['accepts']}, got {value!r}")
+    return value
+
+
+def _is_ipv4(text):
+    parts = str(text).split(".") if isinstance(text, str) else []
+    return len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts)

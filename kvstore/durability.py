@@ -1,10 +1,14 @@
-"""The durability log from Python: recovery into a Store, opening the group-committed log."""
+"""Durability from Python: the log, its recovery into a Store, the BOSC data file, the remote
+mode's sender and receiver, and Durability, which opens and closes them in order for a server."""
 import dataclasses
+import errno
 import os
 import time
 
 from kvstore import errors
+from kvstore._cstruct import as_dict
 from kvstore._native import ffi, lib
+from kvstore.config import parse_address
 
 
 @dataclasses.dataclass
@@ -26,8 +30,7 @@ class Recovery:
         rec = ffi.new("struct wal_recovery *")
         err = ffi.new("char[1024]")
         rc = lib.wal_recover(ffi.NULL, directory.encode(), 0, 0, rec, err, 1024)
-        if rc < 0:
-            raise errors.CorruptLogError(ffi.string(err).decode(errors="replace"))
+        errors.raise_for(rc, ffi.string(err).decode(errors="replace"), damaged=errors.CorruptLogError)
         return rec.last_lsn
 
     def summary(self):
@@ -86,6 +89,8 @@ def fetch_from_peer(data_dir, host, port, timeout_ms=5000):
     last = lib.rl_fetch(host.encode(), port, nid, staging.encode(), timeout_ms, err, 512)
     if last < 0:
         shutil.rmtree(staging, ignore_errors=True)
+        # Not raise_for: every failure here is the peer's (a refusal comes back as EINVAL,
+        # which raise_for would call a bad setting), and start-up waits on ServerError.
         raise errors.ServerError(ffi.string(err).decode(errors="replace"), -last)
     if known is None and any(nid):
         node_id(data_dir, value=bytes(nid))  # this node's identity, as the peer knows it
@@ -112,13 +117,9 @@ def recover(store, data_dir, repair=True, after_lsn=0):
     err = ffi.new("char[1024]")
     t0 = time.monotonic()
     rc = lib.wal_recover(store._t, log_dir(data_dir).encode(), after_lsn, 1 if repair else 0, rec, err, 1024)
-    msg = ffi.string(err).decode(errors="replace")
-    if rc == -84:  # EILSEQ
-        raise errors.CorruptLogError(
-            f"{msg}. The server will not start on a damaged log: move the damaged segment away "
-            f"(keeping a copy) to start from what precedes it.")
-    if rc < 0:
-        errors.raise_for(rc, msg)
+    errors.raise_for(rc, ffi.string(err).decode(errors="replace"), damaged=errors.CorruptLogError,
+                     hint={errno.EILSEQ: "The server will not start on a damaged log: move the damaged "
+                                         "segment away (keeping a copy) to start from what precedes it."})
     return Recovery(rec.records, rec.first_lsn, rec.last_lsn, rec.segments, rec.bytes, rec.truncated_bytes,
                     ffi.string(rec.problem).decode(errors="replace"), time.monotonic() - t0)
 
@@ -146,16 +147,12 @@ class DataFile:
         out = ffi.new("struct bosc **")
         err = ffi.new("char[1024]")
         rc = lib.bosc_open(out, store._t, cfg, info, err, 1024)
-        if rc < 0:
-            msg = ffi.string(err).decode(errors="replace")
-            if rc == -84:  # EILSEQ
-                raise errors.CorruptDataFileError(
-                    f"{msg}. The server will not start on a damaged data file: restore the node from its "
-                    f"peer (move the data directory away, start with --from-peer) or from a backup.")
-            errors.raise_for(rc, msg)
+        errors.raise_for(rc, ffi.string(err).decode(errors="replace"),
+                         hint={errno.EILSEQ: "The server will not start on a damaged data file: restore the node "
+                                             "from its peer (move the data directory away, start with "
+                                             "--from-peer) or from a backup."})
         self._b = out[0]
-        self.info = {f: getattr(info, f) for f in ("flushed_lsn", "generation", "buckets", "blocks", "disk_keys",
-                                                    "overflow_blocks", "seconds")}
+        self.info = as_dict(info)
 
     @property
     def flushed_lsn(self):
@@ -169,9 +166,7 @@ class DataFile:
     def start(self, log=None):
         """Start the flusher and loader; log's durable LSN bounds what may become clean."""
         lib.bosc_set_log(self._b, log._w if log is not None else ffi.NULL)
-        rc = lib.bosc_start(self._b)
-        if rc < 0:
-            raise errors.ServerError("cannot start the data file's flusher", -rc)
+        errors.raise_for(lib.bosc_start(self._b), "cannot start the data file's flusher")
 
     def sync(self):
         """Sweep now and wait for it (tests and experiments)."""
@@ -180,12 +175,7 @@ class DataFile:
     def stats(self):
         st = ffi.new("struct bosc_stats *")
         lib.bosc_get_stats(self._b, st)
-        d = {f: getattr(st, f) for f in ("sweeps", "records", "blocks_read", "blocks_written", "bytes_written",
-                                         "syncs", "sweep_ns", "io_ns", "deferred", "loads", "load_reads",
-                                         "evicted", "evicted_bytes", "truncated_segments", "flushed_lsn",
-                                         "disk_keys", "buckets", "blocks", "queued", "failed")}
-        d["error"] = ffi.string(st.error).decode(errors="replace")
-        return d
+        return as_dict(st)
 
     def close(self):
         if self._b is not None:
@@ -209,24 +199,20 @@ class Log:
         cfg.sync_delay_us = int(os.environ.get("KVSTORE_FAULT_SYNC_DELAY_US", "0"))
         out = ffi.new("struct wal **")
         err = ffi.new("char[512]")
-        rc = lib.wal_open(out, cfg, err, 512)
-        if rc < 0:
-            raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
+        errors.raise_for(lib.wal_open(out, cfg, err, 512), ffi.string(err).decode(errors="replace"))
         self._w = out[0]
         self._store = store  # None: a bare log (experiments append to it directly)
         rc = lib.wal_start(self._w)
         if rc < 0:
             lib.wal_close(self._w)
-            raise errors.ServerError("cannot start the log thread", -rc)
+            errors.raise_for(rc, "cannot start the log thread")
         if store is not None:
             lib.kvt_set_log(store._t, ffi.addressof(lib, "wal_log_fn"), self._w)
 
     def stats(self):
         st = ffi.new("struct wal_stats *")
         lib.wal_get_stats(self._w, st)
-        return {f: getattr(st, f) for f in ("appended_lsn", "durable_lsn", "groups", "records", "bytes",
-                                            "syncs", "sync_ns_total", "sync_ns_max", "max_group_records",
-                                            "failed")}
+        return as_dict(st)
 
     def close(self):
         """Detach from the table, write and sync what is buffered, stop the log thread."""
@@ -251,18 +237,13 @@ class Sender:
         cfg.timeout_ms = timeout_ms
         out = ffi.new("struct rl_sender **")
         err = ffi.new("char[256]")
-        rc = lib.rl_sender_start(out, log._w, cfg, err, 256)
-        if rc < 0:
-            raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
+        errors.raise_for(lib.rl_sender_start(out, log._w, cfg, err, 256), ffi.string(err).decode(errors="replace"))
         self._s = out[0]
 
     def stats(self):
         st = ffi.new("struct rl_sender_stats *")
         lib.rl_sender_get_stats(self._s, st)
-        d = {f: getattr(st, f) for f in ("batches", "records", "bytes", "acked_lsn", "sent_lsn", "connects",
-                                         "disconnects", "catchup_records", "connected", "degraded")}
-        d["last_error"] = ffi.string(st.last_error).decode(errors="replace")
-        return d
+        return as_dict(st)
 
     def close(self):
         if self._s is not None:
@@ -278,8 +259,7 @@ class Receiver:
         err = ffi.new("char[256]")
         rc = lib.rl_receiver_start(out, bind.encode(), port, os.path.join(data_dir, "peer").encode(), sync_ms,
                                    err, 256)
-        if rc < 0:
-            raise errors.ServerError(ffi.string(err).decode(errors="replace"), -rc)
+        errors.raise_for(rc, ffi.string(err).decode(errors="replace"))
         self._r = out[0]
 
     @property
@@ -289,10 +269,148 @@ class Receiver:
     def stats(self):
         st = ffi.new("struct rl_receiver_stats *")
         lib.rl_receiver_get_stats(self._r, st)
-        return {f: getattr(st, f) for f in ("batches", "records", "bytes", "held_lsn", "syncs", "fetches",
-                                            "peers_connected")}
+        return as_dict(st)
 
     def close(self):
         if self._r is not None:
             lib.rl_receiver_stop(self._r)
             self._r = None
+
+
+class Durability:
+    """A server's durability pieces, opened in dependency order and closed in reverse.
+
+    open(): the log receiver (a peer's log, independent of the rest); then, with durability
+    disk or remote: this node's log fetched from its peer (remote always compares, waiting
+    up to peer_startup_wait_ms), the data file (scanned: its flushed LSN bounds the replay),
+    the replay into the store, the log (from the LSN after the replay), the sender (remote),
+    and last the data file's flusher, which reads the log's durable LSN. durability none
+    with a data file: the data file alone (a spilling cache).
+    close(): the data file first (its flusher reads the log's and the sender's LSNs), then
+    the sender, the log, the receiver. Both run on the thread that starts/stops the server."""
+
+    def __init__(self, store, config, from_peer=None):
+        self.store = store
+        self.config = config
+        self.from_peer = from_peer  # "HOST:PORT": fetch this node's log from its peer before recovery
+        self.receiver = None
+        self.datafile = None
+        self.recovery = None
+        self.log = None
+        self.sender = None
+        self.fetched = None  # (peer LSN, local LSN, replaced) after a fetch
+        self.local_complete = False  # remote mode started without its peer, on a complete local log
+
+    def open(self):
+        """Open everything the config asks for; on failure close what was opened and raise."""
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _open(self):
+        c = self.config
+        if c.repl_port >= 0:
+            os.makedirs(c.data_dir, exist_ok=True)
+            self.receiver = Receiver(c.data_dir, c.bind, c.repl_port)
+        if c.durability == "none":
+            if c.data_file:  # a spilling cache: bounded memory, nothing durable
+                os.makedirs(c.data_dir, exist_ok=True)
+                self.datafile = DataFile(self.store, c.data_dir, c.data_buckets, c.flush_interval_ms,
+                                         truncate_log=False, dirty_queue=c.dirty_queue)
+                self.datafile.start(None)
+            return
+        os.makedirs(c.data_dir, exist_ok=True)
+        if c.durability == "remote":
+            # The local log lags the acknowledged writes by up to disk_log_interval_ms:
+            # the peer's copy may reach further, and starting from the local log alone
+            # would lose acknowledged writes and reuse their LSNs. Always compare.
+            source = self.from_peer or c.peer
+            self.fetched = self._fetch_waiting(*parse_address(source, "from_peer" if self.from_peer else "peer"),
+                                               c.peer_startup_wait_ms)
+        elif self.from_peer:
+            self.fetched = fetch_from_peer(c.data_dir, *parse_address(self.from_peer, "from_peer"))
+        if c.data_file:
+            self.datafile = DataFile(self.store, c.data_dir, c.data_buckets, c.flush_interval_ms,
+                                     truncate_log=c.durability == "disk", dirty_queue=c.dirty_queue)
+        self.recovery = recover(self.store, c.data_dir, after_lsn=self.datafile.flushed_lsn if self.datafile else 0)
+        remote = c.durability == "remote"
+        self.log = Log(self.store, c.data_dir, self.recovery.last_lsn + 1, sync=not remote, ship=remote,
+                       batch_ms=c.disk_log_interval_ms, segment_bytes=c.log_segment_size)
+        if remote:
+            host, port = c.peer_address()
+            self.sender = Sender(self.log, c.data_dir, host, port, c.ship_interval_us, c.max_batch_records,
+                                 c.peer_timeout_ms)
+        if self.datafile:
+            self.datafile.start(self.log)
+
+    def _fetch_waiting(self, host, port, wait_ms):
+        data_dir = self.config.data_dir
+        fresh = node_id(data_dir, create=False) is None and not os.path.isdir(log_dir(data_dir))
+        complete = os.path.exists(os.path.join(log_dir(data_dir), "LOCAL-COMPLETE"))
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            try:
+                return fetch_from_peer(data_dir, host, port)
+            except errors.ServerError as e:
+                if complete:
+                    # It last ran without its peer, syncing every acknowledged write
+                    # locally (the marker goes before any peer ack counts): its own log
+                    # holds everything the peer could.
+                    self.local_complete = True
+                    return None
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)  # the peer may be starting too
+                    continue
+                if fresh:
+                    # A new node (no identity, no log) has acknowledged nothing: it may
+                    # start; under a new identity it cannot reuse a lost node's LSNs.
+                    return None
+                raise errors.ServerError(
+                    f"durability remote: could not read this node's log from its peer {host}:{port} within "
+                    f"{wait_ms} ms ({e}). The peer may hold acknowledged writes that the local log lacks "
+                    f"(it lags by up to disk_log_interval_ms), so the node does not start on the local log "
+                    f"alone. Start the peer, or start this node with --durability disk to recover from the "
+                    f"local log only (writes acknowledged only in the peer's memory would then be lost).",
+                    e.errno) from None
+
+    def c_handles(self):
+        """The C handles the server's srv_config points to (NULL for what is not open)."""
+        return {"wal": self.log._w if self.log else ffi.NULL,
+                "sender": self.sender._s if self.sender else ffi.NULL,
+                "receiver": self.receiver._r if self.receiver else ffi.NULL,
+                "bosc": self.datafile._b if self.datafile else ffi.NULL}
+
+    def report(self):
+        """What start-up found, one line each (as `kvstore serve` prints them after "kvstore: ")."""
+        c, lines = self.config, []
+        if self.fetched is not None:
+            peer_lsn, local_lsn, replaced = self.fetched
+            lines.append(f"fetched the log from {self.from_peer or c.peer} up to LSN {peer_lsn} (local log ended "
+                         f"at {local_lsn}); " + ("it replaces the local log" if replaced else "local log kept"))
+        if self.local_complete:
+            lines.append(f"peer {c.peer} unreachable; this node last ran without it, syncing every acknowledged "
+                         f"write locally (LOCAL-COMPLETE), so it starts from its own log")
+        if self.receiver is not None:
+            lines.append(f"log receiver on {c.bind}:{self.receiver.port}")
+        if self.datafile is not None:
+            lines.append(self.datafile.summary())
+        if self.recovery is not None:
+            lines.append(self.recovery.summary())
+        return lines
+
+    def close(self):
+        if self.datafile is not None:  # its flusher reads the log's durable LSN and the sender's
+            self.datafile.close()
+            self.datafile = None
+        if self.sender is not None:
+            self.sender.close()
+            self.sender = None
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+        if self.receiver is not None:
+            self.receiver.close()
+            self.receiver = None

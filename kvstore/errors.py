@@ -51,11 +51,21 @@ class ProtocolError(KVError, ValueError):
     """Malformed RESP input."""
 
 
-def raise_for(rc, message=""):
-    """Map a negative C return code (-errno) to the matching exception."""
+def raise_for(rc, message="", hint=None, damaged=CorruptDataFileError):
+    """Map a negative C return code (-errno) to the matching exception; rc >= 0 is returned.
+
+    message: the C function's own text (its err buffer), if any.
+    hint: advice added after the message, as "<message>. <hint>": a string for any code,
+    or a dict {errno code: advice} for some codes only.
+    damaged: the class for EILSEQ (checks failed on data read back): CorruptDataFileError,
+    or CorruptLogError for the log."""
     if rc >= 0:
         return rc
     code = -rc
+    if isinstance(hint, dict):
+        hint = hint.get(code)
+    if hint:
+        message = f"{message}. {hint}" if message else hint
     text = message or os.strerror(code)
     if code == errno.ENOMEM:
         raise OutOfMemoryError(text or "out of memory: the store's max_memory bound was reached")
@@ -66,7 +76,7 @@ def raise_for(rc, message=""):
     if code == errno.EAGAIN:
         raise ServerError(message or "durability log backlog full: write refused, retry", code)
     if code == errno.EILSEQ:
-        raise CorruptDataFileError(text)
+        raise damaged(text)
     if code == errno.EIO:
         raise ServerError(message or "durability log failed: writes refused until restart", code)
     raise ServerError(text, code)

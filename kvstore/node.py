@@ -2,13 +2,12 @@
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 
 from kvstore.client import Client
 from kvstore.errors import ServerError
+from kvstore.process import Process
 
 _READY = re.compile(rb"listening on ([0-9.]+):(\d+)")
 _UDP = re.compile(rb"udp port (\d+)")
@@ -31,13 +30,11 @@ class Node:
         self.data_dir = data_dir
         self.settings = settings
         self.log_path = log_path
-        self.proc = None
-        self._log = None
+        self._process = None
 
     def command(self):
-        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
-        args = prefix + [sys.executable, "-m", "kvstore.cli", "serve", "--bind", self.bind,
-                "--port", str(self.requested_port)]
+        """argv of `kvstore serve` with this node's settings (run inside netns if set)."""
+        args = [sys.executable, "-m", "kvstore.cli", "serve", "--bind", self.bind, "--port", str(self.requested_port)]
         if self.data_dir:
             args += ["--data-dir", str(self.data_dir)]
         for k, v in self.settings.items():
@@ -51,49 +48,50 @@ class Node:
         return args
 
     def start(self, timeout=15.0):
-        """Start the server and wait until it listens."""
+        """Start the server and wait until it listens (at most timeout seconds, then
+        ServerError with the end of its log)."""
         return self.launch().wait_ready(timeout)
 
     def launch(self):
         """Start the server process without waiting (see wait_ready): nodes that need each
         other at start, like a remote-durability pair comparing logs, start together."""
-        if self.proc:
+        if self._process is not None:
             return self
         self.port = None  # learnt anew from this run's ready line
         if self.data_dir is None:
             self.data_dir = tempfile.mkdtemp(prefix="kvstore-node-")
         os.makedirs(self.data_dir, exist_ok=True)
         self.log_path = self.log_path or os.path.join(self.data_dir, "server.log")
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=self._log)
+        self._process = Process(self.command(), ready_line=_READY, netns=self.netns, log_path=self.log_path,
+                                name="kvstore serve").launch()
         return self
 
     def wait_ready(self, timeout=15.0):
         if self.port is not None:
             return self
-        deadline = time.monotonic() + timeout
-        line = b""
-        while time.monotonic() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            m = _READY.search(line)
-            if m:
-                self.port = int(m.group(2))
-                u = _UDP.search(line)
-                self.udp_port = int(u.group(1)) if u else None
-                break
-        if self.port is None:
-            self.stop()
-            raise ServerError(f"kvstore serve did not start: {self.log()[-2000:].strip() or line!r}")
+        try:
+            self._process.wait_ready(timeout)
+        except ServerError:
+            self._process = None  # stopped by wait_ready
+            raise
+        m = self._process.match
+        self.port = int(m.group(2))
+        u = _UDP.search(m.string)
+        self.udp_port = int(u.group(1)) if u else None
         return self
 
     def log(self):
+        """The server's stderr so far (kept in log_path, default <data_dir>/server.log)."""
         try:
             with open(self.log_path, errors="replace") as f:
                 return f.read()
-        except OSError:
+        except (OSError, TypeError):
             return ""
+
+    @property
+    def proc(self):
+        """The subprocess.Popen of the running server, or None."""
+        return self._process.proc if self._process else None
 
     @property
     def pid(self):
@@ -118,21 +116,10 @@ class Node:
 
     def stop(self, timeout=10.0, sig=signal.SIGTERM):
         """Stop the server (SIGTERM, then SIGKILL after timeout). Returns its exit code."""
-        if not self.proc:
+        if self._process is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        rc = self.proc.returncode
-        if self.proc.stdout:
-            self.proc.stdout.close()
-        if self._log:
-            self._log.close()
-        self.proc = None
+        rc = self._process.stop(timeout, sig)
+        self._process = None
         return rc
 
     def kill(self):
