@@ -1,4 +1,4 @@
-/* udpsrv.c - the kernel-socket UDP front end (--arch udp): `udp_workers` threads,
+/* udp.c - the kernel-socket UDP front end (--arch udp): `udp_workers` threads,
  * each with its own SO_REUSEPORT UDP socket on bind:udp_port (the kernel spreads
  * senders over them), taking datagrams in recvmmsg batches and answering in
  * sendmmsg batches. Framing, durability and stalls as in udpfront.h. It is the

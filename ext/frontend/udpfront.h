@@ -1,5 +1,5 @@
 /* udpfront.h - the request path of kvstore's UDP front ends, shared by --arch udp
- * (kernel sockets, recvmmsg/sendmmsg: udpsrv.c) and --arch dpdk (kernel bypass,
+ * (kernel sockets, recvmmsg/sendmmsg: udp.c) and --arch dpdk (kernel bypass,
  * DPDK lcores on an AF_XDP port: dpdk.c). Only how datagrams arrive and leave differs.
  *
  * Datagram framing (both directions, all fields big-endian), after the UDP header:
@@ -90,7 +90,7 @@ uint64_t uf_durable(struct uf_worker *w, int *failed);
 
 void uf_add_totals(const struct uf_stats *st, struct uf_totals *t);
 
-/* What a UDP front end (udpsrv.c, dpdk.c) shows in INFO: its port and worker count
+/* What a UDP front end (udp.c, dpdk.c) shows in INFO: its port and worker count
  * (server section) and the totals over its workers (stats section). */
 struct uf_info {
     void (*totals)(void *arg, struct uf_totals *t);
