@@ -1,5 +1,16 @@
-# The cffi extension is declared here because cffi_modules has no pyproject.toml form;
-# everything else lives in pyproject.toml.
-from setuptools import setup
+# The compiled modules are declared here because cffi_modules has no pyproject.toml form;
+# everything else lives in pyproject.toml. kvstore._ext (cffi) holds the C code of ext/;
+# kvstore._ext_store (Cython) is Store's fast path and calls the table through kvstore._ext
+# (see kvstore/_table.pxd), so it compiles against the headers only. Both are named
+# _ext* so that one ignore pattern and `make clean` cover them.
+from Cython.Build import cythonize
+from setuptools import Extension, setup
 
-setup(cffi_modules=["kvstore/_build.py:ffibuilder"])
+STORE = Extension("kvstore._ext_store", ["kvstore/_ext_store.pyx"], include_dirs=["ext"],
+                  extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"])
+
+setup(
+    cffi_modules=["kvstore/_build.py:ffibuilder"],
+    # the generated C goes under build/ (make clean removes it), not next to the .pyx
+    ext_modules=cythonize([STORE], build_dir="build/cython", compiler_directives={"language_level": 3}),
+)

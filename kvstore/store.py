@@ -1,26 +1,20 @@
-"""kvstore.Store: the in-process store, the same C table a server runs on."""
-import errno
-import time
+"""kvstore.Store: the in-process store, the same C table a server runs on.
 
-from kvstore import errors
+The table is created and freed here through cffi (Store._t, which the server and the
+durability code pass to C); the hot calls (get, set, delete, in, incr, mget, mset) are
+kvstore._ext_store.StoreCore's typed Cython calls on the same table, the rest go through
+cffi. Any thread may use a Store.
+"""
+import errno
+
+from kvstore import _ext_store as _store, errors
 from kvstore._native import ffi, lib
 
-NX, XX, KEEPTTL = 1, 2, 4
+_b = _store.as_bytes
+_store.bind_functions({name: int(ffi.cast("uintptr_t", ffi.addressof(lib, name))) for name in _store.FUNCTIONS})
 
 
-def _b(x, what="key"):
-    if isinstance(x, bytes):
-        return x
-    if isinstance(x, str):
-        return x.encode()
-    if isinstance(x, (bytearray, memoryview)):
-        return bytes(x)
-    if isinstance(x, int) and not isinstance(x, bool):
-        return str(x).encode()
-    raise TypeError(f"{what} must be bytes, str or int, not {type(x).__name__}")
-
-
-class Store:
+class Store(_store.StoreCore):
     """An embedded key-value store: concurrent C hash table, bounded memory.
 
     Keys and values are bytes (str and int are encoded). ``max_memory`` bounds the
@@ -28,6 +22,9 @@ class Store:
     OutOfMemoryError and nothing is evicted. A Store can be served over RESP with
     ``kvstore.server.Server(store, ...)``; Python reads and writes keep working
     while it serves.
+
+    ``mget(keys)`` and ``mset(mapping)`` read or write a batch with one call into C
+    (see their docstrings).
     """
 
     def __init__(self, max_memory=0):
@@ -35,7 +32,8 @@ class Store:
             raise errors.ConfigError(f"max_memory must be a non-negative integer of bytes, got {max_memory!r}")
         out = ffi.new("struct kv_table **")
         errors.raise_for(lib.kvt_create(out, max_memory), "cannot create the table")
-        self._t = ffi.gc(out[0], lib.kvt_destroy)
+        self._t = ffi.gc(out[0], lib.kvt_destroy)  # owns the table; StoreCore borrows it
+        self._bind(int(ffi.cast("uintptr_t", self._t)))
 
     def _op(self, fn, k, *args):
         """fn(table, key, klen, *args); with a data file behind the table, a key
@@ -48,28 +46,12 @@ class Store:
             elif rc != -errno.ENOMEM or lib.kvt_wait_memory(self._t) < 0:
                 return rc
 
-    # -- reads
-    def get(self, key, default=None):
-        k = _b(key)
-        cap = 256
-        while True:
-            buf = ffi.new("char[]", cap)
-            n = self._op(lib.kvt_get_copy, k, buf, cap)
-            if n == -errno.ENOENT:
-                return default
-            if n <= cap:
-                return ffi.buffer(buf, n)[:]
-            cap = n  # value larger than the buffer: retry with its size
-
+    # -- reads (get, mget and __contains__ are StoreCore's)
     def __getitem__(self, key):
         v = self.get(key)
         if v is None:
             raise KeyError(key)
         return v
-
-    def __contains__(self, key):
-        k = _b(key)
-        return bool(errors.raise_for(self._op(lib.kvt_exists, k)))
 
     def __len__(self):
         return lib.kvt_count(self._t)
@@ -78,49 +60,13 @@ class Store:
         k = _b(key)
         return errors.raise_for(self._op(lib.kvt_strlen, k))
 
-    # -- writes
-    def set(self, key, value, *, nx=False, xx=False, ex=None, px=None, keepttl=False):
-        """Set key to value. Returns True if set, False if NX/XX prevented it."""
-        if nx and xx:
-            raise errors.ConfigError("nx and xx are mutually exclusive")
-        if (ex is not None) + (px is not None) + bool(keepttl) > 1:
-            raise errors.ConfigError("use at most one of ex, px and keepttl")
-        k, v = _b(key), _b(value, "value")
-        expire = 0
-        if ex is not None or px is not None:
-            ms = int(ex * 1000) if ex is not None else int(px)
-            if ms <= 0:
-                raise errors.ConfigError(f"expire time must be positive, got {ex if ex is not None else px!r}")
-            expire = int(time.time() * 1000) + ms
-        flags = (NX if nx else 0) | (XX if xx else 0) | (KEEPTTL if keepttl else 0)
-        rc = self._op(lib.kvt_set, k, v, len(v), flags, expire, ffi.NULL, ffi.NULL)
-        errors.raise_for(rc)
-        return rc == 1
-
+    # -- writes (set, mset, delete and incr are StoreCore's)
     def __setitem__(self, key, value):
         self.set(key, value)
-
-    def delete(self, *keys):
-        n = 0
-        for key in keys:
-            k = _b(key)
-            n += errors.raise_for(self._op(lib.kvt_del, k))
-        return n
 
     def __delitem__(self, key):
         if not self.delete(key):
             raise KeyError(key)
-
-    def incr(self, key, amount=1):
-        k = _b(key)
-        out = ffi.new("int64_t *")
-        rc = self._op(lib.kvt_incrby, k, int(amount), out)
-        if rc == -errno.EINVAL:
-            raise errors.NotAnIntegerError(f"value of {key!r} is not an integer or out of range")
-        if rc == -errno.ERANGE:
-            raise errors.IntegerOverflowError("increment or decrement would overflow")
-        errors.raise_for(rc)
-        return out[0]
 
     def decr(self, key, amount=1):
         return self.incr(key, -amount)
