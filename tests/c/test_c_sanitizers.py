@@ -1,6 +1,6 @@
 """Build the C stress programs against ext/ with sanitizers and run them.
 
-  table_stress.c  concurrent table stress (includes ext/table.c), built twice:
+  table_stress.c  concurrent table stress (white box: ext/core/table_int.h), built twice:
                   -fsanitize=thread and -fsanitize=address,undefined
   resp_fuzz.c     mutational fuzzer of ext/resp.c, -fsanitize=address,undefined
   wal_stress.c    the write-ahead log with concurrent appenders (through the table's
@@ -65,14 +65,13 @@ def _ext(*names):
 
 
 # The C files each stress binary links (paths under ext/), by component.
-TABLE = _ext("core/table.c", "core/siphash.c", "core/ldu.c")
+TABLE = _ext("core/table.c", "core/table_shard.c", "core/table_spill.c", "core/siphash.c", "core/ldu.c")
 WAL = _ext("durability/wal.c", "core/crc32c.c")
 BOSC = _ext("durability/bosc.c")
 
 BUILDS = {
-    # table_stress.c #includes ext/core/table.c (white box), so table.c is not listed
-    "table_stress_tsan": (["table_stress.c", *TABLE[1:]], TSAN),
-    "table_stress_asan": (["table_stress.c", *TABLE[1:]], ASAN_UBSAN),
+    "table_stress_tsan": (["table_stress.c", *TABLE], TSAN),
+    "table_stress_asan": (["table_stress.c", *TABLE], ASAN_UBSAN),
     "resp_fuzz_asan": (["resp_fuzz.c", *_ext("proto/resp.c")], ASAN_UBSAN),
     "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN),
     "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN),
