@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/bytes.h"
 #include "core/crc32c.h"
 #include "core/kvbuf.h"
 #include "core/ldu.h"
@@ -113,10 +114,6 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static inline uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static inline uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
-static inline void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
-static inline void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
 static inline void add(_Atomic uint64_t *c, uint64_t d) { atomic_fetch_add_explicit(c, d, memory_order_relaxed); }
 
 static void fail(struct bosc *b, const char *msg)

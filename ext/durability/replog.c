@@ -26,6 +26,7 @@
 #include <unistd.h>
 #include <dirent.h>
 
+#include "core/bytes.h"
 #include "core/crc32c.h"
 #include "core/kvbuf.h"
 #include "durability/wal.h"
@@ -51,11 +52,6 @@ static uint64_t now_ms(void)
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
-
-static void put32(unsigned char *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(unsigned char *p, uint64_t v) { memcpy(p, &v, 8); }
-static uint32_t get32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
-static uint64_t get64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
 static uint64_t now_us(void)
 {
