@@ -44,11 +44,11 @@ venv: $(VENV)/bin/python
 dev: deps venv
 	$(PY) -m pip install -q -e '.[test,bench]'
 
-# Rebuild only the C extension after editing ext/*.c.
+# Rebuild only the C extensions (kvstore._ext, kvstore._bench) after editing ext/*.c.
 ext:
 	$(PY) setup.py -q build_ext -b build/ext
 	@# replace by rename: running processes keep the old mapping instead of crashing
-	for f in build/ext/kvstore/_ext*.so; do cp $$f kvstore/.ext.tmp && mv kvstore/.ext.tmp kvstore/$$(basename $$f); done
+	for f in build/ext/kvstore/_ext*.so build/ext/kvstore/_bench*.so; do cp $$f kvstore/.ext.tmp && mv kvstore/.ext.tmp kvstore/$$(basename $$f); done
 
 clean:
-	rm -rf build *.egg-info kvstore/_ext*.so kvstore/_ext.c tests/c/bin
+	rm -rf build *.egg-info kvstore/_ext*.so kvstore/_ext.c kvstore/_bench*.so kvstore/_bench.c tests/c/bin

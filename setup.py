@@ -2,4 +2,4 @@
 # everything else lives in pyproject.toml.
 from setuptools import setup
 
-setup(cffi_modules=["kvstore/_build.py:ffibuilder"])
+setup(cffi_modules=["kvstore/_build.py:ffibuilder", "kvstore/_build_bench.py:ffibuilder"])

@@ -3,7 +3,7 @@ import threading
 import time
 
 from kvstore.errors import ConfigError, ServerError
-from kvstore._native import ffi, lib
+from kvstore._bench import ffi, lib  # the load generators: benchmark code, its own module
 
 RESULT_FIELDS = ("requests", "sets", "gets", "hits", "misses", "errors", "bytes_sent",
                  "bytes_received", "elapsed", "throughput", "lat_mean_us", "lat_p50_us",

@@ -1,6 +1,7 @@
 /* replog_gen.c - the load for the log batching experiment (experiments/
  * fig4_log_batching.py): n records of a given size appended to a log from one
- * thread, as fast as the log takes them. Benchmark code, not part of the server. */
+ * thread, as fast as the log takes them, through the log's own append function
+ * (see replog_gen.h). Benchmark code, not part of the server. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdint.h>
@@ -9,10 +10,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "durability/replog.h"
-#include "durability/wal.h"
+#include "bench/replog_gen.h"
+#include "durability/wal.h" /* the record layout: WAL_HDR, WAL_TRAILER, WAL_SET */
 
-int64_t rl_generate(struct wal *w, uint64_t n, uint32_t record_bytes)
+int64_t rl_generate(kvt_log_fn append, void *arg, uint64_t n, uint32_t record_bytes)
 {
     if (record_bytes < WAL_HDR + WAL_TRAILER + 17 || record_bytes > 1u << 20)
         return -EINVAL;
@@ -25,7 +26,7 @@ int64_t rl_generate(struct wal *w, uint64_t n, uint32_t record_bytes)
     for (uint64_t i = 0; i < n; i++) {
         snprintf(key, sizeof key, "dev:%012llu", (unsigned long long)i);
         int64_t lsn;
-        while ((lsn = wal_append(w, WAL_SET, key, 16, val, vlen, NULL, 0, 0)) == -EAGAIN)
+        while ((lsn = append(arg, WAL_SET, key, 16, val, vlen, NULL, 0, 0)) == -EAGAIN)
             usleep(50); /* backlog full: the sender (or the disk) is behind */
         if (lsn < 0) {
             free(val);
