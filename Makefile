@@ -44,15 +44,15 @@ venv: $(VENV)/bin/python
 dev: deps venv
 	$(PY) -m pip install -q -e '.[test,bench]'
 
-# Rebuild only the compiled modules (kvstore._ext from ext/*.c, kvstore._ext_store from
-# kvstore/_ext_store.pyx) after editing them. setup.py runs in the venv here, not in pip's
-# isolated build environment: install the build requirements (pyproject.toml's list,
-# Cython among them) into the venv first.
+# Rebuild only the compiled modules (kvstore._ext and kvstore._bench from ext/*.c,
+# kvstore._ext_store from kvstore/_ext_store.pyx) after editing them. setup.py runs in the
+# venv here, not in pip's isolated build environment: install the build requirements
+# (pyproject.toml's list, Cython among them) into the venv first.
 ext:
 	$(PY) -m pip install -q $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
 	$(PY) setup.py -q build_ext -b build/ext
 	@# replace by rename: running processes keep the old mapping instead of crashing
-	for f in build/ext/kvstore/_ext*.so; do cp $$f kvstore/.ext.tmp && mv kvstore/.ext.tmp kvstore/$$(basename $$f); done
+	for f in build/ext/kvstore/_ext*.so build/ext/kvstore/_bench*.so; do cp $$f kvstore/.ext.tmp && mv kvstore/.ext.tmp kvstore/$$(basename $$f); done
 
 clean:
-	rm -rf build *.egg-info kvstore/_ext*.so kvstore/_ext.c tests/c/bin
+	rm -rf build *.egg-info kvstore/_ext*.so kvstore/_ext.c kvstore/_bench*.so kvstore/_bench.c tests/c/bin

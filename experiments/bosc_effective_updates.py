@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 from kvstore import Store, durability  # noqa: E402
-from kvstore._native import lib  # noqa: E402
+from kvstore._bench import lib  # noqa: E402
 
 CSV = os.path.join(common.RESULTS, "bosc_effective_updates.csv")
 PNG = os.path.join(common.RESULTS, "bosc_effective_updates.png")

@@ -51,7 +51,7 @@ def build_bench():
     out = os.path.join(BUILD_DIR, "ldu_bench")
     tmp = f"{out}.{os.getpid()}"
     cmd = ["gcc", "-std=gnu11", "-O2", "-g", "-Wall", "-pthread", "-I", os.path.join(ROOT, "ext"), SOURCE,
-           os.path.join(ROOT, "ext", "core", "ldu.c"), "-o", tmp]
+           os.path.join(ROOT, "ext", "bench", "ldu_bench_lists.c"), os.path.join(ROOT, "ext", "core", "ldu.c"), "-o", tmp]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode:
         raise SystemExit(f"build failed:\n$ {' '.join(cmd)}\n{r.stderr}")

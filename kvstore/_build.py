@@ -13,8 +13,8 @@ from cffi import FFI
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXT = os.path.relpath(os.path.join(HERE, "..", "ext"))
 # Every C file of the server's layers (ext/<layer>/*.c); dpdk.c only when libdpdk is
-# found. ext/bench/ holds the load generators, linked here until they get their own module.
-LAYERS = ["core", "proto", "durability", "cmd", "engine", "frontend", "server", "bench"]
+# found. ext/bench/ (benchmark code) is kvstore._bench, built by _build_bench.py.
+LAYERS = ["core", "proto", "durability", "cmd", "engine", "frontend", "server"]
 SOURCES = sorted(os.path.relpath(p, EXT) for layer in LAYERS
                  for p in glob.glob(os.path.join(EXT, layer, "*.c"))
                  if os.path.basename(p) not in ("dpdk.c", "ldu_bench.c"))
@@ -138,7 +138,6 @@ int rl_receiver_start(struct rl_receiver **out, const char *bind, int port, cons
 int rl_receiver_port(struct rl_receiver *r);
 void rl_receiver_stop(struct rl_receiver *r);
 void rl_receiver_get_stats(struct rl_receiver *r, struct rl_receiver_stats *st);
-int64_t rl_generate(struct wal *w, uint64_t n, uint32_t record_bytes);
 int64_t rl_fetch(const char *host, int port, uint8_t node_id[16], const char *dest_dir,
                  uint32_t timeout_ms, char *err, size_t errlen);
 struct wal_stats {
@@ -184,25 +183,6 @@ int bosc_sync(struct bosc *b);
 int bosc_failed(struct bosc *b);
 const char *bosc_error(struct bosc *b);
 void bosc_get_stats(struct bosc *b, struct bosc_stats *st);
-double bosc_bench_naive(const char *path, uint32_t buckets, uint64_t n, uint32_t value_size, uint64_t seed);
-
-struct lg_config {
-    const char *host; int port; int threads; int conns; int pipeline; int value_size;
-    uint64_t keyspace; int set_ratio, get_ratio; uint64_t requests; double duration; double rate;
-    int proto; int check; const char *password; uint64_t seed; volatile int *stop;
-    ...;
-};
-struct lg_result {
-    uint64_t requests, sets, gets, hits, misses, errors;
-    uint64_t bytes_sent, bytes_received;
-    double elapsed, throughput;
-    double lat_mean_us, lat_p50_us, lat_p90_us, lat_p99_us, lat_p999_us, lat_max_us;
-    char first_error[128];
-    char error[256];
-    ...;
-};
-int lg_run(const struct lg_config *cfg, struct lg_result *out);
-int ug_run(const struct lg_config *cfg, int timeout_ms, struct lg_result *out, uint64_t *timeouts);
 
 struct pp_conn { uint32_t a, b; };
 struct pp_policy {
@@ -229,8 +209,8 @@ ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "kvstore._ext",
-    '#include "core/table.h"\n#include "proto/resp.h"\n#include "server/server.h"\n#include "bench/loadgen.h"\n'
-    '#include "durability/wal.h"\n#include "bench/udpgen.h"\n#include "core/crc32c.h"\n#include "durability/replog.h"\n'
+    '#include "core/table.h"\n#include "proto/resp.h"\n#include "server/server.h"\n'
+    '#include "durability/wal.h"\n#include "core/crc32c.h"\n#include "durability/replog.h"\n'
     '#include "core/ldu.h"\n#include "durability/bosc.h"\n#include "frontend/pollpolicy.h"\n',
     sources=[os.path.join(EXT, s) for s in SOURCES],
     include_dirs=[EXT],

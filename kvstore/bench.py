@@ -5,7 +5,7 @@ import time
 from kvstore import errors
 from kvstore.errors import ConfigError
 from kvstore._cstruct import as_dict
-from kvstore._native import ffi, lib
+from kvstore._bench import ffi, lib  # the load generators: benchmark code, its own module
 
 
 def parse_ratio(text):

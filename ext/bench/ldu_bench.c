@@ -33,6 +33,8 @@
  * After the run the structure is checked against every object's expected state
  * (LDU variants drain their logs first); a mismatch prints why and exits 1.
  *
+ * The baselines (locked list, Harris lists, EBR) are in ldu_bench_lists.c.
+ *
  * Usage: ldu_bench VARIANT THREADS READ_PCT DURATION_MS OBJS_PER_THREAD SEED
  *                  [roots=1] [slots=4] [batch=64] [age_us=1000]
  * stdout: variant,threads,read_pct,ops,ops_per_s,idle_frac
@@ -48,79 +50,21 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/ldu_bench.h"
 #include "core/ldu.h"
-
-#define MAX_THREADS 1024
-#define MAX_SLOTS 64
-#define CACHELINE 64
-#define container_of(p, type, member) ((type *)((char *)(p) - offsetof(type, member)))
 
 enum variant { V_MUTEX, V_RWLOCK, V_HARRIS, V_HARRIS_UNORDERED, V_LDU_GLOBAL, V_LDU_PERCORE };
 static const char *const variant_names[] = {"mutex", "rwlock", "harris", "harris-unordered", "ldu-global",
                                             "ldu-percore"};
 
-/* ------------------------------------------------------------------ structures */
-
-struct list_head {
-    struct list_head *next, *prev;
-};
-
-struct hnode { /* Harris list node; next's low bit = logically deleted */
-    _Atomic uintptr_t next;
-    uint32_t key;
-    uint64_t retire_epoch;
-    struct hnode *retire_next;
-};
-
-struct root {
-    pthread_mutex_t mutex;        /* mutex, ldu-*: the list and every object's `linked` */
-    pthread_rwlock_t rwlock;      /* rwlock: the same */
-    struct list_head head;
-    _Atomic uintptr_t hhead;      /* harris*: first node (never marked) */
-    struct ldu_queue q;           /* ldu-global: this root's log queue */
-    _Atomic uint64_t last_flush_ns; /* ldu-*: written under mutex, read by writers for the age bound */
-    int index;
-} __attribute__((aligned(CACHELINE)));
-
-/* Two cache lines: the first is what the owner writes on every update (its LDU
- * marks and used bits, its own state), the second what the list holder and
- * traversals touch, so the owner's writes do not make traversals miss. */
-struct object {
-    struct ldu_obj ldu;
-    int present;                  /* owner thread only: state after its last update */
-    struct root *root;            /* fixed */
-    struct list_head link __attribute__((aligned(CACHELINE))); /* in root->head while linked */
-    uint32_t key;                 /* fixed */
-    int linked;                   /* under root's lock: in root->head */
-} __attribute__((aligned(CACHELINE)));
-
-struct thread {
-    int id;
-    pthread_t tid;
-    uint64_t rng;
-    struct object *objs;
-    /* counters, owner only, read after join */
-    uint64_t ops, reads, updates, idle_ns;
-    uint64_t logs, pushes, applies, flush_read, flush_bound, flush_age, flush_collision, taken;
-    uint64_t since_flush;         /* pushes since this thread last flushed */
-    uint64_t errors;
-    uint64_t sink;                /* traversal results, so they are not optimised away */
-    /* EBR (harris*) */
-    _Atomic uint64_t epoch __attribute__((aligned(CACHELINE))); /* 0 = outside any list operation */
-    struct hnode *retired_head, *retired_tail;
-    uint64_t retired, freed;
-    /* ldu-percore: this thread's slots, indexed by hash(root); only this thread pushes */
-    struct ldu_queue slots[MAX_SLOTS];
-} __attribute__((aligned(CACHELINE)));
-
 static enum variant variant;
-static int nthreads, read_pct, objs_per_thread, nroots = 1, nslots = 4;
+int nthreads;
+static int read_pct, objs_per_thread, nroots = 1, nslots = 4;
 static uint64_t batch = 64, age_ns = 1000000;
 static struct root *roots;
-static struct thread *threads;
+struct thread *threads;
 static _Atomic int stop;
 static pthread_barrier_t start_barrier;
-static _Atomic uint64_t global_epoch = 2;
 
 static uint64_t now_ns(void)
 {
@@ -166,199 +110,6 @@ static void read_lock(struct thread *t, pthread_rwlock_t *l)
     uint64_t t0 = now_ns();
     pthread_rwlock_rdlock(l);
     t->idle_ns += now_ns() - t0;
-}
-
-/* ------------------------------------------------------------------ the locked list */
-
-static void do_list_insert(struct object *o) /* caller holds o->root's lock */
-{
-    struct list_head *h = &o->root->head;
-    o->link.next = h->next;
-    o->link.prev = h;
-    h->next->prev = &o->link;
-    h->next = &o->link;
-    o->linked = 1;
-}
-
-static void do_list_remove(struct object *o) /* caller holds o->root's lock */
-{
-    o->link.prev->next = o->link.next;
-    o->link.next->prev = o->link.prev;
-    o->linked = 0;
-}
-
-static void do_list_traverse(struct thread *t, struct root *r) /* caller holds r's lock (shared is enough) */
-{
-    uint64_t n = 0, sum = 0;
-    for (struct list_head *p = r->head.next; p != &r->head; p = p->next) {
-        n++;
-        sum += container_of(p, struct object, link)->key;
-    }
-    *(volatile uint64_t *)&t->sink += n + sum;
-}
-
-/* ------------------------------------------------------------------ EBR for Harris */
-
-static void ebr_enter(struct thread *t)
-{
-    /* Announce the epoch, then a full fence so the announcement is visible before
-     * any list pointer is read: an advancer that misses it cannot move the global
-     * epoch more than one step past it (the next step needs us at the new epoch). */
-    atomic_store_explicit(&t->epoch, atomic_load_explicit(&global_epoch, memory_order_relaxed),
-                          memory_order_relaxed);
-    atomic_thread_fence(memory_order_seq_cst);
-}
-
-static void ebr_exit(struct thread *t)
-{
-    atomic_store_explicit(&t->epoch, 0, memory_order_release); /* our reads are done before this */
-}
-
-static void ebr_retire(struct thread *t, struct hnode *n)
-{
-    /* seq_cst load after the unlinking CAS: a reader that can still reach n
-     * announced an epoch <= the one read here. */
-    n->retire_epoch = atomic_load_explicit(&global_epoch, memory_order_seq_cst);
-    n->retire_next = NULL;
-    if (t->retired_tail)
-        t->retired_tail->retire_next = n;
-    else
-        t->retired_head = n;
-    t->retired_tail = n;
-    t->retired++;
-}
-
-static void ebr_collect(struct thread *t) /* outside any list operation */
-{
-    uint64_t g = atomic_load_explicit(&global_epoch, memory_order_seq_cst);
-    int all = 1;
-    for (int i = 0; i < nthreads && all; i++) {
-        uint64_t e = atomic_load_explicit(&threads[i].epoch, memory_order_seq_cst);
-        all = e == 0 || e == g;
-    }
-    if (all)
-        atomic_compare_exchange_strong(&global_epoch, &g, g + 1);
-    g = atomic_load_explicit(&global_epoch, memory_order_acquire);
-    while (t->retired_head && t->retired_head->retire_epoch + 2 <= g) {
-        struct hnode *n = t->retired_head;
-        t->retired_head = n->retire_next;
-        free(n);
-        t->freed++;
-    }
-    if (!t->retired_head)
-        t->retired_tail = NULL;
-}
-
-/* ------------------------------------------------------------------ Harris lists */
-
-#define MARKED(p) ((p) & 1u)
-#define UNMARK(p) ((p) & ~(uintptr_t)1)
-
-/* Michael's search: finds the first unmarked node with key (unordered) or the first
- * node with key >= key (ordered), unlinking (and retiring) every marked node it
- * passes. *pprev is the link that points to *pcurr. Returns 1 if *pcurr has key. */
-static int h_find(struct thread *t, struct root *r, uint32_t key, int ordered, _Atomic uintptr_t **pprev,
-                  struct hnode **pcurr)
-{
-retry:;
-    _Atomic uintptr_t *prev = &r->hhead;
-    uintptr_t curr = atomic_load_explicit(prev, memory_order_acquire);
-    for (;;) {
-        struct hnode *c = (struct hnode *)curr;
-        if (!c) {
-            *pprev = prev;
-            *pcurr = NULL;
-            return 0;
-        }
-        uintptr_t next = atomic_load_explicit(&c->next, memory_order_acquire);
-        if (MARKED(next)) {
-            uintptr_t expect = curr;
-            if (!atomic_compare_exchange_strong(prev, &expect, UNMARK(next)))
-                goto retry; /* prev changed or was marked itself */
-            ebr_retire(t, c); /* our CAS unlinked it: only we retire it */
-            curr = UNMARK(next);
-            continue;
-        }
-        if (atomic_load_explicit(prev, memory_order_acquire) != curr)
-            goto retry; /* prev was marked or relinked after we read curr */
-        if (ordered ? c->key >= key : c->key == key) {
-            *pprev = prev;
-            *pcurr = c;
-            return c->key == key;
-        }
-        prev = &c->next;
-        curr = next;
-    }
-}
-
-static void h_insert(struct thread *t, struct root *r, uint32_t key, int ordered)
-{
-    struct hnode *n = malloc(sizeof *n);
-    if (!n) {
-        fprintf(stderr, "out of memory\n");
-        exit(1);
-    }
-    n->key = key;
-    for (;;) {
-        _Atomic uintptr_t *prev;
-        struct hnode *curr;
-        uintptr_t expect;
-        if (ordered) {
-            if (h_find(t, r, key, 1, &prev, &curr)) {
-                t->errors++; /* the owner inserts only absent keys */
-                free(n);
-                return;
-            }
-            expect = (uintptr_t)curr;
-        } else { /* the paper's unordered list: no search, link at the head */
-            prev = &r->hhead;
-            expect = atomic_load_explicit(prev, memory_order_relaxed);
-        }
-        atomic_store_explicit(&n->next, expect, memory_order_relaxed);
-        /* release: n's key and next are visible to whoever reaches n */
-        if (atomic_compare_exchange_strong_explicit(prev, &expect, (uintptr_t)n, memory_order_release,
-                                                    memory_order_relaxed))
-            return;
-    }
-}
-
-static void h_remove(struct thread *t, struct root *r, uint32_t key, int ordered)
-{
-    for (;;) {
-        _Atomic uintptr_t *prev;
-        struct hnode *curr;
-        if (!h_find(t, r, key, ordered, &prev, &curr)) {
-            t->errors++; /* the owner removes only present keys */
-            return;
-        }
-        uintptr_t next = atomic_load_explicit(&curr->next, memory_order_acquire);
-        if (MARKED(next))
-            continue;
-        /* logical delete: mark curr's next so no insert can link after curr */
-        if (!atomic_compare_exchange_strong(&curr->next, &next, next | 1))
-            continue;
-        uintptr_t expect = (uintptr_t)curr;
-        if (atomic_compare_exchange_strong(prev, &expect, next))
-            ebr_retire(t, curr);
-        else
-            h_find(t, r, key, ordered, &prev, &curr); /* let the search unlink it */
-        return;
-    }
-}
-
-static void h_traverse(struct thread *t, struct root *r)
-{
-    uint64_t n = 0, sum = 0;
-    for (uintptr_t p = atomic_load_explicit(&r->hhead, memory_order_acquire); p;) {
-        struct hnode *c = (struct hnode *)p;
-        uintptr_t next = atomic_load_explicit(&c->next, memory_order_acquire);
-        if (!MARKED(next)) {
-            n++;
-            sum += c->key;
-        }
-        p = UNMARK(next);
-    }
-    *(volatile uint64_t *)&t->sink += n + sum;
 }
 
 /* ------------------------------------------------------------------ LDU */

@@ -4,7 +4,6 @@
  * atomic request budget and the first-failure slot (mutex). Replies are untrusted: parsing is incremental,
  * every line and length is bounded, so a reply split anywhere parses and garbage fails the run cleanly. */
 #define _GNU_SOURCE
-#include "core/lathist.h"
 #include "bench/loadgen.h"
 
 #include <arpa/inet.h>
@@ -26,67 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define MAX_VALUE    (512ull << 20)
-#define MAX_KEYSPACE 1000000000000ull /* keys stay "key:" + exactly 12 digits, so templates are fixed */
-#define MAX_LINE     8192             /* longest status/error/VALUE line accepted; rbuf is always larger */
-#define LARGE_VALUE  (64u << 10)      /* above this, SET values go out from one shared buffer, not copies */
-#define OUT_SOFT     (1u << 20)       /* stop queueing on a connection with this much unsent output */
-#define IOV_BATCH    256
-#define IDLE_NS      20000000ll       /* longest sleep, so *stop and failures are noticed promptly */
-#define DRAIN_NS     2000000000ull    /* after the deadline, wait this long for in-flight replies */
-#define STALL_NS     30000000000ull   /* nothing received for this long with requests out: server is dead */
-#define CONNECT_MS   2000
-#define SHOW(p, n)   (int)((n) > 80 ? 80 : (n)), (p)
-
-enum { K_SET, K_GET };
-enum { PS_LINE, PS_BULK, PS_CRLF, PS_END };
-enum { RES_OK, RES_HIT, RES_MISS, RES_ERR, RES_ODD }; /* ODD: well-formed, but not what the command returns */
-
-struct slot { uint64_t t, key; int kind; };         /* t: latency start (send or scheduled time) */
-struct seg { const char *ext; size_t off, len; };   /* ext == NULL: bytes live in obuf at off */
-
-struct conn {
-    int fd, want_out, auth_pending, dirty;
-    struct slot *ring; uint32_t rhead, rcount; /* queued + in flight, oldest first; replies come in order */
-    char *obuf; size_t ocap, olen;     /* obuf is append-only until all sent: segments can hold offsets */
-    struct seg *segs; size_t nseg, segcap, shead, sdone; /* shead/sdone: first unsent seg, bytes of it sent */
-    char *rbuf; size_t rcap, rpos, rlen;
-    int pst, bres, cmp, bad;           /* parser state; bad: current reply already counted as mismatch */
-    uint64_t bleft, boff;
-    char dig[12];                      /* key digits of the GET whose value is being compared */
-};
-
-struct run {
-    const struct lg_config *cfg;
-    uint64_t vsize, keyspace, deadline, chunk;
-    uint32_t depth;
-    int mc, check, large, bounded;
-    char *filler;                      /* the key-independent part of every value */
-    char *set_t, *get_t, *auth_t;      /* request templates; only key/value digits get patched */
-    size_t set_len, set_key, set_val, get_len, get_key, auth_len;
-    _Atomic uint64_t left;             /* request budget not yet handed to a worker */
-    _Atomic int failed;
-    pthread_mutex_t mu;                /* guards err/msg: the first failure wins */
-    int err; char msg[256];
-};
-
-struct worker {
-    struct run *r; pthread_t tid;
-    int epfd, idx, nconn, sending, pwait2, rr;
-    struct conn *conns;
-    uint64_t rng, budget, inflight, t0, sched, last_rx;
-    double interval;                   /* open loop: ns between this worker's scheduled sends */
-    uint64_t requests, sets, gets, hits, misses, errors, bsent, brecv;
-    uint64_t first_send, last_reply, lat_sum, lat_max, first_error_t;
-    char first_error[128]; uint64_t hist[HIST_LEN];
-};
-
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
+#include "bench/loadgen_int.h"
 
 /* Server text ends up in Python strings and logs: keep it printable. */
 static void sanitize(char *s)
@@ -96,7 +35,7 @@ static void sanitize(char *s)
 }
 
 __attribute__((format(printf, 3, 4)))
-static int fail(struct run *r, int err, const char *fmt, ...)
+int fail(struct run *r, int err, const char *fmt, ...)
 {
     va_list ap;
     pthread_mutex_lock(&r->mu);
@@ -116,7 +55,7 @@ static int sys_fail(struct run *r, int e, const char *what)
 }
 
 __attribute__((format(printf, 2, 3)))
-static void note_error(struct worker *w, const char *fmt, ...)
+void note_error(struct worker *w, const char *fmt, ...)
 {
     va_list ap;
     if (w->first_error[0]) return;
@@ -125,36 +64,13 @@ static void note_error(struct worker *w, const char *fmt, ...)
 }
 
 __attribute__((format(printf, 2, 3)))
-static int proto_err(struct worker *w, const char *fmt, ...)
+int proto_err(struct worker *w, const char *fmt, ...)
 {
     char buf[160]; va_list ap;
     va_start(ap, fmt), vsnprintf(buf, sizeof buf, fmt, ap), va_end(ap);
     w->errors++;
     note_error(w, "protocol error: %s", buf);
     return fail(w->r, -EPROTO, "protocol error from %s:%d: %s", w->r->cfg->host, w->r->cfg->port, buf);
-}
-
-/* splitmix64: one word of state, fast, and plenty for picking keys */
-static inline uint64_t rnd(struct worker *w)
-{
-    uint64_t z = (w->rng += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* Lemire's multiply-high: uniform in [0, n) without a division */
-static inline uint64_t below(struct worker *w, uint64_t n)
-{
-    return (uint64_t)(((unsigned __int128)rnd(w) * n) >> 64);
-}
-
-static inline void fmt12(char *d, uint64_t k)
-{
-    for (int i = 10; i >= 0; i -= 2) {
-        unsigned v = (unsigned)(k % 100);
-        k /= 100, d[i] = (char)('0' + v / 10), d[i + 1] = (char)('0' + v % 10);
-    }
 }
 
 
@@ -292,195 +208,6 @@ static int fill(struct worker *w, struct conn *c)
     while (c->rcount < w->r->depth && c->olen < OUT_SOFT) {
         if (!take_budget(w)) { w->sending = 0; break; }
         if (enqueue(w, c, now, now) < 0) return fail(w->r, -ENOMEM, "out of memory queueing requests");
-    }
-    return 0;
-}
-
-static int complete(struct worker *w, struct conn *c, uint64_t now, int res)
-{
-    const struct slot *s = &c->ring[c->rhead];
-    uint64_t lat = now > s->t ? now - s->t : 0;
-    if (++c->rhead == w->r->depth) c->rhead = 0;
-    c->rcount--, w->inflight--, w->requests++;
-    *(s->kind == K_SET ? &w->sets : &w->gets) += 1;
-    w->hits += res == RES_HIT, w->misses += res == RES_MISS, w->errors += res == RES_ERR || c->bad;
-    c->bad = 0, w->lat_sum += lat, w->hist[hist_index(lat)]++, w->last_reply = now;
-    if (lat > w->lat_max) w->lat_max = lat;
-    return 0;
-}
-
-__attribute__((format(printf, 3, 4)))
-static void mismatch(struct worker *w, struct conn *c, const char *fmt, ...)
-{
-    char buf[112]; va_list ap;
-    const struct slot *s = &c->ring[c->rhead];
-    va_start(ap, fmt), vsnprintf(buf, sizeof buf, fmt, ap), va_end(ap);
-    c->bad = 1;
-    note_error(w, "%s key:%012llu: %s", s->kind == K_SET ? "SET" : "GET", (unsigned long long)s->key, buf);
-}
-
-static int odd(struct worker *w, struct conn *c, const char *p, size_t len, uint64_t now)
-{
-    if (w->r->check) mismatch(w, c, "unexpected reply '%.*s'", SHOW(p, len));
-    return complete(w, c, now, RES_ODD);
-}
-
-/* Strict decimal: optional '-' (if allowed), 1..18 digits, nothing else. */
-static int parse_num(const char *p, size_t len, int neg_ok, int64_t *out)
-{
-    int64_t v = 0, neg = 0;
-    if (len && p[0] == '-' && neg_ok) neg = 1, p++, len--;
-    if (!len || len > 18) return -1;
-    for (size_t i = 0; i < len; i++) {
-        if (p[i] < '0' || p[i] > '9') return -1;
-        v = v * 10 + (p[i] - '0');
-    }
-    *out = neg ? -v : v;
-    return 0;
-}
-
-static void bulk_begin(struct worker *w, struct conn *c, uint64_t n, int res)
-{
-    c->bres = res, c->bleft = n, c->boff = 0, c->cmp = 0;
-    if (w->r->check && res == RES_ODD)
-        mismatch(w, c, "unexpected value reply of %llu bytes", (unsigned long long)n);
-    else if (w->r->check && n != w->r->vsize)
-        mismatch(w, c, "value length %llu, expected %llu", (unsigned long long)n,
-                 (unsigned long long)w->r->vsize);
-    else if (w->r->check) { fmt12(c->dig, c->ring[c->rhead].key); c->cmp = 1; }
-    c->pst = n ? PS_BULK : PS_CRLF;
-}
-
-/* Offset of the first byte of p[0..len) that differs from value(key)[off..], or -1. */
-static int64_t value_diff(const struct run *r, const char *dig, uint64_t off, const char *p, size_t len)
-{
-    uint64_t n = r->vsize, k = n < 12 ? n : 12, tail = n >= 24 ? n - 12 : n;
-    while (len) {
-        const char *e; uint64_t m;
-        if (off < k) e = dig + 12 - k + off, m = k - off;
-        else if (off < tail) e = r->filler + off, m = tail - off;
-        else e = dig + (off - tail), m = n - off;
-        if (m > len) m = len;
-        if (memcmp(p, e, m))
-            for (uint64_t i = 0;; i++)
-                if (p[i] != e[i]) return (int64_t)(off + i);
-        off += m, p += m, len -= m;
-    }
-    return -1;
-}
-
-static int resp_line(struct worker *w, struct conn *c, const char *p, size_t len, uint64_t now)
-{
-    int64_t n;
-    if (c->auth_pending) {
-        if (len == 3 && !memcmp(p, "+OK", 3)) { c->auth_pending = 0; return 0; }
-        return fail(w->r, -EACCES, "AUTH on %s:%d failed: %.*s", w->r->cfg->host, w->r->cfg->port,
-                    SHOW(p + (len && p[0] == '-'), len - (len && p[0] == '-')));
-    }
-    if (!c->rcount) return proto_err(w, "reply '%.*s' with no request outstanding", SHOW(p, len));
-    int kind = c->ring[c->rhead].kind;
-    switch (p[0]) {
-    case '+':
-        if (kind == K_SET && len == 3 && !memcmp(p, "+OK", 3)) return complete(w, c, now, RES_OK);
-        return odd(w, c, p, len, now);
-    case '-':
-        note_error(w, "%.*s", SHOW(p + 1, len - 1));
-        return complete(w, c, now, RES_ERR);
-    case ':':
-        if (parse_num(p + 1, len - 1, 1, &n)) break;
-        return odd(w, c, p, len, now);
-    case '$':
-        if (parse_num(p + 1, len - 1, 1, &n) || n < -1) break;
-        if (n > (int64_t)MAX_VALUE) return proto_err(w, "bulk length %lld over 512 MiB", (long long)n);
-        if (n == -1) return kind == K_GET ? complete(w, c, now, RES_MISS) : odd(w, c, p, len, now);
-        bulk_begin(w, c, (uint64_t)n, kind == K_GET ? RES_HIT : RES_ODD);
-        return 0;
-    }
-    return proto_err(w, "bad reply line '%.*s'", SHOW(p, len));
-}
-
-#define LINE_IS(s)  (len == sizeof(s) - 1 && !memcmp(p, s, sizeof(s) - 1))
-#define LINE_HAS(s) (len >= sizeof(s) - 1 && !memcmp(p, s, sizeof(s) - 1))
-
-static int mc_value(struct worker *w, struct conn *c, const char *p, size_t len, int kind)
-{
-    /* "VALUE <key> <flags> <bytes>[ <cas>]" */
-    const char *e = p + len, *k = p + 6, *ke = memchr(k, ' ', (size_t)(e - k)), *f, *fe = NULL, *b, *be;
-    int64_t flags, n;
-    if (ke) f = ke + 1, fe = memchr(f, ' ', (size_t)(e - f));
-    if (!fe) return proto_err(w, "bad VALUE line '%.*s'", SHOW(p, len));
-    b = fe + 1;
-    if (!(be = memchr(b, ' ', (size_t)(e - b)))) be = e;
-    if (parse_num(f, (size_t)(fe - f), 0, &flags) || parse_num(b, (size_t)(be - b), 0, &n) ||
-        n > (int64_t)MAX_VALUE)
-        return proto_err(w, "bad VALUE line '%.*s'", SHOW(p, len));
-    char d[12]; int wrong = 0;
-    if (kind == K_GET && w->r->check) {
-        fmt12(d, c->ring[c->rhead].key);
-        if ((wrong = ke - k != 16 || memcmp(k, "key:", 4) || memcmp(k + 4, d, 12)))
-            mismatch(w, c, "VALUE for key '%.*s'", SHOW(k, (size_t)(ke - k)));
-    }
-    bulk_begin(w, c, (uint64_t)n, kind == K_GET ? RES_HIT : RES_ODD);
-    c->cmp &= !wrong;
-    return 0;
-}
-
-static int mc_line(struct worker *w, struct conn *c, const char *p, size_t len, uint64_t now)
-{
-    if (c->pst == PS_END) {
-        if (!LINE_IS("END")) return proto_err(w, "expected END after VALUE data, got '%.*s'", SHOW(p, len));
-        c->pst = PS_LINE;
-        return complete(w, c, now, c->bres);
-    }
-    if (!c->rcount) return proto_err(w, "reply '%.*s' with no request outstanding", SHOW(p, len));
-    int kind = c->ring[c->rhead].kind;
-    if (LINE_IS("STORED")) return kind == K_SET ? complete(w, c, now, RES_OK) : odd(w, c, p, len, now);
-    if (LINE_IS("END")) return kind == K_GET ? complete(w, c, now, RES_MISS) : odd(w, c, p, len, now);
-    if (LINE_HAS("VALUE ")) return mc_value(w, c, p, len, kind);
-    if (LINE_IS("ERROR") || LINE_HAS("CLIENT_ERROR") || LINE_HAS("SERVER_ERROR") ||
-        LINE_IS("NOT_STORED") || LINE_IS("EXISTS") || LINE_IS("NOT_FOUND")) {
-        note_error(w, "%.*s", SHOW(p, len));
-        return complete(w, c, now, RES_ERR);
-    }
-    return proto_err(w, "unexpected reply line '%.*s'", SHOW(p, len));
-}
-
-static int parse(struct worker *w, struct conn *c, uint64_t now)
-{
-    struct run *r = w->r;
-    while (c->rpos < c->rlen) {
-        char *p = c->rbuf + c->rpos;
-        size_t avail = c->rlen - c->rpos;
-        if (c->pst == PS_BULK) {
-            size_t m = avail < c->bleft ? avail : (size_t)c->bleft;
-            int64_t at;
-            if (c->cmp && (at = value_diff(r, c->dig, c->boff, p, m)) >= 0) {
-                mismatch(w, c, "value differs at byte %lld", (long long)at);
-                c->cmp = 0;
-            }
-            c->boff += m, c->bleft -= m, c->rpos += m;
-            if (!c->bleft) c->pst = PS_CRLF;
-            continue;
-        }
-        if (c->pst == PS_CRLF) {
-            if (avail < 2) break;
-            if (p[0] != '\r' || p[1] != '\n') return proto_err(w, "value not followed by CRLF");
-            c->rpos += 2;
-            if (r->mc) { c->pst = PS_END; continue; }
-            c->pst = PS_LINE, complete(w, c, now, c->bres);
-            continue;
-        }
-        char *nl = memchr(p, '\n', avail);
-        if (!nl) {
-            if (avail >= MAX_LINE) return proto_err(w, "reply line longer than %d bytes", MAX_LINE);
-            break;
-        }
-        if (nl == p || nl[-1] != '\r')
-            return proto_err(w, "line not terminated by CRLF: '%.*s'", SHOW(p, (size_t)(nl - p)));
-        size_t len = (size_t)(nl - p) - 1;
-        c->rpos += len + 2;
-        int rc = r->mc ? mc_line(w, c, p, len, now) : resp_line(w, c, p, len, now);
-        if (rc < 0) return rc;
     }
     return 0;
 }

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/siphash.h" /* kvt_hash, kvt_hash_keyed */
+
 #define KVT_SHARDS 256
 #define KVT_MAX_VALUE (512u * 1024 * 1024) /* Redis's proto-max-bulk-len */
 
@@ -131,11 +133,6 @@ int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budge
  * slot), then run the operations; their cache misses then overlap instead of
  * being paid one after another. Lock-free, never dereferences anything. */
 void kvt_prefetch(struct kv_table *t, uint64_t h, int stage);
-
-/* 64-bit keyed hash of a key (SipHash-1-3 with a per-process random key). */
-uint64_t kvt_hash(const void *key, size_t klen);
-/* The same with a given key (the data file's placement hash, fixed per file). */
-uint64_t kvt_hash_keyed(const void *key, size_t klen, uint64_t k0, uint64_t k1);
 
 /* ---- spill mode: a data file (bosc.c) behind the table.
  *

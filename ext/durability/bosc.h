@@ -103,9 +103,4 @@ int bosc_failed(struct bosc *b);
 const char *bosc_error(struct bosc *b);
 void bosc_get_stats(struct bosc *b, struct bosc_stats *st);
 
-/* Naive baseline for the experiments: n random in-place record updates, each
- * read block, modify, write block, fdatasync, on a file of `buckets` blocks.
- * Returns seconds taken or -errno. */
-double bosc_bench_naive(const char *path, uint32_t buckets, uint64_t n, uint32_t value_size, uint64_t seed);
-
 #endif

@@ -66,10 +66,4 @@ void rl_receiver_get_stats(struct rl_receiver *r, struct rl_receiver_stats *st);
 int64_t rl_fetch(const char *host, int port, uint8_t node_id[16], const char *dest_dir,
                  uint32_t timeout_ms, char *err, size_t errlen);
 
-/* Paper 000's Fig. 4 load, generated inside the node: append n records of
- * record_bytes each (>= 41: a 16-byte key, the rest value) to w as fast as the
- * log accepts them (waiting when its backlog bound is reached). Returns the
- * last LSN appended (> 0) or -errno. */
-int64_t rl_generate(struct wal *w, uint64_t n, uint32_t record_bytes);
-
 #endif

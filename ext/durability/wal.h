@@ -42,6 +42,7 @@ size_t wal_rec_len(const unsigned char *p, size_t n);
 int wal_rec_ok(const unsigned char *p, size_t l);
 uint64_t wal_rec_lsn(const unsigned char *p, size_t l);
 #define WAL_SEG_HDR 16       /* "KVSWAL02" + u64 first LSN */
+#define WAL_SEG_MAGIC "KVSWAL02" /* a segment's first 8 bytes; 02: header CRC */
 
 struct wal_config {
     const char *dir;

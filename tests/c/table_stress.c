@@ -1,4 +1,4 @@
-/* table_stress.c - concurrent stress of ext/table.c under ThreadSanitizer or
+/* table_stress.c - concurrent stress of ext/core/table*.c under ThreadSanitizer or
  * AddressSanitizer+UBSan (built and run by tests/c/test_c_sanitizers.py).
  *
  * usage: table_stress SEED [MODE] [OPS]
@@ -12,13 +12,18 @@
  *        all    chaos, flush and exact in turn (default).
  *   OPS operations per worker thread and phase (default 40000).
  *
- * White box: the table's source is included so that, whenever no thread is
+ * White box: the table's internal header is included so that, whenever no thread is
  * running, audit() can walk every shard and check the structure and the memory
  * accounting exactly (used_memory == sum of malloc_usable_size of every entry and
  * bucket array). Exits 0 on success; prints "FAIL: ..." and exits 1 otherwise. */
-#include "core/table.c"
+#define _GNU_SOURCE
+#include "core/table_int.h"
 
+#include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "stress.h"
 #include <stdarg.h>

@@ -1,6 +1,6 @@
 """Build the C stress programs against ext/ with sanitizers and run them.
 
-  table_stress.c  concurrent table stress (includes ext/table.c), built twice:
+  table_stress.c  concurrent table stress (white box: ext/core/table_int.h), built twice:
                   -fsanitize=thread and -fsanitize=address,undefined
   resp_fuzz.c     mutational fuzzer of ext/resp.c, -fsanitize=address,undefined
   wal_stress.c    the write-ahead log with concurrent appenders (through the table's
@@ -63,29 +63,34 @@ SANITIZER_MARKERS = (
     "Sanitizer:DEADLYSIGNAL",
 )
 
+def _ext(*names):
+    return [str(EXT / n) for n in names]
+
+
+# The C files each stress binary links (paths under ext/), by component.
+TABLE = _ext("core/table.c", "core/table_shard.c", "core/table_spill.c", "core/siphash.c", "core/ldu.c")
+WAL = _ext("durability/wal.c", "durability/wal_recover.c", "core/crc32c.c")
+BOSC = _ext("durability/bosc_block.c", "durability/bosc_load.c", "durability/bosc_sweep.c", "durability/bosc_open.c")
+
 def layer_sources(*layers):
     """Every C file of these ext/ layers, so that splitting a file needs no edit here."""
     return [str(p) for layer in layers for p in sorted((EXT / layer).glob("*.c"))]
 
 
-SERVER_LIB = ("core", "proto", "durability", "engine", "cmd")
+SERVER_LIB = layer_sources("core", "proto", "durability", "engine", "cmd")
 
 BUILDS = {
-    "session_test_tsan": (["session_test.c", *layer_sources(*SERVER_LIB)], TSAN),
-    "session_test_asan": (["session_test.c", *layer_sources(*SERVER_LIB)], ASAN_UBSAN),
-    "table_stress_tsan": (["table_stress.c", str(EXT / "core" / "ldu.c")], TSAN),
-    "table_stress_asan": (["table_stress.c", str(EXT / "core" / "ldu.c")], ASAN_UBSAN),  # ext/table.c is #included
-    "resp_fuzz_asan": (["resp_fuzz.c", str(EXT / "proto" / "resp.c")], ASAN_UBSAN),
-    "wal_stress_tsan": (["wal_stress.c", str(EXT / "durability" / "wal.c"), str(EXT / "core" / "table.c"), str(EXT / "core" / "crc32c.c"),
-                         str(EXT / "core" / "ldu.c")], TSAN),
-    "wal_stress_asan": (["wal_stress.c", str(EXT / "durability" / "wal.c"), str(EXT / "core" / "table.c"), str(EXT / "core" / "crc32c.c"),
-                         str(EXT / "core" / "ldu.c")], ASAN_UBSAN),
-    "ldu_stress_tsan": (["ldu_stress.c", str(EXT / "core" / "ldu.c")], TSAN),
-    "ldu_stress_asan": (["ldu_stress.c", str(EXT / "core" / "ldu.c")], ASAN_UBSAN),
-    "bosc_stress_tsan": (["bosc_stress.c", str(EXT / "durability" / "bosc.c"), str(EXT / "core" / "table.c"), str(EXT / "core" / "ldu.c"),
-                          str(EXT / "core" / "crc32c.c"), str(EXT / "durability" / "wal.c")], TSAN),
-    "bosc_stress_asan": (["bosc_stress.c", str(EXT / "durability" / "bosc.c"), str(EXT / "core" / "table.c"), str(EXT / "core" / "ldu.c"),
-                          str(EXT / "core" / "crc32c.c"), str(EXT / "durability" / "wal.c")], ASAN_UBSAN),
+    "session_test_tsan": (["session_test.c", *SERVER_LIB], TSAN),
+    "session_test_asan": (["session_test.c", *SERVER_LIB], ASAN_UBSAN),
+    "table_stress_tsan": (["table_stress.c", *TABLE], TSAN),
+    "table_stress_asan": (["table_stress.c", *TABLE], ASAN_UBSAN),
+    "resp_fuzz_asan": (["resp_fuzz.c", *_ext("proto/resp.c")], ASAN_UBSAN),
+    "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN),
+    "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN),
+    "ldu_stress_tsan": (["ldu_stress.c", *_ext("core/ldu.c")], TSAN),
+    "ldu_stress_asan": (["ldu_stress.c", *_ext("core/ldu.c")], ASAN_UBSAN),
+    "bosc_stress_tsan": (["bosc_stress.c", *BOSC, *TABLE, *WAL], TSAN),
+    "bosc_stress_asan": (["bosc_stress.c", *BOSC, *TABLE, *WAL], ASAN_UBSAN),
 }
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")

@@ -1,0 +1,287 @@
+/* table_spill.c - spill mode, the table's side of the data file (bosc.c): each
+ * key's dirty node on the flusher's LDU queue, the flusher's snapshots and
+ * write-backs, eviction (CLOCK) and loading keys back from their blocks.
+ * Producers (writers, under the key's shard lock) and the one flusher/evictor
+ * thread meet here; a node's e pointer is only touched under the shard lock.
+ * Keys come from the network (untrusted) or from the data file (checksummed). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/kvbuf.h"
+#include "core/ldu.h"
+#include "core/table_int.h"
+
+/* ---- dirty nodes (caller holds the shard lock) */
+
+/* Give ne a dirty node (spill mode) unless it will inherit slot's. Called
+ * before the mutation is logged, so a failed allocation changes nothing.
+ * Nodes are charged without the bound: they are what lets memory be freed. */
+int prep_dn(struct kv_table *t, struct kvt_entry *ne, struct kvt_entry *slot)
+{
+    if (!t->sp.queue || ne->dn || (slot && slot->dn))
+        return 0;
+    struct kvt_dnode *d = malloc(sizeof *d + ne->klen);
+    if (!d)
+        return -ENOMEM;
+    atomic_fetch_add_explicit(&t->used_memory, malloc_usable_size(d), memory_order_relaxed);
+    ldu_obj_init(&d->lo);
+    d->hash = ne->hash;
+    d->e = ne;
+    d->klen = ne->klen;
+    d->sweep = 0;
+    d->inflight = 0;
+    d->first_lsn = 0;
+    memcpy(d->key, ne->data, ne->klen);
+    ne->dn = d;
+    return 0;
+}
+
+void dnode_free(struct kv_table *t, struct kvt_dnode *d)
+{
+    mem_uncharge(t, malloc_usable_size(d));
+    free(d);
+}
+
+/* e leaves the table: a queued node stays for the consumer (which frees it),
+ * an idle one is freed. The used bits only clear under this shard lock
+ * (kvt_flushed), so "not queued" cannot change under us. */
+void dn_detach(struct kv_table *t, struct kvt_entry *e)
+{
+    struct kvt_dnode *d = e->dn;
+    if (!d)
+        return;
+    e->dn = NULL;
+    d->e = NULL;
+    if (!atomic_load_explicit(&d->lo.used, memory_order_relaxed))
+        dnode_free(t, d);
+}
+
+/* ---- spill mode: the data file's side (see table.h) */
+
+void kvt_set_spill(struct kv_table *t, const struct kvt_spill *sp)
+{
+    t->sp = *sp;
+}
+
+void kvt_disk_keys_add(struct kv_table *t, int64_t d)
+{
+    atomic_fetch_add_explicit(&t->disk_keys, d, memory_order_relaxed);
+}
+
+void kvt_disk_keys_set(struct kv_table *t, int64_t v)
+{
+    atomic_store_explicit(&t->disk_keys, v, memory_order_relaxed);
+}
+
+void kvt_set_spill_stuck(struct kv_table *t, int stuck)
+{
+    atomic_store_explicit(&t->spill_stuck, stuck, memory_order_relaxed);
+}
+
+int kvt_spill_stuck(struct kv_table *t)
+{
+    return atomic_load_explicit(&t->spill_stuck, memory_order_relaxed);
+}
+
+struct kvt_dnode *kvt_dnode_of(struct ldu_node *n)
+{
+    return (struct kvt_dnode *)((char *)ldu_obj_of(n) - offsetof(struct kvt_dnode, lo));
+}
+
+const unsigned char *kvt_dnode_key(const struct kvt_dnode *d, uint32_t *klen)
+{
+    *klen = d->klen;
+    return d->key;
+}
+
+uint32_t *kvt_dnode_sweep(struct kvt_dnode *d) { return &d->sweep; }
+
+int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, uint64_t durable, struct kvbuf *val,
+                 struct kvt_snap *out)
+{
+    struct shard *s = shard_of(t, d->hash);
+    pthread_mutex_lock(&s->lock);
+    struct kvt_entry *e = d->e;
+    /* Claim both marks now: whatever was logged so far is covered by this
+     * snapshot; a mark set after this means a newer change (kvt_flushed). */
+    ldu_claim(&d->lo.node[LDU_INSERT]);
+    ldu_claim(&d->lo.node[LDU_REMOVE]);
+    int rc = 0;
+    memset(out, 0, sizeof *out);
+    if (!e) {
+        /* Orphan: its key was removed while known not to be in its block (an
+         * absorbed insert) or by FLUSHALL (the block generation changed): nothing to write. */
+        out->kind = KVT_SNAP_NONE;
+    } else if (e->lsn > durable) {
+        /* Not yet durable in the log: the file never gets a change the log could
+         * still lose (write-ahead), so the key waits for a later sweep. */
+        out->kind = KVT_SNAP_SKIP;
+        out->lsn = e->lsn;
+        out->first_lsn = d->first_lsn;
+    } else {
+        out->lsn = e->lsn;
+        if ((e->flags & E_TOMB) || (e->expire_ms && e->expire_ms <= now_ms())) {
+            out->kind = KVT_SNAP_DELETE;
+        } else {
+            out->kind = KVT_SNAP_VALUE;
+            out->expire = e->expire_ms;
+            out->vlen = e->vlen;
+            rc = kvbuf_append(val, entry_val(e), e->vlen);
+        }
+        d->inflight = !rc;
+    }
+    if (out->kind != KVT_SNAP_SKIP)
+        out->first_lsn = 0;
+    pthread_mutex_unlock(&s->lock);
+    return rc ? -ENOMEM : 0;
+}
+
+void kvt_written(struct kv_table *t, struct kvt_dnode *d, const struct kvt_snap *snap, int was_in_block)
+{
+    struct shard *s = shard_of(t, d->hash);
+    pthread_mutex_lock(&s->lock);
+    struct kvt_entry *e = d->e;
+    int in_block = snap->kind == KVT_SNAP_VALUE;
+    /* The block now holds exactly the snapshot: the entry's share of the count
+     * and the file's count move together, so DBSIZE never counts a key twice. */
+    atomic_fetch_add_explicit(&t->count_seq, 1, memory_order_acq_rel); /* odd: moving */
+    if (e) {
+        kd_add(s, -contrib(e));
+        e->flags = (e->flags & ~E_OD_MASK) | (in_block ? OD_YES : OD_NO);
+        kd_add(s, contrib(e));
+    }
+    atomic_fetch_add_explicit(&t->disk_keys, in_block - was_in_block, memory_order_relaxed);
+    atomic_fetch_add_explicit(&t->count_seq, 1, memory_order_release); /* even: done */
+    pthread_mutex_unlock(&s->lock);
+}
+
+void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
+                 const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q)
+{
+    struct shard *s = shard_of(t, d->hash);
+    pthread_mutex_lock(&s->lock);
+    struct kvt_entry *e = d->e;
+    d->inflight = 0;
+    int marked = atomic_load_explicit(&d->lo.node[0].mark, memory_order_relaxed) ||
+                 atomic_load_explicit(&d->lo.node[1].mark, memory_order_relaxed);
+    /* Clean: the block holds the entry's current state, and that state is
+     * durable in the log (a value ahead of the log must stay dirty: evicted and
+     * loaded back it could be read, then lost with the log tail in a crash). */
+    int clean = e && written && !marked && e->lsn == snap->lsn && snap->lsn <= durable;
+    if (e && written && !clean)
+        d->first_lsn = snap->lsn + 1; /* the block holds everything up to the snapshot */
+    if (e && !clean && nheld > 0) {
+        if (t->sp.queue_lock)
+            pthread_mutex_lock(t->sp.queue_lock);
+        ldu_defer(q, held[0]); /* its used bit stays ours: pushed exactly once */
+        if (t->sp.queue_lock)
+            pthread_mutex_unlock(t->sp.queue_lock);
+        held++;
+        nheld--;
+    }
+    /* Producers only run under this lock, so no reuse can race these releases. */
+    for (int i = 0; i < nheld; i++)
+        ldu_release(&d->lo, held[i]);
+    if (!atomic_load_explicit(&d->lo.used, memory_order_relaxed) && (!e || clean)) {
+        if (e)
+            e->dn = NULL;
+        dnode_free(t, d);
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
+{
+    uint64_t freed = 0, n = 0, total = 0, visited = 0;
+    for (int i = 0; i < KVT_SHARDS; i++) /* a racy count: only bounds the loop */
+        total += __atomic_load_n(&t->shards[i].size[0], __ATOMIC_RELAXED);
+    /* Two full turns of the clock at most: the first may only clear reference bits. */
+    while (visited <= 2 * total + KVT_SHARDS && kvt_used_memory(t) > target) {
+        struct shard *s = &t->shards[t->clock_shard];
+        t->clock_shard = (t->clock_shard + 1) % KVT_SHARDS;
+        pthread_mutex_lock(&s->lock);
+        if (s->rehashidx >= 0)
+            do_rehash_step(t, s, 64); /* evict from ht[0] only: finish migrating first */
+        uint64_t buckets = s->rehashidx >= 0 ? 0 : s->size[0];
+        /* a slice of the shard per visit, so the lock is held briefly */
+        for (uint64_t v = 0; v < buckets && v < 4096 && kvt_used_memory(t) > target; v++) {
+            struct kvt_entry **ref = &s->ht[0][s->clock & (s->size[0] - 1)];
+            while (*ref) {
+                struct kvt_entry *e = *ref;
+                unsigned od = e->flags & E_OD_MASK;
+                int evictable = !e->dn && ((e->flags & E_TOMB) ? od == OD_NO : od == OD_YES);
+                if (evictable && !(e->flags & E_REF)) {
+                    freed += malloc_usable_size(e);
+                    n++;
+                    do_unlink(t, s, ref);
+                } else {
+                    e->flags &= ~E_REF;
+                    ref = &e->next;
+                }
+            }
+            s->clock++;
+            visited++;
+        }
+        visited++; /* a shard visited, even with no buckets (the loop ends) */
+        pthread_mutex_unlock(&s->lock);
+    }
+    if (evicted)
+        *evicted += n;
+    return freed;
+}
+
+int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen, int found,
+             int64_t expire_ms, int (*still_valid)(void *arg), void *arg)
+{
+    uint64_t h = kvt_hash(key, klen);
+    struct shard *s = lock_shard(t, h);
+    int rc = 0;
+    if (do_find(s, h, key, klen)) {
+        rc = 0; /* written (or loaded) meanwhile: memory is newer than the block */
+    } else if (!still_valid(arg)) {
+        rc = -EAGAIN; /* the block changed after it was read */
+    } else {
+        /* A clean copy of the block's record, or a clean tombstone saying the key
+         * is not there (so the next miss does not read the block again). Charged
+         * without the bound: the evictor takes it back under pressure. */
+        if (found && expire_ms && expire_ms <= now_ms())
+            found = 0;
+        struct kvt_entry *e = entry_new_b(t, h, key, klen, found ? val : NULL, found ? vlen : 0, 0, 0);
+        if (!e) {
+            rc = -ENOMEM;
+        } else {
+            e->flags = E_REF | (found ? OD_YES : (E_TOMB | OD_NO));
+            e->expire_ms = found ? expire_ms : 0;
+            do_insert(t, s, e);
+            rc = 1;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+int kvt_load_sync(struct kv_table *t, const void *key, size_t klen)
+{
+    return t->sp.load_sync ? t->sp.load_sync(t->sp.arg, key, klen) : 0;
+}
+
+int kvt_wait_memory(struct kv_table *t)
+{
+    if (!t->sp.queue || !t->sp.make_room || kvt_spill_stuck(t))
+        return -ENOMEM;
+    return t->sp.make_room(t->sp.arg);
+}
+
+void kvt_barrier(struct kv_table *t)
+{
+    for (int i = 0; i < KVT_SHARDS; i++) {
+        pthread_mutex_lock(&t->shards[i].lock);
+        pthread_mutex_unlock(&t->shards[i].lock);
+    }
+}

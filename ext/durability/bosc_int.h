@@ -1,0 +1,192 @@
+/* bosc_int.h - the BOSC data file's internal state and the helpers its files
+ * share: bosc_block.c (blocks, superblock, free blocks), bosc_load.c (the table's
+ * hooks, the loader), bosc_sweep.c (the flusher's sweep, eviction, sync) and
+ * bosc_open.c (open, scan, close, stats). Not a public interface (bosc.h is);
+ * ext/bench/bosc_naive.c uses the block layout and the I/O loops. Threads and
+ * locking are described in bosc_open.c's header. */
+#ifndef KV_BOSC_INT_H
+#define KV_BOSC_INT_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/kvbuf.h"
+#include "core/ldu.h"
+#include "core/table.h"
+#include "durability/bosc.h"
+
+#define BLK BOSC_BLOCK
+#define BHDR 32
+#define PAYLOAD (BLK - BHDR)
+#define FIRST_HOME 2
+#define REC_HDR 16
+#define SB_MAGIC "KVSBOSC1"
+#define BLK_MAGIC 0x3142564Bu /* "KVB1" as bytes (little-endian u32): never all zeros */
+#define MAX_REC (512u * 1024 * 1024)
+#define MAX_BLOCKS (UINT32_MAX - 1)
+#define HIGH_PCT 90          /* evict when memory passes this share of the bound ... */
+#define LOW_PCT 60           /* ... down to this share: room for the next batch of dirty keys */
+#define MAX_SUBS 1024
+
+struct load_req {
+    struct load_req *next;
+    int evfd;
+    uint32_t klen;
+    unsigned char key[];
+};
+
+struct item {                /* one dirty key in a sweep */
+    struct kvt_dnode *d;
+    uint32_t bucket;
+    int nheld;
+    struct ldu_node *held[2];
+    struct kvt_snap snap;
+    size_t voff;             /* value in the sweep's buffer */
+    int written;
+};
+
+struct bosc {
+    struct kv_table *t;
+    int fd;
+    char path[4096];
+    char log_dir[4096];
+    uint32_t nbuckets;
+    uint64_t k0, k1;
+    _Atomic uint64_t nblocks;     /* blocks in use by the file: the flusher grows it, the
+                                     loader reads it for its bounds check (relaxed: a block
+                                     past an old count is only reached through a chain
+                                     whose version the loader then sees changed) */
+    uint64_t sb_gen;              /* generation the newest superblock records (flusher) */
+    uint64_t sb_seq;              /* flusher only */
+    uint32_t interval_ms;
+    _Atomic uint32_t *nkeys;      /* records per bucket chain */
+    _Atomic uint32_t *ver;        /* per-bucket seqlock */
+    _Atomic uint64_t gen;         /* blocks of another generation are empty */
+    _Atomic uint64_t flushed_lsn;
+    pthread_mutex_t gen_lock;     /* FLUSHALL's bump vs a block write: never both */
+    pthread_mutex_t flush_lock;   /* FLUSHALL's log record + bump vs a sweep reading the
+                                     durable LSN and the generation: one or the other.
+                                     Lock order: flush_lock before gen_lock. */
+    uint32_t *free_blk;           /* overflow blocks free to use (flusher) */
+    size_t nfree, capfree;
+    uint32_t *freed;              /* freed this sweep: reusable after its sync */
+    size_t nfreed, capfreed;
+    struct ldu_queue q;
+    pthread_mutex_t qlock;        /* the simple queue's lock (cfg->locked_queue) */
+    int locked_queue;
+    struct wal *wal;
+    pthread_t flusher, loader;
+    int started;
+    pthread_mutex_t lock;         /* guards the fields below */
+    pthread_cond_t cond, done;
+    int stop, kick;
+    uint64_t sync_req, sync_done;
+    struct load_req *lhead, *ltail;
+    int subs[MAX_SUBS];
+    _Atomic int nsubs;
+    _Atomic int failed;
+    _Atomic int sweeping;         /* a sweep holds keys taken off the queue */
+    int evict_failed;             /* the last eviction found nothing to evict (flusher) */
+    char error[256];
+    struct {
+        _Atomic uint64_t sweeps, records, blocks_read, blocks_written, bytes_written, syncs;
+        _Atomic uint64_t sweep_ns, io_ns, deferred, loads, load_reads, evicted, evicted_bytes, truncated;
+    } st;
+    uint32_t sweep_no;
+};
+
+static inline uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static inline void add(_Atomic uint64_t *c, uint64_t d) { atomic_fetch_add_explicit(c, d, memory_order_relaxed); }
+
+static inline void fail(struct bosc *b, const char *msg)
+{
+    pthread_mutex_lock(&b->lock);
+    if (!atomic_load(&b->failed)) {
+        snprintf(b->error, sizeof b->error, "%s", msg);
+        atomic_store(&b->failed, 1);
+    }
+    pthread_mutex_unlock(&b->lock);
+}
+
+static inline uint32_t bucket_of(struct bosc *b, const void *key, size_t klen)
+{
+    return (uint32_t)(kvt_hash_keyed(key, klen, b->k0, b->k1) % b->nbuckets);
+}
+
+/* ---- I/O loops (also used by the naive baseline, ext/bench/bosc_naive.c) */
+
+static inline int pread_all(int fd, void *buf, size_t n, off_t off)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -errno;
+        if (r == 0) { /* past the end: zeros, as a hole reads */
+            memset((char *)buf + got, 0, n - got);
+            return 0;
+        }
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+static inline int pwrite_all(int fd, const void *buf, size_t n, off_t off)
+{
+    size_t put = 0;
+    while (put < n) {
+        ssize_t r = pwrite(fd, (const char *)buf + put, n - put, off + (off_t)put);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -errno;
+        put += (size_t)r;
+    }
+    return 0;
+}
+
+/* ---- bosc_block.c: blocks, superblock, free blocks (each documented at its definition) */
+
+typedef void (*rec_fn)(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,
+                       uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire);
+int all_zero(const unsigned char *p, size_t n);
+int block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t next, uint64_t gen,
+                uint32_t used, uint32_t home);
+int push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x);
+int chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
+               size_t *nchain, size_t *capchain, char *err, size_t errlen);
+int64_t stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg);
+int stream_damaged(struct bosc *b, uint32_t bucket, char *err, size_t errlen);
+int sb_write(struct bosc *b, uint64_t flushed, uint64_t gen);
+int sb_read(struct bosc *b, uint64_t *flushed, uint64_t *gen, char *err, size_t errlen);
+uint32_t blk_alloc(struct bosc *b);
+
+/* ---- bosc_load.c: the table's hooks (struct kvt_spill) and the loader thread */
+
+int hook_maybe_on_disk(void *arg, const void *key, size_t klen);
+void hook_flushall(void *arg, int phase);
+int hook_load_sync(void *arg, const void *key, size_t klen);
+int hook_make_room(void *arg);
+void wake_all(struct bosc *b);
+void *loader_main(void *arg);
+
+/* ---- bosc_sweep.c: the flusher thread */
+
+void *flusher_main(void *arg);
+
+#endif

@@ -1,0 +1,321 @@
+/* bosc_open.c - the BOSC data file (see bosc.h): open (create or scan), start,
+ * close and statistics; the flusher is in bosc_sweep.c, the loader in bosc_load.c.
+ * Threads: the flusher owns the free-block lists and writes blocks; the loader
+ * reads them; pollers only read nkeys[] (relaxed) through maybe_on_disk and
+ * queue load requests. A bucket's version (seqlock: odd while its blocks are
+ * being written) and the generation tell the loader that what it read is stale.
+ * Parses untrusted bytes (the file): every length and chain is bounded. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/bytes.h"
+#include "core/crc32c.h"
+#include "core/kvbuf.h"
+#include "core/ldu.h"
+#include "core/table.h"
+#include "durability/bosc_int.h"
+#include "durability/wal.h"
+
+/* ---- open, scan, close */
+
+static int create_file(struct bosc *b, uint32_t buckets, char *err, size_t errlen)
+{
+    uint64_t k[2];
+    if (getrandom(k, sizeof k, 0) != sizeof k) {
+        snprintf(err, errlen, "getrandom: %s", strerror(errno));
+        return -errno;
+    }
+    b->k0 = k[0];
+    b->k1 = k[1];
+    b->nbuckets = buckets;
+    atomic_store(&b->nblocks, FIRST_HOME + (uint64_t)buckets);
+    b->sb_seq = 0;
+    if (ftruncate(b->fd, (off_t)((FIRST_HOME + (uint64_t)buckets) * BLK))) { /* sparse: empty buckets cost no disk */
+        snprintf(err, errlen, "cannot size %s: %s", b->path, strerror(errno));
+        return -errno;
+    }
+    int rc = sb_write(b, 0, 1);
+    if (rc) {
+        snprintf(err, errlen, "cannot write %s: %s", b->path, strerror(-rc));
+        return rc;
+    }
+    /* the file's name must survive a crash too */
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", b->path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    int dfd = open(slash ? dir : ".", O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+    return 0;
+}
+
+/* Read every chain: per-bucket record counts and the free overflow blocks. */
+static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char *err, size_t errlen)
+{
+    uint64_t nb = atomic_load(&b->nblocks);
+    uint8_t *used = calloc((nb + 7) / 8, 1);
+    struct kvbuf s = {0};
+    uint32_t *chain = NULL;
+    size_t nchain = 0, capchain = 0;
+    int rc = used ? 0 : -ENOMEM;
+    int64_t total = 0;
+    for (uint32_t bk = 0; bk < b->nbuckets && !rc; bk++) {
+        /* Skip holes cheaply: a bucket never written is a hole in the sparse file. */
+        off_t home = (off_t)(FIRST_HOME + (uint64_t)bk) * BLK;
+        off_t data = lseek(b->fd, home, SEEK_DATA);
+        if (data < 0 && errno == ENXIO)
+            break; /* nothing but holes from here on */
+        if (data > home) {
+            uint64_t skip = (uint64_t)(data - home) / BLK;
+            if (skip) {
+                bk += (uint32_t)(skip - 1 < b->nbuckets ? skip - 1 : b->nbuckets);
+                continue;
+            }
+        }
+        rc = chain_read(b, bk, gen, &s, &chain, &nchain, &capchain, err, errlen);
+        if (rc)
+            break;
+        int64_t cnt = stream_walk((unsigned char *)s.p, s.len, NULL, NULL);
+        if (cnt < 0) {
+            rc = stream_damaged(b, bk, err, errlen);
+            break;
+        }
+        atomic_store_explicit(&b->nkeys[bk], (uint32_t)cnt, memory_order_relaxed);
+        total += cnt;
+        for (size_t i = 1; i < nchain; i++) {
+            if (used[chain[i] / 8] & (1u << (chain[i] % 8))) {
+                snprintf(err, errlen, "data file %s damaged: block %" PRIu32 " is in two chains", b->path,
+                         chain[i]);
+                rc = -EILSEQ;
+                break;
+            }
+            used[chain[i] / 8] |= (uint8_t)(1u << (chain[i] % 8));
+            info->overflow_blocks++;
+        }
+    }
+    for (uint64_t no = FIRST_HOME + (uint64_t)b->nbuckets; no < nb && !rc; no++)
+        if (!(used[no / 8] & (1u << (no % 8))) && push_u32(&b->free_blk, &b->nfree, &b->capfree, (uint32_t)no))
+            rc = -ENOMEM;
+    free(used);
+    free(s.p);
+    free(chain);
+    info->disk_keys = (uint64_t)total;
+    kvt_disk_keys_set(b->t, total);
+    return rc;
+}
+
+int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *cfg,
+              struct bosc_open_info *info, char *err, size_t errlen)
+{
+    uint64_t t0 = now_ns();
+    memset(info, 0, sizeof *info);
+    struct bosc *b = calloc(1, sizeof *b);
+    if (!b)
+        return -ENOMEM;
+    b->t = t;
+    b->fd = -1;
+    snprintf(b->path, sizeof b->path, "%s", cfg->path);
+    snprintf(b->log_dir, sizeof b->log_dir, "%s", cfg->log_dir ? cfg->log_dir : "");
+    b->interval_ms = cfg->flush_interval_ms ? cfg->flush_interval_ms : 1000;
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_mutex_init(&b->gen_lock, NULL);
+    pthread_mutex_init(&b->flush_lock, NULL);
+    pthread_mutex_init(&b->qlock, NULL);
+    b->locked_queue = cfg->locked_queue;
+    pthread_cond_init(&b->cond, NULL);
+    pthread_cond_init(&b->done, NULL);
+    ldu_queue_init(&b->q);
+    int rc = 0;
+    uint64_t flushed = 0, gen = 1;
+    b->fd = open(cfg->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    struct stat st;
+    if (b->fd < 0 || fstat(b->fd, &st)) {
+        rc = -errno;
+        snprintf(err, errlen, "cannot open data file %s: %s", cfg->path, strerror(errno));
+        goto fail;
+    }
+    unsigned char first[2 * BLK];
+    int fresh = st.st_size == 0;
+    if (!fresh && st.st_size >= (off_t)sizeof first && !pread_all(b->fd, first, sizeof first, 0))
+        fresh = all_zero(first, sizeof first); /* created, crashed before its superblock */
+    if (fresh) {
+        uint32_t buckets = cfg->buckets ? cfg->buckets : 65536;
+        if (buckets > MAX_BLOCKS / 2) {
+            snprintf(err, errlen, "data file buckets %" PRIu32 " out of range (1..%u)", buckets, MAX_BLOCKS / 2);
+            rc = -EINVAL;
+            goto fail;
+        }
+        rc = create_file(b, buckets, err, errlen);
+    } else {
+        rc = sb_read(b, &flushed, &gen, err, errlen);
+        /* Chains may use blocks past the count the superblock recorded (a sweep
+         * that grew the file, then a crash before the next superblock): the file
+         * size says how far blocks were written. */
+        uint64_t on_disk = (uint64_t)st.st_size / BLK;
+        if (!rc && on_disk > MAX_BLOCKS)
+            on_disk = MAX_BLOCKS;
+        /* never past the end of the file either: a damaged count must not make
+         * the scan walk (or allocate for) blocks that do not exist */
+        if (!rc && on_disk >= FIRST_HOME + (uint64_t)b->nbuckets)
+            atomic_store(&b->nblocks, on_disk);
+    }
+    if (rc)
+        goto fail;
+    b->nkeys = calloc(b->nbuckets, sizeof *b->nkeys);
+    b->ver = calloc(b->nbuckets, sizeof *b->ver);
+    if (!b->nkeys || !b->ver) {
+        rc = -ENOMEM;
+        snprintf(err, errlen, "out of memory for %" PRIu32 " buckets", b->nbuckets);
+        goto fail;
+    }
+    atomic_store(&b->gen, gen);
+    atomic_store(&b->flushed_lsn, flushed);
+    rc = scan(b, gen, info, err, errlen);
+    if (rc)
+        goto fail;
+    struct kvt_spill sp = {&b->q, b->locked_queue ? &b->qlock : NULL, hook_maybe_on_disk, hook_flushall,
+                           hook_load_sync, hook_make_room, b};
+    kvt_set_spill(t, &sp);
+    info->flushed_lsn = flushed;
+    info->generation = gen;
+    info->buckets = b->nbuckets;
+    info->blocks = atomic_load(&b->nblocks);
+    info->seconds = (double)(now_ns() - t0) / 1e9;
+    *out = b;
+    return 0;
+fail:
+    if (b->fd >= 0)
+        close(b->fd);
+    free(b->nkeys);
+    free(b->ver);
+    free(b->free_blk);
+    free(b);
+    return rc;
+}
+
+void bosc_set_log(struct bosc *b, struct wal *w)
+{
+    b->wal = w;
+}
+
+int bosc_start(struct bosc *b)
+{
+    if (pthread_create(&b->flusher, NULL, flusher_main, b))
+        return -EAGAIN;
+    if (pthread_create(&b->loader, NULL, loader_main, b)) {
+        pthread_mutex_lock(&b->lock);
+        b->stop = 1;
+        pthread_cond_broadcast(&b->cond);
+        pthread_mutex_unlock(&b->lock);
+        pthread_join(b->flusher, NULL);
+        return -EAGAIN;
+    }
+    b->started = 1;
+    return 0;
+}
+
+int bosc_subscribe(struct bosc *b, int evfd)
+{
+    int n = atomic_load(&b->nsubs);
+    if (n >= MAX_SUBS)
+        return -ENOSPC;
+    b->subs[n] = evfd;
+    atomic_store_explicit(&b->nsubs, n + 1, memory_order_release);
+    return 0;
+}
+
+void bosc_close(struct bosc *b)
+{
+    if (!b)
+        return;
+    if (b->started) {
+        pthread_mutex_lock(&b->lock);
+        b->stop = 1;
+        pthread_cond_broadcast(&b->cond);
+        pthread_cond_broadcast(&b->done);
+        pthread_mutex_unlock(&b->lock);
+        pthread_join(b->flusher, NULL);
+        pthread_join(b->loader, NULL);
+    }
+    /* Hand every queued node back to its entry (still dirty: the log has it),
+     * free the orphans, then detach: the table works on without a data file. */
+    struct ldu_node *list = ldu_take(&b->q);
+    for (struct ldu_node *n = list, *next; n; n = next) {
+        next = n->next;
+        struct kvt_snap none = {.kind = KVT_SNAP_NONE};
+        kvt_flushed(b->t, kvt_dnode_of(n), &n, 1, &none, 0, 0, &b->q);
+    }
+    for (struct ldu_node *n = ldu_take(&b->q), *next; n; n = next) { /* what those re-queued */
+        next = n->next;
+        ldu_release(ldu_obj_of(n), n);
+    }
+    struct kvt_spill none = {0};
+    kvt_set_spill(b->t, &none);
+    kvt_disk_keys_set(b->t, 0);
+    for (struct load_req *r = b->lhead, *next; r; r = next) {
+        next = r->next;
+        free(r);
+    }
+    close(b->fd);
+    free(b->nkeys);
+    free(b->ver);
+    free(b->free_blk);
+    free(b->freed);
+    pthread_mutex_destroy(&b->lock);
+    pthread_mutex_destroy(&b->gen_lock);
+    pthread_mutex_destroy(&b->flush_lock);
+    pthread_mutex_destroy(&b->qlock);
+    pthread_cond_destroy(&b->cond);
+    pthread_cond_destroy(&b->done);
+    free(b);
+}
+
+int bosc_failed(struct bosc *b) { return atomic_load(&b->failed); }
+const char *bosc_error(struct bosc *b) { return b->error; }
+
+void bosc_get_stats(struct bosc *b, struct bosc_stats *st)
+{
+    memset(st, 0, sizeof *st);
+#define L(f) atomic_load_explicit(&b->st.f, memory_order_relaxed)
+    st->sweeps = L(sweeps);
+    st->records = L(records);
+    st->blocks_read = L(blocks_read);
+    st->blocks_written = L(blocks_written);
+    st->bytes_written = L(bytes_written);
+    st->syncs = L(syncs);
+    st->sweep_ns = L(sweep_ns);
+    st->io_ns = L(io_ns);
+    st->deferred = L(deferred);
+    st->loads = L(loads);
+    st->load_reads = L(load_reads);
+    st->evicted = L(evicted);
+    st->evicted_bytes = L(evicted_bytes);
+    st->truncated_segments = L(truncated);
+#undef L
+    st->flushed_lsn = atomic_load(&b->flushed_lsn);
+    st->buckets = b->nbuckets;
+    st->blocks = atomic_load_explicit(&b->nblocks, memory_order_relaxed);
+    st->queued = atomic_load_explicit(&b->q.pushes, memory_order_relaxed);
+    struct kvt_stats ts;
+    kvt_get_stats(b->t, &ts);
+    st->disk_keys = ts.disk_keys;
+    pthread_mutex_lock(&b->lock);
+    st->failed = atomic_load(&b->failed);
+    snprintf(st->error, sizeof st->error, "%s", b->error);
+    pthread_mutex_unlock(&b->lock);
+}

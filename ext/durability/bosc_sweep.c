@@ -1,0 +1,485 @@
+/* bosc_sweep.c - the flusher thread: takes the dirty queue, sweeps the blocks in
+ * ascending order (read, apply the keys' states in LSN order, write), syncs,
+ * records the flushed LSN in the superblock, deletes log segments below it and
+ * evicts clean entries past the memory bound; bosc_kick/bosc_sync for others.
+ * The flusher owns the free-block lists; bucket versions are odd while written. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/bytes.h"
+#include "core/crc32c.h"
+#include "core/kvbuf.h"
+#include "core/ldu.h"
+#include "core/table.h"
+#include "durability/bosc_int.h"
+#include "durability/wal.h"
+
+/* ---- the sweep */
+
+struct rewrite {                 /* applying a block's updates to its record stream */
+    struct item *it;             /* the block's items, LSN order */
+    size_t n;
+    struct kvbuf *out;
+    uint8_t *present;            /* per item: its key was in the block */
+    int64_t now;
+    int changed, oom;
+    int64_t dropped;             /* expired records left out */
+};
+
+static void keep_rec(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,
+                     uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire)
+{
+    (void)val;
+    (void)vlen;
+    struct rewrite *w = arg;
+    for (size_t i = 0; i < w->n; i++) {
+        uint32_t ik;
+        const unsigned char *k = kvt_dnode_key(w->it[i].d, &ik);
+        if (ik == klen && memcmp(k, key, klen) == 0) {
+            w->present[i] = 1;
+            w->changed = 1; /* replaced or deleted below */
+            return;
+        }
+    }
+    if (expire && expire <= w->now) {
+        w->changed = 1;
+        w->dropped++;
+        return;
+    }
+    if (kvbuf_append(w->out, (const char *)rec, reclen))
+        w->oom = 1;
+}
+
+static int64_t unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int bucket_cmp(const void *a, const void *b)
+{
+    const struct item *x = a, *y = b;
+    return (x->bucket > y->bucket) - (x->bucket < y->bucket);
+}
+
+static int lsn_cmp(const void *a, const void *b)
+{
+    const struct item *x = a, *y = b;
+    int nx = x->snap.kind == KVT_SNAP_NONE || x->snap.kind == KVT_SNAP_SKIP;
+    int ny = y->snap.kind == KVT_SNAP_NONE || y->snap.kind == KVT_SNAP_SKIP;
+    if (nx != ny)
+        return nx - ny;
+    return (x->snap.lsn > y->snap.lsn) - (x->snap.lsn < y->snap.lsn);
+}
+
+/* Write stream s as bucket's chain. Caller holds gen_lock and has made the
+ * bucket's version odd. */
+static int chain_write(struct bosc *b, uint32_t bucket, uint64_t gen, const struct kvbuf *s, uint32_t *chain,
+                       size_t nchain)
+{
+    size_t need = s->len ? (s->len + PAYLOAD - 1) / PAYLOAD : 1;
+    uint32_t *blocks = malloc(need * sizeof *blocks);
+    if (!blocks)
+        return -ENOMEM;
+    uint32_t home = FIRST_HOME + bucket;
+    int rc = 0;
+    /* Copy on write: the chain's new overflow blocks are fresh ones, never its
+     * current ones, which stay intact (and in use) until the sweep is synced. A
+     * crash before the home block is written leaves the old chain whole; one
+     * after it, the new chain whole (one block write is one page: all or
+     * nothing for a killed process). */
+    for (size_t i = 0; i < need; i++) {
+        blocks[i] = i == 0 ? home : blk_alloc(b);
+        if (!blocks[i]) {
+            free(blocks);
+            return -ENOSPC;
+        }
+    }
+    for (size_t i = 1; i < nchain; i++)
+        if (push_u32(&b->freed, &b->nfreed, &b->capfreed, chain[i]))
+            rc = -ENOMEM; /* a leaked block, found again at the next open */
+    unsigned char blk[BLK];
+    /* Overflow blocks first, the home block last: a reader (or a crash) never
+     * sees the home block point at a block not yet written. */
+    for (size_t k = need; k-- > 0 && !rc;) {
+        size_t off = k * PAYLOAD, n = s->len - off < PAYLOAD ? s->len - off : PAYLOAD;
+        if (!s->len)
+            n = 0;
+        if (n)
+            memcpy(blk + BHDR, s->p + off, n);
+        rc = block_write(b, blk, blocks[k], k + 1 < need ? blocks[k + 1] : 0, gen, (uint32_t)n, home);
+    }
+    free(blocks);
+    return rc;
+}
+
+struct sweep_ctx {
+    uint64_t flushed_bound;      /* the file holds every change up to here (sweep) */
+    struct item *items;
+    size_t n, cap;
+    struct kvbuf vals, stream, out;
+    uint32_t *chain;
+    size_t nchain, capchain;
+    uint8_t *present;
+    size_t cappresent;
+};
+
+/* Apply the items [0, n) of one bucket. Returns 0 or -errno (err set). */
+static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, size_t n, uint64_t gen,
+                        char *err, size_t errlen)
+{
+    uint32_t bucket = it[0].bucket;
+    c->vals.len = 0;
+    size_t live = 0;
+    /* Which states the log holds now (fresher than the sweep's D: a key changed
+     * a moment ago is written once its group commit is done, not skipped). */
+    uint64_t now_durable = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX;
+    for (size_t i = 0; i < n; i++) {
+        it[i].written = 0;
+        size_t off = c->vals.len;
+        if (kvt_snapshot(b->t, it[i].d, now_durable, &c->vals, &it[i].snap))
+            return -ENOMEM;
+        it[i].voff = off;
+        int kind = it[i].snap.kind;
+        if (kind == KVT_SNAP_SKIP && it[i].snap.first_lsn && it[i].snap.first_lsn - 1 < c->flushed_bound)
+            c->flushed_bound = it[i].snap.first_lsn - 1; /* the file lacks its changes from there */
+        if (kind == KVT_SNAP_VALUE || kind == KVT_SNAP_DELETE)
+            live++;
+        else /* nothing to write (an absorbed insert, a FLUSHALL) or not yet: settled now */
+            kvt_flushed(b->t, it[i].d, it[i].held, it[i].nheld, &it[i].snap, 0, 0, &b->q);
+    }
+    if (!live)
+        return 0;
+    qsort(it, n, sizeof *it, lsn_cmp); /* settled items last, updates in LSN order */
+    int rc = chain_read(b, bucket, gen, &c->stream, &c->chain, &c->nchain, &c->capchain, err, errlen);
+    if (rc)
+        return rc;
+    if (live > c->cappresent) {
+        uint8_t *p = realloc(c->present, live);
+        if (!p)
+            return -ENOMEM;
+        c->present = p;
+        c->cappresent = live;
+    }
+    memset(c->present, 0, live);
+    c->out.len = 0;
+    struct rewrite w = {it, live, &c->out, c->present, unix_ms(), 0, 0, 0};
+    int64_t before = stream_walk((unsigned char *)c->stream.p, c->stream.len, keep_rec, &w);
+    if (before < 0)
+        return stream_damaged(b, bucket, err, errlen);
+    if (w.oom)
+        return -ENOMEM;
+    int64_t after = before - w.dropped;
+    /* The latest state of each key wins: items are distinct keys (one node per key). */
+    for (size_t i = 0; i < live; i++) {
+        after -= c->present[i];
+        if (it[i].snap.kind != KVT_SNAP_VALUE)
+            continue;
+        uint32_t klen;
+        const unsigned char *key = kvt_dnode_key(it[i].d, &klen);
+        unsigned char h[REC_HDR];
+        put32(h, klen);
+        put32(h + 4, it[i].snap.vlen);
+        put64(h + 8, (uint64_t)it[i].snap.expire);
+        if (kvbuf_append(&c->out, (const char *)h, REC_HDR) || kvbuf_append(&c->out, (const char *)key, klen) ||
+            kvbuf_append(&c->out, c->vals.p + it[i].voff, it[i].snap.vlen))
+            return -ENOMEM;
+        w.changed = 1;
+        after++;
+    }
+    int written = 1;
+    pthread_mutex_lock(&b->gen_lock);
+    if (atomic_load_explicit(&b->gen, memory_order_relaxed) != gen) {
+        written = 0; /* FLUSHALL meanwhile: these states are gone or queued again */
+    } else {
+        if (w.changed) {
+            /* seqlock: odd while the chain is rewritten; release so a loader that
+             * sees the even value after also sees the blocks' new contents */
+            atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_acq_rel);
+            uint64_t t0 = now_ns();
+            rc = chain_write(b, bucket, gen, &c->out, c->chain, c->nchain);
+            add(&b->st.io_ns, now_ns() - t0);
+            atomic_store_explicit(&b->nkeys[bucket], (uint32_t)after, memory_order_relaxed);
+            atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_release);
+        }
+        /* Unchanged blocks too: the entries learn whether their key is in the block
+         * (a tombstone of a key that never reached it becomes evictable). */
+        if (!rc) {
+            for (size_t i = 0; i < live; i++)
+                kvt_written(b->t, it[i].d, &it[i].snap, c->present[i]);
+            kvt_disk_keys_add(b->t, -w.dropped); /* expired records left out */
+        }
+    }
+    pthread_mutex_unlock(&b->gen_lock);
+    if (rc) {
+        snprintf(err, errlen, "cannot write data file %s: %s", b->path, strerror(-rc));
+        return rc;
+    }
+    for (size_t i = 0; i < live; i++)
+        it[i].written = written;
+    add(&b->st.records, live);
+    return 0;
+}
+
+/* One sweep: returns 0 or -errno (the flusher then stops: err says why). */
+static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
+{
+    uint64_t t0 = now_ns();
+    /* D and the generation together (no FLUSHALL between them), then the
+     * barrier: every change with LSN <= D has queued its key. */
+    pthread_mutex_lock(&b->flush_lock);
+    uint64_t durable = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX;
+    uint64_t gen = atomic_load_explicit(&b->gen, memory_order_acquire);
+    pthread_mutex_unlock(&b->flush_lock);
+    kvt_barrier(b->t);
+    if (b->locked_queue)
+        pthread_mutex_lock(&b->qlock);
+    struct ldu_node *list = ldu_reverse(ldu_take(&b->q));
+    if (b->locked_queue)
+        pthread_mutex_unlock(&b->qlock);
+    b->sweep_no++;
+    c->n = 0;
+    for (struct ldu_node *n = list, *next; n; n = next) {
+        next = n->next;
+        struct kvt_dnode *d = kvt_dnode_of(n);
+        uint32_t *mark = kvt_dnode_sweep(d);
+        if (*mark < c->n && c->items[*mark].d == d && c->items[*mark].nheld < 2) {
+            c->items[*mark].held[c->items[*mark].nheld++] = n; /* its other node */
+            continue;
+        }
+        if (c->n == c->cap) {
+            size_t cap = c->cap ? c->cap * 2 : 1024;
+            struct item *ni = realloc(c->items, cap * sizeof *ni);
+            if (!ni) {
+                snprintf(err, errlen, "out of memory in the flusher");
+                return -ENOMEM;
+            }
+            c->items = ni;
+            c->cap = cap;
+        }
+        uint32_t klen;
+        const unsigned char *key = kvt_dnode_key(d, &klen);
+        struct item *it = &c->items[c->n];
+        memset(it, 0, sizeof *it);
+        it->d = d;
+        it->bucket = bucket_of(b, key, klen);
+        it->held[0] = n;
+        it->nheld = 1;
+        *mark = (uint32_t)c->n++;
+    }
+    if (c->n > 1)
+        qsort(c->items, c->n, sizeof *c->items, bucket_cmp); /* the sweep goes up the file */
+    int rc = 0, any_skipped = 0;
+    c->flushed_bound = durable;
+    size_t i = 0;
+    while (i < c->n && !rc) {
+        size_t j = i;
+        while (j < c->n && c->items[j].bucket == c->items[i].bucket)
+            j++;
+        rc = sweep_bucket(b, c, c->items + i, j - i, gen, err, errlen);
+        i = j;
+    }
+    if (rc)
+        return rc;
+    if (c->n) {
+        uint64_t t1 = now_ns();
+        if (fdatasync(b->fd)) {
+            snprintf(err, errlen, "cannot sync data file %s: %s", b->path, strerror(errno));
+            return -errno;
+        }
+        add(&b->st.io_ns, now_ns() - t1);
+        add(&b->st.syncs, 1);
+    }
+    /* Blocks freed by this sweep are free once the chains that dropped them are synced. */
+    for (size_t k = 0; k < b->nfreed; k++)
+        push_u32(&b->free_blk, &b->nfree, &b->capfree, b->freed[k]);
+    b->nfreed = 0;
+    uint64_t deferred = 0;
+    uint64_t durable_now = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX; /* >= every state written */
+    for (size_t k = 0; k < c->n; k++) {
+        struct item *it = &c->items[k];
+        if (it->snap.kind == KVT_SNAP_NONE || it->snap.kind == KVT_SNAP_SKIP) {
+            deferred += it->snap.kind == KVT_SNAP_SKIP;
+            continue; /* settled in sweep_bucket */
+        }
+        if (!it->written) {
+            any_skipped = 1;
+            deferred++;
+        }
+        kvt_flushed(b->t, it->d, it->held, it->nheld, &it->snap, it->written, durable_now, &b->q);
+    }
+    add(&b->st.deferred, deferred);
+    /* The file now holds every change up to D, except those of keys whose state
+     * was not durable yet (SKIP: the bound stops below the first change they
+     * lack), unless a FLUSHALL made this sweep skip blocks: then the flushed LSN
+     * stays where it was. */
+    uint64_t flushed = atomic_load(&b->flushed_lsn);
+    uint64_t bound = c->flushed_bound;
+    uint64_t cur_gen = atomic_load_explicit(&b->gen, memory_order_acquire);
+    if (!any_skipped && bound != UINT64_MAX && bound > flushed && cur_gen == gen) {
+        rc = sb_write(b, bound, gen);
+        if (rc) {
+            snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
+            return rc;
+        }
+        atomic_store(&b->flushed_lsn, bound);
+        flushed = bound;
+        if (b->log_dir[0]) {
+            int n = wal_truncate(b->log_dir, flushed);
+            if (n > 0)
+                add(&b->st.truncated, (uint64_t)n);
+        }
+    } else if (cur_gen != b->sb_gen) {
+        /* A FLUSHALL must reach the superblock even when the flushed LSN cannot
+         * move (no log, or blocks skipped): its generation is what empties the file. */
+        rc = sb_write(b, flushed, cur_gen);
+        if (rc) {
+            snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
+            return rc;
+        }
+    }
+    add(&b->st.sweeps, 1);
+    add(&b->st.sweep_ns, now_ns() - t0);
+    return 0;
+}
+
+/* Evict clean keys down to LOW_PCT of the bound: when memory passes HIGH_PCT,
+ * or at once when a writer waits for room (force: it may need more than the
+ * room below HIGH_PCT). "Stuck" = a writer could wait forever: memory is full,
+ * nothing could be evicted and nothing is dirty (the stalled writes then get
+ * -OOM). */
+static void evict(struct bosc *b, int force)
+{
+    uint64_t max = kvt_max_memory(b->t);
+    if (!max) {
+        kvt_set_spill_stuck(b->t, 0);
+        return;
+    }
+    uint64_t used = kvt_used_memory(b->t), freed = 0;
+    if (force || used * 100 > max * HIGH_PCT) {
+        uint64_t n = 0;
+        freed = kvt_evict(b->t, max / 100 * LOW_PCT, &n);
+        add(&b->st.evicted, n);
+        add(&b->st.evicted_bytes, freed);
+    }
+    /* Stuck only after two evictions in a row found nothing (two full turns of
+     * the clock each) with nothing dirty left to flush. */
+    int full = kvt_used_memory(b->t) * 100 > max * 98;
+    int none = full && !freed && !atomic_load(&b->q.head);
+    kvt_set_spill_stuck(b->t, none && b->evict_failed);
+    b->evict_failed = none;
+}
+
+void *flusher_main(void *arg)
+{
+    struct bosc *b = arg;
+    struct sweep_ctx c = {0};
+    char err[256];
+    uint64_t last = now_ns();
+    pthread_mutex_lock(&b->lock);
+    while (!b->stop) {
+        uint64_t max = kvt_max_memory(b->t);
+        /* (no sweep for pressure that evicting cannot relieve: that would spin) */
+        int pressure = max && kvt_used_memory(b->t) * 100 > max * HIGH_PCT && !kvt_spill_stuck(b->t);
+        int due = now_ns() - last >= (uint64_t)b->interval_ms * 1000000u;
+        int dirty = atomic_load_explicit(&b->q.head, memory_order_relaxed) != NULL;
+        int behind = b->wal && wal_durable_lsn(b->wal) > atomic_load(&b->flushed_lsn);
+        if (!(b->kick || b->sync_req > b->sync_done || pressure || (due && (dirty || behind)))) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 10 * 1000000; /* look at memory pressure every 10 ms */
+            if (ts.tv_nsec >= 1000000000) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000;
+            }
+            pthread_cond_timedwait(&b->cond, &b->lock, &ts);
+            continue;
+        }
+        uint64_t req = b->sync_req;
+        int forced = b->kick; /* a writer waits for room */
+        b->kick = 0;
+        pthread_mutex_unlock(&b->lock);
+        /* Evict before the sweep too: the clean keys of the last sweep make room for
+         * the writers while this one runs (it may take a while), not only after. */
+        if (!atomic_load(&b->failed))
+            evict(b, forced);
+        atomic_store(&b->sweeping, 1);
+        int rc = atomic_load(&b->failed) ? -EIO : sweep(b, &c, err, sizeof err);
+        atomic_store(&b->sweeping, 0);
+        if (rc && !atomic_load(&b->failed))
+            fail(b, err);
+        if (!rc)
+            evict(b, forced);
+        else
+            kvt_set_spill_stuck(b->t, 1); /* writes get an error instead of waiting forever */
+        last = now_ns();
+        wake_all(b);
+        pthread_mutex_lock(&b->lock);
+        b->sync_done = req;
+        pthread_cond_broadcast(&b->done);
+        if (rc) /* a failed data file: stay idle until stopped */
+            while (!b->stop && b->sync_req == b->sync_done)
+                pthread_cond_wait(&b->cond, &b->lock);
+    }
+    pthread_mutex_unlock(&b->lock);
+    free(c.items);
+    free(c.vals.p);
+    free(c.stream.p);
+    free(c.out.p);
+    free(c.chain);
+    free(c.present);
+    return NULL;
+}
+
+void bosc_kick(struct bosc *b)
+{
+    pthread_mutex_lock(&b->lock);
+    b->kick = 1;
+    pthread_cond_broadcast(&b->cond);
+    pthread_mutex_unlock(&b->lock);
+}
+
+uint64_t bosc_sync_request(struct bosc *b)
+{
+    pthread_mutex_lock(&b->lock);
+    uint64_t want = ++b->sync_req;
+    pthread_cond_broadcast(&b->cond);
+    pthread_mutex_unlock(&b->lock);
+    return want;
+}
+
+int bosc_sync_done(struct bosc *b, uint64_t ticket)
+{
+    pthread_mutex_lock(&b->lock);
+    int done = b->sync_done >= ticket || !b->started || b->stop;
+    pthread_mutex_unlock(&b->lock);
+    return done;
+}
+
+int bosc_dirty(struct bosc *b)
+{
+    return atomic_load_explicit(&b->q.head, memory_order_relaxed) != NULL ||
+           atomic_load_explicit(&b->sweeping, memory_order_relaxed);
+}
+
+int bosc_sync(struct bosc *b)
+{
+    pthread_mutex_lock(&b->lock);
+    uint64_t want = ++b->sync_req;
+    pthread_cond_broadcast(&b->cond);
+    while (b->started && !b->stop && b->sync_done < want)
+        pthread_cond_wait(&b->done, &b->lock);
+    pthread_mutex_unlock(&b->lock);
+    return atomic_load(&b->failed) ? -EIO : 0;
+}

@@ -1,0 +1,83 @@
+/* replog_fetch.c - rl_fetch (see replog.h): a recovering node streams its log
+ * segments back from a peer into a directory. Runs on the caller's thread,
+ * before the log is opened. Frames from the peer are untrusted (recv_frame). */
+#define _GNU_SOURCE
+#include "durability/replog.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <dirent.h>
+
+#include "core/bytes.h"
+#include "core/crc32c.h"
+#include "core/kvbuf.h"
+#include "durability/wal.h"
+#include "durability/replog_frame.h"
+
+/* ======================================================================= fetch */
+
+int64_t rl_fetch(const char *host, int port, uint8_t node_id[16], const char *dest_dir,
+                 uint32_t timeout_ms, char *err, size_t errlen)
+{
+    int fd = connect_to(host, port, (int)timeout_ms, err, errlen);
+    if (fd < 0)
+        return fd;
+    struct kvbuf pl = {0};
+    int64_t rc = send_frame(fd, F_FETCH, 0, 0, node_id, 16, (int)timeout_ms);
+    if (mkdir(dest_dir, 0755) && errno != EEXIST)
+        rc = -errno;
+    while (!rc) {
+        struct frame f;
+        rc = recv_frame(fd, &f, &pl, (int)timeout_ms * 10);
+        if (rc)
+            break;
+        if (f.type == F_END) {
+            if (pl.len == 16)
+                memcpy(node_id, pl.p, 16);
+            rc = (int64_t)f.a;
+            break;
+        }
+        if (f.type == F_ERROR) {
+            snprintf(err, errlen, "the peer %s:%d refused: %.*s", host, port, (int)pl.len, pl.p);
+            kvbuf_free(&pl);
+            close(fd);
+            return -EINVAL;
+        }
+        if (f.type != F_FILE) {
+            rc = -EPROTO;
+            break;
+        }
+        char path[4096];
+        snprintf(path, sizeof path, "%s/wal-%016" PRIx64 ".log", dest_dir, f.a);
+        int out = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (out < 0) {
+            rc = -errno;
+            break;
+        }
+        rc = wal_write_all(out, pl.p, pl.len);
+        if (!rc && fdatasync(out))
+            rc = -errno;
+        close(out);
+    }
+    if (rc < 0)
+        snprintf(err, errlen, "fetching the log from %s:%d failed: %s", host, port, strerror((int)-rc));
+    kvbuf_free(&pl);
+    close(fd);
+    return rc;
+}

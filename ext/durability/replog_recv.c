@@ -1,0 +1,397 @@
+/* replog_recv.c - the log receiver thread (see replog.h): stores each sender's
+ * records verbatim as segment files under <peer_dir>/<node id>/, acks them,
+ * syncs every sync_ms and serves FETCH to a recovering node. Threads: the
+ * receiver thread owns its listener and connections; stats are read under
+ * stat_lock. Frames are untrusted; a peer that breaks the protocol is dropped. */
+#define _GNU_SOURCE
+#include "durability/replog.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <dirent.h>
+
+#include "core/bytes.h"
+#include "core/crc32c.h"
+#include "core/kvbuf.h"
+#include "durability/wal.h"
+#include "durability/replog_frame.h"
+
+/* ===================================================================== receiver */
+
+struct rconn {
+    int fd;
+    int has_id;
+    int dead;                /* replaced by a newer connection of the same node: close */
+    char hex[33];
+    char dir[4096];
+    int dirfd, segfd;
+    uint64_t seg_size, held;
+    int dirty;
+};
+
+struct rl_receiver {
+    int lfd, evfd, port;
+    char *peer_dir;
+    uint32_t sync_ms;
+    pthread_t th;
+    _Atomic int stop;
+    struct rconn conns[MAX_PEERS];
+    int nconns;
+    struct kvbuf pl;
+    pthread_mutex_t stat_lock;
+    struct rl_receiver_stats st;
+};
+
+static void rconn_close(struct rl_receiver *r, int i)
+{
+    struct rconn *c = &r->conns[i];
+    if (c->segfd >= 0) {
+        fdatasync(c->segfd);
+        close(c->segfd);
+    }
+    if (c->dirfd >= 0)
+        close(c->dirfd);
+    close(c->fd);
+    r->conns[i] = r->conns[--r->nconns];
+}
+
+static void hexid(const unsigned char *id, char *hex)
+{
+    for (int i = 0; i < 16; i++)
+        sprintf(hex + 2 * i, "%02x", id[i]);
+}
+
+/* Open (and check) the stored log of node hex: held = its last valid LSN. */
+static int open_peer_log(struct rl_receiver *r, struct rconn *c)
+{
+    snprintf(c->dir, sizeof c->dir, "%s/%s", r->peer_dir, c->hex);
+    mkdir(r->peer_dir, 0755);
+    if (mkdir(c->dir, 0755) && errno != EEXIST)
+        return -errno;
+    c->dirfd = open(c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (c->dirfd < 0)
+        return -errno;
+    struct wal_recovery rec;
+    char err[512];
+    int rc = wal_recover(NULL, c->dir, 0, 1, &rec, err, sizeof err);
+    if (rc)
+        return rc;
+    c->held = rec.last_lsn;
+    c->segfd = -1; /* a new segment starts with the next batch */
+    return 0;
+}
+
+/* Store the records of a BATCH [first, last]: skip what is already held. */
+static int store_batch(struct rl_receiver *r, struct rconn *c, const struct frame *f)
+{
+    const unsigned char *p = (unsigned char *)r->pl.p;
+    size_t n = r->pl.len, off = 0;
+    if (f->a > c->held + 1)
+        return -EPROTO; /* a gap: the sender must catch us up from c->held + 1 */
+    uint64_t nrec = 0;
+    while (off < n) { /* validate every record; find the first one not yet held */
+        size_t l = rec_len(p + off, n - off);
+        if (!l || !wal_rec_ok(p + off, l))
+            return -EBADMSG;
+        if (rec_lsn(p + off, l) <= c->held) {
+            off += l;
+            continue;
+        }
+        break;
+    }
+    size_t start = off;
+    uint64_t last = c->held, first = 0;
+    while (off < n) {
+        size_t l = rec_len(p + off, n - off);
+        if (!l || !wal_rec_ok(p + off, l))
+            return -EBADMSG;
+        uint64_t lsn = rec_lsn(p + off, l);
+        if (lsn != last + 1)
+            return -EPROTO;
+        if (!first)
+            first = lsn;
+        last = lsn;
+        off += l;
+        nrec++;
+    }
+    if (last != f->b || (nrec && first < f->a))
+        return -EPROTO; /* the frame's LSN range must be what its records carry */
+    if (!nrec)
+        return 0;
+    if (c->segfd < 0 || c->seg_size >= SEG_LIMIT) {
+        char err[256];
+        if (c->segfd >= 0) {
+            fdatasync(c->segfd);
+            close(c->segfd);
+        }
+        c->segfd = wal_seg_create(c->dir, c->dirfd, first, err, sizeof err);
+        if (c->segfd < 0)
+            return c->segfd;
+        c->seg_size = WAL_SEG_HDR;
+    }
+    int wrc = wal_write_all(c->segfd, r->pl.p + start, n - start);
+    if (wrc)
+        return wrc;
+    c->seg_size += n - start;
+    c->held = last;
+    c->dirty = 1;
+    pthread_mutex_lock(&r->stat_lock);
+    r->st.batches++;
+    r->st.records += nrec;
+    r->st.bytes += n - start;
+    r->st.held_lsn = last;
+    pthread_mutex_unlock(&r->stat_lock);
+    return 0;
+}
+
+/* Stream node hex's stored segments to a recovering node, then END carrying
+ * the held LSN and the node id. An all-zero id asks for the only log held here
+ * (a node that lost its disk, identity included). */
+static int serve_fetch(struct rl_receiver *r, int fd, const char *want)
+{
+    char hex[33];
+    snprintf(hex, sizeof hex, "%s", want);
+    if (!strcmp(hex, "00000000000000000000000000000000")) {
+        int found = 0;
+        DIR *pd = opendir(r->peer_dir);
+        struct dirent *de;
+        while (pd && (de = readdir(pd)))
+            if (strlen(de->d_name) == 32 && strspn(de->d_name, "0123456789abcdef") == 32 && found++ == 0)
+                snprintf(hex, sizeof hex, "%s", de->d_name);
+        if (pd)
+            closedir(pd);
+        if (found > 1) {
+            static const char msg[] = "this peer holds the logs of several nodes: name one (node id)";
+            send_frame(fd, F_ERROR, 0, 0, msg, sizeof msg - 1, 1000);
+            return -EINVAL;
+        }
+    }
+    unsigned char id[16] = {0};
+    for (int i = 0; i < 16 && hex[2 * i]; i++)
+        sscanf(hex + 2 * i, "%2hhx", &id[i]);
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/%s", r->peer_dir, hex);
+    /* Data written by a sender connection of this thread is already in the files. */
+    struct wal_recovery rec;
+    char err[512];
+    uint64_t held = 0;
+    if (!access(dir, F_OK) && !wal_recover(NULL, dir, 0, 0, &rec, err, sizeof err))
+        held = rec.last_lsn;
+    DIR *d = opendir(dir);
+    int rc = 0;
+    if (d) {
+        struct dirent *de;
+        while (!rc && (de = readdir(d))) {
+            uint64_t first;
+            if (strlen(de->d_name) != 24 || sscanf(de->d_name, "wal-%16" SCNx64 ".log", &first) != 1)
+                continue;
+            char path[8192];
+            snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+            int f = open(path, O_RDONLY | O_CLOEXEC);
+            struct stat st;
+            struct kvbuf b = {0};
+            rc = -EIO; /* a segment that cannot be sent whole fails the fetch: never a silent gap */
+            if (f >= 0 && !fstat(f, &st) && st.st_size < MAX_FRAME && !kvbuf_reserve(&b, (size_t)st.st_size + 1)) {
+                ssize_t got = pread(f, b.p, (size_t)st.st_size, 0);
+                if (got == st.st_size)
+                    rc = send_frame(fd, F_FILE, first, 0, b.p, (size_t)got, 10000);
+            }
+            if (rc == -EIO) {
+                char msg[256];
+                int n = snprintf(msg, sizeof msg, "cannot read stored segment %s", de->d_name);
+                send_frame(fd, F_ERROR, 0, 0, msg, (size_t)n, 1000);
+            }
+            kvbuf_free(&b);
+            if (f >= 0)
+                close(f);
+        }
+        closedir(d);
+    }
+    if (!rc)
+        rc = send_frame(fd, F_END, held, 0, id, 16, 10000);
+    pthread_mutex_lock(&r->stat_lock);
+    r->st.fetches++;
+    pthread_mutex_unlock(&r->stat_lock);
+    return rc;
+}
+
+static int handle_frame(struct rl_receiver *r, int i)
+{
+    struct rconn *c = &r->conns[i];
+    struct frame f;
+    int rc = recv_frame(c->fd, &f, &r->pl, 5000);
+    if (rc)
+        return rc;
+    if (f.type == F_HELLO || f.type == F_FETCH) {
+        if (r->pl.len != 16 || (f.type == F_HELLO && f.a != RL_VERSION)) {
+            send_frame(c->fd, F_ERROR, 0, 0, "bad hello", 9, 1000);
+            return -EPROTO;
+        }
+        char hex[33];
+        hexid((unsigned char *)r->pl.p, hex);
+        if (f.type == F_FETCH)
+            return serve_fetch(r, c->fd, hex) ? -EIO : 1; /* 1: done, close */
+        if (c->has_id)
+            return -EPROTO; /* one HELLO per connection */
+        for (int j = 0; j < r->nconns; j++)
+            if (j != i && r->conns[j].has_id && !strcmp(r->conns[j].hex, hex))
+                r->conns[j].dead = 1; /* one sender per node: the newest wins (the old one may
+                                         be a ghost of a machine that vanished without a FIN) */
+        memcpy(c->hex, hex, sizeof hex);
+        if ((rc = open_peer_log(r, c)))
+            return rc;
+        c->has_id = 1;
+        return send_frame(c->fd, F_HELLO_ACK, c->held, 0, NULL, 0, 1000);
+    }
+    if (f.type == F_BATCH && c->has_id) {
+        if ((rc = store_batch(r, c, &f)))
+            return rc;
+        return send_frame(c->fd, F_ACK, c->held, 0, NULL, 0, 1000);
+    }
+    return -EPROTO;
+}
+
+static void *receiver_main(void *arg)
+{
+    struct rl_receiver *r = arg;
+    uint64_t last_sync = now_ms();
+    while (!atomic_load_explicit(&r->stop, memory_order_acquire)) {
+        struct pollfd p[MAX_PEERS + 2];
+        p[0] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
+        p[1] = (struct pollfd){.fd = r->evfd, .events = POLLIN};
+        for (int i = 0; i < r->nconns; i++)
+            p[i + 2] = (struct pollfd){.fd = r->conns[i].fd, .events = POLLIN};
+        int nfds = r->nconns + 2;
+        int n = poll(p, (nfds_t)nfds, (int)r->sync_ms);
+        if (n > 0 && (p[0].revents & POLLIN)) {
+            int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd >= 0 && r->nconns < MAX_PEERS) {
+                int one = 1, idle = 5, intvl = 2, cnt = 3;
+                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                /* a peer machine that vanished sends no FIN: find out within ~11 s */
+                setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+                setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+                setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+                setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+                r->conns[r->nconns++] = (struct rconn){.fd = fd, .dirfd = -1, .segfd = -1};
+            } else if (fd >= 0) {
+                close(fd);
+            }
+        }
+        for (int i = nfds - 3; i >= 0; i--) /* backwards: closing moves the last one here */
+            if (i < r->nconns && p[i + 2].revents && handle_frame(r, i))
+                rconn_close(r, i);
+        for (int i = r->nconns - 1; i >= 0; i--)
+            if (r->conns[i].dead)
+                rconn_close(r, i);
+        if (now_ms() - last_sync >= r->sync_ms) {
+            /* The peer's memory (page cache) acknowledged; its disk copy follows. */
+            for (int i = 0; i < r->nconns; i++) {
+                if (r->conns[i].dirty && r->conns[i].segfd >= 0 && !fdatasync(r->conns[i].segfd)) {
+                    r->conns[i].dirty = 0;
+                    pthread_mutex_lock(&r->stat_lock);
+                    r->st.syncs++;
+                    pthread_mutex_unlock(&r->stat_lock);
+                }
+            }
+            last_sync = now_ms();
+        }
+        pthread_mutex_lock(&r->stat_lock);
+        r->st.peers_connected = 0;
+        for (int i = 0; i < r->nconns; i++)
+            r->st.peers_connected += r->conns[i].has_id;
+        pthread_mutex_unlock(&r->stat_lock);
+    }
+    while (r->nconns)
+        rconn_close(r, r->nconns - 1);
+    return NULL;
+}
+
+int rl_receiver_start(struct rl_receiver **out, const char *addr, int port, const char *peer_dir,
+                      uint32_t sync_ms, char *err, size_t errlen)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1) {
+        snprintf(err, errlen, "replication bind address '%s' is not an IPv4 address", addr);
+        return -EINVAL;
+    }
+    struct rl_receiver *r = calloc(1, sizeof *r);
+    if (!r)
+        return -ENOMEM;
+    r->peer_dir = strdup(peer_dir);
+    r->sync_ms = sync_ms ? sync_ms : 1000;
+    pthread_mutex_init(&r->stat_lock, NULL);
+    r->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    r->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1, rc = 0;
+    if (r->lfd < 0 || r->evfd < 0)
+        rc = -errno;
+    if (!rc)
+        setsockopt(r->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (!rc && (bind(r->lfd, (struct sockaddr *)&sa, sizeof sa) || listen(r->lfd, 16)))
+        rc = -errno;
+    if (rc) {
+        snprintf(err, errlen, "cannot listen for replication on %s:%d: %s", addr, port, strerror(-rc));
+        goto fail;
+    }
+    socklen_t sl = sizeof sa;
+    getsockname(r->lfd, (struct sockaddr *)&sa, &sl);
+    r->port = ntohs(sa.sin_port);
+    if ((rc = -pthread_create(&r->th, NULL, receiver_main, r))) {
+        snprintf(err, errlen, "cannot start the log receiver: %s", strerror(-rc));
+        goto fail;
+    }
+    pthread_setname_np(r->th, "kv-logrecv");
+    *out = r;
+    return 0;
+fail:
+    if (r->lfd >= 0)
+        close(r->lfd);
+    if (r->evfd >= 0)
+        close(r->evfd);
+    free(r->peer_dir);
+    free(r);
+    return rc;
+}
+
+int rl_receiver_port(struct rl_receiver *r) { return r->port; }
+
+void rl_receiver_stop(struct rl_receiver *r)
+{
+    if (!r)
+        return;
+    atomic_store_explicit(&r->stop, 1, memory_order_release);
+    uint64_t one = 1;
+    ssize_t wr = write(r->evfd, &one, sizeof one);
+    (void)wr;
+    pthread_join(r->th, NULL);
+    close(r->lfd);
+    close(r->evfd);
+    kvbuf_free(&r->pl);
+    pthread_mutex_destroy(&r->stat_lock);
+    free(r->peer_dir);
+    free(r);
+}
+
+void rl_receiver_get_stats(struct rl_receiver *r, struct rl_receiver_stats *st)
+{
+    pthread_mutex_lock(&r->stat_lock);
+    *st = r->st;
+    pthread_mutex_unlock(&r->stat_lock);
+}

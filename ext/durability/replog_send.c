@@ -1,0 +1,391 @@
+/* replog_send.c - the log sender thread (see replog.h): ships new records in
+ * BATCH frames, turns the peer's ACKs into the durable LSN, falls back to disk
+ * mode when the peer is late or gone and catches it up from the segment files.
+ * Threads: the sender thread owns its socket and buffers; stats are read under
+ * stat_lock. Frames from the peer are untrusted (recv_frame checks them). */
+#define _GNU_SOURCE
+#include "durability/replog.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <dirent.h>
+
+#include "core/bytes.h"
+#include "core/crc32c.h"
+#include "core/kvbuf.h"
+#include "durability/wal.h"
+#include "durability/replog_frame.h"
+
+/* ======================================================================= sender */
+
+struct rl_sender {
+    struct rl_sender_config cfg;
+    char host[64];
+    struct wal *w;
+    pthread_t th;
+    _Atomic int stop;
+    int fd;
+    struct kvbuf ship, pend, cat, pl;
+    uint64_t pend_first, pend_last;
+    uint64_t degraded_at;      /* appended LSN when the fallback to local sync began, 0 = not degraded */
+    int marked;                /* LOCAL-COMPLETE written */
+    pthread_mutex_t stat_lock; /* guards st */
+    struct rl_sender_stats st;
+};
+
+static void s_error(struct rl_sender *s, const char *msg)
+{
+    pthread_mutex_lock(&s->stat_lock);
+    snprintf(s->st.last_error, sizeof s->st.last_error, "%s", msg);
+    pthread_mutex_unlock(&s->stat_lock);
+}
+
+/* <log dir>/LOCAL-COMPLETE exists only while every acknowledged record is on
+ * the local disk (degraded mode, after its first sync): a restart while the peer
+ * is still away may then trust the local log alone. */
+static void marker_path(struct rl_sender *s, char *dst, size_t n)
+{
+    snprintf(dst, n, "%s/LOCAL-COMPLETE", wal_dir(s->w));
+}
+
+static void sync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        fsync(fd);
+        close(fd);
+    }
+}
+
+static void marker_remove(struct rl_sender *s)
+{
+    char path[4200];
+    marker_path(s, path, sizeof path);
+    if (!unlink(path))
+        sync_dir(wal_dir(s->w));
+    s->marked = 0;
+}
+
+/* In degraded mode: once the local disk holds everything appended when the
+ * fallback began, write the marker (synced, with its directory entry). */
+static void marker_maybe_write(struct rl_sender *s, int connected)
+{
+    if (connected || s->marked || !s->degraded_at || wal_synced_lsn(s->w) < s->degraded_at)
+        return;
+    char path[4200];
+    marker_path(s, path, sizeof path);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return;
+    char txt[32];
+    int n = snprintf(txt, sizeof txt, "%" PRIu64 "\n", s->degraded_at);
+    if (write(fd, txt, (size_t)n) == n && !fsync(fd)) {
+        sync_dir(wal_dir(s->w));
+        s->marked = 1;
+    }
+    close(fd);
+}
+
+static void s_set(struct rl_sender *s, int connected, int degraded)
+{
+    pthread_mutex_lock(&s->stat_lock);
+    if (s->st.connected && !connected)
+        s->st.disconnects++;
+    if (!s->st.connected && connected)
+        s->st.connects++;
+    s->st.connected = connected;
+    int was = s->st.degraded;
+    s->st.degraded = degraded;
+    pthread_mutex_unlock(&s->stat_lock);
+    if (!connected && degraded) /* every loss of the peer: the marker must cover all appended */
+        s->degraded_at = wal_appended_lsn(s->w) ? wal_appended_lsn(s->w) : 1;
+    if (was != degraded) {
+        if (degraded) {
+            s->degraded_at = wal_appended_lsn(s->w) ? wal_appended_lsn(s->w) : 1;
+        } else {
+            marker_remove(s); /* before acks come from the peer's memory again */
+            s->degraded_at = 0;
+        }
+        wal_set_sync(s->w, degraded); /* without the peer, every group syncs locally */
+    }
+}
+
+/* Send the records in buf[0..n) as BATCH frames of at most max_batch_records. */
+static int ship_records(struct rl_sender *s, const unsigned char *buf, size_t n, uint64_t *sent)
+{
+    size_t off = 0;
+    while (off < n) {
+        size_t start = off;
+        uint64_t first = 0, last = 0, cnt = 0;
+        while (off < n && cnt < s->cfg.max_batch_records && off - start < MAX_BATCH_BYTES) {
+            size_t l = rec_len(buf + off, n - off);
+            if (!l)
+                return -EPROTO;
+            if (!first)
+                first = rec_lsn(buf + off, l);
+            last = rec_lsn(buf + off, l);
+            off += l;
+            cnt++;
+        }
+        int rc = send_frame(s->fd, F_BATCH, first, last, buf + start, off - start, (int)s->cfg.timeout_ms);
+        if (rc)
+            return rc;
+        *sent = last;
+        pthread_mutex_lock(&s->stat_lock);
+        s->st.batches++;
+        s->st.records += cnt;
+        s->st.bytes += off - start;
+        s->st.sent_lsn = last;
+        pthread_mutex_unlock(&s->stat_lock);
+    }
+    return 0;
+}
+
+/* Drop the records below lsn from the front of pend. */
+static void pend_skip_below(struct rl_sender *s, uint64_t lsn)
+{
+    size_t off = 0;
+    while (off < s->pend.len) {
+        size_t l = rec_len((unsigned char *)s->pend.p + off, s->pend.len - off);
+        if (!l || rec_lsn((unsigned char *)s->pend.p + off, l) >= lsn)
+            break;
+        off += l;
+    }
+    kvbuf_consume(&s->pend, off);
+    if (s->pend.len) {
+        size_t l = rec_len((unsigned char *)s->pend.p, s->pend.len);
+        s->pend_first = rec_lsn((unsigned char *)s->pend.p, l);
+    }
+}
+
+static void *sender_main(void *arg)
+{
+    struct rl_sender *s = arg;
+    char err[256];
+    uint64_t acked = 0, sent = 0, next = 0; /* next: the LSN the peer needs next (0 = unknown) */
+    uint64_t unacked_since = 0, next_ship = 0;
+    int connected = 0;
+    while (!atomic_load_explicit(&s->stop, memory_order_acquire)) {
+        marker_maybe_write(s, connected);
+        if (!connected) {
+            /* Records stay in the local log; after reconnecting they are read back. */
+            uint64_t first, last = wal_take_ship(s->w, &s->ship, &first);
+            (void)last;
+            s->pend.len = 0;
+            int fd = connect_to(s->host, s->cfg.port, (int)s->cfg.timeout_ms, err, sizeof err);
+            if (fd < 0) {
+                s_error(s, err);
+                usleep(100000);
+                continue;
+            }
+            s->fd = fd;
+            struct frame f = {0};
+            int rc = send_frame(fd, F_HELLO, RL_VERSION, 0, s->cfg.node_id, 16, (int)s->cfg.timeout_ms);
+            if (!rc)
+                rc = recv_frame(fd, &f, &s->pl, (int)s->cfg.timeout_ms);
+            if (!rc && f.type != F_HELLO_ACK)
+                rc = -EPROTO;
+            if (rc) {
+                snprintf(err, sizeof err, "handshake with peer %s:%d failed: %s", s->host, s->cfg.port,
+                         f.type == F_ERROR ? "peer refused" : strerror(-rc));
+                s_error(s, err);
+                close(fd);
+                s->fd = -1;
+                usleep(100000);
+                continue;
+            }
+            struct wal_stats ws;
+            wal_get_stats(s->w, &ws);
+            uint64_t appended = ws.appended_lsn;
+            if (f.a > appended) {
+                snprintf(err, sizeof err,
+                         "peer %s:%d holds this node's log up to LSN %" PRIu64 " but the local log ends at %"
+                         PRIu64 ": recover from the peer first (--from-peer); not replicating",
+                         s->host, s->cfg.port, f.a, appended);
+                s_error(s, err);
+                close(fd);
+                s->fd = -1;
+                sleep(1);
+                continue;
+            }
+            connected = 1;
+            s_error(s, "");
+            /* From here on acks come from the peer's memory: the local log is no
+             * longer known complete, so the marker goes before the first ack counts. */
+            marker_remove(s);
+            acked = sent = f.a;
+            next = f.a + 1;
+            unacked_since = 0;
+            wal_publish_durable(s->w, acked);
+            s_set(s, 1, 1); /* still degraded until caught up */
+        }
+        /* Until the next ship time, handle acks the moment they arrive: a reply
+         * waits for its ack, so an ack read late is latency added to every write. */
+        uint64_t now = now_us();
+        if (next_ship <= now)
+            next_ship = now + s->cfg.interval_us;
+        int w = wait_fd_us(s->fd, POLLIN, next_ship - now);
+        int rc = 0;
+        while (w > 0 && !rc) {
+            struct frame f;
+            rc = recv_frame(s->fd, &f, &s->pl, (int)s->cfg.timeout_ms);
+            if (!rc && f.type == F_ACK && f.a > sent) {
+                rc = -EPROTO; /* acknowledging what was never sent: a confused peer */
+            } else if (!rc && f.type == F_ACK && f.a > acked) {
+                acked = f.a;
+                wal_publish_durable(s->w, acked);
+                unacked_since = acked < sent ? now_ms() : 0;
+            } else if (!rc && f.type != F_ACK) {
+                rc = -EPROTO;
+            }
+            if (!rc)
+                w = wait_fd(s->fd, POLLIN, 0);
+        }
+        if (!rc && w < 0)
+            rc = w;
+        if (!rc && now_us() < next_ship) { /* woken by acks: not yet time to ship */
+            pthread_mutex_lock(&s->stat_lock);
+            s->st.acked_lsn = acked;
+            pthread_mutex_unlock(&s->stat_lock);
+            continue;
+        }
+        next_ship += s->cfg.interval_us;
+        /* Gather what was appended meanwhile. */
+        uint64_t first, last = wal_take_ship(s->w, &s->ship, &first);
+        if (last) {
+            if (!s->pend.len)
+                s->pend_first = first;
+            if (!rc && kvbuf_append(&s->pend, s->ship.p, s->ship.len))
+                rc = -ENOMEM;
+            s->pend_last = last;
+        }
+        if (!rc && s->pend.len && s->pend_first < next)
+            pend_skip_below(s, next);
+        /* Catch up from the local segment files when the peer needs records we no
+         * longer hold in memory (after a reconnect). */
+        if (!rc && (!s->pend.len || s->pend_first > next)) {
+            uint64_t upto = s->pend.len ? s->pend_first - 1 : wal_written_lsn(s->w);
+            if (upto >= next && wal_written_lsn(s->w) >= upto) {
+                s->cat.len = 0;
+                int64_t got = wal_read_range(wal_dir(s->w), next, upto, 8u << 20, &s->cat);
+                if (got < 0) {
+                    rc = (int)got;
+                } else if (got > 0) {
+                    rc = ship_records(s, (unsigned char *)s->cat.p, s->cat.len, &sent);
+                    pthread_mutex_lock(&s->stat_lock);
+                    s->st.catchup_records += (uint64_t)got - next + 1;
+                    pthread_mutex_unlock(&s->stat_lock);
+                    next = (uint64_t)got + 1;
+                    if (!unacked_since)
+                        unacked_since = now_ms();
+                }
+            }
+        }
+        if (!rc && s->pend.len && s->pend_first == next) {
+            rc = ship_records(s, (unsigned char *)s->pend.p, s->pend.len, &sent);
+            next = s->pend_last + 1;
+            s->pend.len = 0;
+            if (!rc && !unacked_since)
+                unacked_since = now_ms();
+        }
+        /* Caught up and acknowledged: the peer's memory is the durability again. */
+        if (!rc && acked == sent && !s->pend.len && next > wal_written_lsn(s->w)) {
+            pthread_mutex_lock(&s->stat_lock);
+            int deg = s->st.degraded;
+            pthread_mutex_unlock(&s->stat_lock);
+            if (deg)
+                s_set(s, 1, 0);
+        }
+        if (!rc && unacked_since && acked < sent && now_ms() - unacked_since > s->cfg.timeout_ms) {
+            snprintf(err, sizeof err, "peer %s:%d did not acknowledge LSN %" PRIu64 " within %u ms",
+                     s->host, s->cfg.port, sent, s->cfg.timeout_ms);
+            s_error(s, err);
+            rc = -ETIMEDOUT;
+        }
+        if (rc) {
+            if (rc != -ETIMEDOUT) {
+                snprintf(err, sizeof err, "replication to %s:%d: %s", s->host, s->cfg.port, strerror(-rc));
+                s_error(s, err);
+            }
+            close(s->fd);
+            s->fd = -1;
+            connected = 0;
+            s_set(s, 0, 1);
+        }
+        pthread_mutex_lock(&s->stat_lock);
+        s->st.acked_lsn = acked;
+        pthread_mutex_unlock(&s->stat_lock);
+    }
+    if (s->fd >= 0)
+        close(s->fd);
+    return NULL;
+}
+
+int rl_sender_start(struct rl_sender **out, struct wal *w, const struct rl_sender_config *cfg,
+                    char *err, size_t errlen)
+{
+    struct rl_sender *s = calloc(1, sizeof *s);
+    if (!s)
+        return -ENOMEM;
+    s->cfg = *cfg;
+    snprintf(s->host, sizeof s->host, "%s", cfg->host);
+    s->cfg.host = s->host;
+    if (!s->cfg.interval_us)
+        s->cfg.interval_us = 100;
+    if (!s->cfg.max_batch_records)
+        s->cfg.max_batch_records = 65536;
+    if (!s->cfg.timeout_ms)
+        s->cfg.timeout_ms = 1000;
+    s->w = w;
+    s->fd = -1;
+    s->st.degraded = 1; /* until the peer has acknowledged everything */
+    s->degraded_at = wal_appended_lsn(w) ? wal_appended_lsn(w) : 1;
+    pthread_mutex_init(&s->stat_lock, NULL);
+    wal_set_sync(w, 1);
+    int rc = pthread_create(&s->th, NULL, sender_main, s);
+    if (rc) {
+        snprintf(err, errlen, "cannot start the log sender: %s", strerror(rc));
+        free(s);
+        return -rc;
+    }
+    pthread_setname_np(s->th, "kv-logsend");
+    *out = s;
+    return 0;
+}
+
+void rl_sender_stop(struct rl_sender *s)
+{
+    if (!s)
+        return;
+    atomic_store_explicit(&s->stop, 1, memory_order_release);
+    pthread_join(s->th, NULL);
+    kvbuf_free(&s->ship);
+    kvbuf_free(&s->pend);
+    kvbuf_free(&s->cat);
+    kvbuf_free(&s->pl);
+    pthread_mutex_destroy(&s->stat_lock);
+    free(s);
+}
+
+void rl_sender_get_stats(struct rl_sender *s, struct rl_sender_stats *st)
+{
+    pthread_mutex_lock(&s->stat_lock);
+    *st = s->st;
+    pthread_mutex_unlock(&s->stat_lock);
+}
