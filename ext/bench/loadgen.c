@@ -35,7 +35,7 @@ static void sanitize(char *s)
 }
 
 __attribute__((format(printf, 3, 4)))
-int fail(struct run *r, int err, const char *fmt, ...)
+int lg_fail(struct run *r, int err, const char *fmt, ...)
 {
     va_list ap;
     pthread_mutex_lock(&r->mu);
@@ -51,11 +51,11 @@ static int sys_fail(struct run *r, int e, const char *what)
 {
     char buf[128];
     /* GNU strerror_r: strerror() is not thread-safe and two lg_runs may fail at once */
-    return fail(r, -e, "%s %s:%d: %s", what, r->cfg->host, r->cfg->port, strerror_r(e, buf, sizeof buf));
+    return lg_fail(r, -e, "%s %s:%d: %s", what, r->cfg->host, r->cfg->port, strerror_r(e, buf, sizeof buf));
 }
 
 __attribute__((format(printf, 2, 3)))
-void note_error(struct worker *w, const char *fmt, ...)
+void lg_note_error(struct worker *w, const char *fmt, ...)
 {
     va_list ap;
     if (w->first_error[0]) return;
@@ -64,13 +64,13 @@ void note_error(struct worker *w, const char *fmt, ...)
 }
 
 __attribute__((format(printf, 2, 3)))
-int proto_err(struct worker *w, const char *fmt, ...)
+int lg_proto_err(struct worker *w, const char *fmt, ...)
 {
     char buf[160]; va_list ap;
     va_start(ap, fmt), vsnprintf(buf, sizeof buf, fmt, ap), va_end(ap);
     w->errors++;
-    note_error(w, "protocol error: %s", buf);
-    return fail(w->r, -EPROTO, "protocol error from %s:%d: %s", w->r->cfg->host, w->r->cfg->port, buf);
+    lg_note_error(w, "protocol error: %s", buf);
+    return lg_fail(w->r, -EPROTO, "protocol error from %s:%d: %s", w->r->cfg->host, w->r->cfg->port, buf);
 }
 
 
@@ -207,7 +207,7 @@ static int fill(struct worker *w, struct conn *c)
     uint64_t now = mono_ns();
     while (c->rcount < w->r->depth && c->olen < OUT_SOFT) {
         if (!take_budget(w)) { w->sending = 0; break; }
-        if (enqueue(w, c, now, now) < 0) return fail(w->r, -ENOMEM, "out of memory queueing requests");
+        if (enqueue(w, c, now, now) < 0) return lg_fail(w->r, -ENOMEM, "out of memory queueing requests");
     }
     return 0;
 }
@@ -224,11 +224,11 @@ static int conn_read(struct worker *w, struct conn *c)
         return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0
              : sys_fail(w->r, errno, "read from");
     if (!n)
-        return fail(w->r, -ECONNRESET, "connection to %s:%d closed by server", w->r->cfg->host,
+        return lg_fail(w->r, -ECONNRESET, "connection to %s:%d closed by server", w->r->cfg->host,
                     w->r->cfg->port);
     uint64_t now = mono_ns();
     w->brecv += (uint64_t)n, w->last_rx = now, c->rlen += (size_t)n;
-    return parse(w, c, now);
+    return lg_parse(w, c, now);
 }
 
 /* epoll_wait only sleeps in whole ms, far too coarse for open-loop schedules at thousands of req/s per
@@ -264,7 +264,7 @@ static int open_tick(struct worker *w, uint64_t now, int64_t *tmo)
         if (c->auth_pending || c->rcount >= r->depth || c->olen >= OUT_SOFT) { miss++; continue; }
         if (!take_budget(w)) { w->sending = 0; break; }
         if (enqueue(w, c, w->t0 + (uint64_t)((double)w->sched * w->interval), now) < 0)
-            return fail(r, -ENOMEM, "out of memory queueing requests");
+            return lg_fail(r, -ENOMEM, "out of memory queueing requests");
         w->sched++, c->dirty = 1, miss = 0;
     }
     for (int i = 0; i < w->nconn; i++) {
@@ -297,7 +297,7 @@ static void *worker_main(void *arg)
         struct conn *c = &w->conns[i];
         if (r->auth_t) {
             char *p = out_reserve(c, r->auth_len);
-            if (!p || out_seg(c, NULL, r->auth_len)) { fail(r, -ENOMEM, "out of memory"); return NULL; }
+            if (!p || out_seg(c, NULL, r->auth_len)) { lg_fail(r, -ENOMEM, "out of memory"); return NULL; }
             memcpy(p, r->auth_t, r->auth_len), c->auth_pending = 1;
         } else if (!open && fill(w, c) < 0) {
             return NULL;
@@ -315,7 +315,7 @@ static void *worker_main(void *arg)
         if (w->sending && r->deadline && (int64_t)(r->deadline - now) < tmo)
             tmo = (int64_t)(r->deadline - now);
         if (w->inflight && now - w->last_rx > STALL_NS) {
-            fail(r, -ETIMEDOUT, "no reply from %s:%d for %llu s", cfg->host, cfg->port, STALL_NS / 1000000000);
+            lg_fail(r, -ETIMEDOUT, "no reply from %s:%d for %llu s", cfg->host, cfg->port, STALL_NS / 1000000000);
             break;
         }
         int n = wait_events(w, ev, 256, tmo);
@@ -373,7 +373,7 @@ static int build_templates(struct run *r)
        the (unused) SET template takes */
     size_t fl = r->check || cfg->set_ratio || !r->large ? n : 12;
     if (!(r->filler = malloc(fl)) || !(r->set_t = malloc(r->set_len)) || !(r->get_t = malloc(r->get_len)))
-        return fail(r, -ENOMEM, "out of memory for %llu-byte values", n);
+        return lg_fail(r, -ENOMEM, "out of memory for %llu-byte values", n);
     for (size_t i = 0; i < fl; i++) r->filler[i] = (char)('a' + i % 26);
     memcpy(r->set_t, hdr, (size_t)h);
     memcpy(r->set_t + h, r->filler, r->large ? 12 : n);
@@ -381,7 +381,7 @@ static int build_templates(struct run *r)
     memcpy(r->get_t, r->mc ? get_mc : get_resp, r->get_len);
     if (cfg->password && !r->mc) {
         size_t pl = strlen(cfg->password);
-        if (!(r->auth_t = malloc(pl + 64))) return fail(r, -ENOMEM, "out of memory");
+        if (!(r->auth_t = malloc(pl + 64))) return lg_fail(r, -ENOMEM, "out of memory");
         r->auth_len = (size_t)snprintf(r->auth_t, pl + 64, "*2\r\n$4\r\nAUTH\r\n$%zu\r\n%s\r\n", pl,
                                        cfg->password);
     }
@@ -394,7 +394,7 @@ static int connect_all(struct run *r, struct conn *cs, int n, const struct in_ad
                               .sin_addr = *addr };
     struct pollfd *pf = calloc((size_t)n, sizeof *pf);
     int pending = 0, rc = 0, one = 1;
-    if (!pf) return fail(r, -ENOMEM, "out of memory");
+    if (!pf) return lg_fail(r, -ENOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (fd < 0) { rc = sys_fail(r, errno, "connect to"); goto out; }
@@ -442,7 +442,7 @@ static int setup(struct run *r, struct worker *ws, struct conn *cs, const struct
             struct epoll_event ev = { .events = EPOLLIN, .data.ptr = c };
             c->rcap = rcap;
             if (!(c->ring = calloc(r->depth, sizeof *c->ring)) || !(c->rbuf = malloc(rcap)))
-                return fail(r, -ENOMEM, "out of memory for %d connections", cfg->conns);
+                return lg_fail(r, -ENOMEM, "out of memory for %d connections", cfg->conns);
             if (epoll_ctl(w->epfd, EPOLL_CTL_ADD, c->fd, &ev) < 0) return sys_fail(r, errno, "epoll_ctl for");
         }
     }
@@ -498,7 +498,7 @@ int lg_run(const struct lg_config *cfg, struct lg_result *out)
         for (int t = 0; t < cfg->threads; t++) ws[t].epfd = -1;
     if ((cs = calloc((size_t)cfg->conns, sizeof *cs)))
         for (int i = 0; i < cfg->conns; i++) cs[i].fd = -1;
-    if (!ws || !cs) rc = fail(r, -ENOMEM, "out of memory");
+    if (!ws || !cs) rc = lg_fail(r, -ENOMEM, "out of memory");
     else if ((rc = build_templates(r)) >= 0) rc = setup(r, ws, cs, &addr);
     if (rc >= 0) {
         r->bounded = cfg->requests > 0, atomic_store(&r->left, cfg->requests);
@@ -510,7 +510,7 @@ int lg_run(const struct lg_config *cfg, struct lg_result *out)
         pthread_sigmask(SIG_SETMASK, &all, &old);
         for (; started < cfg->threads; started++)
             if ((rc = pthread_create(&ws[started].tid, NULL, worker_main, &ws[started])) != 0) {
-                fail(r, -rc, "pthread_create: error %d", rc);
+                lg_fail(r, -rc, "pthread_create: error %d", rc);
                 break;
             }
         pthread_sigmask(SIG_SETMASK, &old, NULL);

@@ -102,16 +102,16 @@ static inline void fmt12(char *d, uint64_t k)
 
 /* The first failure of the run wins (message sanitized); returns err. */
 __attribute__((format(printf, 3, 4)))
-int fail(struct run *r, int err, const char *fmt, ...);
+int lg_fail(struct run *r, int err, const char *fmt, ...);
 /* The worker's first error reply or mismatch, kept for lg_result.first_error. */
 __attribute__((format(printf, 2, 3)))
-void note_error(struct worker *w, const char *fmt, ...);
+void lg_note_error(struct worker *w, const char *fmt, ...);
 /* A reply that breaks the protocol: counted, noted and fails the run (-EPROTO). */
 __attribute__((format(printf, 2, 3)))
-int proto_err(struct worker *w, const char *fmt, ...);
+int lg_proto_err(struct worker *w, const char *fmt, ...);
 
 /* loadgen_reply.c: consume the complete replies in c's read buffer, matching
  * them in order to the requests in flight. Returns 0 or -errno (run failed). */
-int parse(struct worker *w, struct conn *c, uint64_t now);
+int lg_parse(struct worker *w, struct conn *c, uint64_t now);
 
 #endif

@@ -33,7 +33,7 @@ static void mismatch(struct worker *w, struct conn *c, const char *fmt, ...)
     const struct slot *s = &c->ring[c->rhead];
     va_start(ap, fmt), vsnprintf(buf, sizeof buf, fmt, ap), va_end(ap);
     c->bad = 1;
-    note_error(w, "%s key:%012llu: %s", s->kind == K_SET ? "SET" : "GET", (unsigned long long)s->key, buf);
+    lg_note_error(w, "%s key:%012llu: %s", s->kind == K_SET ? "SET" : "GET", (unsigned long long)s->key, buf);
 }
 
 static int odd(struct worker *w, struct conn *c, const char *p, size_t len, uint64_t now)
@@ -91,29 +91,29 @@ static int resp_line(struct worker *w, struct conn *c, const char *p, size_t len
     int64_t n;
     if (c->auth_pending) {
         if (len == 3 && !memcmp(p, "+OK", 3)) { c->auth_pending = 0; return 0; }
-        return fail(w->r, -EACCES, "AUTH on %s:%d failed: %.*s", w->r->cfg->host, w->r->cfg->port,
+        return lg_fail(w->r, -EACCES, "AUTH on %s:%d failed: %.*s", w->r->cfg->host, w->r->cfg->port,
                     SHOW(p + (len && p[0] == '-'), len - (len && p[0] == '-')));
     }
-    if (!c->rcount) return proto_err(w, "reply '%.*s' with no request outstanding", SHOW(p, len));
+    if (!c->rcount) return lg_proto_err(w, "reply '%.*s' with no request outstanding", SHOW(p, len));
     int kind = c->ring[c->rhead].kind;
     switch (p[0]) {
     case '+':
         if (kind == K_SET && len == 3 && !memcmp(p, "+OK", 3)) return complete(w, c, now, RES_OK);
         return odd(w, c, p, len, now);
     case '-':
-        note_error(w, "%.*s", SHOW(p + 1, len - 1));
+        lg_note_error(w, "%.*s", SHOW(p + 1, len - 1));
         return complete(w, c, now, RES_ERR);
     case ':':
         if (parse_num(p + 1, len - 1, 1, &n)) break;
         return odd(w, c, p, len, now);
     case '$':
         if (parse_num(p + 1, len - 1, 1, &n) || n < -1) break;
-        if (n > (int64_t)MAX_VALUE) return proto_err(w, "bulk length %lld over 512 MiB", (long long)n);
+        if (n > (int64_t)MAX_VALUE) return lg_proto_err(w, "bulk length %lld over 512 MiB", (long long)n);
         if (n == -1) return kind == K_GET ? complete(w, c, now, RES_MISS) : odd(w, c, p, len, now);
         bulk_begin(w, c, (uint64_t)n, kind == K_GET ? RES_HIT : RES_ODD);
         return 0;
     }
-    return proto_err(w, "bad reply line '%.*s'", SHOW(p, len));
+    return lg_proto_err(w, "bad reply line '%.*s'", SHOW(p, len));
 }
 
 #define LINE_IS(s)  (len == sizeof(s) - 1 && !memcmp(p, s, sizeof(s) - 1))
@@ -125,12 +125,12 @@ static int mc_value(struct worker *w, struct conn *c, const char *p, size_t len,
     const char *e = p + len, *k = p + 6, *ke = memchr(k, ' ', (size_t)(e - k)), *f, *fe = NULL, *b, *be;
     int64_t flags, n;
     if (ke) f = ke + 1, fe = memchr(f, ' ', (size_t)(e - f));
-    if (!fe) return proto_err(w, "bad VALUE line '%.*s'", SHOW(p, len));
+    if (!fe) return lg_proto_err(w, "bad VALUE line '%.*s'", SHOW(p, len));
     b = fe + 1;
     if (!(be = memchr(b, ' ', (size_t)(e - b)))) be = e;
     if (parse_num(f, (size_t)(fe - f), 0, &flags) || parse_num(b, (size_t)(be - b), 0, &n) ||
         n > (int64_t)MAX_VALUE)
-        return proto_err(w, "bad VALUE line '%.*s'", SHOW(p, len));
+        return lg_proto_err(w, "bad VALUE line '%.*s'", SHOW(p, len));
     char d[12]; int wrong = 0;
     if (kind == K_GET && w->r->check) {
         fmt12(d, c->ring[c->rhead].key);
@@ -145,24 +145,24 @@ static int mc_value(struct worker *w, struct conn *c, const char *p, size_t len,
 static int mc_line(struct worker *w, struct conn *c, const char *p, size_t len, uint64_t now)
 {
     if (c->pst == PS_END) {
-        if (!LINE_IS("END")) return proto_err(w, "expected END after VALUE data, got '%.*s'", SHOW(p, len));
+        if (!LINE_IS("END")) return lg_proto_err(w, "expected END after VALUE data, got '%.*s'", SHOW(p, len));
         c->pst = PS_LINE;
         return complete(w, c, now, c->bres);
     }
-    if (!c->rcount) return proto_err(w, "reply '%.*s' with no request outstanding", SHOW(p, len));
+    if (!c->rcount) return lg_proto_err(w, "reply '%.*s' with no request outstanding", SHOW(p, len));
     int kind = c->ring[c->rhead].kind;
     if (LINE_IS("STORED")) return kind == K_SET ? complete(w, c, now, RES_OK) : odd(w, c, p, len, now);
     if (LINE_IS("END")) return kind == K_GET ? complete(w, c, now, RES_MISS) : odd(w, c, p, len, now);
     if (LINE_HAS("VALUE ")) return mc_value(w, c, p, len, kind);
     if (LINE_IS("ERROR") || LINE_HAS("CLIENT_ERROR") || LINE_HAS("SERVER_ERROR") ||
         LINE_IS("NOT_STORED") || LINE_IS("EXISTS") || LINE_IS("NOT_FOUND")) {
-        note_error(w, "%.*s", SHOW(p, len));
+        lg_note_error(w, "%.*s", SHOW(p, len));
         return complete(w, c, now, RES_ERR);
     }
-    return proto_err(w, "unexpected reply line '%.*s'", SHOW(p, len));
+    return lg_proto_err(w, "unexpected reply line '%.*s'", SHOW(p, len));
 }
 
-int parse(struct worker *w, struct conn *c, uint64_t now)
+int lg_parse(struct worker *w, struct conn *c, uint64_t now)
 {
     struct run *r = w->r;
     while (c->rpos < c->rlen) {
@@ -181,7 +181,7 @@ int parse(struct worker *w, struct conn *c, uint64_t now)
         }
         if (c->pst == PS_CRLF) {
             if (avail < 2) break;
-            if (p[0] != '\r' || p[1] != '\n') return proto_err(w, "value not followed by CRLF");
+            if (p[0] != '\r' || p[1] != '\n') return lg_proto_err(w, "value not followed by CRLF");
             c->rpos += 2;
             if (r->mc) { c->pst = PS_END; continue; }
             c->pst = PS_LINE, complete(w, c, now, c->bres);
@@ -189,11 +189,11 @@ int parse(struct worker *w, struct conn *c, uint64_t now)
         }
         char *nl = memchr(p, '\n', avail);
         if (!nl) {
-            if (avail >= MAX_LINE) return proto_err(w, "reply line longer than %d bytes", MAX_LINE);
+            if (avail >= MAX_LINE) return lg_proto_err(w, "reply line longer than %d bytes", MAX_LINE);
             break;
         }
         if (nl == p || nl[-1] != '\r')
-            return proto_err(w, "line not terminated by CRLF: '%.*s'", SHOW(p, (size_t)(nl - p)));
+            return lg_proto_err(w, "line not terminated by CRLF: '%.*s'", SHOW(p, (size_t)(nl - p)));
         size_t len = (size_t)(nl - p) - 1;
         c->rpos += len + 2;
         int rc = r->mc ? mc_line(w, c, p, len, now) : resp_line(w, c, p, len, now);

@@ -63,7 +63,7 @@ int kvt_create(struct kv_table **out, uint64_t max_memory)
         struct shard *s = &t->shards[i];
         pthread_mutex_init(&s->lock, NULL);
         s->rehashidx = -1;
-        struct kvt_entry **b = buckets_new(t, INITIAL_BUCKETS);
+        struct kvt_entry **b = kvt_buckets_new(t, INITIAL_BUCKETS);
         if (!b) {
             kvt_destroy(t);
             return -ENOMEM;
@@ -81,12 +81,12 @@ static void do_clear(struct kv_table *t, struct shard *s)
             struct kvt_entry *e = s->ht[i][j];
             while (e) {
                 struct kvt_entry *next = e->next;
-                dn_detach(t, e);
-                entry_free(t, e);
+                kvt_dn_detach(t, e);
+                kvt_entry_free(t, e);
                 e = next;
             }
         }
-        buckets_free(t, s->ht[i]);
+        kvt_buckets_free(t, s->ht[i]);
     }
     set_ht0(s, NULL, 0);
     s->ht[1] = NULL;
@@ -122,7 +122,7 @@ uint64_t kvt_max_memory(struct kv_table *t)
 int kvt_get(struct kv_table *t, const void *key, size_t klen, kvt_read_fn fn, void *arg)
 {
     uint64_t h = kvt_hash(key, klen);
-    struct shard *s = lock_shard(t, h);
+    struct shard *s = kvt_lock_shard(t, h);
     int st;
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
     if (e) {
@@ -165,9 +165,9 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
     if (klen > KVT_MAX_VALUE || vlen > KVT_MAX_VALUE)
         return -E2BIG;
     uint64_t h = kvt_hash(key, klen);
-    struct shard *s = lock_shard(t, h);
+    struct shard *s = kvt_lock_shard(t, h);
     int st, rc = 1;
-    struct kvt_entry **ref = do_lookup(t, s, h, key, klen, &st);
+    struct kvt_entry **ref = kvt_do_lookup(t, s, h, key, klen, &st);
     if (st == LK_NOTRES && (old_fn || (flags & (KVT_NX | KVT_XX | KVT_KEEPTTL)))) {
         rc = -ENODATA; /* the answer depends on the block: load it first */
         goto out;
@@ -191,7 +191,7 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
     size_t need = klen + vlen;
     /* Overwrite in place when the value fits and would not waste over half the block. */
     if (slot && need <= slot->cap && slot->cap <= 2 * need + 64) {
-        if (prep_dn(t, slot, NULL)) {
+        if (kvt_prep_dn(t, slot, NULL)) {
             rc = -ENOMEM;
             goto out;
         }
@@ -211,31 +211,31 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
         mark_dirty(t, slot, LDU_INSERT);
         goto out;
     }
-    struct kvt_entry *ne = entry_new_b(t, h, key, klen, val, vlen, 0, !(flags & KVT_NOBOUND));
+    struct kvt_entry *ne = kvt_entry_new_b(t, h, key, klen, val, vlen, 0, !(flags & KVT_NOBOUND));
     if (!ne) {
         rc = -ENOMEM;
         goto out;
     }
     ne->flags = slot ? slot->flags & E_OD_MASK : st == LK_NOTRES ? OD_UNK : OD_NO;
-    if (prep_dn(t, ne, slot)) {
-        entry_free(t, ne);
+    if (kvt_prep_dn(t, ne, slot)) {
+        kvt_entry_free(t, ne);
         rc = -ENOMEM;
         goto out;
     }
     int64_t lsn = do_log(t, 1, key, klen, val, vlen, NULL, 0, expire_ms);
     if (lsn < 0) {
         if (ne->dn)
-            dnode_free(t, ne->dn);
-        entry_free(t, ne);
+            kvt_dnode_free(t, ne->dn);
+        kvt_entry_free(t, ne);
         rc = (int)lsn;
         goto out;
     }
     ne->lsn = (uint64_t)lsn;
     ne->expire_ms = expire_ms;
     if (slot)
-        do_replace(t, s, ref, ne);
+        kvt_do_replace(t, s, ref, ne);
     else
-        do_insert(t, s, ne);
+        kvt_do_insert(t, s, ne);
     mark_dirty(t, ne, LDU_INSERT);
 out:
     pthread_mutex_unlock(&s->lock);
@@ -245,12 +245,12 @@ out:
 /* Delete a live entry: log it, then remove it. */
 static int del_live(struct kv_table *t, struct shard *s, struct kvt_entry **ref, const void *key, size_t klen)
 {
-    if (t->sp.queue && prep_dn(t, *ref, NULL))
+    if (t->sp.queue && kvt_prep_dn(t, *ref, NULL))
         return -ENOMEM; /* the tombstone's node, before anything is logged */
     int64_t lsn = do_log(t, 2, key, klen, NULL, 0, NULL, 0, 0);
     if (lsn < 0)
         return (int)lsn;
-    do_remove(t, s, ref, (uint64_t)lsn); /* cannot fail now: the node exists */
+    kvt_do_remove(t, s, ref, (uint64_t)lsn); /* cannot fail now: the node exists */
     if ((uint64_t)lsn > s->del_lsn)
         s->del_lsn = (uint64_t)lsn;
     return 1;
@@ -259,9 +259,9 @@ static int del_live(struct kv_table *t, struct shard *s, struct kvt_entry **ref,
 int kvt_del(struct kv_table *t, const void *key, size_t klen)
 {
     uint64_t h = kvt_hash(key, klen);
-    struct shard *s = lock_shard(t, h);
+    struct shard *s = kvt_lock_shard(t, h);
     int st, rc = 0;
-    struct kvt_entry **ref = do_lookup(t, s, h, key, klen, &st);
+    struct kvt_entry **ref = kvt_do_lookup(t, s, h, key, klen, &st);
     if (st == LK_LIVE)
         rc = del_live(t, s, ref, key, klen);
     else if (st == LK_NOTRES)
@@ -277,27 +277,27 @@ int kvt_del_blind(struct kv_table *t, const void *key, size_t klen)
     if (klen > KVT_MAX_VALUE)
         return -E2BIG;
     uint64_t h = kvt_hash(key, klen);
-    struct shard *s = lock_shard(t, h);
+    struct shard *s = kvt_lock_shard(t, h);
     int st, rc = 0;
-    struct kvt_entry **ref = do_lookup(t, s, h, key, klen, &st);
+    struct kvt_entry **ref = kvt_do_lookup(t, s, h, key, klen, &st);
     if (st == LK_LIVE) {
         rc = del_live(t, s, ref, key, klen);
     } else if (st == LK_NOTRES) {
         /* A tombstone of unknown standing: the flusher deletes the key from its
          * block if it is there. Charged without the bound, like replay. */
-        struct kvt_entry *ne = entry_new_b(t, h, key, klen, NULL, 0, 0, 0);
-        rc = !ne || prep_dn(t, ne, NULL) ? -ENOMEM : 0;
+        struct kvt_entry *ne = kvt_entry_new_b(t, h, key, klen, NULL, 0, 0, 0);
+        rc = !ne || kvt_prep_dn(t, ne, NULL) ? -ENOMEM : 0;
         int64_t lsn = rc ? 0 : do_log(t, 2, key, klen, NULL, 0, NULL, 0, 0);
         if (rc || lsn < 0) {
             if (ne && ne->dn)
-                dnode_free(t, ne->dn);
+                kvt_dnode_free(t, ne->dn);
             if (ne)
-                entry_free(t, ne);
+                kvt_entry_free(t, ne);
             rc = rc ? rc : (int)lsn;
         } else {
             ne->flags = E_TOMB | OD_UNK;
             ne->lsn = (uint64_t)lsn;
-            do_insert(t, s, ne);
+            kvt_do_insert(t, s, ne);
             mark_dirty(t, ne, LDU_REMOVE);
             if ((uint64_t)lsn > s->del_lsn)
                 s->del_lsn = (uint64_t)lsn;
@@ -310,7 +310,7 @@ int kvt_del_blind(struct kv_table *t, const void *key, size_t klen)
 int kvt_exists(struct kv_table *t, const void *key, size_t klen)
 {
     uint64_t h = kvt_hash(key, klen);
-    struct shard *s = lock_shard(t, h);
+    struct shard *s = kvt_lock_shard(t, h);
     int st;
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
     touch(e ? e->lsn : s->del_lsn);
@@ -365,7 +365,7 @@ static int do_store(struct kv_table *t, struct shard *s, uint64_t h, struct kvt_
     struct kvt_entry *slot = ref ? *ref : NULL;
     size_t vlen = n1 + n2;
     if (slot && klen + vlen <= slot->cap) {
-        if (prep_dn(t, slot, NULL))
+        if (kvt_prep_dn(t, slot, NULL))
             return -ENOMEM;
         int64_t lsn = do_log(t, 1, key, klen, v1, n1, v2, n2, expire);
         if (lsn < 0)
@@ -384,30 +384,30 @@ static int do_store(struct kv_table *t, struct shard *s, uint64_t h, struct kvt_
         mark_dirty(t, slot, LDU_INSERT);
         return 0;
     }
-    struct kvt_entry *ne = entry_new(t, h, key, klen, v1, n1, n2 + extra);
+    struct kvt_entry *ne = kvt_entry_new(t, h, key, klen, v1, n1, n2 + extra);
     if (!ne)
         return -ENOMEM;
     if (n2)
         memcpy(entry_val(ne) + n1, v2, n2);
     ne->vlen = (uint32_t)vlen;
     ne->flags = slot ? slot->flags & E_OD_MASK : st == LK_NOTRES ? OD_UNK : OD_NO;
-    if (prep_dn(t, ne, slot)) {
-        entry_free(t, ne);
+    if (kvt_prep_dn(t, ne, slot)) {
+        kvt_entry_free(t, ne);
         return -ENOMEM;
     }
     int64_t lsn = do_log(t, 1, key, klen, v1, n1, v2, n2, expire);
     if (lsn < 0) {
         if (ne->dn)
-            dnode_free(t, ne->dn);
-        entry_free(t, ne);
+            kvt_dnode_free(t, ne->dn);
+        kvt_entry_free(t, ne);
         return (int)lsn;
     }
     ne->lsn = (uint64_t)lsn;
     ne->expire_ms = expire;
     if (slot)
-        do_replace(t, s, ref, ne);
+        kvt_do_replace(t, s, ref, ne);
     else
-        do_insert(t, s, ne);
+        kvt_do_insert(t, s, ne);
     mark_dirty(t, ne, LDU_INSERT);
     return 0;
 }
@@ -415,9 +415,9 @@ static int do_store(struct kv_table *t, struct shard *s, uint64_t h, struct kvt_
 int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, int64_t *result)
 {
     uint64_t h = kvt_hash(key, klen);
-    struct shard *s = lock_shard(t, h);
+    struct shard *s = kvt_lock_shard(t, h);
     int st, rc = 0;
-    struct kvt_entry **ref = do_lookup(t, s, h, key, klen, &st);
+    struct kvt_entry **ref = kvt_do_lookup(t, s, h, key, klen, &st);
     struct kvt_entry *e = st == LK_LIVE ? *ref : NULL;
     int64_t cur = 0;
     if (st == LK_NOTRES) {
@@ -448,9 +448,9 @@ out:
 int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen)
 {
     uint64_t h = kvt_hash(key, klen);
-    struct shard *s = lock_shard(t, h);
+    struct shard *s = kvt_lock_shard(t, h);
     int st;
-    struct kvt_entry **ref = do_lookup(t, s, h, key, klen, &st);
+    struct kvt_entry **ref = kvt_do_lookup(t, s, h, key, klen, &st);
     struct kvt_entry *e = st == LK_LIVE ? *ref : NULL;
     size_t oldlen = e ? e->vlen : 0;
     int64_t rc;
@@ -477,7 +477,7 @@ out:
 int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen)
 {
     uint64_t h = kvt_hash(key, klen);
-    struct shard *s = lock_shard(t, h);
+    struct shard *s = kvt_lock_shard(t, h);
     int st;
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
     int64_t n = e ? e->vlen : 0;
@@ -494,7 +494,7 @@ static void do_clear_before(struct kv_table *t, struct shard *s, uint64_t upto)
             struct kvt_entry **ref = &s->ht[i][j];
             while (*ref) {
                 if ((*ref)->lsn < upto)
-                    do_unlink(t, s, ref);
+                    kvt_do_unlink(t, s, ref);
                 else
                     ref = &(*ref)->next;
             }
@@ -618,14 +618,14 @@ int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budge
         struct shard *s = &t->shards[i];
         pthread_mutex_lock(&s->lock);
         if (s->rehashidx >= 0) {
-            do_rehash_step(t, s, 16);
+            kvt_do_rehash_step(t, s, 16);
         } else {
             uint64_t used = atomic_load_explicit(&s->used, memory_order_relaxed);
             if (s->size[0] > INITIAL_BUCKETS && used < s->size[0] / 8) {
                 uint64_t want = INITIAL_BUCKETS;
                 while (want < used)
                     want *= 2;
-                do_resize(t, s, want);
+                kvt_do_resize(t, s, want);
             }
         }
         if (s->rehashidx < 0 && atomic_load_explicit(&s->expires, memory_order_relaxed)) {
@@ -633,7 +633,7 @@ int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budge
                 struct kvt_entry **ref = &s->ht[0][s->cursor];
                 while (*ref) {
                     struct kvt_entry *e = *ref;
-                    if (e->expire_ms && e->expire_ms <= now && !do_remove(t, s, ref, 0)) {
+                    if (e->expire_ms && e->expire_ms <= now && !kvt_do_remove(t, s, ref, 0)) {
                         cnt_add(&s->expired, 1);
                         reclaimed++;
                         if (*ref == e) /* became a tombstone in place */

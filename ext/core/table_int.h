@@ -172,36 +172,36 @@ static inline struct shard *shard_of(struct kv_table *t, uint64_t h)
 enum { LK_LIVE, LK_ABSENT, LK_NOTRES };
 
 /* Each documented at its definition. */
-struct kvt_entry *entry_new_b(struct kv_table *t, uint64_t h, const void *key, size_t klen,
+struct kvt_entry *kvt_entry_new_b(struct kv_table *t, uint64_t h, const void *key, size_t klen,
                               const void *val, size_t vlen, size_t extra, int bounded);
-struct kvt_entry *entry_new(struct kv_table *t, uint64_t h, const void *key, size_t klen,
+struct kvt_entry *kvt_entry_new(struct kv_table *t, uint64_t h, const void *key, size_t klen,
                             const void *val, size_t vlen, size_t extra);
-void entry_free(struct kv_table *t, struct kvt_entry *e);
-struct kvt_entry **buckets_new(struct kv_table *t, uint64_t n);
-void buckets_free(struct kv_table *t, struct kvt_entry **b);
-void do_rehash_step(struct kv_table *t, struct shard *s, int n);
-void do_resize(struct kv_table *t, struct shard *s, uint64_t n);
-struct kvt_entry **do_find(struct shard *s, uint64_t h, const void *key, size_t klen);
-void do_unlink(struct kv_table *t, struct shard *s, struct kvt_entry **ref);
-int do_remove(struct kv_table *t, struct shard *s, struct kvt_entry **ref, uint64_t lsn);
-struct kvt_entry **do_lookup(struct kv_table *t, struct shard *s, uint64_t h, const void *key,
+void kvt_entry_free(struct kv_table *t, struct kvt_entry *e);
+struct kvt_entry **kvt_buckets_new(struct kv_table *t, uint64_t n);
+void kvt_buckets_free(struct kv_table *t, struct kvt_entry **b);
+void kvt_do_rehash_step(struct kv_table *t, struct shard *s, int n);
+void kvt_do_resize(struct kv_table *t, struct shard *s, uint64_t n);
+struct kvt_entry **kvt_do_find(struct shard *s, uint64_t h, const void *key, size_t klen);
+void kvt_do_unlink(struct kv_table *t, struct shard *s, struct kvt_entry **ref);
+int kvt_do_remove(struct kv_table *t, struct shard *s, struct kvt_entry **ref, uint64_t lsn);
+struct kvt_entry **kvt_do_lookup(struct kv_table *t, struct shard *s, uint64_t h, const void *key,
                              size_t klen, int *st);
-void do_insert(struct kv_table *t, struct shard *s, struct kvt_entry *e);
-void do_replace(struct kv_table *t, struct shard *s, struct kvt_entry **ref, struct kvt_entry *ne);
-struct shard *lock_shard(struct kv_table *t, uint64_t h); /* locks the key's shard (and rehashes a step) */
+void kvt_do_insert(struct kv_table *t, struct shard *s, struct kvt_entry *e);
+void kvt_do_replace(struct kv_table *t, struct shard *s, struct kvt_entry **ref, struct kvt_entry *ne);
+struct shard *kvt_lock_shard(struct kv_table *t, uint64_t h); /* locks the key's shard (and rehashes a step) */
 
-/* do_lookup for readers: the live entry or NULL; *st as do_lookup. */
+/* kvt_do_lookup for readers: the live entry or NULL; *st as kvt_do_lookup. */
 static inline struct kvt_entry *do_live(struct kv_table *t, struct shard *s, uint64_t h, const void *key,
                                         size_t klen, int *st)
 {
-    struct kvt_entry **ref = do_lookup(t, s, h, key, klen, st);
+    struct kvt_entry **ref = kvt_do_lookup(t, s, h, key, klen, st);
     return *st == LK_LIVE ? *ref : NULL;
 }
 
 /* ---- spill mode: dirty nodes, in table_spill.c (caller holds the shard lock) */
 
-int prep_dn(struct kv_table *t, struct kvt_entry *ne, struct kvt_entry *slot);
-void dnode_free(struct kv_table *t, struct kvt_dnode *d);
-void dn_detach(struct kv_table *t, struct kvt_entry *e);
+int kvt_prep_dn(struct kv_table *t, struct kvt_entry *ne, struct kvt_entry *slot);
+void kvt_dnode_free(struct kv_table *t, struct kvt_dnode *d);
+void kvt_dn_detach(struct kv_table *t, struct kvt_entry *e);
 
 #endif

@@ -30,7 +30,7 @@ static int mem_charge(struct kv_table *t, size_t n, int bounded)
 
 /* ---- entries */
 
-struct kvt_entry *entry_new_b(struct kv_table *t, uint64_t h, const void *key, size_t klen,
+struct kvt_entry *kvt_entry_new_b(struct kv_table *t, uint64_t h, const void *key, size_t klen,
                               const void *val, size_t vlen, size_t extra, int bounded)
 {
     struct kvt_entry *e = malloc(sizeof *e + klen + vlen + extra);
@@ -59,19 +59,19 @@ struct kvt_entry *entry_new_b(struct kv_table *t, uint64_t h, const void *key, s
     return e;
 }
 
-struct kvt_entry *entry_new(struct kv_table *t, uint64_t h, const void *key, size_t klen,
+struct kvt_entry *kvt_entry_new(struct kv_table *t, uint64_t h, const void *key, size_t klen,
                             const void *val, size_t vlen, size_t extra)
 {
-    return entry_new_b(t, h, key, klen, val, vlen, extra, 1);
+    return kvt_entry_new_b(t, h, key, klen, val, vlen, extra, 1);
 }
 
-void entry_free(struct kv_table *t, struct kvt_entry *e)
+void kvt_entry_free(struct kv_table *t, struct kvt_entry *e)
 {
     mem_uncharge(t, malloc_usable_size(e));
     free(e);
 }
 
-struct kvt_entry **buckets_new(struct kv_table *t, uint64_t n)
+struct kvt_entry **kvt_buckets_new(struct kv_table *t, uint64_t n)
 {
     struct kvt_entry **b = calloc(n, sizeof *b);
     if (!b)
@@ -83,7 +83,7 @@ struct kvt_entry **buckets_new(struct kv_table *t, uint64_t n)
     return b;
 }
 
-void buckets_free(struct kv_table *t, struct kvt_entry **b)
+void kvt_buckets_free(struct kv_table *t, struct kvt_entry **b)
 {
     if (b) {
         mem_uncharge(t, malloc_usable_size(b));
@@ -92,7 +92,7 @@ void buckets_free(struct kv_table *t, struct kvt_entry **b)
 }
 
 /* Move up to n buckets from ht[0] to ht[1]; finish the rehash when ht[0] is empty. */
-void do_rehash_step(struct kv_table *t, struct shard *s, int n)
+void kvt_do_rehash_step(struct kv_table *t, struct shard *s, int n)
 {
     int empty_visits = n * MAX_EMPTY_VISITS;
     while (n-- > 0 && s->rehashidx >= 0) {
@@ -113,7 +113,7 @@ void do_rehash_step(struct kv_table *t, struct shard *s, int n)
             s->ht[0][s->rehashidx++] = NULL;
         }
         if ((uint64_t)s->rehashidx >= s->size[0]) {
-            buckets_free(t, s->ht[0]);
+            kvt_buckets_free(t, s->ht[0]);
             set_ht0(s, s->ht[1], s->size[1]);
             s->ht[1] = NULL;
             s->size[1] = 0;
@@ -125,11 +125,11 @@ void do_rehash_step(struct kv_table *t, struct shard *s, int n)
 
 /* Start migrating to a table of n buckets. If the allocation is refused (memory
  * bound), keep the current table: longer chains, never lost data. */
-void do_resize(struct kv_table *t, struct shard *s, uint64_t n)
+void kvt_do_resize(struct kv_table *t, struct shard *s, uint64_t n)
 {
     if (s->rehashidx >= 0 || n == s->size[0])
         return;
-    struct kvt_entry **b = buckets_new(t, n);
+    struct kvt_entry **b = kvt_buckets_new(t, n);
     if (!b)
         return;
     s->ht[1] = b;
@@ -138,7 +138,7 @@ void do_resize(struct kv_table *t, struct shard *s, uint64_t n)
 }
 
 /* Link pointer to the entry with this key, or NULL. */
-struct kvt_entry **do_find(struct shard *s, uint64_t h, const void *key, size_t klen)
+struct kvt_entry **kvt_do_find(struct shard *s, uint64_t h, const void *key, size_t klen)
 {
     for (int i = 0; i < 2; i++) {
         if (!s->size[i])
@@ -155,7 +155,7 @@ struct kvt_entry **do_find(struct shard *s, uint64_t h, const void *key, size_t 
     return NULL;
 }
 
-void do_unlink(struct kv_table *t, struct shard *s, struct kvt_entry **ref)
+void kvt_do_unlink(struct kv_table *t, struct shard *s, struct kvt_entry **ref)
 {
     struct kvt_entry *e = *ref;
     *ref = e->next;
@@ -163,8 +163,8 @@ void do_unlink(struct kv_table *t, struct shard *s, struct kvt_entry **ref)
         cnt_add(&s->expires, -1);
     cnt_add(&s->used, -1);
     kd_add(s, -contrib(e));
-    dn_detach(t, e);
-    entry_free(t, e);
+    kvt_dn_detach(t, e);
+    kvt_entry_free(t, e);
 }
 
 /* The key stops existing (DEL, expiry): lsn is the delete's record (0: keep
@@ -172,16 +172,16 @@ void do_unlink(struct kv_table *t, struct shard *s, struct kvt_entry **ref)
  * the entry goes (a pending insert of it is absorbed: it never reaches the
  * disk); otherwise it becomes a tombstone that the flusher deletes from the
  * block. Returns 0 or -ENOMEM (nothing changed). */
-int do_remove(struct kv_table *t, struct shard *s, struct kvt_entry **ref, uint64_t lsn)
+int kvt_do_remove(struct kv_table *t, struct shard *s, struct kvt_entry **ref, uint64_t lsn)
 {
     struct kvt_entry *e = *ref;
     if (!t->sp.queue || ((e->flags & E_OD_MASK) == OD_NO && !(e->dn && e->dn->inflight))) {
         if (t->sp.queue && e->dn && !t->sp.queue_lock) /* the simple queue does not absorb */
             ldu_log(t->sp.queue, &e->dn->lo, LDU_REMOVE, 1);
-        do_unlink(t, s, ref);
+        kvt_do_unlink(t, s, ref);
         return 0;
     }
-    if (prep_dn(t, e, NULL))
+    if (kvt_prep_dn(t, e, NULL))
         return -ENOMEM;
     kd_add(s, -contrib(e));
     if (e->expire_ms)
@@ -201,10 +201,10 @@ int do_remove(struct kv_table *t, struct shard *s, struct kvt_entry **ref, uint6
  * in spill mode, LK_NOTRES: nothing in memory and the key's data-file block
  * may hold it, so it must be loaded first (kvt_load) unless the caller writes
  * blind. An entry whose time has passed is removed (or made a tombstone). */
-struct kvt_entry **do_lookup(struct kv_table *t, struct shard *s, uint64_t h, const void *key,
+struct kvt_entry **kvt_do_lookup(struct kv_table *t, struct shard *s, uint64_t h, const void *key,
                              size_t klen, int *st)
 {
-    struct kvt_entry **ref = do_find(s, h, key, klen);
+    struct kvt_entry **ref = kvt_do_find(s, h, key, klen);
     if (ref) {
         struct kvt_entry *e = *ref;
         e->flags |= E_REF;
@@ -218,9 +218,9 @@ struct kvt_entry **do_lookup(struct kv_table *t, struct shard *s, uint64_t h, co
         }
         cnt_add(&s->expired, 1);
         *st = LK_ABSENT;
-        if (do_remove(t, s, ref, 0))
+        if (kvt_do_remove(t, s, ref, 0))
             return ref; /* no memory for the tombstone yet: treated as absent, retried later */
-        return do_find(s, h, key, klen);
+        return kvt_do_find(s, h, key, klen);
     }
     if (t->sp.queue && t->sp.maybe_on_disk(t->sp.arg, key, klen)) {
         *st = LK_NOTRES;
@@ -230,7 +230,7 @@ struct kvt_entry **do_lookup(struct kv_table *t, struct shard *s, uint64_t h, co
     return NULL;
 }
 
-void do_insert(struct kv_table *t, struct shard *s, struct kvt_entry *e)
+void kvt_do_insert(struct kv_table *t, struct shard *s, struct kvt_entry *e)
 {
     int i = s->rehashidx >= 0 ? 1 : 0;
     struct kvt_entry **b = &s->ht[i][e->hash & (s->size[i] - 1)];
@@ -242,11 +242,11 @@ void do_insert(struct kv_table *t, struct shard *s, struct kvt_entry *e)
     kd_add(s, contrib(e));
     uint64_t used = atomic_load_explicit(&s->used, memory_order_relaxed);
     if (s->rehashidx < 0 && used > s->size[0])
-        do_resize(t, s, s->size[0] * 2);
+        kvt_do_resize(t, s, s->size[0] * 2);
 }
 
 /* Replace *ref's entry by ne (same key), keeping the chain. */
-void do_replace(struct kv_table *t, struct shard *s, struct kvt_entry **ref,
+void kvt_do_replace(struct kv_table *t, struct shard *s, struct kvt_entry **ref,
                 struct kvt_entry *ne)
 {
     struct kvt_entry *old = *ref;
@@ -259,14 +259,14 @@ void do_replace(struct kv_table *t, struct shard *s, struct kvt_entry **ref,
         ne->dn->e = ne;
         old->dn = NULL;
     }
-    entry_free(t, old);
+    kvt_entry_free(t, old);
 }
 
-struct shard *lock_shard(struct kv_table *t, uint64_t h)
+struct shard *kvt_lock_shard(struct kv_table *t, uint64_t h)
 {
     struct shard *s = shard_of(t, h);
     pthread_mutex_lock(&s->lock);
     if (s->rehashidx >= 0)
-        do_rehash_step(t, s, REHASH_STEP);
+        kvt_do_rehash_step(t, s, REHASH_STEP);
     return s;
 }

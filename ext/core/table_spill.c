@@ -22,7 +22,7 @@
 /* Give ne a dirty node (spill mode) unless it will inherit slot's. Called
  * before the mutation is logged, so a failed allocation changes nothing.
  * Nodes are charged without the bound: they are what lets memory be freed. */
-int prep_dn(struct kv_table *t, struct kvt_entry *ne, struct kvt_entry *slot)
+int kvt_prep_dn(struct kv_table *t, struct kvt_entry *ne, struct kvt_entry *slot)
 {
     if (!t->sp.queue || ne->dn || (slot && slot->dn))
         return 0;
@@ -42,7 +42,7 @@ int prep_dn(struct kv_table *t, struct kvt_entry *ne, struct kvt_entry *slot)
     return 0;
 }
 
-void dnode_free(struct kv_table *t, struct kvt_dnode *d)
+void kvt_dnode_free(struct kv_table *t, struct kvt_dnode *d)
 {
     mem_uncharge(t, malloc_usable_size(d));
     free(d);
@@ -51,7 +51,7 @@ void dnode_free(struct kv_table *t, struct kvt_dnode *d)
 /* e leaves the table: a queued node stays for the consumer (which frees it),
  * an idle one is freed. The used bits only clear under this shard lock
  * (kvt_flushed), so "not queued" cannot change under us. */
-void dn_detach(struct kv_table *t, struct kvt_entry *e)
+void kvt_dn_detach(struct kv_table *t, struct kvt_entry *e)
 {
     struct kvt_dnode *d = e->dn;
     if (!d)
@@ -59,7 +59,7 @@ void dn_detach(struct kv_table *t, struct kvt_entry *e)
     e->dn = NULL;
     d->e = NULL;
     if (!atomic_load_explicit(&d->lo.used, memory_order_relaxed))
-        dnode_free(t, d);
+        kvt_dnode_free(t, d);
 }
 
 /* ---- spill mode: the data file's side (see table.h) */
@@ -191,7 +191,7 @@ void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held
     if (!atomic_load_explicit(&d->lo.used, memory_order_relaxed) && (!e || clean)) {
         if (e)
             e->dn = NULL;
-        dnode_free(t, d);
+        kvt_dnode_free(t, d);
     }
     pthread_mutex_unlock(&s->lock);
 }
@@ -207,7 +207,7 @@ uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
         t->clock_shard = (t->clock_shard + 1) % KVT_SHARDS;
         pthread_mutex_lock(&s->lock);
         if (s->rehashidx >= 0)
-            do_rehash_step(t, s, 64); /* evict from ht[0] only: finish migrating first */
+            kvt_do_rehash_step(t, s, 64); /* evict from ht[0] only: finish migrating first */
         uint64_t buckets = s->rehashidx >= 0 ? 0 : s->size[0];
         /* a slice of the shard per visit, so the lock is held briefly */
         for (uint64_t v = 0; v < buckets && v < 4096 && kvt_used_memory(t) > target; v++) {
@@ -219,7 +219,7 @@ uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
                 if (evictable && !(e->flags & E_REF)) {
                     freed += malloc_usable_size(e);
                     n++;
-                    do_unlink(t, s, ref);
+                    kvt_do_unlink(t, s, ref);
                 } else {
                     e->flags &= ~E_REF;
                     ref = &e->next;
@@ -240,9 +240,9 @@ int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, 
              int64_t expire_ms, int (*still_valid)(void *arg), void *arg)
 {
     uint64_t h = kvt_hash(key, klen);
-    struct shard *s = lock_shard(t, h);
+    struct shard *s = kvt_lock_shard(t, h);
     int rc = 0;
-    if (do_find(s, h, key, klen)) {
+    if (kvt_do_find(s, h, key, klen)) {
         rc = 0; /* written (or loaded) meanwhile: memory is newer than the block */
     } else if (!still_valid(arg)) {
         rc = -EAGAIN; /* the block changed after it was read */
@@ -252,13 +252,13 @@ int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, 
          * without the bound: the evictor takes it back under pressure. */
         if (found && expire_ms && expire_ms <= now_ms())
             found = 0;
-        struct kvt_entry *e = entry_new_b(t, h, key, klen, found ? val : NULL, found ? vlen : 0, 0, 0);
+        struct kvt_entry *e = kvt_entry_new_b(t, h, key, klen, found ? val : NULL, found ? vlen : 0, 0, 0);
         if (!e) {
             rc = -ENOMEM;
         } else {
             e->flags = E_REF | (found ? OD_YES : (E_TOMB | OD_NO));
             e->expire_ms = found ? expire_ms : 0;
-            do_insert(t, s, e);
+            kvt_do_insert(t, s, e);
             rc = 1;
         }
     }

@@ -26,7 +26,7 @@
 
 /* ---- blocks */
 
-int all_zero(const unsigned char *p, size_t n)
+int bosc_all_zero(const unsigned char *p, size_t n)
 {
     static const unsigned char z[BHDR];
     return memcmp(p, z, BHDR) == 0 && (n <= BHDR || memcmp(p, p + 1, n - 1) == 0);
@@ -36,7 +36,7 @@ int all_zero(const unsigned char *p, size_t n)
  * damaged (why in err). */
 static int block_check(struct bosc *b, const unsigned char *p, uint32_t no, char *err, size_t errlen)
 {
-    if (all_zero(p, BLK))
+    if (bosc_all_zero(p, BLK))
         return 0;
     const char *why = NULL;
     if (get32(p) != BLK_MAGIC)
@@ -54,7 +54,7 @@ static int block_check(struct bosc *b, const unsigned char *p, uint32_t no, char
     return -EILSEQ;
 }
 
-int block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t next, uint64_t gen,
+int bosc_block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t next, uint64_t gen,
                 uint32_t used, uint32_t home)
 {
     put32(p, BLK_MAGIC);
@@ -72,7 +72,7 @@ int block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t next, ui
 }
 
 /* Append x to a growable array. Returns 0 or -ENOMEM. */
-int push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x)
+int bosc_push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x)
 {
     if (*n == *cap) {
         size_t c = *cap ? *cap * 2 : 64;
@@ -90,7 +90,7 @@ int push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x)
  * numbers into chain (home first). Blocks of another generation hold nothing
  * (their overflow blocks are still listed, to be reused or freed). Returns
  * 0 or -errno (-EILSEQ with err set). */
-int chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
+int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
                size_t *nchain, size_t *capchain, char *err, size_t errlen)
 {
     unsigned char blk[BLK];
@@ -127,7 +127,7 @@ int chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, u
                      ", found in the chain of block %" PRIu32, b->path, no, get32(blk + 28), home);
             return -EILSEQ;
         }
-        if (push_u32(chain, nchain, capchain, no))
+        if (bosc_push_u32(chain, nchain, capchain, no))
             return -ENOMEM;
         if (no == home)
             stale = get64(blk + 16) != gen;
@@ -140,7 +140,7 @@ int chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, u
 
 /* Walk a record stream. Returns the number of records, or -EILSEQ if it is
  * malformed. fn (may be NULL) sees each record. */
-int64_t stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg)
+int64_t bosc_stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg)
 {
     size_t off = 0;
     int64_t cnt = 0;
@@ -159,7 +159,7 @@ int64_t stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg)
     return cnt;
 }
 
-int stream_damaged(struct bosc *b, uint32_t bucket, char *err, size_t errlen)
+int bosc_stream_damaged(struct bosc *b, uint32_t bucket, char *err, size_t errlen)
 {
     snprintf(err, errlen, "data file %s damaged: the records of block %" PRIu32 " are malformed", b->path,
              FIRST_HOME + bucket);
@@ -168,7 +168,7 @@ int stream_damaged(struct bosc *b, uint32_t bucket, char *err, size_t errlen)
 
 /* ---- superblock */
 
-int sb_write(struct bosc *b, uint64_t flushed, uint64_t gen)
+int bosc_sb_write(struct bosc *b, uint64_t flushed, uint64_t gen)
 {
     unsigned char p[BLK];
     memset(p, 0, sizeof p);
@@ -192,7 +192,7 @@ int sb_write(struct bosc *b, uint64_t flushed, uint64_t gen)
     return rc;
 }
 
-int sb_read(struct bosc *b, uint64_t *flushed, uint64_t *gen, char *err, size_t errlen)
+int bosc_sb_read(struct bosc *b, uint64_t *flushed, uint64_t *gen, char *err, size_t errlen)
 {
     unsigned char p[BLK];
     int best = -1;
@@ -235,7 +235,7 @@ int sb_read(struct bosc *b, uint64_t *flushed, uint64_t *gen, char *err, size_t 
 
 /* A block for a growing chain: a free one (lowest last-freed first), or a new
  * one at the end of the file. 0 if none can be had. */
-uint32_t blk_alloc(struct bosc *b)
+uint32_t bosc_blk_alloc(struct bosc *b)
 {
     if (b->nfree)
         return b->free_blk[--b->nfree];

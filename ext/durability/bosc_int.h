@@ -164,29 +164,29 @@ static inline int pwrite_all(int fd, const void *buf, size_t n, off_t off)
 
 typedef void (*rec_fn)(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,
                        uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire);
-int all_zero(const unsigned char *p, size_t n);
-int block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t next, uint64_t gen,
+int bosc_all_zero(const unsigned char *p, size_t n);
+int bosc_block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t next, uint64_t gen,
                 uint32_t used, uint32_t home);
-int push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x);
-int chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
+int bosc_push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x);
+int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
                size_t *nchain, size_t *capchain, char *err, size_t errlen);
-int64_t stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg);
-int stream_damaged(struct bosc *b, uint32_t bucket, char *err, size_t errlen);
-int sb_write(struct bosc *b, uint64_t flushed, uint64_t gen);
-int sb_read(struct bosc *b, uint64_t *flushed, uint64_t *gen, char *err, size_t errlen);
-uint32_t blk_alloc(struct bosc *b);
+int64_t bosc_stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg);
+int bosc_stream_damaged(struct bosc *b, uint32_t bucket, char *err, size_t errlen);
+int bosc_sb_write(struct bosc *b, uint64_t flushed, uint64_t gen);
+int bosc_sb_read(struct bosc *b, uint64_t *flushed, uint64_t *gen, char *err, size_t errlen);
+uint32_t bosc_blk_alloc(struct bosc *b);
 
 /* ---- bosc_load.c: the table's hooks (struct kvt_spill) and the loader thread */
 
-int hook_maybe_on_disk(void *arg, const void *key, size_t klen);
-void hook_flushall(void *arg, int phase);
-int hook_load_sync(void *arg, const void *key, size_t klen);
-int hook_make_room(void *arg);
-void wake_all(struct bosc *b);
-void *loader_main(void *arg);
+int bosc_hook_maybe_on_disk(void *arg, const void *key, size_t klen);
+void bosc_hook_flushall(void *arg, int phase);
+int bosc_hook_load_sync(void *arg, const void *key, size_t klen);
+int bosc_hook_make_room(void *arg);
+void bosc_wake_all(struct bosc *b);
+void *bosc_loader_main(void *arg);
 
 /* ---- bosc_sweep.c: the flusher thread */
 
-void *flusher_main(void *arg);
+void *bosc_flusher_main(void *arg);
 
 #endif

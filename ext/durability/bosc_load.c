@@ -26,7 +26,7 @@
 
 /* ---- the table's hooks */
 
-int hook_maybe_on_disk(void *arg, const void *key, size_t klen)
+int bosc_hook_maybe_on_disk(void *arg, const void *key, size_t klen)
 {
     struct bosc *b = arg;
     if (atomic_load_explicit(&b->failed, memory_order_relaxed))
@@ -34,7 +34,7 @@ int hook_maybe_on_disk(void *arg, const void *key, size_t klen)
     return atomic_load_explicit(&b->nkeys[bucket_of(b, key, klen)], memory_order_relaxed) != 0;
 }
 
-void hook_flushall(void *arg, int phase)
+void bosc_hook_flushall(void *arg, int phase)
 {
     struct bosc *b = arg;
     if (phase == KVT_FLUSH_BEGIN) {
@@ -54,8 +54,8 @@ void hook_flushall(void *arg, int phase)
     pthread_mutex_unlock(&b->flush_lock);
 }
 
-int hook_load_sync(void *arg, const void *key, size_t klen) { return bosc_load(arg, key, klen); }
-int hook_make_room(void *arg) { return bosc_sync(arg); }
+int bosc_hook_load_sync(void *arg, const void *key, size_t klen) { return bosc_load(arg, key, klen); }
+int bosc_hook_make_room(void *arg) { return bosc_sync(arg); }
 
 /* ---- loading a key */
 
@@ -122,9 +122,9 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
         rc = 0;
         if (atomic_load_explicit(&b->nkeys[v.bucket], memory_order_relaxed)) {
             add(&b->st.load_reads, 1);
-            rc = chain_read(b, v.bucket, v.gen, &s, &chain, &nchain, &capchain, err, sizeof err);
-            if (!rc && stream_walk((unsigned char *)s.p, s.len, find_rec, &f) < 0)
-                rc = stream_damaged(b, v.bucket, err, sizeof err);
+            rc = bosc_chain_read(b, v.bucket, v.gen, &s, &chain, &nchain, &capchain, err, sizeof err);
+            if (!rc && bosc_stream_walk((unsigned char *)s.p, s.len, find_rec, &f) < 0)
+                rc = bosc_stream_damaged(b, v.bucket, err, sizeof err);
         }
         if (rc < 0 && !still_valid(&v) && tries < 1000)
             continue; /* read while the flusher wrote it */
@@ -168,14 +168,14 @@ static void wake(int fd)
     (void)w;
 }
 
-void wake_all(struct bosc *b)
+void bosc_wake_all(struct bosc *b)
 {
     int n = atomic_load_explicit(&b->nsubs, memory_order_acquire);
     for (int i = 0; i < n; i++)
         wake(b->subs[i]);
 }
 
-void *loader_main(void *arg)
+void *bosc_loader_main(void *arg)
 {
     struct bosc *b = arg;
     pthread_mutex_lock(&b->lock);

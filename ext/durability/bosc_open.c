@@ -45,7 +45,7 @@ static int create_file(struct bosc *b, uint32_t buckets, char *err, size_t errle
         snprintf(err, errlen, "cannot size %s: %s", b->path, strerror(errno));
         return -errno;
     }
-    int rc = sb_write(b, 0, 1);
+    int rc = bosc_sb_write(b, 0, 1);
     if (rc) {
         snprintf(err, errlen, "cannot write %s: %s", b->path, strerror(-rc));
         return rc;
@@ -87,12 +87,12 @@ static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char 
                 continue;
             }
         }
-        rc = chain_read(b, bk, gen, &s, &chain, &nchain, &capchain, err, errlen);
+        rc = bosc_chain_read(b, bk, gen, &s, &chain, &nchain, &capchain, err, errlen);
         if (rc)
             break;
-        int64_t cnt = stream_walk((unsigned char *)s.p, s.len, NULL, NULL);
+        int64_t cnt = bosc_stream_walk((unsigned char *)s.p, s.len, NULL, NULL);
         if (cnt < 0) {
-            rc = stream_damaged(b, bk, err, errlen);
+            rc = bosc_stream_damaged(b, bk, err, errlen);
             break;
         }
         atomic_store_explicit(&b->nkeys[bk], (uint32_t)cnt, memory_order_relaxed);
@@ -109,7 +109,7 @@ static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char 
         }
     }
     for (uint64_t no = FIRST_HOME + (uint64_t)b->nbuckets; no < nb && !rc; no++)
-        if (!(used[no / 8] & (1u << (no % 8))) && push_u32(&b->free_blk, &b->nfree, &b->capfree, (uint32_t)no))
+        if (!(used[no / 8] & (1u << (no % 8))) && bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, (uint32_t)no))
             rc = -ENOMEM;
     free(used);
     free(s.p);
@@ -152,7 +152,7 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     unsigned char first[2 * BLK];
     int fresh = st.st_size == 0;
     if (!fresh && st.st_size >= (off_t)sizeof first && !pread_all(b->fd, first, sizeof first, 0))
-        fresh = all_zero(first, sizeof first); /* created, crashed before its superblock */
+        fresh = bosc_all_zero(first, sizeof first); /* created, crashed before its superblock */
     if (fresh) {
         uint32_t buckets = cfg->buckets ? cfg->buckets : 65536;
         if (buckets > MAX_BLOCKS / 2) {
@@ -162,7 +162,7 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
         }
         rc = create_file(b, buckets, err, errlen);
     } else {
-        rc = sb_read(b, &flushed, &gen, err, errlen);
+        rc = bosc_sb_read(b, &flushed, &gen, err, errlen);
         /* Chains may use blocks past the count the superblock recorded (a sweep
          * that grew the file, then a crash before the next superblock): the file
          * size says how far blocks were written. */
@@ -188,8 +188,8 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     rc = scan(b, gen, info, err, errlen);
     if (rc)
         goto fail;
-    struct kvt_spill sp = {&b->q, b->locked_queue ? &b->qlock : NULL, hook_maybe_on_disk, hook_flushall,
-                           hook_load_sync, hook_make_room, b};
+    struct kvt_spill sp = {&b->q, b->locked_queue ? &b->qlock : NULL, bosc_hook_maybe_on_disk, bosc_hook_flushall,
+                           bosc_hook_load_sync, bosc_hook_make_room, b};
     kvt_set_spill(t, &sp);
     info->flushed_lsn = flushed;
     info->generation = gen;
@@ -215,9 +215,9 @@ void bosc_set_log(struct bosc *b, struct wal *w)
 
 int bosc_start(struct bosc *b)
 {
-    if (pthread_create(&b->flusher, NULL, flusher_main, b))
+    if (pthread_create(&b->flusher, NULL, bosc_flusher_main, b))
         return -EAGAIN;
-    if (pthread_create(&b->loader, NULL, loader_main, b)) {
+    if (pthread_create(&b->loader, NULL, bosc_loader_main, b)) {
         pthread_mutex_lock(&b->lock);
         b->stop = 1;
         pthread_cond_broadcast(&b->cond);

@@ -100,14 +100,14 @@ static int chain_write(struct bosc *b, uint32_t bucket, uint64_t gen, const stru
      * after it, the new chain whole (one block write is one page: all or
      * nothing for a killed process). */
     for (size_t i = 0; i < need; i++) {
-        blocks[i] = i == 0 ? home : blk_alloc(b);
+        blocks[i] = i == 0 ? home : bosc_blk_alloc(b);
         if (!blocks[i]) {
             free(blocks);
             return -ENOSPC;
         }
     }
     for (size_t i = 1; i < nchain; i++)
-        if (push_u32(&b->freed, &b->nfreed, &b->capfreed, chain[i]))
+        if (bosc_push_u32(&b->freed, &b->nfreed, &b->capfreed, chain[i]))
             rc = -ENOMEM; /* a leaked block, found again at the next open */
     unsigned char blk[BLK];
     /* Overflow blocks first, the home block last: a reader (or a crash) never
@@ -118,7 +118,7 @@ static int chain_write(struct bosc *b, uint32_t bucket, uint64_t gen, const stru
             n = 0;
         if (n)
             memcpy(blk + BHDR, s->p + off, n);
-        rc = block_write(b, blk, blocks[k], k + 1 < need ? blocks[k + 1] : 0, gen, (uint32_t)n, home);
+        rc = bosc_block_write(b, blk, blocks[k], k + 1 < need ? blocks[k + 1] : 0, gen, (uint32_t)n, home);
     }
     free(blocks);
     return rc;
@@ -162,7 +162,7 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
     if (!live)
         return 0;
     qsort(it, n, sizeof *it, lsn_cmp); /* settled items last, updates in LSN order */
-    int rc = chain_read(b, bucket, gen, &c->stream, &c->chain, &c->nchain, &c->capchain, err, errlen);
+    int rc = bosc_chain_read(b, bucket, gen, &c->stream, &c->chain, &c->nchain, &c->capchain, err, errlen);
     if (rc)
         return rc;
     if (live > c->cappresent) {
@@ -175,9 +175,9 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
     memset(c->present, 0, live);
     c->out.len = 0;
     struct rewrite w = {it, live, &c->out, c->present, unix_ms(), 0, 0, 0};
-    int64_t before = stream_walk((unsigned char *)c->stream.p, c->stream.len, keep_rec, &w);
+    int64_t before = bosc_stream_walk((unsigned char *)c->stream.p, c->stream.len, keep_rec, &w);
     if (before < 0)
-        return stream_damaged(b, bucket, err, errlen);
+        return bosc_stream_damaged(b, bucket, err, errlen);
     if (w.oom)
         return -ENOMEM;
     int64_t after = before - w.dropped;
@@ -303,7 +303,7 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     }
     /* Blocks freed by this sweep are free once the chains that dropped them are synced. */
     for (size_t k = 0; k < b->nfreed; k++)
-        push_u32(&b->free_blk, &b->nfree, &b->capfree, b->freed[k]);
+        bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, b->freed[k]);
     b->nfreed = 0;
     uint64_t deferred = 0;
     uint64_t durable_now = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX; /* >= every state written */
@@ -328,7 +328,7 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     uint64_t bound = c->flushed_bound;
     uint64_t cur_gen = atomic_load_explicit(&b->gen, memory_order_acquire);
     if (!any_skipped && bound != UINT64_MAX && bound > flushed && cur_gen == gen) {
-        rc = sb_write(b, bound, gen);
+        rc = bosc_sb_write(b, bound, gen);
         if (rc) {
             snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
             return rc;
@@ -343,7 +343,7 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     } else if (cur_gen != b->sb_gen) {
         /* A FLUSHALL must reach the superblock even when the flushed LSN cannot
          * move (no log, or blocks skipped): its generation is what empties the file. */
-        rc = sb_write(b, flushed, cur_gen);
+        rc = bosc_sb_write(b, flushed, cur_gen);
         if (rc) {
             snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
             return rc;
@@ -381,7 +381,7 @@ static void evict(struct bosc *b, int force)
     b->evict_failed = none;
 }
 
-void *flusher_main(void *arg)
+void *bosc_flusher_main(void *arg)
 {
     struct bosc *b = arg;
     struct sweep_ctx c = {0};
@@ -424,7 +424,7 @@ void *flusher_main(void *arg)
         else
             kvt_set_spill_stuck(b->t, 1); /* writes get an error instead of waiting forever */
         last = now_ns();
-        wake_all(b);
+        bosc_wake_all(b);
         pthread_mutex_lock(&b->lock);
         b->sync_done = req;
         pthread_cond_broadcast(&b->done);

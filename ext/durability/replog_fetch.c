@@ -1,6 +1,6 @@
 /* replog_fetch.c - rl_fetch (see replog.h): a recovering node streams its log
  * segments back from a peer into a directory. Runs on the caller's thread,
- * before the log is opened. Frames from the peer are untrusted (recv_frame). */
+ * before the log is opened. Frames from the peer are untrusted (rl_recv_frame). */
 #define _GNU_SOURCE
 #include "durability/replog.h"
 
@@ -35,16 +35,16 @@
 int64_t rl_fetch(const char *host, int port, uint8_t node_id[16], const char *dest_dir,
                  uint32_t timeout_ms, char *err, size_t errlen)
 {
-    int fd = connect_to(host, port, (int)timeout_ms, err, errlen);
+    int fd = rl_connect_to(host, port, (int)timeout_ms, err, errlen);
     if (fd < 0)
         return fd;
     struct kvbuf pl = {0};
-    int64_t rc = send_frame(fd, F_FETCH, 0, 0, node_id, 16, (int)timeout_ms);
+    int64_t rc = rl_send_frame(fd, F_FETCH, 0, 0, node_id, 16, (int)timeout_ms);
     if (mkdir(dest_dir, 0755) && errno != EEXIST)
         rc = -errno;
     while (!rc) {
         struct frame f;
-        rc = recv_frame(fd, &f, &pl, (int)timeout_ms * 10);
+        rc = rl_recv_frame(fd, &f, &pl, (int)timeout_ms * 10);
         if (rc)
             break;
         if (f.type == F_END) {

@@ -32,7 +32,7 @@
 
 /* Wait until fd is ready for ev or the timeout (microseconds: the ship interval
  * is 100 us). Returns 1 ready, 0 timeout, -errno. */
-int wait_fd_us(int fd, short ev, uint64_t timeout_us)
+int rl_wait_fd_us(int fd, short ev, uint64_t timeout_us)
 {
     struct pollfd p = {.fd = fd, .events = ev};
     struct timespec ts = {(time_t)(timeout_us / 1000000), (long)(timeout_us % 1000000) * 1000};
@@ -96,7 +96,7 @@ static int recv_all(int fd, void *buf, size_t n, int timeout_ms)
     return 0;
 }
 
-int send_frame(int fd, uint32_t type, uint64_t a, uint64_t b, const void *payload, size_t len,
+int rl_send_frame(int fd, uint32_t type, uint64_t a, uint64_t b, const void *payload, size_t len,
                int timeout_ms)
 {
     unsigned char h[HDR];
@@ -134,7 +134,7 @@ static uint32_t max_len(uint32_t type)
 }
 
 /* Read one frame; the payload replaces pl's contents. */
-int recv_frame(int fd, struct frame *f, struct kvbuf *pl, int timeout_ms)
+int rl_recv_frame(int fd, struct frame *f, struct kvbuf *pl, int timeout_ms)
 {
     unsigned char h[HDR];
     int rc = recv_all(fd, h, HDR, timeout_ms);
@@ -159,7 +159,7 @@ int recv_frame(int fd, struct frame *f, struct kvbuf *pl, int timeout_ms)
     return 0;
 }
 
-int connect_to(const char *host, int port, int timeout_ms, char *err, size_t errlen)
+int rl_connect_to(const char *host, int port, int timeout_ms, char *err, size_t errlen)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) {

@@ -2,7 +2,7 @@
  * replog_recv.c, replog_fetch.c): the frame format (ext/durability/REPLICATION.md),
  * blocking-with-deadline socket helpers and the record helpers. Internal: the
  * public interface is replog.h. Frames come from the network (untrusted):
- * recv_frame checks magic, type, length and CRC32C before a payload is used. */
+ * rl_recv_frame checks magic, type, length and CRC32C before a payload is used. */
 #ifndef KV_REPLOG_FRAME_H
 #define KV_REPLOG_FRAME_H
 
@@ -45,18 +45,18 @@ static inline uint64_t now_us(void)
 
 /* Wait until fd is ready for ev or the timeout (microseconds: the ship interval
  * is 100 us). Returns 1 ready, 0 timeout, -errno. */
-int wait_fd_us(int fd, short ev, uint64_t timeout_us);
-static inline int wait_fd(int fd, short ev, int timeout_ms) { return wait_fd_us(fd, ev, (uint64_t)timeout_ms * 1000); }
+int rl_wait_fd_us(int fd, short ev, uint64_t timeout_us);
+static inline int wait_fd(int fd, short ev, int timeout_ms) { return rl_wait_fd_us(fd, ev, (uint64_t)timeout_ms * 1000); }
 
 /* Send one frame (header and payload) within timeout_ms. Returns 0 or -errno. */
-int send_frame(int fd, uint32_t type, uint64_t a, uint64_t b, const void *payload, size_t len,
+int rl_send_frame(int fd, uint32_t type, uint64_t a, uint64_t b, const void *payload, size_t len,
                int timeout_ms);
 /* Read one frame; the payload replaces pl's contents. Returns 0 or -errno
  * (-EPROTO: not a frame of ours or too long, -EBADMSG: CRC mismatch). */
-int recv_frame(int fd, struct frame *f, struct kvbuf *pl, int timeout_ms);
+int rl_recv_frame(int fd, struct frame *f, struct kvbuf *pl, int timeout_ms);
 /* Connect to host:port (IPv4) within timeout_ms, TCP_NODELAY, non-blocking.
  * Returns the fd or -errno (why in err). */
-int connect_to(const char *host, int port, int timeout_ms, char *err, size_t errlen);
+int rl_connect_to(const char *host, int port, int timeout_ms, char *err, size_t errlen);
 
 /* Length of the record at p if it is intact and fits in n bytes, else 0. */
 static inline size_t rec_len(const unsigned char *p, size_t n)

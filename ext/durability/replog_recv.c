@@ -178,7 +178,7 @@ static int serve_fetch(struct rl_receiver *r, int fd, const char *want)
             closedir(pd);
         if (found > 1) {
             static const char msg[] = "this peer holds the logs of several nodes: name one (node id)";
-            send_frame(fd, F_ERROR, 0, 0, msg, sizeof msg - 1, 1000);
+            rl_send_frame(fd, F_ERROR, 0, 0, msg, sizeof msg - 1, 1000);
             return -EINVAL;
         }
     }
@@ -210,12 +210,12 @@ static int serve_fetch(struct rl_receiver *r, int fd, const char *want)
             if (f >= 0 && !fstat(f, &st) && st.st_size < MAX_FRAME && !kvbuf_reserve(&b, (size_t)st.st_size + 1)) {
                 ssize_t got = pread(f, b.p, (size_t)st.st_size, 0);
                 if (got == st.st_size)
-                    rc = send_frame(fd, F_FILE, first, 0, b.p, (size_t)got, 10000);
+                    rc = rl_send_frame(fd, F_FILE, first, 0, b.p, (size_t)got, 10000);
             }
             if (rc == -EIO) {
                 char msg[256];
                 int n = snprintf(msg, sizeof msg, "cannot read stored segment %s", de->d_name);
-                send_frame(fd, F_ERROR, 0, 0, msg, (size_t)n, 1000);
+                rl_send_frame(fd, F_ERROR, 0, 0, msg, (size_t)n, 1000);
             }
             kvbuf_free(&b);
             if (f >= 0)
@@ -224,7 +224,7 @@ static int serve_fetch(struct rl_receiver *r, int fd, const char *want)
         closedir(d);
     }
     if (!rc)
-        rc = send_frame(fd, F_END, held, 0, id, 16, 10000);
+        rc = rl_send_frame(fd, F_END, held, 0, id, 16, 10000);
     pthread_mutex_lock(&r->stat_lock);
     r->st.fetches++;
     pthread_mutex_unlock(&r->stat_lock);
@@ -235,12 +235,12 @@ static int handle_frame(struct rl_receiver *r, int i)
 {
     struct rconn *c = &r->conns[i];
     struct frame f;
-    int rc = recv_frame(c->fd, &f, &r->pl, 5000);
+    int rc = rl_recv_frame(c->fd, &f, &r->pl, 5000);
     if (rc)
         return rc;
     if (f.type == F_HELLO || f.type == F_FETCH) {
         if (r->pl.len != 16 || (f.type == F_HELLO && f.a != RL_VERSION)) {
-            send_frame(c->fd, F_ERROR, 0, 0, "bad hello", 9, 1000);
+            rl_send_frame(c->fd, F_ERROR, 0, 0, "bad hello", 9, 1000);
             return -EPROTO;
         }
         char hex[33];
@@ -257,12 +257,12 @@ static int handle_frame(struct rl_receiver *r, int i)
         if ((rc = open_peer_log(r, c)))
             return rc;
         c->has_id = 1;
-        return send_frame(c->fd, F_HELLO_ACK, c->held, 0, NULL, 0, 1000);
+        return rl_send_frame(c->fd, F_HELLO_ACK, c->held, 0, NULL, 0, 1000);
     }
     if (f.type == F_BATCH && c->has_id) {
         if ((rc = store_batch(r, c, &f)))
             return rc;
-        return send_frame(c->fd, F_ACK, c->held, 0, NULL, 0, 1000);
+        return rl_send_frame(c->fd, F_ACK, c->held, 0, NULL, 0, 1000);
     }
     return -EPROTO;
 }

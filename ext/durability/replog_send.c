@@ -2,7 +2,7 @@
  * BATCH frames, turns the peer's ACKs into the durable LSN, falls back to disk
  * mode when the peer is late or gone and catches it up from the segment files.
  * Threads: the sender thread owns its socket and buffers; stats are read under
- * stat_lock. Frames from the peer are untrusted (recv_frame checks them). */
+ * stat_lock. Frames from the peer are untrusted (rl_recv_frame checks them). */
 #define _GNU_SOURCE
 #include "durability/replog.h"
 
@@ -143,7 +143,7 @@ static int ship_records(struct rl_sender *s, const unsigned char *buf, size_t n,
             off += l;
             cnt++;
         }
-        int rc = send_frame(s->fd, F_BATCH, first, last, buf + start, off - start, (int)s->cfg.timeout_ms);
+        int rc = rl_send_frame(s->fd, F_BATCH, first, last, buf + start, off - start, (int)s->cfg.timeout_ms);
         if (rc)
             return rc;
         *sent = last;
@@ -188,7 +188,7 @@ static void *sender_main(void *arg)
             uint64_t first, last = wal_take_ship(s->w, &s->ship, &first);
             (void)last;
             s->pend.len = 0;
-            int fd = connect_to(s->host, s->cfg.port, (int)s->cfg.timeout_ms, err, sizeof err);
+            int fd = rl_connect_to(s->host, s->cfg.port, (int)s->cfg.timeout_ms, err, sizeof err);
             if (fd < 0) {
                 s_error(s, err);
                 usleep(100000);
@@ -196,9 +196,9 @@ static void *sender_main(void *arg)
             }
             s->fd = fd;
             struct frame f = {0};
-            int rc = send_frame(fd, F_HELLO, RL_VERSION, 0, s->cfg.node_id, 16, (int)s->cfg.timeout_ms);
+            int rc = rl_send_frame(fd, F_HELLO, RL_VERSION, 0, s->cfg.node_id, 16, (int)s->cfg.timeout_ms);
             if (!rc)
-                rc = recv_frame(fd, &f, &s->pl, (int)s->cfg.timeout_ms);
+                rc = rl_recv_frame(fd, &f, &s->pl, (int)s->cfg.timeout_ms);
             if (!rc && f.type != F_HELLO_ACK)
                 rc = -EPROTO;
             if (rc) {
@@ -240,11 +240,11 @@ static void *sender_main(void *arg)
         uint64_t now = now_us();
         if (next_ship <= now)
             next_ship = now + s->cfg.interval_us;
-        int w = wait_fd_us(s->fd, POLLIN, next_ship - now);
+        int w = rl_wait_fd_us(s->fd, POLLIN, next_ship - now);
         int rc = 0;
         while (w > 0 && !rc) {
             struct frame f;
-            rc = recv_frame(s->fd, &f, &s->pl, (int)s->cfg.timeout_ms);
+            rc = rl_recv_frame(s->fd, &f, &s->pl, (int)s->cfg.timeout_ms);
             if (!rc && f.type == F_ACK && f.a > sent) {
                 rc = -EPROTO; /* acknowledging what was never sent: a confused peer */
             } else if (!rc && f.type == F_ACK && f.a > acked) {
