@@ -29,31 +29,16 @@ import time
 
 import pytest
 
-from conftest import Incomplete, Raw, UdpConn, client, resp_cmd, resp_parse, resp_reply_end
-
-import faultlib as fl
+from helpers import faultlib as fl
+from helpers.conn import Raw, UdpConn, client
+from helpers.resp import Incomplete, resp_cmd, resp_parse, resp_reply_end
 from kvstore import Node, Store, durability
 from kvstore.errors import CorruptLogError, ServerError
 
 pytestmark = pytest.mark.timeout(120)
 
 
-# ---------------------------------------------------------------- fixtures
-
-@pytest.fixture
-def data_dir(tmp_path):
-    d = tmp_path / "data"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
-def nodes():
-    """start(data_dir, **settings) -> a started disk-mode Node (a new one each
-    call); whatever still runs at the end of the test is killed."""
-    with fl.started_nodes() as start:
-        yield start
-
+# ---------------------------------------------------------------- helpers (fixtures: faults/conftest.py)
 
 def recovery_of(node):
     rec = fl.parse_recovery(node.log())

@@ -33,7 +33,10 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from conftest import Raw, UdpConn, client, free_port, info_dict
+from helpers import faultlib
+from helpers.conn import Raw, UdpConn, client
+from helpers.resp import info_dict
+from helpers.servers import free_port
 from kvstore import Node
 
 pytestmark = pytest.mark.timeout(120)
@@ -773,9 +776,6 @@ def test_remote_with_malformed_peer_is_refused(tmp_path, peer):
 
 def _frame(ftype, a=0, b=0, payload=b""):
     import struct
-
-    sys.path.insert(0, os.path.dirname(__file__))
-    import faultlib
 
     crc = faultlib.crc32c(payload) if payload else 0
     return struct.pack("<IIIIQQ", 0x5052564B, ftype, len(payload), crc, a, b) + payload

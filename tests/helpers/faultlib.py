@@ -1,9 +1,5 @@
-"""Helpers for the disk-durability fault-injection tests.
-
-(Deliberately not a conftest.py: conftest files outside packages are all imported
-as the module "conftest", and a second one would replace tests/conftest.py in
-sys.modules for every test module collected after it, breaking their
-`from conftest import ...`.)
+"""Helpers for the durability fault-injection tests (the fixtures built on them are in
+tests/faults/conftest.py).
 
   - crc32c / parse_segment: an independent reader of the log format in ext/wal.h
   - start_disk_node: a kvstore.Node on a data dir (a fresh Node object each time)

@@ -5,7 +5,8 @@ import time
 import pytest
 import redis
 
-from conftest import Raw, client, info_dict
+from helpers.conn import Raw, client
+from helpers.resp import info_dict
 
 pytestmark = pytest.mark.timeout(60)
 

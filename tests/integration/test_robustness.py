@@ -10,8 +10,9 @@ import time
 import pytest
 import redis
 
-from conftest import (Incomplete, Raw, _start_node, _stop_node, client, raise_nofile, resp_cmd,
-                      resp_reply_end, rss_bytes)
+from helpers.conn import Raw, client
+from helpers.resp import Incomplete, resp_cmd, resp_reply_end
+from helpers.servers import raise_nofile, rss_bytes, start_node, stop_node
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -22,9 +23,9 @@ MB = 1024 * 1024
 @pytest.fixture(scope="module")
 def node():
     raise_nofile(4096)  # the server inherits the limit: 1,000 clients need fds on both sides
-    n = _start_node(threads=2)
+    n = start_node(threads=2)
     yield n
-    _stop_node(n)
+    stop_node(n)
 
 
 def assert_serving(n):
@@ -288,7 +289,7 @@ def test_server_still_alive_after_all(node):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_stops_server_with_clients_connected(sig):
-    n = _start_node(threads=2)
+    n = start_node(threads=2)
     conns = []
     try:
         for i in range(10):
@@ -313,7 +314,7 @@ def test_signal_stops_server_with_clients_connected(sig):
     finally:
         for r in conns:
             r.close()
-        _stop_node(n)
+        stop_node(n)
 
 
 def test_inline_request_behind_a_paused_batch(node):
