@@ -347,31 +347,3 @@ def test_mset_all_or_nothing_at_the_memory_bound(kv_node_factory):
             except redis.exceptions.OutOfMemoryError:
                 assert cl.dbsize() == 0, f"MSET half applied with {room_per_key} bytes of room per key"
         cl.config_set("maxmemory", 0)
-
-
-def test_closed_connection_gets_no_events_after_fork(tmp_path):
-    """A forked child keeps copies of the server's sockets; a connection the
-    server closes must still leave its epoll set (no events for freed memory)."""
-    import os
-
-    from kvstore import Server, Store
-
-    with Server(Store(), port=0, threads=1) as srv:
-        s = socket.create_connection(("127.0.0.1", srv.port))
-        s.sendall(C("PING"))
-        assert s.recv(100) == b"+PONG\r\n"
-        pid = os.fork()
-        if pid == 0:  # the child holds every descriptor for a while, then leaves
-            time.sleep(1.5)
-            os._exit(0)
-        try:
-            s.sendall(C("QUIT"))
-            assert s.recv(100) == b"+OK\r\n"
-            for _ in range(20):  # the socket stays open in the child: these reach the server
-                s.sendall(C("PING"))
-                time.sleep(0.01)
-            with client(srv.port) as cl:
-                assert cl.ping() and cl.set("after", "fork") and cl.get("after") == b"fork"
-        finally:
-            s.close()
-            os.waitpid(pid, 0)

@@ -5,6 +5,7 @@ predicted exactly, and a store with a small max_memory, where writes may be refu
 (OutOfMemoryError) but a refused write must change nothing and nothing is ever
 evicted. Plain tests cover expiry, the Redis integer rules of INCR, a large value and
 use from several Python threads at once (cffi releases the GIL around C calls).
+Store's own Python API (key types, argument checks) is in test_store.py.
 """
 import ctypes
 import ctypes.util
@@ -20,7 +21,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-import kvstore
 from kvstore import IntegerOverflowError, NotAnIntegerError, OutOfMemoryError, Store
 
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
@@ -680,37 +680,3 @@ def test_threads_with_disjoint_keys():
         assert s.get(k) == v, k
     s.flush()
     assert_empty_memory(s)
-
-
-def test_key_types_are_encoded():
-    s = Store()
-    s.set("text", "välue")
-    s.set(42, 7)
-    s[bytearray(b"ba")] = memoryview(b"mv")
-    assert s[b"text"] == "välue".encode()
-    assert s[b"42"] == b"7"
-    assert s["ba"] == b"mv"
-    with pytest.raises(KeyError):
-        s[b"absent"]
-    with pytest.raises(KeyError):
-        del s[b"absent"]
-    del s[42]
-    assert 42 not in s
-    with pytest.raises(TypeError):
-        s.set(1.5, b"x")
-    assert isinstance(kvstore.OutOfMemoryError("x"), MemoryError)
-
-
-def test_invalid_arguments():
-    with pytest.raises(kvstore.KVError):
-        Store(max_memory=1000)  # below an empty table's own bucket arrays
-    with pytest.raises(kvstore.ConfigError):
-        Store(max_memory=-1)
-    s = Store()
-    with pytest.raises(kvstore.ConfigError):
-        s.set(b"k", b"v", nx=True, xx=True)
-    with pytest.raises(kvstore.ConfigError):
-        s.set(b"k", b"v", ex=1, px=1000)
-    with pytest.raises(kvstore.ConfigError):
-        s.set(b"k", b"v", px=0)
-    assert len(s) == 0
