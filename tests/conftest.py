@@ -5,6 +5,7 @@ Servers under test:
   kv_fresh      - a kvstore Node of its own for one test
   redis_server  - a real redis-server (session), the reference for byte comparisons
   redis_auth / kv_auth - the same two with requirepass set (module)
+  c             - a redis-py client (str replies) on kv, its keyspace emptied first
 
 Every server listens on 127.0.0.1 on a port the OS picked. redis-server is
 started with --save '' --appendonly no (no files), and --databases 1, as kvstore
@@ -15,6 +16,7 @@ Library code (RESP codec, connections, servers) is in the helpers package next t
 """
 import pytest
 
+from helpers.conn import client
 from helpers.servers import PASSWORD, RedisServer, need, start_node, stop_node
 
 
@@ -75,3 +77,12 @@ def redis_auth():
     r = RedisServer("--requirepass", PASSWORD).start()
     yield r
     r.stop()
+
+
+@pytest.fixture
+def c(kv):
+    """decode_responses client on an empty keyspace."""
+    cl = client(kv.port, decode_responses=True)
+    cl.flushall()
+    yield cl
+    cl.close()

@@ -15,15 +15,6 @@ MIN = -2**63
 
 
 @pytest.fixture
-def c(kv):
-    """decode_responses client on an empty keyspace."""
-    cl = client(kv.port, decode_responses=True)
-    cl.flushall()
-    yield cl
-    cl.close()
-
-
-@pytest.fixture
 def b(kv):
     """bytes client."""
     cl = client(kv.port)
