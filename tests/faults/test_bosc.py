@@ -1,4 +1,4 @@
-"""Fault injection for the BOSC data file (ext/bosc.h): real `kvstore serve` processes
+"""Fault injection for the BOSC data file (ext/durability/bosc.h): real `kvstore serve` processes
 with --data-file, real redis-py clients, a real redis-server as the reference, blocks
 and superblocks damaged on disk, SIGKILL. Nothing is mocked.
 
@@ -13,7 +13,7 @@ What is checked:
   6. FLUSHALL with a data file, across a clean stop and a kill -9;
   7. keys with a TTL expire while evicted and after a restart;
   8. kill -9 while the log sync is slow and the flusher grows chains.
-The data file layout read here is the one described in ext/bosc.h.
+The data file layout read here is the one described in ext/durability/bosc.h.
 """
 import os
 import random
