@@ -9,7 +9,9 @@ import sys
 import pytest
 import redis
 
-from conftest import PASSWORD, Raw, RedisServer, _need, client, free_port, resp_cmd
+from helpers.conn import Raw, client
+from helpers.resp import resp_cmd
+from helpers.servers import PASSWORD, RedisServer, free_port, need
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -197,7 +199,7 @@ def test_port_in_use_by_another_kvstore(tmp_path, kv_fresh):
 @pytest.mark.timeout(60)
 def test_max_memory_units_as_redis(tmp_path):
     """'2mb' means what it means to redis-server (--maxmemory 2mb -> 2097152)."""
-    _need("redis-server")
+    need("redis-server")
     ref = RedisServer("--maxmemory", "2mb").start()
     try:
         with client(ref.port, decode_responses=True) as c:

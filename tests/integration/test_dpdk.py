@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
-import udp_client
 
+from helpers import udp_client
 from kvstore import Node, Server
 from kvstore import server as server_mod
 from kvstore.config import ServerConfig

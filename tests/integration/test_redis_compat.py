@@ -11,7 +11,9 @@ TIME, COMMAND COUNT) the structure is compared instead.
 """
 import pytest
 
-from conftest import PASSWORD, Raw, _start_node, _stop_node, info_dict, resp_cmd, resp_parse
+from helpers.conn import Raw
+from helpers.resp import info_dict, resp_cmd, resp_parse
+from helpers.servers import PASSWORD, start_node, stop_node
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,9 +31,9 @@ ARCHS = {"poller-direct": {}, "poller-strict": {"poll_policy": "strict"},
 def kv_plain(request):
     """kvstore with no memory bound (CONFIG GET maxmemory is 0, as on redis-server)."""
     settings = {"threads": 2, **ARCHS[request.param]}
-    n = _start_node(**settings)
+    n = start_node(**settings)
     yield n
-    _stop_node(n)
+    stop_node(n)
 
 
 def converse(port, request, n_replies, flush=True, auth=None):

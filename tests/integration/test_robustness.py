@@ -10,8 +10,9 @@ import time
 import pytest
 import redis
 
-from conftest import (Incomplete, Raw, _start_node, _stop_node, client, raise_nofile, resp_cmd,
-                      resp_reply_end, rss_bytes)
+from helpers.conn import Raw, client
+from helpers.resp import Incomplete, resp_cmd, resp_reply_end
+from helpers.servers import raise_nofile, rss_bytes, start_node, stop_node
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -22,9 +23,9 @@ MB = 1024 * 1024
 @pytest.fixture(scope="module")
 def node():
     raise_nofile(4096)  # the server inherits the limit: 1,000 clients need fds on both sides
-    n = _start_node(threads=2)
+    n = start_node(threads=2)
     yield n
-    _stop_node(n)
+    stop_node(n)
 
 
 def assert_serving(n):
@@ -288,7 +289,7 @@ def test_server_still_alive_after_all(node):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_stops_server_with_clients_connected(sig):
-    n = _start_node(threads=2)
+    n = start_node(threads=2)
     conns = []
     try:
         for i in range(10):
@@ -313,7 +314,7 @@ def test_signal_stops_server_with_clients_connected(sig):
     finally:
         for r in conns:
             r.close()
-        _stop_node(n)
+        stop_node(n)
 
 
 def test_inline_request_behind_a_paused_batch(node):
@@ -346,31 +347,3 @@ def test_mset_all_or_nothing_at_the_memory_bound(kv_node_factory):
             except redis.exceptions.OutOfMemoryError:
                 assert cl.dbsize() == 0, f"MSET half applied with {room_per_key} bytes of room per key"
         cl.config_set("maxmemory", 0)
-
-
-def test_closed_connection_gets_no_events_after_fork(tmp_path):
-    """A forked child keeps copies of the server's sockets; a connection the
-    server closes must still leave its epoll set (no events for freed memory)."""
-    import os
-
-    from kvstore import Server, Store
-
-    with Server(Store(), port=0, threads=1) as srv:
-        s = socket.create_connection(("127.0.0.1", srv.port))
-        s.sendall(C("PING"))
-        assert s.recv(100) == b"+PONG\r\n"
-        pid = os.fork()
-        if pid == 0:  # the child holds every descriptor for a while, then leaves
-            time.sleep(1.5)
-            os._exit(0)
-        try:
-            s.sendall(C("QUIT"))
-            assert s.recv(100) == b"+OK\r\n"
-            for _ in range(20):  # the socket stays open in the child: these reach the server
-                s.sendall(C("PING"))
-                time.sleep(0.01)
-            with client(srv.port) as cl:
-                assert cl.ping() and cl.set("after", "fork") and cl.get("after") == b"fork"
-        finally:
-            s.close()
-            os.waitpid(pid, 0)

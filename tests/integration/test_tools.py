@@ -3,7 +3,6 @@ and kvstore's own `kvstore bench` (also against redis-server, as a reference).""
 import json
 import os
 import re
-import shutil
 import subprocess
 import socket
 import sys
@@ -11,16 +10,13 @@ import time
 
 import pytest
 
-from conftest import PASSWORD, _need, client, free_port, resp_cmd
+from helpers.conn import client
+from helpers.resp import resp_cmd
+from helpers.servers import PASSWORD, free_port, need
 
 pytestmark = pytest.mark.timeout(120)
 
 KVSTORE = [sys.executable, "-m", "kvstore.cli"]
-
-
-def need(binary):
-    if shutil.which(binary) is None:
-        pytest.skip(f"{binary} is not installed (apt-get install redis-tools)")
 
 
 def run(args, input=None, timeout=60):
@@ -258,7 +254,7 @@ def test_kvstore_bench_fixed_rate_is_open_loop(kv_fresh, bench_available):
 @pytest.mark.timeout(60)
 def test_kvstore_bench_memcache_protocol(bench_available, tmp_path):
     """The same tool drives memcached's text protocol, replies checked."""
-    _need("memcached")
+    need("memcached")
     port = free_port()
     argv = ["memcached", "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-t", "2"]
     if os.geteuid() == 0:

@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-import udp_client
-from conftest import Incomplete, UdpConn, resp_cmd, resp_reply_end
+from helpers import udp_client
+from helpers.conn import UdpConn
+from helpers.resp import Incomplete, resp_cmd, resp_reply_end
 from kvstore import Node
 from test_redis_compat import REPLY_CASES, converse
 

@@ -1,15 +1,13 @@
-"""Helpers for the disk-durability fault-injection tests.
-
-(Deliberately not a conftest.py: conftest files outside packages are all imported
-as the module "conftest", and a second one would replace tests/conftest.py in
-sys.modules for every test module collected after it, breaking their
-`from conftest import ...`.)
+"""Helpers for the durability fault-injection tests (the fixtures built on them are in
+tests/faults/conftest.py).
 
   - crc32c / parse_segment: an independent reader of the log format in ext/wal.h
   - start_disk_node: a kvstore.Node on a data dir (a fresh Node object each time)
   - run_serve / run_recover: `kvstore serve` / `kvstore recover` as plain processes,
     for the cases where the server must refuse to start
   - parse_recovery: the "kvstore: recovered N records ..." line
+  - recovery_of, persistence, mget_all, write_keys: a served node's recovery line,
+    INFO persistence, and keys read or written with redis-py
 """
 import contextlib
 import os
@@ -22,6 +20,8 @@ import tempfile
 import time
 
 from kvstore import Node
+
+from .conn import client
 
 SEG_HDR = 16
 REC_HDR = 32
@@ -164,6 +164,39 @@ def started_nodes(**defaults):
         for n in started:
             if n.proc:
                 n.kill()
+
+
+# ---------------------------------------------------------------- a served node
+
+def recovery_of(node):
+    """The server's recovery summary (a Recovered or "empty"); fails if it printed none."""
+    rec = parse_recovery(node.log())
+    assert rec is not None, f"no recovery line in the server's stderr:\n{node.log()}"
+    return rec
+
+
+def persistence(port):
+    """INFO persistence of the node on port, parsed by redis-py."""
+    with client(port) as c:
+        return c.info("persistence")
+
+
+def mget_all(port, keys, chunk=500):
+    """{key: value or None} for every key, read with MGETs of `chunk` keys."""
+    out = {}
+    with client(port) as c:
+        for i in range(0, len(keys), chunk):
+            part = keys[i:i + chunk]
+            for k, v in zip(part, c.mget(part)):
+                out[k] = v
+    return out
+
+
+def write_keys(port, items):
+    """SET each (key, value), one request each (one log record each), in order."""
+    with client(port) as c:
+        for k, v in items:
+            assert c.set(k, v) is True
 
 
 SERVE = [sys.executable, "-m", "kvstore.cli", "serve"]

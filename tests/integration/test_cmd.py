@@ -1,25 +1,17 @@
-"""redis-py against a kvstore server: commands, options, errors, binary safety,
-large values and deep pipelines."""
+"""The command table (ext/cmd/cmd.c) through redis-py against a kvstore server: commands,
+options, errors, binary safety, large values and deep pipelines. The same requests
+compared byte for byte with a real redis-server: test_redis_compat.py; INFO: test_info.py."""
 import time
 
 import pytest
 import redis
 
-from conftest import Raw, client, info_dict
+from helpers.conn import client
 
 pytestmark = pytest.mark.timeout(60)
 
 MAX = 2**63 - 1
 MIN = -2**63
-
-
-@pytest.fixture
-def c(kv):
-    """decode_responses client on an empty keyspace."""
-    cl = client(kv.port, decode_responses=True)
-    cl.flushall()
-    yield cl
-    cl.close()
 
 
 @pytest.fixture
@@ -173,80 +165,6 @@ def test_config_get_port_is_the_listening_port(c, kv):
 def test_time(c):
     s, us = c.time()
     assert abs(s - time.time()) < 60 and 0 <= us < 1_000_000
-
-
-# ------------------------------------------------------------------ INFO
-
-def _raw_info(port, *sections):
-    """INFO's text as sent (redis-py would parse it into a dict)."""
-    with Raw(port) as r:
-        return r.call("INFO", *sections)
-
-
-INFO_FIELDS = {
-    "server": ["redis_version", "process_id", "tcp_port", "uptime_in_seconds", "poll_policy",
-               "accept_mode", "pollers"],
-    "clients": ["connected_clients", "maxclients"],
-    "memory": ["used_memory", "used_memory_human", "maxmemory", "maxmemory_policy"],
-    "persistence": ["loading", "durability"],
-    "replication": ["role"],
-    "stats": ["total_connections_received", "total_commands_processed", "instantaneous_ops_per_sec",
-              "rejected_connections", "expired_keys", "keyspace_hits", "keyspace_misses",
-              "total_error_replies_protocol"],
-    "pollers": ["poller0", "poller1", "total_epoll_wait_calls", "total_epoll_ctl_calls",
-                "total_read_calls", "total_write_calls"],
-    "cpu": ["used_cpu_sys", "used_cpu_user"],
-    "keyspace": ["db0"],
-}
-
-
-def test_info_sections(c, kv):
-    c.set("somekey", "1")
-    raw = _raw_info(kv.port)
-    info = info_dict(raw)
-    assert info["__sections__"] == list(INFO_FIELDS)
-    for sec, keys in INFO_FIELDS.items():
-        for k in keys:
-            assert k in info, (sec, k)
-    assert int(info["process_id"]) == kv.pid
-    assert int(info["tcp_port"]) == kv.port
-    assert int(info["pollers"]) == 2
-    assert int(info["maxmemory"]) == 256 * 1024 * 1024
-    assert info["db0"].startswith("keys=1,")
-    # per-poller syscall counters, and the totals are their sums (same snapshot)
-    per = []
-    for i in range(2):
-        d = dict(kv_.split("=") for kv_ in info[f"poller{i}"].split(","))
-        assert set(d) >= {"clients", "commands", "epoll_wait", "epoll_ctl", "read", "write"}
-        per.append({k: int(v) for k, v in d.items()})
-    for total, field in (("total_epoll_wait_calls", "epoll_wait"), ("total_epoll_ctl_calls", "epoll_ctl"),
-                         ("total_read_calls", "read"), ("total_write_calls", "write")):
-        assert int(info[total]) == sum(p[field] for p in per), total
-    assert int(info["total_read_calls"]) > 0 and int(info["total_write_calls"]) > 0
-
-
-def test_info_single_sections(c):
-    for sec in INFO_FIELDS:
-        d = c.info(sec)
-        if sec == "keyspace":
-            assert d == {}  # empty keyspace: no db0 line
-            continue
-        for k in INFO_FIELDS[sec]:
-            assert k in d, (sec, k)
-    assert "used_memory" in c.info("MEMORY")  # section names are case-insensitive
-    every = c.info("everything")
-    assert "used_cpu_sys" in every and "connected_clients" in every
-
-
-def test_info_counters_move(c):
-    before = c.info("stats")
-    c.get("nokey")
-    c.set("k", "v")
-    c.get("k")
-    after = c.info("stats")
-    assert after["total_commands_processed"] >= before["total_commands_processed"] + 3
-    assert after["keyspace_misses"] >= before["keyspace_misses"] + 1
-    assert after["keyspace_hits"] >= before["keyspace_hits"] + 1
 
 
 # ------------------------------------------------------------------ strings
@@ -469,117 +387,3 @@ def test_pipeline_errors_in_the_middle(c):
     assert res[0] is True and res[2] == "x" and res[4] == "still here"
     assert isinstance(res[1], redis.ResponseError) and "not an integer" in str(res[1])
     assert isinstance(res[3], redis.ResponseError) and "unknown command" in str(res[3])
-
-
-# ------------------------------------------------------------------ smoke over server modes
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("poll_policy", ["direct", "strict", "flexpoll"])
-@pytest.mark.parametrize("accept", ["reuseport", "handoff"])
-def test_smoke_modes(kv_node_factory, accept, poll_policy, threads):
-    n = kv_node_factory(accept=accept, poll_policy=poll_policy, threads=threads)
-    clients = [client(n.port, decode_responses=True, single_connection_client=True, protocol=2 + i % 2)
-               for i in range(6)]  # RESP2 and RESP3 connections side by side
-    try:
-        for i, cl in enumerate(clients):
-            assert cl.ping()
-            assert cl.set(f"k{i}", f"v{i}")
-        for i, cl in enumerate(clients):
-            assert cl.get(f"k{(i + 1) % 6}") == f"v{(i + 1) % 6}"
-            assert cl.incr("shared") >= 1
-        assert clients[0].get("shared") == "6"
-        p = clients[1].pipeline(transaction=False)
-        for i in range(500):
-            p.set(f"p{i}", "x" * (i % 50))
-            p.strlen(f"p{i}")
-        res = p.execute()
-        assert res[1::2] == [i % 50 for i in range(500)]
-        big = "y" * 300_000
-        assert clients[2].set("big", big) and clients[3].get("big") == big
-        info = clients[0].info("everything")
-        assert info["poll_policy"] == poll_policy
-        assert info["accept_mode"] == accept
-        assert info["pollers"] == threads
-        assert len([k for k in info if k.startswith("poller") and k[6:].isdigit()]) == threads
-        assert info["connected_clients"] >= 6
-    finally:
-        for cl in clients:
-            cl.close()
-
-
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("durability", ["none", "disk"])
-def test_threadpool_serves_redis_py_and_waits_for_the_log(kv_node_factory, durability):
-    """--arch threadpool: the same commands over many connections, replies after the log."""
-    n = kv_node_factory(arch="threadpool", threads=8, durability=durability)
-    clients = [client(n.port, decode_responses=True, single_connection_client=True) for _ in range(20)]
-    try:
-        for i, cl in enumerate(clients):
-            assert cl.set(f"t{i}", i) and cl.incr(f"t{i}") == i + 1
-        p = clients[0].pipeline(transaction=False)
-        for i in range(2000):
-            p.set(f"p{i}", i)
-        assert all(p.execute())
-        assert clients[1].mget([f"p{i}" for i in range(0, 2000, 100)]) == [str(i) for i in range(0, 2000, 100)]
-        info = clients[2].info("everything")
-        assert info["arch"] == "threadpool" and info["pollers"] == 8
-        if durability == "disk":  # every acknowledged write was durable first
-            assert info["log_durable_lsn"] >= 2040, info
-        assert clients[3].dbsize() == 2020
-    finally:
-        for cl in clients:
-            cl.close()
-    assert n.stop() == 0
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("poll_policy", ["strict", "flexpoll", "direct"])
-def test_replies_held_for_the_log_do_not_spin_the_poller(kv_node_factory, monkeypatch, poll_policy):
-    """While a reply waits for a slow log sync, nothing can be sent: a policy that kept
-    EPOLLOUT registered then would wake its poller every round (a busy loop)."""
-    monkeypatch.setenv("KVSTORE_FAULT_SYNC_DELAY_US", "20000")  # every log sync takes 20 ms
-    n = kv_node_factory(durability="disk", poll_policy=poll_policy, threads=1)
-    c = client(n.port, single_connection_client=True)
-    try:
-        before = c.info("pollers")["total_epoll_wait_calls"]
-        for i in range(30):  # each SET waits ~20 ms for its group's sync
-            assert c.set(f"h{i}", i)
-        waits = c.info("pollers")["total_epoll_wait_calls"] - before
-    finally:
-        c.close()
-    # per request: a wake-up for it, one for the log, a cron tick now and then (flexpoll's
-    # EPOLLOUT stays registered, edge-triggered: no wake-up while the reply waits); a
-    # spinning poller would make thousands in each 20 ms wait
-    assert waits < 30 * 15, f"{waits} epoll_wait calls for 30 held replies ({poll_policy})"
-
-
-@pytest.mark.parametrize("poll_policy", ["strict", "flexpoll", "direct"])
-def test_a_peer_that_closes_after_sending_is_let_go(kv_node_factory, poll_policy):
-    """The last bytes and the FIN often arrive together, and one read takes both: an
-    edge-triggered registration (flexpoll's) does not report the EOF left behind, so the
-    server must look for it, or the connection stays open for good."""
-    n = kv_node_factory(poll_policy=poll_policy, threads=1)
-    for i in range(20):
-        with Raw(n.port) as r:  # half a request, a whole one, a request and a pipeline
-            r.send([b"*3\r\n$3\r\nSET\r\n$4\r\nhalf", b"*1\r\n$4\r\nPING\r\n",
-                    b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n" * (i + 1), b"PING\r\n"][i % 4])
-    with client(n.port) as c:
-        deadline = time.monotonic() + 5
-        while c.info("clients")["connected_clients"] > 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert c.info("clients")["connected_clients"] == 1
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("poll_policy", ["strict", "flexpoll", "direct"])
-def test_every_held_reply_arrives_under_load(kv_node_factory, poll_policy):
-    """Replies held for the log leave when it syncs, whatever the policy: with flexpoll's
-    edge-triggered EPOLLOUT, a reply that became durable just after its round's write
-    attempt was once left unsent for good (the client then waits forever)."""
-    from kvstore import bench
-    n = kv_node_factory(poll_policy=poll_policy, threads=2, durability="disk", data_file=False)
-    for pipeline, conns in ((1, 50), (16, 2)):
-        r = bench.run(port=n.port, threads=2, conns=conns, pipeline=pipeline, requests=150_000, value_size=85,
-                      keyspace=1_000_000, ratio="1:0")
-        assert r["errors"] == 0 and r["requests"] == 150_000, r

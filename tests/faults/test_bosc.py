@@ -1,4 +1,4 @@
-"""Fault injection for the BOSC data file (ext/bosc.h): real `kvstore serve` processes
+"""Fault injection for the BOSC data file (ext/durability/bosc.h): real `kvstore serve` processes
 with --data-file, real redis-py clients, a real redis-server as the reference, blocks
 and superblocks damaged on disk, SIGKILL. Nothing is mocked.
 
@@ -13,7 +13,7 @@ What is checked:
   6. FLUSHALL with a data file, across a clean stop and a kill -9;
   7. keys with a TTL expire while evicted and after a restart;
   8. kill -9 while the log sync is slow and the flusher grows chains.
-The data file layout read here is the one described in ext/bosc.h.
+The data file layout read here is the one described in ext/durability/bosc.h.
 """
 import os
 import random
@@ -23,9 +23,10 @@ import time
 
 import pytest
 
-from conftest import Raw, RedisServer, _need, client, resp_cmd
-
-import faultlib as fl
+from helpers import faultlib as fl
+from helpers.conn import Raw, client
+from helpers.resp import resp_cmd
+from helpers.servers import RedisServer, need
 
 BLOCK = 4096
 FIRST_HOME = 2                # blocks 0 and 1 are the superblock copies
@@ -33,23 +34,7 @@ BLK_MAGIC = b"KVB1"           # u32 0x3142564B, little-endian
 SB_MAGIC = b"KVSBOSC1"
 BHDR = 32                     # block header: magic crc no next gen(u64) used home
 MB = 1024 * 1024
-
-
-# ---------------------------------------------------------------- fixtures
-
-@pytest.fixture
-def data_dir(tmp_path):
-    d = tmp_path / "data"
-    d.mkdir()
-    return d
-
-
-@pytest.fixture
-def nodes():
-    """start(data_dir, **settings) -> a started disk-mode Node with its data file (a new one each
-    call); whatever still runs at the end of the test is killed."""
-    with fl.started_nodes(data_file=True) as start:
-        yield start
+NODE_DEFAULTS = {"data_file": True}  # the nodes fixture (faults/conftest.py) starts them with the data file
 
 
 # ---------------------------------------------------------------- helpers
@@ -500,7 +485,7 @@ def load_initial(port, init):
 
 @pytest.mark.timeout(60)
 def test_commands_on_evicted_keys_reply_as_redis(data_dir, nodes):
-    _need("redis-server")
+    need("redis-server")
     init, cmds = compat_script()
     n = nodes(data_dir, max_memory="256kb", flush_interval_ms=100, data_buckets=1024)
     ref = RedisServer().start()

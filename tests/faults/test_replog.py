@@ -1,0 +1,309 @@
+"""The log shipping between a pair of nodes in `--durability remote` (ext/durability/replog.h,
+ext/durability/REPLICATION.md): the sender falling back to local syncs when its peer is down or
+stopped and catching it up after, the peer's copy fetched back (`recover --from-peer`, and at
+every start in remote mode), and the receiver's protocol checks. Real processes, real faults
+(SIGKILL, SIGSTOP, directories deleted), nothing mocked; the Pair and the writer model are in
+helpers/pair.py. The loss of a machine or a process: test_remote_durability.py.
+"""
+import os
+import re
+import shutil
+import signal
+import time
+
+import pytest
+
+from helpers import faultlib
+from helpers.pair import FETCHED, PEER_TIMEOUT_MS, RECOVERED, Writers, cli, info, kv, read_node_id, wait_for
+from kvstore import Node
+
+pytestmark = pytest.mark.timeout(120)
+
+
+# ---------------------------------------------------------------- 3. peer down
+
+@pytest.mark.timeout(120)
+def test_peer_down_writes_fall_back_to_local_sync_and_peer_catches_up(pair, tmp_path):
+    pair.start_both()
+    a = pair.nodes["a"]
+    w = Writers("d:", nwriters=2, keys_per_writer=500)
+    w.start(a.port)
+    wait_for("writes acknowledged", lambda: w.total_acked() >= 200 or any(w.errors), timeout=20)
+    t_kill = time.monotonic()
+    pair.kill("b")
+    time.sleep(1.5)  # writers keep going on A meanwhile
+    acked_at_kill = sum(1 for lw in w.lat for t0, _ in lw if t0 >= t_kill)
+    w.stop()
+    assert not any(w.errors), f"writes to A failed while B was down: {w.errors}"
+    after = [dt for lw in w.lat for t0, dt in lw if t0 >= t_kill]
+    assert after, "no write was acknowledged after the peer went down"
+    assert max(after) < 5.0, f"a write waited {max(after):.2f} s for a dead peer (timeout {PEER_TIMEOUT_MS} ms)"
+    assert acked_at_kill > 0
+    rep = wait_for("A to report the peer lost",
+                   lambda: (lambda r: r if r["log_peer_degraded"] == 1 and r["log_peer_connected"] == 0 else None)(
+                       info(a, "replication")), timeout=5)
+    assert rep["log_peer_last_error"], rep
+    # Further writes in degraded mode are acknowledged quickly, one by one.
+    c = kv(a.port)
+    t0 = time.monotonic()
+    extra = {}
+    for i in range(30):
+        assert c.set(f"deg:{i}", f"v{i}") is True
+        extra[f"deg:{i}".encode()] = f"v{i}".encode()
+    c.close()
+    assert time.monotonic() - t0 < 10.0
+    assert info(a, "persistence")["log_syncs"] > 0
+    # Those writes are on A's disk: SIGKILL A and recover locally (B is still down).
+    pair.kill("a")
+    a = pair.start("a")
+    assert RECOVERED.search(a.log()), a.log()
+    w.verify(a.port, "after peer loss, then SIGKILL of A + local recovery", extra=extra)
+    rep = info(a, "replication")
+    assert rep["log_peer_degraded"] == 1 and rep["log_peer_connected"] == 0, rep
+    c = kv(a.port)
+    for i in range(30, 40):
+        assert c.set(f"deg:{i}", f"v{i}") is True
+        extra[f"deg:{i}".encode()] = f"v{i}".encode()
+    c.close()
+    catchup_before = info(a, "replication")["log_peer_catchup_records"]
+    # B comes back: A reconnects, catches it up from its segment files, leaves degraded mode.
+    pair.start("b")
+    iw, ip, ir = pair.wait_in_sync("a", timeout=20)
+    assert iw["log_peer_catchup_records"] > catchup_before, iw
+    assert ir["log_receiver_held_lsn"] == ip["log_appended_lsn"]
+    # And B's copy is complete: it rebuilds A's data set.
+    check_peer_copy(pair, tmp_path / "fetched", a, w.all_keys() + list(extra))
+
+
+def check_peer_copy(pair, tmp_dir, a, keys):
+    """`kvstore recover --from-peer` into an empty dir, then a disk-mode node on it: the same
+    data as A (on every key of keys, the keys the test wrote; kvstore has no KEYS/SCAN)."""
+    r = cli("recover", "--data-dir", tmp_dir, "--from-peer", pair.addr("b"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"keys: ([\d,]+)", r.stdout)
+    assert m, r.stdout
+    ca = kv(a.port)
+    try:
+        n = ca.dbsize()
+        assert int(m.group(1).replace(",", "")) == n, (r.stdout, n)
+        want = dict(zip(keys, ca.mget(keys)))
+    finally:
+        ca.close()
+    node = Node(port=0, data_dir=str(tmp_dir), durability="disk", threads=1,
+                log_path=str(tmp_dir) + ".stderr")
+    node.start()
+    try:
+        cr = kv(node.port)
+        got = dict(zip(keys, cr.mget(keys)))
+        assert cr.dbsize() == n
+        cr.close()
+    finally:
+        node.stop()
+    diff = [k for k in keys if got.get(k) != want[k]]
+    assert not diff, f"the peer's copy differs from A on {len(diff)} keys, e.g. {diff[:5]}"
+    return r.stdout
+
+
+# ---------------------------------------------------------------- 4. peer slow (stopped)
+
+@pytest.mark.timeout(120)
+def test_stopped_peer_times_out_into_degraded_mode_and_catches_up_after(pair, tmp_path):
+    pair.start_both()
+    a, b = pair.nodes["a"], pair.nodes["b"]
+    c = kv(a.port)
+    expect = {}
+    for i in range(100):
+        assert c.set(f"s:{i}", f"v{i}") is True
+        expect[f"s:{i}".encode()] = f"v{i}".encode()
+    pair.wait_in_sync("a")
+    # on a loaded machine an ack may have been late already: start from a healthy link
+    wait_for("A's link to its peer to be up", lambda: info(a, "replication")["log_peer_degraded"] == 0)
+    os.kill(b.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        assert c.set("s:slow", "x") is True  # socket timeout 10 s bounds the wait
+        dt = time.monotonic() - t0
+        expect[b"s:slow"] = b"x"
+        assert dt < 5.0, f"a write waited {dt:.2f} s on a stopped peer (timeout {PEER_TIMEOUT_MS} ms)"
+        assert dt > PEER_TIMEOUT_MS / 1000 * 0.5, f"acknowledged after {dt:.3f} s although the peer is stopped"
+        rep = info(a, "replication")
+        assert rep["log_peer_degraded"] == 1, rep
+        # "did not acknowledge LSN ..." (or, once it retried, a failed handshake with the stopped peer)
+        assert pair.addr("b") in rep["log_peer_last_error"], rep
+        t0 = time.monotonic()
+        for i in range(50):
+            assert c.set(f"s2:{i}", f"w{i}") is True
+            expect[f"s2:{i}".encode()] = f"w{i}".encode()
+        assert time.monotonic() - t0 < 10.0, "degraded-mode writes kept waiting for the stopped peer"
+        time.sleep(1.0)  # the sender keeps trying the stopped peer meanwhile
+        assert info(a, "replication")["log_peer_degraded"] == 1
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    iw, ip, ir = pair.wait_in_sync("a", timeout=20)
+    assert iw["log_peer_degraded"] == 0 and iw["log_peer_connected"] == 1
+    for i in range(20):  # back in remote mode
+        assert c.set(f"s3:{i}", f"z{i}") is True
+        expect[f"s3:{i}".encode()] = f"z{i}".encode()
+    c.close()
+    pair.wait_in_sync("a")
+    # B's copy is complete: lose machine A entirely and rebuild it from B.
+    pair.kill("a")
+    shutil.rmtree(pair.dirs["a"])
+    a = pair.start("a", from_peer=True)
+    assert FETCHED.search(a.log()), a.log()
+    c = kv(a.port)
+    keys = list(expect)
+    got = dict(zip(keys, c.mget(keys)))
+    assert c.dbsize() == len(expect)
+    c.close()
+    missing = [k for k in keys if got[k] != expect[k]]
+    assert not missing, f"lost after SIGSTOP/SIGCONT of the peer: {missing[:10]}"
+
+
+# ---------------------------------------------------------------- 5. the peer holds A's log
+
+@pytest.mark.timeout(90)
+def test_peer_holds_the_log_and_recover_from_peer_rebuilds_the_data(pair, tmp_path):
+    pair.start_both()
+    a = pair.nodes["a"]
+    w = Writers("h:", nwriters=2, keys_per_writer=400)
+    w.start(a.port, max_ops=1500)
+    w.join(timeout=30)
+    assert not any(w.errors), w.errors
+    w.verify(a.port, "A itself")
+    iw, ip, ir = pair.wait_in_sync("a")
+    assert ir["log_receiver_held_lsn"] == iw["log_peer_acked_lsn"] == ip["log_appended_lsn"] > 0
+    # B stores A's log under B/peer/<A's id>/ as ordinary segment files.
+    a_id = read_node_id(pair.dirs["a"])
+    pdir = os.path.join(pair.dirs["b"], "peer", a_id)
+    segs = [n for n in os.listdir(pdir) if re.fullmatch(r"wal-[0-9a-f]{16}\.log", n)]
+    assert segs, os.listdir(pdir)
+    out = check_peer_copy(pair, tmp_path / "fetched", a, w.all_keys())
+    assert f"up to LSN {ip['log_appended_lsn']} (local log ended at 0); it replaces the local log" in out, out
+    assert read_node_id(str(tmp_path / "fetched")) == a_id
+    expected_keys = sum(v is not None for v in w.model.values())
+    assert re.search(rf"keys: {expected_keys:,}\b", out), out
+
+
+# ---------------------------------------------------------------- 6. log lost, identity kept
+
+def read_keys(port, keys):
+    c = kv(port)
+    try:
+        return dict(zip(keys, c.mget(keys)))
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("new_writes", ["fewer", "more"])
+def test_lost_log_with_identity_kept_never_loses_acknowledged_writes(pair, new_writes):
+    """A's log directory is lost but its node-id remains; A restarts WITHOUT --from-peer.
+    Remote mode compares logs with the peer at every start, so A comes back with its old
+    writes and its new records continue after them (reusing LSNs would corrupt B's copy);
+    then every acknowledged write, from before the loss and after it, must survive (a) a
+    restart with --from-peer and (b) the loss of machine A, recovered from B's copy.
+    new_writes: A acknowledges fewer / more new writes after the loss than the peer holds
+    records of its old log."""
+    pair.start_both()
+    a = pair.nodes["a"]
+    c = kv(a.port)
+    acked = {}
+    for i in range(100):
+        assert c.set(f"old:{i}", f"o{i}") is True
+        acked[f"old:{i}".encode()] = f"o{i}".encode()
+    c.close()
+    _, ip, _ = pair.wait_in_sync("a")
+    n_old = ip["log_appended_lsn"]
+    pair.kill("a")
+    shutil.rmtree(os.path.join(pair.dirs["a"], "log"))
+    a = pair.start("a")  # no --from-peer: remote mode compares with the peer at every start
+    log = a.log()
+    assert f"up to LSN {n_old} (local log ended at 0); it replaces the local log" in log, log
+    # A is back with its old writes, and its new records continue after them (no LSN reuse).
+    n_new = n_old // 2 if new_writes == "fewer" else n_old * 2
+    c = kv(a.port)
+    served = c.dbsize()
+    for i in range(n_new):
+        assert c.set(f"new:{i}", f"n{i}") is True
+        acked[f"new:{i}".encode()] = f"n{i}".encode()
+    c.close()
+    _, ip, ir = pair.wait_in_sync("a")
+    lsn_after = ip["log_appended_lsn"]
+    assert lsn_after == n_old + n_new and ir["log_receiver_held_lsn"] == lsn_after, (ip, ir)
+    story = [f"old log LSN 1..{n_old} held by B; A's log dir deleted, node-id kept; A restarted without "
+             f"--from-peer, served {served} keys and acknowledged {n_new} new writes (LSN up to {lsn_after})"]
+    problems = []
+    if served != 100:
+        problems.append(f"A served {served} keys after its restart, not the 100 it had acknowledged")
+
+    def check(when, port, log):
+        got = read_keys(port, list(acked))
+        lost = {p: sorted(k for k in acked if k.startswith(p) and got[k] != acked[k]) for p in (b"old:", b"new:")}
+        story.append(f"{when}: {(FETCHED.search(log) or [log.strip()])[0]}")
+        if lost[b"old:"] or lost[b"new:"]:
+            problems.append(f"{when}: acknowledged writes lost: {len(lost[b'old:'])} of {n_old} from before the "
+                            f"log loss, {len(lost[b'new:'])} of {n_new} acknowledged after it "
+                            f"(e.g. {(lost[b'old:'][:2] + lost[b'new:'][:2])})")
+
+    # (a) A subsequent restart with --from-peer.
+    pair.kill("a")
+    a = pair.start("a", from_peer=True)
+    check("restart with --from-peer", a.port, a.log())
+    # (b) Then machine A is lost and rebuilt from B's copy.
+    wait_for("A's sender to settle", lambda: info(a, "replication")["log_peer_last_error"] != ""
+             or info(a, "replication")["log_peer_degraded"] == 0, timeout=10)
+    pair.kill("a")
+    shutil.rmtree(pair.dirs["a"])
+    a = pair.start("a", from_peer=True)
+    check("machine A lost, rebuilt with --from-peer", a.port, a.log())
+    assert not problems, "\n  ".join(problems + ["-- what happened:"] + story)
+
+
+# ---------------------------------------------------------------- receiver robustness
+
+def _frame(ftype, a=0, b=0, payload=b""):
+    import struct
+
+    crc = faultlib.crc32c(payload) if payload else 0
+    return struct.pack("<IIIIQQ", 0x5052564B, ftype, len(payload), crc, a, b) + payload
+
+
+@pytest.mark.timeout(90)
+def test_a_ghost_connection_does_not_lock_the_node_out(pair):
+    """A connection that said HELLO with A's id and then went silent (a machine that
+    vanished without a FIN) must not keep A's restarted sender from replicating; a
+    second HELLO on one connection is a protocol error (no descriptor leak)."""
+    import socket
+
+    pair.start_both()
+    a = pair.nodes["a"]
+    c = kv(a.port)
+    c.set("before", "1")
+    c.close()
+    pair.wait_in_sync("a")
+    with open(os.path.join(pair.dirs["a"], "node-id")) as f:
+        nid = bytes.fromhex(f.read().strip())
+    rport = pair.rport["b"]
+    ghost = socket.create_connection(("127.0.0.1", rport))
+    ghost.sendall(_frame(1, 1, 0, nid))  # HELLO as A, then silence
+    assert len(ghost.recv(32)) == 32  # HELLO_ACK
+    pair.kill("a")
+    a = pair.start("a")
+    c = kv(a.port)
+    c.set("after", "2")
+    c.close()
+    _, ip, ir = pair.wait_in_sync("a", timeout=20)
+    assert ir["log_receiver_held_lsn"] == ip["log_appended_lsn"]
+    # the replaced ghost was closed by the receiver
+    ghost.settimeout(5)
+    assert ghost.recv(100) == b""
+    ghost.close()
+    # a repeated HELLO on one connection: closed, not served
+    s = socket.create_connection(("127.0.0.1", rport))
+    s.settimeout(5)
+    s.sendall(_frame(1, 1, 0, os.urandom(16)))
+    assert len(s.recv(32)) == 32
+    s.sendall(_frame(1, 1, 0, os.urandom(16)))
+    assert s.recv(100) == b""
+    s.close()

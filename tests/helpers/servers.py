@@ -1,0 +1,116 @@
+"""Servers under test and their surroundings: kvstore Nodes on a fresh data dir, a real
+redis-server as the reference, free ports, the file-descriptor limit, a process's RSS."""
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from kvstore import Node
+
+from .conn import Raw
+
+PASSWORD = "pw"
+
+
+def free_port():
+    """A TCP port that was free a moment ago (for servers that cannot bind port 0)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def raise_nofile(want):
+    """Raise this process's RLIMIT_NOFILE soft limit to at least `want` if allowed.
+    Children (servers started afterwards) inherit it. Returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError):
+            pass
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def rss_bytes(pid):
+    """Resident set size of a process, from /proc."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class RedisServer:
+    """A real redis-server on 127.0.0.1 (no files kept, one database); start() -> self."""
+
+    def __init__(self, *extra):
+        self.binary = shutil.which("redis-server")
+        self.extra = list(extra)
+        self.proc = None
+        self.port = None
+        self.dir = None
+
+    def start(self, timeout=15.0):
+        self.dir = tempfile.mkdtemp(prefix="redis-ref-")
+        last = ""
+        for _ in range(5):  # the free port may be taken in between: retry
+            self.port = free_port()
+            args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+                    "--save", "", "--appendonly", "no", "--databases", "1",
+                    "--dir", self.dir, "--daemonize", "no", "--logfile", ""] + self.extra
+            self.log = open(os.path.join(self.dir, "redis.log"), "wb")
+            self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    with Raw(self.port, timeout=1) as r:
+                        rep = r.send(b"PING\r\n").reply()
+                        if rep in (b"+PONG\r\n",) or rep.startswith(b"-NOAUTH"):
+                            return self
+                except OSError:
+                    time.sleep(0.05)
+            self.stop()
+            with open(os.path.join(self.dir, "redis.log"), errors="replace") as f:
+                last = f.read()[-1000:]
+        raise RuntimeError(f"redis-server did not start: {last}")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "log", None):
+            self.log.close()
+        self.proc = None
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+
+def need(binary):
+    """Skip the test when a tool it drives is not installed."""
+    if shutil.which(binary) is None:
+        pytest.skip(f"{binary} is not installed (make deps installs it: APT_PACKAGES in the Makefile)")
+
+
+def start_node(**settings):
+    """A started kvstore Node on port 0 and a fresh temporary data dir."""
+    n = Node(port=0, data_dir=tempfile.mkdtemp(prefix="kvstore-test-"), **settings)
+    n.start()
+    return n
+
+
+def stop_node(n):
+    """Stop a start_node() Node and remove its data dir; the server's exit code."""
+    rc = n.stop()
+    shutil.rmtree(n.data_dir, ignore_errors=True)
+    return rc
