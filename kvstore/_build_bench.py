@@ -6,9 +6,11 @@ part of the server library (kvstore._ext), and this module links none of the
 server's code: the generators only talk to servers over sockets, the baseline is
 self-contained, and rl_generate appends through a function pointer to the main
 module's wal_log_fn (one copy of the log code, the one that owns the log).
-The declarations below mirror ext/bench/*.h; calls release the GIL (cffi's default).
+SPEC names what Python calls; its declarations come from the headers (_cdef.py).
+Calls release the GIL (cffi's default).
 """
 import glob
+import importlib.util
 import os
 
 from cffi import FFI
@@ -19,38 +21,32 @@ EXT = os.path.relpath(os.path.join(HERE, "..", "ext"))
 SOURCES = sorted(p for p in glob.glob(os.path.join(EXT, "bench", "*.c"))
                  if not os.path.basename(p).startswith("ldu_bench"))
 
-CDEF = """
-struct lg_config {
-    const char *host; int port; int threads; int conns; int pipeline; int value_size;
-    uint64_t keyspace; int set_ratio, get_ratio; uint64_t requests; double duration; double rate;
-    int proto; int check; const char *password; uint64_t seed; volatile int *stop;
-    ...;
-};
-struct lg_result {
-    uint64_t requests, sets, gets, hits, misses, errors;
-    uint64_t bytes_sent, bytes_received;
-    double elapsed, throughput;
-    double lat_mean_us, lat_p50_us, lat_p90_us, lat_p99_us, lat_p999_us, lat_max_us;
-    char first_error[128];
-    char error[256];
-    ...;
-};
-int lg_run(const struct lg_config *cfg, struct lg_result *out);
-int ug_run(const struct lg_config *cfg, int timeout_ms, struct lg_result *out, uint64_t *timeouts);
+# What Python uses, by header; the declarations are copied from the headers (_cdef.py).
+SPEC = [
+    ("bench/loadgen.h", ["struct lg_config", "struct lg_result", "lg_run"]),
+    ("bench/udpgen.h", ["ug_run"]),
+    ("bench/bosc_naive.h", ["bosc_bench_naive"]),
+    ("core/table.h", ["typedef kvt_log_fn"]),
+    ("bench/replog_gen.h", ["rl_generate"]),
+]
 
-double bosc_bench_naive(const char *path, uint32_t buckets, uint64_t n, uint32_t value_size, uint64_t seed);
 
-typedef int64_t (*kvt_log_fn)(void *arg, int op, const void *key, size_t klen, const void *v1,
-                              size_t n1, const void *v2, size_t n2, int64_t expire_ms);
-int64_t rl_generate(kvt_log_fn append, void *arg, uint64_t n, uint32_t record_bytes);
-"""
+def _cdef_tool():
+    """kvstore/_cdef.py, loaded by path: the package itself cannot be imported while
+    its extensions are being built."""
+    spec = importlib.util.spec_from_file_location("_kvstore_cdef", os.path.join(HERE, "_cdef.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+CDEF = _cdef_tool().cdef(EXT, SPEC)
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
 ffibuilder.set_source(
     "kvstore._bench",
-    '#include "bench/loadgen.h"\n#include "bench/udpgen.h"\n#include "bench/bosc_naive.h"\n'
-    '#include "bench/replog_gen.h"\n',
+    "".join(f'#include "{header}"\n' for header, _ in SPEC if header.startswith("bench/")),
     sources=SOURCES,
     include_dirs=[EXT],
     extra_compile_args=["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wno-unused-parameter",
