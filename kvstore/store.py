@@ -8,6 +8,7 @@ cffi. Any thread may use a Store.
 import errno
 
 from kvstore import _ext_store as _store, errors
+from kvstore._cstruct import as_dict
 from kvstore._native import ffi, lib
 
 _b = _store.as_bytes
@@ -81,7 +82,7 @@ class Store(_store.StoreCore):
     # -- memory and statistics
     @property
     def max_memory(self):
-        return self.stats()["max_memory"]
+        return lib.kvt_max_memory(self._t)
 
     @max_memory.setter
     def max_memory(self, value):
@@ -96,9 +97,8 @@ class Store(_store.StoreCore):
     def stats(self):
         st = ffi.new("struct kvt_stats *")
         lib.kvt_get_stats(self._t, st)
-        return {f: getattr(st, f) for f in ("keys", "expires", "used_memory", "max_memory", "buckets",
-                                            "rehashing", "expired_keys", "oom_rejections", "hits", "misses")}
+        return as_dict(st)
 
     def housekeep(self, budget=1024):
         """Run rehash/expiry housekeeping over every shard (a served store does this itself)."""
-        return lib.kvt_housekeep(self._t, 0, 256, budget)
+        return lib.kvt_housekeep(self._t, 0, lib.KVT_SHARDS, budget)
