@@ -90,6 +90,12 @@ class Server:
         return self._warnings + (self._durability.report() if self._durability else [])
 
     @property
+    def durability(self):
+        """The running server's kvstore.durability.Durability (its log, data file, sender,
+        receiver and their stats()), or None when stopped."""
+        return self._durability
+
+    @property
     def port(self):
         return lib.srv_port(self._srv) if self._srv is not None else self.config.port
 

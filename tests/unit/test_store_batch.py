@@ -196,11 +196,11 @@ def test_batches_and_single_calls_load_evicted_keys_back(tmp_path):
         for i in range(n, n + 200):
             assert s.set(b"e:%d" % i, b"single")  # single writes wait too
             model[b"e:%d" % i] = b"single"
-        assert srv.datafile.stats()["evicted"] > 0
-        loads = srv.datafile.stats()["loads"]
+        assert srv.durability.datafile.stats()["evicted"] > 0
+        loads = srv.durability.datafile.stats()["loads"]
         ks = list(model)
         assert s.mget(ks) == list(model.values())
-        assert srv.datafile.stats()["loads"] > loads, "mget loaded no key back: were none evicted?"
+        assert srv.durability.datafile.stats()["loads"] > loads, "mget loaded no key back: were none evicted?"
         # single calls on keys that left memory again
         for i in range(0, n, 97):
             k = b"e:%d" % i
