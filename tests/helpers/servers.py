@@ -4,15 +4,13 @@ import os
 import resource
 import shutil
 import socket
-import subprocess
 import tempfile
-import time
 
 import pytest
 
 from kvstore import Node
-
-from .conn import Raw
+from kvstore.errors import ServerError
+from kvstore.process import Process
 
 PASSWORD = "pw"
 
@@ -52,45 +50,30 @@ class RedisServer:
     def __init__(self, *extra):
         self.binary = shutil.which("redis-server")
         self.extra = list(extra)
-        self.proc = None
+        self.proc = None  # kvstore.process.Process while running
         self.port = None
         self.dir = None
 
     def start(self, timeout=15.0):
         self.dir = tempfile.mkdtemp(prefix="redis-ref-")
-        last = ""
+        why = None
         for _ in range(5):  # the free port may be taken in between: retry
             self.port = free_port()
-            args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-                    "--save", "", "--appendonly", "no", "--databases", "1",
-                    "--dir", self.dir, "--daemonize", "no", "--logfile", ""] + self.extra
-            self.log = open(os.path.join(self.dir, "redis.log"), "wb")
-            self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and self.proc.poll() is None:
-                try:
-                    with Raw(self.port, timeout=1) as r:
-                        rep = r.send(b"PING\r\n").reply()
-                        if rep in (b"+PONG\r\n",) or rep.startswith(b"-NOAUTH"):
-                            return self
-                except OSError:
-                    time.sleep(0.05)
-            self.stop()
-            with open(os.path.join(self.dir, "redis.log"), errors="replace") as f:
-                last = f.read()[-1000:]
-        raise RuntimeError(f"redis-server did not start: {last}")
+            argv = [self.binary, "--port", self.port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                    "--databases", "1", "--dir", self.dir, "--daemonize", "no", "--logfile", ""] + self.extra
+            self.proc = Process(argv, port=self.port, log_path=os.path.join(self.dir, "redis.log"),
+                                name="redis-server")
+            try:
+                self.proc.start(timeout)
+                return self
+            except ServerError as e:
+                why = e
+        raise RuntimeError(f"redis-server did not start: {why}")
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if getattr(self, "log", None):
-            self.log.close()
-        self.proc = None
+        if self.proc:
+            self.proc.stop()
+            self.proc = None
         if self.dir:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
