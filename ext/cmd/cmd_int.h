@@ -48,7 +48,7 @@ int cmd_reply_ok(struct cmd_client *c);
 int cmd_reply_err(struct cmd_client *c, const char *e);
 /* The error reply for a failed table write (-ENOMEM, -E2BIG, log backlog or failure). */
 int cmd_reply_write_err(struct cmd_client *c, int64_t rc);
-/* Redis's string2ll on argument i: 0, or -1 if it is not a 64-bit decimal integer. */
+/* Redis's string2ll on argument i: 0, or -EINVAL if it is not a 64-bit decimal integer. */
 int cmd_arg_ll(const struct cmd_args *a, int i, long long *v);
 int64_t cmd_unix_ms(void);
 /* kvt_read_fn that appends the value as a bulk string to the client's replies. */

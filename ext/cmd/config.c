@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "cmd/cmd_int.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -17,26 +18,26 @@ static int parse_memory(const char *p, size_t n, unsigned long long *out)
     size_t i = 0;
     unsigned long long v = 0;
     if (n == 0 || n > 40)
-        return -1;
+        return -EINVAL;
     for (; i < n && p[i] >= '0' && p[i] <= '9'; i++) {
         if (v > (~0ULL - 9) / 10)
-            return -1;
+            return -EINVAL;
         v = v * 10 + (unsigned)(p[i] - '0');
     }
     if (i == 0)
-        return -1;
+        return -EINVAL;
     static const struct { const char *u; unsigned long long mul; } units[] = {
         {"", 1}, {"b", 1}, {"k", 1000}, {"kb", 1024}, {"m", 1000000}, {"mb", 1024 * 1024},
         {"g", 1000000000ULL}, {"gb", 1024ULL * 1024 * 1024}};
     for (size_t u = 0; u < sizeof units / sizeof *units; u++) {
         if (strlen(units[u].u) == n - i && !strncasecmp(units[u].u, p + i, n - i)) {
             if (v > ~0ULL / units[u].mul)
-                return -1;
+                return -EINVAL;
             *out = v * units[u].mul;
             return 0;
         }
     }
-    return -1;
+    return -EINVAL;
 }
 
 /* CONFIG GET's parameters, in the order a pattern lists them: each one's value,

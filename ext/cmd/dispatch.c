@@ -29,20 +29,20 @@ int cmd_arg_ll(const struct cmd_args *a, int i, long long *v)
     char tmp[24];
     size_t n = a->argl[i];
     if (n == 0 || n >= sizeof tmp)
-        return -1;
+        return -EINVAL;
     memcpy(tmp, a->argv[i], n);
     tmp[n] = 0;
     if (!(tmp[0] == '-' || (tmp[0] >= '0' && tmp[0] <= '9')))
-        return -1;
+        return -EINVAL;
     if (n > 1 && (tmp[0] == '0' || (tmp[0] == '-' && tmp[1] == '0')))
-        return -1;
+        return -EINVAL;
     if (n == 1 && tmp[0] == '-')
-        return -1;
+        return -EINVAL;
     char *end;
     errno = 0;
     long long x = strtoll(tmp, &end, 10);
     if (errno || *end)
-        return -1;
+        return -EINVAL;
     *v = x;
     return 0;
 }

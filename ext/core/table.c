@@ -321,7 +321,7 @@ int kvt_exists(struct kv_table *t, const void *key, size_t klen)
 static int parse_ll(const char *p, size_t n, int64_t *out)
 {
     if (n == 0 || n > 20)
-        return -1;
+        return -EINVAL;
     if (n == 1 && p[0] == '0') {
         *out = 0;
         return 0;
@@ -331,25 +331,25 @@ static int parse_ll(const char *p, size_t n, int64_t *out)
     if (p[0] == '-') {
         neg = 1;
         if (++i == n)
-            return -1;
+            return -EINVAL;
     }
     if (p[i] < '1' || p[i] > '9')
-        return -1;
+        return -EINVAL;
     uint64_t v = 0;
     for (; i < n; i++) {
         if (p[i] < '0' || p[i] > '9')
-            return -1;
+            return -EINVAL;
         if (v > (UINT64_MAX - (uint64_t)(p[i] - '0')) / 10)
-            return -1;
+            return -EINVAL;
         v = v * 10 + (uint64_t)(p[i] - '0');
     }
     if (neg) {
         if (v > (uint64_t)INT64_MAX + 1)
-            return -1;
+            return -EINVAL;
         *out = (int64_t)(0 - v);
     } else {
         if (v > INT64_MAX)
-            return -1;
+            return -EINVAL;
         *out = (int64_t)v;
     }
     return 0;

@@ -48,35 +48,35 @@ static int push_arg(struct resp_parser *p, size_t off, size_t len)
     return 0;
 }
 
-/* Parse a decimal from [s, e); Redis's string2ll rules. Returns 0 or -1. */
+/* Parse a decimal from [s, e); Redis's string2ll rules. Returns 0 or -EINVAL. */
 static int parse_len(const char *s, const char *e, long long *out)
 {
     size_t n = (size_t)(e - s);
     if (n == 0 || n > 20)
-        return -1;
+        return -EINVAL;
     int neg = 0;
     if (*s == '-') {
         neg = 1;
         s++;
         if (s == e)
-            return -1;
+            return -EINVAL;
     }
     if (n == 1 + (size_t)neg && *s == '0') {
         *out = 0;
         return neg ? -1 : 0;
     }
     if (*s < '1' || *s > '9')
-        return -1;
+        return -EINVAL;
     unsigned long long v = 0;
     for (; s < e; s++) {
         if (*s < '0' || *s > '9')
-            return -1;
+            return -EINVAL;
         if (v > (unsigned long long)(9223372036854775807LL) / 10)
-            return -1;
+            return -EINVAL;
         v = v * 10 + (unsigned)(*s - '0');
     }
     if (v > 9223372036854775807ULL)
-        return -1;
+        return -EINVAL;
     *out = neg ? -(long long)v : (long long)v;
     return 0;
 }
@@ -97,7 +97,7 @@ static int hexval(char c)
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
     if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
+    return -EINVAL;
 }
 
 /* Inline request: words split on spaces, "double" quotes with \n \r \t \b \a
