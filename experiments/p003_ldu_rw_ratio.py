@@ -1,32 +1,26 @@
 """Paper 003 (LDU), Fig 2.11 analogue: throughput vs read:write ratio (50:50, 30:70, 10:90,
 1:99) at a fixed thread count (default 2, this machine's core count), for every variant
-of experiments/ldu_bench.c. A read traverses the whole shared list; LDU flushes its log
+of ext/bench/ldu_bench.c. A read traverses the whole shared list; LDU flushes its log
 before every read, so its advantage should shrink as reads grow. Rounds are interleaved
-(A B A B) and the median is kept, as in ldu_scalability.py, which builds and runs the
-benchmark for both scripts.
+(A B A B) and the median is kept, as in p003_ldu_scalability, which builds and runs the
+benchmark for both experiments.
 
-    .venv/bin/python experiments/ldu_rw_ratio.py
-        -> results/ldu_rw_ratio.csv (medians), results/ldu_rw_ratio_runs.csv, results/ldu_rw_ratio.png
-    .venv/bin/python experiments/ldu_rw_ratio.py --threads 120 --ratios 50,30,10,1
+    kvstore experiment run p003_ldu_rw_ratio
+        -> results/p003_ldu_rw_ratio.csv (medians), results/p003_ldu_rw_ratio_runs.csv,
+           results/p003_ldu_rw_ratio.png
+    kvstore experiment run p003_ldu_rw_ratio -- --threads 120 --ratios 50,30,10,1
 """
-import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
-import ldu_scalability as ls  # noqa: E402
+from kvstore.experiments import common
+from kvstore.experiments import p003_ldu_scalability as ls
 
-CSV = os.path.join(common.RESULTS, "ldu_rw_ratio.csv")
-RUNS_CSV = os.path.join(common.RESULTS, "ldu_rw_ratio_runs.csv")
-PNG = os.path.join(common.RESULTS, "ldu_rw_ratio.png")
+NAME = "p003_ldu_rw_ratio"
+QUICK = ["--ratios", "50,1", "--variants", "mutex,ldu-global", "--rounds", "1", "--duration-ms", "100"]
 
 
-def plot(med, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def draw(med, path):
+    plt = common.pyplot()
     ratios = sorted({int(r["read_pct"]) for r in med}, reverse=True)
     labels = [f"{p}:{100 - p}" for p in ratios]
     variants = [v for v in ls.VARIANTS if any(r["variant"] == v for r in med)]
@@ -53,46 +47,30 @@ def plot(med, path):
     ax2.set_ylim(0, 100)
     ax2.set_title("time waiting for locks")
     ls.machine_note(fig, med, [threads])
-    fig.savefig(path, dpi=110)
-    ls.log(f"wrote {path}")
+    common.save_figure(fig, path, tight=False)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap):
     ap.add_argument("--threads", type=int, default=2, help="thread count (default 2)")
     ap.add_argument("--ratios", type=lambda s: ls.parse_list(s, "--ratios"), default=[50, 30, 10, 1],
                     help="read percentages, comma-separated (default 50,30,10,1)")
-    ap.add_argument("--variants", default=",".join(ls.VARIANTS), help="comma-separated, default all")
-    ap.add_argument("--duration-ms", type=int, default=500, help="per run (default 500)")
-    ap.add_argument("--objs", type=int, default=64, help="objects per thread (default 64)")
-    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds, median kept (default 5)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--bench-opt", action="append", default=[],
-                    help="extra key=value passed to ldu_bench (roots=, slots=, batch=, age_us=)")
-    ap.add_argument("--max-other-cpu", type=float, default=0.3,
-                    help="rerun once a run during which other processes used more CPUs than this (default 0.3)")
-    ap.add_argument("--plot-only", action="store_true", help="replot from the CSV")
-    args = ap.parse_args()
-    if args.plot_only:
-        plot(common.read_csv(CSV), PNG)
-        return
+    ls.add_bench_args(ap)
+
+
+def check_args(args):
     if any(not 0 <= p <= 100 for p in args.ratios):
         raise SystemExit("--ratios: read percentages must be within 0..100")
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(ls.VARIANTS)
-    if unknown:
-        raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(ls.VARIANTS)}")
-    binary = ls.build_bench()
-    points = [(v, args.threads, p) for p in args.ratios for v in variants]
-    rows = ls.sweep(binary, points, args.rounds, args.duration_ms, args.objs, args.seed, args.bench_opt,
-                    args.max_other_cpu)
-    common.write_csv(RUNS_CSV, rows)
-    med = ls.medians(rows, ("variant", "threads", "read_pct"))
+
+
+def measure(args):
+    variants = ls.variants_arg(args)
     order = {v: i for i, v in enumerate(ls.VARIANTS)}
-    med.sort(key=lambda r: (-r["read_pct"], order[r["variant"]]))
-    common.write_csv(CSV, med)
-    ls.log(f"wrote {CSV}")
-    plot(common.read_csv(CSV), PNG)
+    return ls.run_sweep(args, [(v, args.threads, p) for p in args.ratios for v in variants],
+                        ("variant", "threads", "read_pct"), lambda r: (-r["read_pct"], order[r["variant"]]))
+
+
+def main(argv=None):
+    return common.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
