@@ -1,9 +1,6 @@
 """`kvstore experiment list/run/plot`: a thin click layer over the registry in
 kvstore.experiments; each experiment parses its own options (argparse), so they
 are passed through unchanged after its name."""
-import os
-import tempfile
-
 import click
 
 from kvstore import experiments
@@ -56,9 +53,7 @@ def run(name, quick, args):
     mod = _find(name).module()
     argv = list(args)
     if quick:
-        if not os.environ.get("KVSTORE_RESULTS"):
-            os.environ["KVSTORE_RESULTS"] = tempfile.mkdtemp(prefix=f"kv-{name}-")
-        click.echo(f"quick run: results go to {os.environ['KVSTORE_RESULTS']}", err=True)
+        click.echo(f"quick run: results go to {common.quick_results_dir(name)}", err=True)
         argv = list(mod.QUICK) + argv
     common.main(mod, argv, prog=_prog("run", name))
 

@@ -29,6 +29,14 @@ def result_path(name):
     return os.path.join(results_dir(), name)
 
 
+def quick_results_dir(name):
+    """For a smoke-scale run: KVSTORE_RESULTS, set to a new temporary directory unless the
+    user chose one, so that small runs never overwrite the committed full-scale files."""
+    if not os.environ.get("KVSTORE_RESULTS"):
+        os.environ["KVSTORE_RESULTS"] = tempfile.mkdtemp(prefix=f"kv-{name}-")
+    return os.environ["KVSTORE_RESULTS"]
+
+
 def log(msg):
     """Progress and 'wrote ...' lines: on stderr, so stdout keeps only the report."""
     print(msg, file=sys.stderr, flush=True)
@@ -71,6 +79,19 @@ def main(mod, argv=None, prog=None):
         mod.report(rows)
     mod.draw(rows, args.png)
     return rows
+
+
+def notebook_run(mod):
+    """A notebook cell's run of experiment mod: at its QUICK scale into quick_results_dir(),
+    or at the README's scale with KVSTORE_NOTEBOOK_SCALE=full; returns its plot (an
+    IPython Image) to display."""
+    from IPython.display import Image
+    if os.environ.get("KVSTORE_NOTEBOOK_SCALE", "small") == "small":
+        quick_results_dir("notebook")
+        main(mod, list(mod.QUICK))
+    else:
+        main(mod, [])
+    return Image(result_path(mod.NAME + ".png"))
 
 
 def pyplot():
