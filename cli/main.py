@@ -199,5 +199,9 @@ def stats(host, port, password):
         _fail(f"cannot read stats from {host}:{port}: {e}")
 
 
+from kvstore.cli.experiment import experiment  # noqa: E402  (registered last: a group of its own)
+main.add_command(experiment)
+
+
 if __name__ == "__main__":
     main()

@@ -1,4 +1,7 @@
-"""Shared pieces of the experiment scripts: servers under test, CPU accounting, CSV."""
+"""Shared pieces of the experiments: the command line and run flow every experiment
+module shares (parse_args, main, pyplot/save_figure), servers under test, CPU
+accounting, CSV. The module interface itself is described in __init__.py."""
+import argparse
 import csv
 import os
 import shutil
@@ -11,9 +14,102 @@ import time
 
 from kvstore import bench as kvbench
 
-# CSV + PNG go here; KVSTORE_RESULTS redirects them (the notebooks' small runs must not
-# overwrite the full-scale results the README quotes)
-RESULTS = os.environ.get("KVSTORE_RESULTS") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results")
+DEFAULT_RESULTS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results"))
+
+
+def results_dir():
+    """Where CSV + PNG go: results/, or KVSTORE_RESULTS (the notebooks' and `--quick` runs'
+    small runs must not overwrite the full-scale results the README quotes). Read at each
+    call, so a process may set it after importing the experiments."""
+    return os.environ.get("KVSTORE_RESULTS") or DEFAULT_RESULTS
+
+
+def result_path(name):
+    """results_dir()/name, e.g. result_path("p000_fig4.png")."""
+    return os.path.join(results_dir(), name)
+
+
+def quick_results_dir(name):
+    """For a smoke-scale run: KVSTORE_RESULTS, set to a new temporary directory unless the
+    user chose one, so that small runs never overwrite the committed full-scale files."""
+    if not os.environ.get("KVSTORE_RESULTS"):
+        os.environ["KVSTORE_RESULTS"] = tempfile.mkdtemp(prefix=f"kv-{name}-")
+    return os.environ["KVSTORE_RESULTS"]
+
+
+def log(msg):
+    """Progress and 'wrote ...' lines: on stderr, so stdout keeps only the report."""
+    print(msg, file=sys.stderr, flush=True)
+
+
+def parser(mod, prog=None):
+    """The experiment's argparse parser: its docstring as help, --plot-only and --tag for
+    all, then the experiment's own options (mod.add_args)."""
+    ap = argparse.ArgumentParser(prog=prog, description=mod.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the CSV, measure nothing")
+    ap.add_argument("--tag", default="", help=f"suffix of the result files: {mod.NAME}_TAG.csv/.png "
+                                              "(another setup, kept beside the default one)")
+    mod.add_args(ap)
+    return ap
+
+
+def parse_args(mod, argv=None, prog=None):
+    """argv (a list; None: sys.argv) parsed for experiment module mod; args.csv and args.png
+    are its result files, and mod.check_args(args), if any, may adjust or refuse the rest."""
+    args = parser(mod, prog).parse_args(argv)
+    base = mod.NAME + (f"_{args.tag}" if args.tag else "")
+    args.csv, args.png = result_path(base + ".csv"), result_path(base + ".png")
+    if hasattr(mod, "check_args"):
+        mod.check_args(args)
+    return args
+
+
+def main(mod, argv=None, prog=None):
+    """An experiment's whole run: measure (mod.measure writes args.csv and returns its rows),
+    or with --plot-only read the CSV back; print mod.report(rows), if any; draw args.png."""
+    args = parse_args(mod, argv, prog)
+    if args.plot_only:
+        if not os.path.exists(args.csv):
+            raise SystemExit(f"{mod.NAME}: no {args.csv} to plot; run the experiment first")
+        rows = read_csv(args.csv)
+    else:
+        rows = mod.measure(args)
+    if hasattr(mod, "report"):
+        mod.report(rows)
+    mod.draw(rows, args.png)
+    return rows
+
+
+def notebook_run(mod):
+    """A notebook cell's run of experiment mod: at its QUICK scale into quick_results_dir(),
+    or at the README's scale with KVSTORE_NOTEBOOK_SCALE=full; returns its plot (an
+    IPython Image) to display."""
+    from IPython.display import Image
+    if os.environ.get("KVSTORE_NOTEBOOK_SCALE", "small") == "small":
+        quick_results_dir("notebook")
+        main(mod, list(mod.QUICK))
+    else:
+        main(mod, [])
+    return Image(result_path(mod.NAME + ".png"))
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only: no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path, dpi=110, tight=True):
+    """Write fig to path (tight_layout first unless the caller laid it out) and close it."""
+    if tight:
+        fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    log(f"wrote {path}")
 
 
 def free_port():

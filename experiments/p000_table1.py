@@ -27,9 +27,8 @@ reversed), medians of --rounds; server CPU time is recorded too (a dpdk lcore bu
 its CPU time is its whole run). Needs root for the namespaces; without root everything
 runs on loopback and dpdk is left out (and it says so).
 
-    python experiments/table1_archs.py        -> results/table1_archs.{csv,png}
+    kvstore experiment run p000_table1        -> results/p000_table1.{csv,png}
 """
-import argparse
 import json
 import os
 import shutil
@@ -38,24 +37,13 @@ import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from kvstore import Node, netns
+from kvstore import server as kvserver
+from kvstore.experiments import common
 
-from kvstore import Node, netns  # noqa: E402
-from kvstore import server as kvserver  # noqa: E402
-
-CSV = os.path.join(common.RESULTS, "table1_archs.csv")
-PNG = os.path.join(common.RESULTS, "table1_archs.png")
-
-
-def name_outputs(tag):
-    """--tag X writes table1_archs_X.{csv,png} (another load, kept beside the default one)."""
-    global CSV, PNG
-    if tag:
-        CSV = os.path.join(common.RESULTS, f"table1_archs_{tag}.csv")
-        PNG = os.path.join(common.RESULTS, f"table1_archs_{tag}.png")
-
-
+NAME = "p000_table1"
+QUICK = ["--archs", "threadpool", "poller-direct", "udp", "dpdk", "--rounds", "1", "--requests", "20000",
+         "--keyspace", "50000", "--conns", "20", "--workers", "8", "--full-memory", "4mb"]
 ROWS = ["N", "NH", "NHD", "NHL", "NHDL"]
 ARCHS = ["threadpool", "poller-strict", "poller-flexpoll", "poller-direct", "udp", "dpdk"]
 UDP_PORT = 6390
@@ -146,11 +134,13 @@ def start_peer(hosts, d):
 
 
 def measure(args):
+    # a SIGTERM unwinds the finally blocks below: servers stopped, namespaces removed
+    old_term = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     hosts = {}
     sweep = None
     try:
         hosts = make_hosts(args.archs)  # before any thread that a fork could inherit a lock from
-        sweep = common.Sweep(CSV, ("row", "arch", "round"), len(args.rows) * len(args.archs) * args.rounds, args,
+        sweep = common.Sweep(args.csv, ("row", "arch", "round"), len(args.rows) * len(args.archs) * args.rounds, args,
                              selected=lambda r: r["row"] in args.rows and r["arch"] in args.archs, desc="table 1")
 
         def target(arch):
@@ -214,6 +204,7 @@ def measure(args):
             h.close()
         if sweep:
             sweep.close()
+        signal.signal(signal.SIGTERM, old_term)
     return sweep.rows
 
 
@@ -258,10 +249,8 @@ def report(rows):
                                                 zip(ROWS, PAPER["mTCP/DPDK pollers"], PAPER["LinuxTCP thread pool"])))
 
 
-def plot(rows):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def draw(rows, path):
+    plt = common.pyplot()
     med = medians(rows)
     archs = [a for a in ARCHS if any(k[1] == a for k in med)]
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
@@ -282,15 +271,10 @@ def plot(rows):
         ax.set_ylabel("inserts/s")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(PNG, dpi=110)
-    print(f"wrote {PNG}", file=sys.stderr)
+    common.save_figure(fig, path)
 
 
-def parse_args(argv=None):
-    """The command line (argv: a list, e.g. from a notebook; None: sys.argv); dpdk is left
-    out, with a note, where it cannot run."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap):
     ap.add_argument("--rows", nargs="+", default=ROWS, choices=ROWS)
     ap.add_argument("--archs", nargs="+", default=ARCHS, choices=ARCHS)
     ap.add_argument("--rounds", type=int, default=3)
@@ -305,23 +289,18 @@ def parse_args(argv=None):
     ap.add_argument("--client-threads", type=int, default=2, help="kvstore bench threads")
     ap.add_argument("--client-cpus", default="", help="pin the client to these CPUs (taskset -c), e.g. 0")
     ap.add_argument("--full-memory", default="48mb", help="--max-memory of the D rows")
-    ap.add_argument("--tag", default="", help="suffix of the output files (for a second load)")
-    ap.add_argument("--plot-only", action="store_true")
     common.add_sweep_args(ap)
-    args = ap.parse_args(argv)
-    name_outputs(args.tag)
+
+
+def check_args(args):
+    """dpdk is left out, with a note, where it cannot run."""
     if not args.plot_only and "dpdk" in args.archs and dpdk_unavailable():
-        print(f"note: dpdk left out: {dpdk_unavailable()}", file=sys.stderr)
+        common.log(f"note: dpdk left out: {dpdk_unavailable()}")
         args.archs = [a for a in args.archs if a != "dpdk"]
-    return args
 
 
-def main():
-    args = parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop servers, remove namespaces
-    rows = common.read_csv(CSV) if args.plot_only else measure(args)
-    report(rows)
-    plot(rows)
+def main(argv=None):
+    return common.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -19,25 +19,24 @@ in the server) on a data file on this machine's disk:
 Updates/s = records written / seconds the flusher spent sweeping (its I/O and
 syncs included); the writers' own time is not counted (they run in memory).
 
-    python experiments/bosc_effective_updates.py   -> results/bosc_effective_updates.{csv,png}
-    python experiments/bosc_effective_updates.py --memory-mb 2 8 32 --rates 10000 100000 --seconds 3
+    kvstore experiment run p000_bosc_sweep   -> results/p000_bosc_sweep.{csv,png}
+    kvstore experiment run p000_bosc_sweep -- --memory-mb 2 8 32 --rates 10000 100000 --seconds 3
 """
-import argparse
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from kvstore import Store, durability
+from kvstore._bench import lib
+from kvstore.experiments import common
 
-from kvstore import Store, durability  # noqa: E402
-from kvstore._bench import lib  # noqa: E402
-
-CSV = os.path.join(common.RESULTS, "bosc_effective_updates.csv")
-PNG = os.path.join(common.RESULTS, "bosc_effective_updates.png")
+NAME = "p000_bosc_sweep"
+QUICK = ["--buckets", "1024", "--keys", "10000", "--memory-mb", "2", "--rates", "10000", "--seconds", "1",
+         "--naive-updates", "200", "--rounds", "1"]
 VALUE = 85  # bytes, the paper's IoT record
 
 
@@ -97,8 +96,7 @@ def naive_point(workdir, buckets, n, seed=1):
             "updates_per_s": n / s, "records_per_block": 1.0}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap):
     ap.add_argument("--buckets", type=int, default=16384, help="data-file home blocks (4 KiB each)")
     ap.add_argument("--keys", type=int, default=200_000, help="distinct keys (~12 per block by default)")
     ap.add_argument("--memory-mb", type=float, nargs="+", default=[4, 8, 16, 32, 64])
@@ -109,7 +107,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="points are repeated, interleaved; medians")
     ap.add_argument("--dir", default=None, help="where the data files go (default: the system's temporary "
                                                 "directory; it must be on a real disk, not tmpfs)")
-    args = ap.parse_args()
+
+
+def measure(args):
     workdir = tempfile.mkdtemp(prefix="kv-bosc-", dir=args.dir)
     points = ([("naive", 0, 0)] + [("memory", m, 0) for m in args.memory_mb] + [("rate", 0, r) for r in args.rates])
     results = {p: [] for p in points}
@@ -117,8 +117,7 @@ def main():
         for rnd in range(args.rounds):
             for p in points:
                 kind, mem, rate = p
-                print(f"[round {rnd + 1}/{args.rounds}] {kind} memory={mem} MB rate={rate:g}/s ...",
-                      file=sys.stderr, flush=True)
+                common.log(f"[round {rnd + 1}/{args.rounds}] {kind} memory={mem} MB rate={rate:g}/s ...")
                 if kind == "naive":
                     r = naive_point(workdir, args.buckets, args.naive_updates, seed=rnd + 1)
                 elif kind == "memory":
@@ -127,11 +126,10 @@ def main():
                 else:
                     r = run_point(workdir, args.buckets, args.keys, args.seconds, args.interval_ms, rate=rate,
                                   seed=rnd + 1)
-                print(f"    {r['updates_per_s']:,.0f} effective updates/s, {r['records_per_block']:.2f} "
-                      f"records per block written, {r['sweeps']} sweeps", file=sys.stderr, flush=True)
+                common.log(f"    {r['updates_per_s']:,.0f} effective updates/s, {r['records_per_block']:.2f} "
+                           f"records per block written, {r['sweeps']} sweeps")
                 results[p].append(r)
     finally:
-        import shutil
         shutil.rmtree(workdir, ignore_errors=True)
     naive = statistics.median(r["updates_per_s"] for r in results[("naive", 0, 0)])
     rows = []
@@ -141,25 +139,29 @@ def main():
                      "updates_per_s": round(med), "vs_naive": round(med / naive, 2),
                      "records_per_block": round(statistics.median(r["records_per_block"] for r in rs), 2),
                      "records_per_sweep": round(statistics.median(r["records"] / max(1, r["sweeps"]) for r in rs)),
-                     "rounds": len(rs), "runs": " ".join(str(round(r["updates_per_s"])) for r in rs)})
-    common.write_csv(CSV, rows)
-    print(f"wrote {CSV}", file=sys.stderr)
-    plot(rows, args)
+                     "rounds": len(rs), "runs": " ".join(str(round(r["updates_per_s"])) for r in rs),
+                     # the setup, for the plot's labels when it is redrawn from the CSV
+                     "keys": args.keys, "buckets": args.buckets, "interval_ms": args.interval_ms})
+    common.write_csv(args.csv, rows)
+    common.log(f"wrote {args.csv}")
+    return common.read_csv(args.csv)
 
 
-def plot(rows, args):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    naive = next(r["updates_per_s"] for r in rows if r["series"] == "naive")
+def draw(rows, path):
+    plt = common.pyplot()
+    # CSVs written before the setup columns existed were made with the default setup
+    setup = {k: int(rows[0].get(k) or common.parser(sys.modules[__name__]).get_default(k))
+             for k in ("keys", "buckets", "interval_ms")}
+    naive = next(float(r["updates_per_s"]) for r in rows if r["series"] == "naive")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, kind, xkey, xlabel in ((axes[0], "memory", "memory_mb", "memory bound (MB), writers at full speed"),
                                    (axes[1], "rate", "rate", f"request rate (updates/s), a sweep every "
-                                                             f"{args.interval_ms} ms")):
-        rs = sorted((r for r in rows if r["series"] == kind), key=lambda r: r[xkey])
-        ax.plot([r[xkey] for r in rs], [r["updates_per_s"] for r in rs], "o-", label="BOSC sweep")
-        for r in rs:
-            ax.annotate(f"{r['records_per_block']:.1f}/blk", (r[xkey], r["updates_per_s"]),
+                                                             f"{setup['interval_ms']} ms")):
+        rs = sorted((r for r in rows if r["series"] == kind), key=lambda r: float(r[xkey]))
+        xs, ys = [float(r[xkey]) for r in rs], [float(r["updates_per_s"]) for r in rs]
+        ax.plot(xs, ys, "o-", label="BOSC sweep")
+        for r, x, y in zip(rs, xs, ys):
+            ax.annotate(f"{float(r['records_per_block']):.1f}/blk", (x, y),
                         textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
         ax.axhline(naive, color="tab:red", ls="--", label=f"naive in place (+fdatasync): {naive:,.0f}/s")
         ax.axhline(10 * naive, color="tab:red", ls=":", label="10 x naive (target)")
@@ -169,11 +171,13 @@ def plot(rows, args):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("effective disk updates / s")
-    fig.suptitle(f"BOSC effective updates: {args.keys:,} keys in {args.buckets:,} blocks, {VALUE}-byte values "
-                 f"(medians of {args.rounds})", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(PNG, dpi=120)
-    print(f"wrote {PNG}", file=sys.stderr)
+    fig.suptitle(f"BOSC effective updates: {setup['keys']:,} keys in {setup['buckets']:,} blocks, {VALUE}-byte "
+                 f"values (medians of {rows[0]['rounds']})", fontsize=10)
+    common.save_figure(fig, path, dpi=120)
+
+
+def main(argv=None):
+    return common.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,9 @@ The local copy of the log goes to /dev/shm so the local disk is not what is
 measured. CPU: this process (generator + sender + local log) and the peer, in
 CPU-seconds per second of the run (1.0 = one core busy).
 
-    python experiments/fig4_log_batching.py      -> results/fig4_log_batching.{csv,png}
-    python experiments/fig4_log_batching.py --logs 500000 --batches 1 16 256 4096
+    kvstore experiment run p000_fig4      -> results/p000_fig4.{csv,png}
+    kvstore experiment run p000_fig4 -- --logs 500000 --batches 1 16 256 4096
 """
-import argparse
 import os
 import resource
 import shutil
@@ -20,15 +19,13 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from kvstore import Node, durability
+from kvstore._bench import ffi as bench_ffi, lib as bench_lib
+from kvstore._native import ffi, lib
+from kvstore.experiments import common
 
-from kvstore import Node, durability  # noqa: E402
-from kvstore._bench import ffi as bench_ffi, lib as bench_lib  # noqa: E402
-from kvstore._native import ffi, lib  # noqa: E402
-
-CSV = os.path.join(common.RESULTS, "fig4_log_batching.csv")
-PNG = os.path.join(common.RESULTS, "fig4_log_batching.png")
+NAME = "p000_fig4"
+QUICK = ["--logs", "20000", "--batches", "1", "64", "4096", "--rounds", "1"]
 PAPER_PEAK = 8_000_000  # logs/s, Fig. 4
 
 
@@ -80,11 +77,8 @@ def one_point(max_batch, logs, record_bytes, interval_us):
         shutil.rmtree(local_dir, ignore_errors=True)
 
 
-def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def draw(rows, path):
+    plt = common.pyplot()
     xs = sorted({int(r["max_batch_records"]) for r in rows})
     med = {x: statistics.median(float(r["logs_per_s"]) for r in rows if int(r["max_batch_records"]) == x) for x in xs}
     cpu = {x: statistics.median(float(r["node_cpu_per_s"]) for r in rows if int(r["max_batch_records"]) == x)
@@ -110,36 +104,35 @@ def plot(rows, path):
     ax.legend(h1 + h2, l1 + l2, loc="center right")
     ax.grid(alpha=0.3)
     ax.set_title(f"Fig. 4 reproduced: {int(rows[0]['record_bytes'])}-byte logs shipped every 100 us to a peer")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    common.save_figure(fig, path)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap):
     ap.add_argument("--logs", type=int, default=2_000_000, help="logs generated per point")
     ap.add_argument("--record-bytes", type=int, default=85)
     ap.add_argument("--interval-us", type=int, default=100)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024, 4096, 16384, 65536])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--plot-only", action="store_true")
-    args = ap.parse_args()
-    if args.plot_only:
-        rows = common.read_csv(CSV)
-    else:
-        rows = []
-        total = args.rounds * len(args.batches)
-        for rnd in range(args.rounds):
-            for b in args.batches:
-                n = args.logs if b >= 64 else max(50_000, args.logs // (64 // b))  # small batches are slow
-                r = one_point(b, n, args.record_bytes, args.interval_us)
-                r["round"] = rnd
-                rows.append(r)
-                common.write_csv(CSV, rows)
-                print(f"[{len(rows)}/{total}] max batch {b:>6}: {r['logs_per_s']:>12,} logs/s "
-                      f"({r['avg_records_per_batch']:>8} per batch), node cpu {r['node_cpu_per_s']:.2f}, "
-                      f"peer cpu {r['peer_cpu_per_s']:.2f}", flush=True)
-    plot(rows, PNG)
+
+
+def measure(args):
+    rows = []
+    total = args.rounds * len(args.batches)
+    for rnd in range(args.rounds):
+        for b in args.batches:
+            n = args.logs if b >= 64 else max(50_000, args.logs // (64 // b))  # small batches are slow
+            r = one_point(b, n, args.record_bytes, args.interval_us)
+            r["round"] = rnd
+            rows.append(r)
+            common.write_csv(args.csv, rows)
+            common.log(f"[{len(rows)}/{total}] max batch {b:>6}: {r['logs_per_s']:>12,} logs/s "
+                       f"({r['avg_records_per_batch']:>8} per batch), node cpu {r['node_cpu_per_s']:.2f}, "
+                       f"peer cpu {r['peer_cpu_per_s']:.2f}")
+    return rows
+
+
+def main(argv=None):
+    return common.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -6,23 +6,20 @@ generator; memcached through its text protocol). Each round runs every server on
 per load, A B C A B C ..., so drift on this shared machine hits all alike; medians
 are reported. Server CPU seconds come from /proc for each run.
 
-    python experiments/peer_compare.py                    # full run -> results/peer_compare.{csv,png}
-    python experiments/peer_compare.py --rounds 1 --requests 200000   # quick
-    python experiments/peer_compare.py --plot-only
+    kvstore experiment run kv_peer_compare            # full run -> results/kv_peer_compare.{csv,png}
+    kvstore experiment run kv_peer_compare --quick    # smoke scale, into a temporary directory
+    kvstore experiment plot kv_peer_compare
 """
-import argparse
-import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from kvstore import Node
+from kvstore.experiments import common
 
-from kvstore import Node  # noqa: E402
-
-CSV = os.path.join(common.RESULTS, "peer_compare.csv")
-PNG = os.path.join(common.RESULTS, "peer_compare.png")
+NAME = "kv_peer_compare"
+QUICK = ["--rounds", "1", "--requests", "20000", "--preload", "20000", "--keyspace", "20000", "--pipelines", "16",
+         "--kv-threads", "2"]
 
 
 class KvNode:
@@ -52,7 +49,7 @@ def measure(args):
     try:
         for s in servers:
             s.start()
-            print(f"preloading {s.name} with {args.preload:,} random SETs over {args.keyspace:,} keys", flush=True)
+            common.log(f"preloading {s.name} with {args.preload:,} random SETs over {args.keyspace:,} keys")
             common.run_kvstore_bench(s.port, s.protocol, "SET", 16, args.conns, args.preload, args.keyspace,
                               args.value_size, args.client_threads)
         loads = [(tool, op, p) for tool in ("redis-benchmark", "kvstore-bench")
@@ -83,10 +80,10 @@ def measure(args):
                     rows.append(row)
                     done += 1
                     eta = (time.monotonic() - t0) / done * (total - done)
-                    print(f"[{done}/{total}, eta {eta:.0f} s] round {rnd} {tool:15s} {s.name:9s} {op} P{p:<3d}"
-                          f" {r['throughput']:>12,.0f} req/s  p50 {r['p50_us']:7.0f} us  p99 {r['p99_us']:7.0f} us"
-                          f"  server cpu {cpu:5.2f} s", flush=True)
-                    common.write_csv(CSV, rows)  # keep what is measured even if interrupted
+                    common.log(f"[{done}/{total}, eta {eta:.0f} s] round {rnd} {tool:15s} {s.name:9s} {op} "
+                               f"P{p:<3d} {r['throughput']:>12,.0f} req/s  p50 {r['p50_us']:7.0f} us  "
+                               f"p99 {r['p99_us']:7.0f} us  server cpu {cpu:5.2f} s")
+                    common.write_csv(args.csv, rows)  # keep what is measured even if interrupted
     finally:
         for s in servers:
             s.stop()
@@ -117,11 +114,12 @@ def summarize(rows):
     return med, "\n".join(lines)
 
 
-def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def report(rows):
+    print(summarize(rows)[1])
 
+
+def draw(rows, path):
+    plt = common.pyplot()
     med, _ = summarize(rows)
     tools = sorted({k[0] for k in med})
     loads = sorted({(k[1], k[2]) for k in med})
@@ -152,13 +150,10 @@ def plot(rows, path):
             ax.grid(axis="y", alpha=0.3)
     fig.suptitle("kvstore (N pollers: kvstore-Np) vs Redis 7 vs memcached -t2 — 85-byte values, 1 M keys, "
                  "50 connections; client and servers share a 2-core VM")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    common.save_figure(fig, path)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap):
     ap.add_argument("--rounds", type=int, default=3, help="A B C rounds per load (default 3)")
     ap.add_argument("--requests", type=int, default=1_000_000, help="requests per P16 run (P1 runs use a quarter)")
     ap.add_argument("--preload", type=int, default=3_000_000, help="random SETs before measuring")
@@ -170,11 +165,10 @@ def main():
                     help="kvstore poller counts to measure, each as its own server (default: 2 1)")
     ap.add_argument("--memcached-threads", type=int, default=2)
     ap.add_argument("--client-threads", type=int, default=2, help="kvstore bench client threads")
-    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the CSV")
-    args = ap.parse_args()
-    rows = common.read_csv(CSV) if args.plot_only else measure(args)
-    print(summarize(rows)[1])
-    plot(rows, PNG)
+
+
+def main(argv=None):
+    return common.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -16,22 +16,19 @@ connections are idle between readings), which is where keeping or dropping
 EPOLLOUT per connection matters. Servers alternate per load (A B C, C B A, ...);
 medians of --rounds; syscalls per request from INFO pollers; server CPU per request.
 
-    python experiments/flexpoll_compare.py    -> results/flexpoll_compare.{csv,png}
+    kvstore experiment run p002_flexpoll    -> results/p002_flexpoll.{csv,png}
 """
-import argparse
-import os
+import json
 import shutil
 import subprocess
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from kvstore import Client, Node
+from kvstore.experiments import common
 
-from kvstore import Client, Node  # noqa: E402
-
-CSV = os.path.join(common.RESULTS, "flexpoll_compare.csv")
-PNG = os.path.join(common.RESULTS, "flexpoll_compare.png")
+NAME = "p002_flexpoll"
+QUICK = ["--rounds", "1", "--requests", "50000", "--conns", "50", "--mix-seconds", "1", "--device-rate", "5000"]
 POLICIES = ["strict", "flexpoll", "direct"]
 PAPER = {"micro": 1.469, "real-world": 1.678}  # FlexPoll / Redis (strict) throughput
 
@@ -52,7 +49,6 @@ def mix_load(port, seconds, device_rate, prefix=()):
     gateways = subprocess.run(kv + ["-t", "1", "-c", "50", "-P", "4"], capture_output=True, text=True,
                               timeout=seconds + 60, check=True)
     dev_out, _ = devices.communicate(timeout=seconds + 60)
-    import json
     g, d = json.loads(gateways.stdout), json.loads(dev_out)
     return {"throughput": g["throughput"] + d["throughput"], "p99_us": g["lat_p99_us"]}
 
@@ -65,7 +61,7 @@ def measure(args):
     dirs, nodes = [], {}
     loads = [(op, p, c) for c in args.conns for p in args.pipelines for op in ("SET", "GET")] + [("MIX", 0, 1000)]
     names = {load_name(*ld) for ld in loads}
-    sweep = common.Sweep(CSV, ("round", "load", "policy"), args.rounds * len(loads) * len(POLICIES), args,
+    sweep = common.Sweep(args.csv, ("round", "load", "policy"), args.rounds * len(loads) * len(POLICIES), args,
                          selected=lambda r: r["load"] in names, desc="flexpoll")
     client = ("taskset", "-c", "0") if args.pin else ()
     try:
@@ -133,10 +129,8 @@ def report(rows):
     print(f"paper: FlexPoll / Redis (strict) {PAPER['micro']:.3f}x micro, {PAPER['real-world']:.3f}x real-world")
 
 
-def plot(rows):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def draw(rows, path):
+    plt = common.pyplot()
     med, ctl = medians(rows), medians(rows, "epoll_ctl_per_req")
     loads = list(dict.fromkeys(r["load"] for r in rows))
     fig, axes = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
@@ -153,13 +147,10 @@ def plot(rows):
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_title("EPOLLOUT policies on kvstore (2 pollers, 2-core VM shared with the client)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(PNG, dpi=110)
-    print(f"wrote {PNG}", file=sys.stderr)
+    common.save_figure(fig, path)
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=1_000_000, help="per P16 run (P1: a fifth)")
     ap.add_argument("--conns", type=int, nargs="+", default=[50, 1000])
@@ -168,22 +159,11 @@ def parse_args(argv=None):
     ap.add_argument("--mix-seconds", type=float, default=4.0)
     ap.add_argument("--device-rate", type=float, default=20_000, help="total req/s of the 950 devices")
     ap.add_argument("--pin", action="store_true", help="servers on CPU 1, clients on CPU 0 (steadier on 2 cores)")
-    ap.add_argument("--tag", default="", help="suffix of the output files (for a second setup)")
-    ap.add_argument("--plot-only", action="store_true")
     common.add_sweep_args(ap)
-    args = ap.parse_args(argv)
-    global CSV, PNG
-    if args.tag:
-        CSV = os.path.join(common.RESULTS, f"flexpoll_compare_{args.tag}.csv")
-        PNG = os.path.join(common.RESULTS, f"flexpoll_compare_{args.tag}.png")
-    return args
 
 
-def main():
-    args = parse_args()
-    rows = common.read_csv(CSV) if args.plot_only else measure(args)
-    report(rows)
-    plot(rows)
+def main(argv=None):
+    return common.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

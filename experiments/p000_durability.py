@@ -14,23 +14,20 @@ logging keeps most of the in-memory speed (NHL/NH = 0.82 in the paper; NHD/NH
 always. Every server is warmed up first with one pass of the load, so the -full
 ones start with memory full.
 
-    python experiments/durability_compare.py      -> results/durability_compare.{csv,png}
+    kvstore experiment run p000_durability      -> results/p000_durability.{csv,png}
 """
-import argparse
-import os
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from kvstore import Node
+from kvstore.experiments import common
 
-from kvstore import Node  # noqa: E402
-
-CSV = os.path.join(common.RESULTS, "durability_compare.csv")
-PNG = os.path.join(common.RESULTS, "durability_compare.png")
+NAME = "p000_durability"
+QUICK = ["--rounds", "1", "--requests", "20000", "--keyspace", "50000", "--pipelines", "16",
+         "--full-memory", "2mb"]
 
 
 class KvServer:
@@ -99,7 +96,7 @@ def measure(args):
     try:
         for s in servers:
             s.start()
-            print(f"warming up {s.name} ...", file=sys.stderr, flush=True)
+            common.log(f"warming up {s.name} ...")
             common.run_kvstore_bench(s.port, "resp", "SET", 16, args.conns, args.keyspace, args.keyspace,
                                      args.value_size, 2)
         loads = [(tool, p) for tool in ("redis-benchmark", "kvstore-bench") for p in args.pipelines]
@@ -119,9 +116,9 @@ def measure(args):
                                  "throughput": round(r["throughput"]), "p50_us": round(r["p50_us"], 1),
                                  "p99_us": round(r["p99_us"], 1), "wall_s": round(time.monotonic() - w0, 3),
                                  "server_cpu_s": round(cpu, 3)})
-                    common.write_csv(CSV, rows)
-                    print(f"[{len(rows)}/{total}] {tool:15s} P{p:<2d} {s.name:19s} {r['throughput']:>11,.0f} SET/s "
-                          f"p99 {r['p99_us']:7.0f} us  cpu {cpu:.2f} s", flush=True)
+                    common.write_csv(args.csv, rows)
+                    common.log(f"[{len(rows)}/{total}] {tool:15s} P{p:<2d} {s.name:19s} {r['throughput']:>11,.0f} "
+                               f"SET/s p99 {r['p99_us']:7.0f} us  cpu {cpu:.2f} s")
     finally:
         for s in servers:
             s.stop()
@@ -149,11 +146,8 @@ def report(rows):
         print(line)
 
 
-def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def draw(rows, path):
+    plt = common.pyplot()
     med = medians(rows)
     groups = sorted({(k[0], k[1]) for k in med})
     servers = ["kvstore-none", "kvstore-none-full", "kvstore-disk", "kvstore-disk-full", "kvstore-remote",
@@ -171,13 +165,10 @@ def plot(rows, path):
                  "(BOSC flushing), vs Redis AOF — 85 B, 50 conns, 2-core VM", fontsize=9)
     ax.legend()
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    common.save_figure(fig, path)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=1_000_000, help="per P16 run (P1 runs: an eighth)")
     ap.add_argument("--keyspace", type=int, default=1_000_000)
@@ -187,11 +178,10 @@ def main():
     ap.add_argument("--kv-threads", type=int, default=2)
     ap.add_argument("--full-memory", default="48mb", help="--max-memory of the -full servers")
     ap.add_argument("--servers", nargs="+", help="only these (e.g. kvstore-disk redis-aof-always)")
-    ap.add_argument("--plot-only", action="store_true")
-    args = ap.parse_args()
-    rows = common.read_csv(CSV) if args.plot_only else measure(args)
-    report(rows)
-    plot(rows, PNG)
+
+
+def main(argv=None):
+    return common.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 update-heavy shared list vs thread count, for a mutex (stock Linux), an rwlock, the
 ordered and unordered Harris lock-free lists, and LDU with a global or per-thread queue.
 
-experiments/ldu_bench.c is compiled (gcc -O2 -pthread, against ext/ldu.c) into
+ext/bench/ldu_bench.c is compiled (gcc -O2 -pthread, against ext/core/ldu.c) into
 build/ldu_bench/; every (variant, thread count) point is run once per round, the rounds
 interleaved (A B A B) with the variant order rotated each round, and the median over
 rounds is kept. cpu_util is the benchmark's CPU-seconds per wall second (below
@@ -10,11 +10,11 @@ min(threads, cores) when threads block); other_cpu is what everything else on th
 machine used meanwhile (noise); a run with other_cpu above --max-other-cpu is run once
 more at the end and the quieter of the two kept.
 
-    .venv/bin/python experiments/ldu_scalability.py
-        -> results/ldu_scalability.csv (medians), results/ldu_scalability_runs.csv (every run),
-           results/ldu_scalability.png
-    .venv/bin/python experiments/ldu_scalability.py --threads 1,2,4,8,15,30,60,120 --duration-ms 2000
-    .venv/bin/python experiments/ldu_scalability.py --read-pct 0 --name ldu_scalability_read0
+    kvstore experiment run p003_ldu_scalability
+        -> results/p003_ldu_scalability.csv (medians), results/p003_ldu_scalability_runs.csv
+           (every run), results/p003_ldu_scalability.png
+    kvstore experiment run p003_ldu_scalability -- --threads 1,2,4,8,15,30,60,120 --duration-ms 2000
+    kvstore experiment run p003_ldu_scalability -- --read-pct 0 --tag read0
 """
 import argparse
 import os
@@ -24,8 +24,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from kvstore.experiments import common
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -34,13 +33,10 @@ BUILD_DIR = os.path.join(ROOT, "build", "ldu_bench")
 VARIANTS = ["mutex", "rwlock", "harris", "harris-unordered", "ldu-global", "ldu-percore"]
 STYLE = {"mutex": ("#d62728", "o-"), "rwlock": ("#ff7f0e", "s-"), "harris": ("#7f7f7f", "v:"),
          "harris-unordered": ("#9467bd", "^:"), "ldu-global": ("#1f77b4", "D-"), "ldu-percore": ("#2ca02c", "P-")}
-NAME = "ldu_scalability"
+NAME = "p003_ldu_scalability"
+QUICK = ["--threads", "1,2", "--variants", "mutex,ldu-global", "--rounds", "1", "--duration-ms", "100"]
 STAT_KEYS = ("logs", "pushes", "absorbed", "reused", "applies", "flush_read", "flush_bound", "flush_age",
              "flush_collision")
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
 
 
 def build_bench():
@@ -56,7 +52,7 @@ def build_bench():
     if r.returncode:
         raise SystemExit(f"build failed:\n$ {' '.join(cmd)}\n{r.stderr}")
     os.replace(tmp, out)
-    log(f"built {os.path.relpath(out, ROOT)}")
+    common.log(f"built {os.path.relpath(out, ROOT)}")
     return out
 
 
@@ -110,7 +106,7 @@ def sweep(binary, points, rounds, duration_ms, objs, seed, extra=(), max_other_c
     def one(variant, threads, read_pct, rnd, tag):
         row = run_point(binary, variant, threads, read_pct, duration_ms, objs, seed + rnd, extra)
         row["round"] = rnd
-        log(f"[{tag} {time.monotonic() - t_start:5.0f}s] {variant:>16} threads {threads:>3} "
+        common.log(f"[{tag} {time.monotonic() - t_start:5.0f}s] {variant:>16} threads {threads:>3} "
             f"read {read_pct:>2}%: {row['ops_per_s'] / 1e6:8.2f} M ops/s, idle {row['idle_frac']:.2f}, "
             f"cpu {row['cpu_util']:.2f}, others {row.get('other_cpu', float('nan')):.2f}")
         return row
@@ -122,7 +118,7 @@ def sweep(binary, points, rounds, duration_ms, objs, seed, extra=(), max_other_c
             rows.append(one(variant, threads, read_pct, rnd, f"{len(rows) + 1}/{total}"))
     noisy = [i for i, r in enumerate(rows) if r.get("other_cpu", 0) > max_other_cpu]
     if noisy:
-        log(f"{len(noisy)} runs had other load above {max_other_cpu} CPUs: running them once more")
+        common.log(f"{len(noisy)} runs had other load above {max_other_cpu} CPUs: running them once more")
     for k, i in enumerate(noisy):
         r = rows[i]
         again = one(r["variant"], r["threads"], r["read_pct"], r["round"], f"rerun {k + 1}/{len(noisy)}")
@@ -171,11 +167,8 @@ def machine_note(fig, med, threads):
     fig.tight_layout(rect=(0, 0.05, 1, 1))
 
 
-def plot(med, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def draw(med, path):
+    plt = common.pyplot()
     variants = [v for v in VARIANTS if any(r["variant"] == v for r in med)]
     xs = sorted({int(r["threads"]) for r in med})
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
@@ -213,8 +206,7 @@ def plot(med, path):
             a.text(start * 1.03, a.get_ylim()[1] * 0.98, f"oversubscribed (> {cores} cores)", va="top",
                    fontsize=8, color="dimgrey")
     machine_note(fig, med, xs)
-    fig.savefig(path, dpi=110)
-    log(f"wrote {path}")
+    common.save_figure(fig, path, tight=False)
 
 
 def parse_list(s, what):
@@ -227,12 +219,18 @@ def parse_list(s, what):
     return vals
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=lambda s: parse_list(s, "--threads"), default=[1, 2, 4, 8],
-                    help="comma-separated thread counts (default 1,2,4,8)")
+def variants_arg(args):
+    """--variants as a list, every name checked."""
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = set(variants) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+    return variants
+
+
+def add_bench_args(ap):
+    """The options of ldu_bench runs, shared with p003_ldu_rw_ratio."""
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, default all")
-    ap.add_argument("--read-pct", type=int, default=1, help="percentage of operations that traverse (default 1)")
     ap.add_argument("--duration-ms", type=int, default=500, help="per run (default 500)")
     ap.add_argument("--objs", type=int, default=64, help="objects per thread (default 64)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds, median kept (default 5)")
@@ -241,29 +239,38 @@ def main():
                     help="extra key=value passed to ldu_bench (roots=, slots=, batch=, age_us=)")
     ap.add_argument("--max-other-cpu", type=float, default=0.3,
                     help="rerun once a run during which other processes used more CPUs than this (default 0.3)")
-    ap.add_argument("--name", default=NAME, help=f"base name of the result files (default {NAME})")
-    ap.add_argument("--plot-only", action="store_true", help="replot from the CSV")
-    args = ap.parse_args()
-    csv_path, png_path = (os.path.join(common.RESULTS, f"{args.name}{ext}") for ext in (".csv", ".png"))
-    runs_path = os.path.join(common.RESULTS, f"{args.name}_runs.csv")
-    if args.plot_only:
-        plot(common.read_csv(csv_path), png_path)
-        return
-    variants = [v for v in args.variants.split(",") if v]
-    unknown = set(variants) - set(VARIANTS)
-    if unknown:
-        raise SystemExit(f"unknown variants {sorted(unknown)}; known: {', '.join(VARIANTS)}")
+
+
+def run_sweep(args, points, keys, sort_key):
+    """Builds the benchmark, runs points [(variant, threads, read_pct)], writes every run to
+    <csv>_runs.csv and the medians (sorted by sort_key) to args.csv; returns the medians."""
     binary = build_bench()
-    points = [(v, t, args.read_pct) for t in args.threads for v in variants]
     rows = sweep(binary, points, args.rounds, args.duration_ms, args.objs, args.seed, args.bench_opt,
                  args.max_other_cpu)
-    common.write_csv(runs_path, rows)
-    med = medians(rows, ("variant", "threads", "read_pct"))
+    common.write_csv(args.csv[:-len(".csv")] + "_runs.csv", rows)
+    med = medians(rows, keys)
+    med.sort(key=sort_key)
+    common.write_csv(args.csv, med)
+    common.log(f"wrote {args.csv}")
+    return common.read_csv(args.csv)
+
+
+def add_args(ap):
+    ap.add_argument("--threads", type=lambda s: parse_list(s, "--threads"), default=[1, 2, 4, 8],
+                    help="comma-separated thread counts (default 1,2,4,8)")
+    ap.add_argument("--read-pct", type=int, default=1, help="percentage of operations that traverse (default 1)")
+    add_bench_args(ap)
+
+
+def measure(args):
+    variants = variants_arg(args)
     order = {v: i for i, v in enumerate(VARIANTS)}
-    med.sort(key=lambda r: (r["threads"], order[r["variant"]]))
-    common.write_csv(csv_path, med)
-    log(f"wrote {csv_path}")
-    plot(common.read_csv(csv_path), png_path)
+    return run_sweep(args, [(v, t, args.read_pct) for t in args.threads for v in variants],
+                     ("variant", "threads", "read_pct"), lambda r: (r["threads"], order[r["variant"]]))
+
+
+def main(argv=None):
+    return common.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -9,22 +9,18 @@ wake-up per connection). Measured, alternating A B A B:
   - connection churn: redis-benchmark -k 0 (a new connection per request);
   - balance: commands served per poller (INFO pollers).
 
-    python experiments/accept_modes.py [--rounds 3]   -> results/accept_modes.{csv,png}
+    kvstore experiment run kv_accept_modes [-- --rounds 3]   -> results/kv_accept_modes.{csv,png}
 """
-import argparse
-import os
-import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from kvstore import Node
+from kvstore import bench as kvbench
+from kvstore.experiments import common
 
-from kvstore import Node  # noqa: E402
-from kvstore import bench as kvbench  # noqa: E402
-
-CSV = os.path.join(common.RESULTS, "accept_modes.csv")
-PNG = os.path.join(common.RESULTS, "accept_modes.png")
+NAME = "kv_accept_modes"
+QUICK = ["--rounds", "1", "--requests", "20000", "--churn", "1000"]
+MODES = ("reuseport", "handoff")
 
 
 def poller_commands(node):
@@ -42,7 +38,7 @@ def churn(port, n):
 def measure(args):
     rows = []
     for rnd in range(args.rounds):
-        for mode in ("reuseport", "handoff"):
+        for mode in MODES:
             with Node(port=0, threads=args.threads, accept=mode) as node:
                 for p in (1, 16):
                     before = poller_commands(node)
@@ -55,51 +51,51 @@ def measure(args):
                     rows.append({"round": rnd, "mode": mode, "load": f"SET P{p}", "throughput": round(r["throughput"]),
                                  "p99_us": round(r["lat_p99_us"], 1), "server_cpu_s": round(cpu, 3),
                                  "max_over_mean_poller_load": round(imbalance, 3)})
-                    print(f"round {rnd} {mode:9s} SET P{p:<2d} {r['throughput']:>11,.0f} req/s  p99 {r['lat_p99_us']:6.0f} us"
-                          f"  per-poller commands {per} (max/mean {imbalance:.2f})", flush=True)
+                    common.log(f"round {rnd} {mode:9s} SET P{p:<2d} {r['throughput']:>11,.0f} req/s  "
+                               f"p99 {r['lat_p99_us']:6.0f} us  per-poller commands {per} (max/mean {imbalance:.2f})")
                 rate = churn(node.port, args.churn)
                 rows.append({"round": rnd, "mode": mode, "load": "new connection per request",
                              "throughput": round(rate)})
-                print(f"round {rnd} {mode:9s} churn      {rate:>11,.0f} conn+req/s", flush=True)
-            common.write_csv(CSV, rows)
+                common.log(f"round {rnd} {mode:9s} churn      {rate:>11,.0f} conn+req/s")
+            common.write_csv(args.csv, rows)
     return rows
 
 
-def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def medians(rows):
+    """{(load, mode): median throughput}."""
+    return common.medians(rows, ("load", "mode"))
 
+
+def report(rows):
+    med = medians(rows)
+    for load in dict.fromkeys(r["load"] for r in rows):
+        a, b = (med[(load, m)] for m in MODES)
+        print(f"{load:28s} reuseport {a:>11,.0f}  handoff {b:>11,.0f}  ratio {a / b:.2f}")
+
+
+def draw(rows, path):
+    plt = common.pyplot()
+    med = medians(rows)
     loads = list(dict.fromkeys(r["load"] for r in rows))
-    fig, axes = plt.subplots(1, len(loads), figsize=(4.5 * len(loads), 4))
-    for ax, load in zip(axes, loads):
-        meds = [statistics.median(float(r["throughput"]) for r in rows if r["load"] == load and r["mode"] == m)
-                for m in ("reuseport", "handoff")]
-        ax.bar(["reuseport", "handoff"], meds, color=["#1f77b4", "#ff7f0e"])
+    fig, axes = plt.subplots(1, len(loads), figsize=(4.5 * len(loads), 4), squeeze=False)
+    for ax, load in zip(axes[0], loads):
+        ax.bar(list(MODES), [med[(load, m)] for m in MODES], color=["#1f77b4", "#ff7f0e"])
         ax.set_title(load)
         ax.set_ylabel("requests/s (median)")
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("kvstore: SO_REUSEPORT listeners vs accept-and-hand-off (2 pollers, 2-core VM)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}")
+    common.save_figure(fig, path)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="kvstore poller threads")
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--churn", type=int, default=20_000, help="requests in the connection-churn run")
-    ap.add_argument("--plot-only", action="store_true")
-    args = ap.parse_args()
-    rows = common.read_csv(CSV) if args.plot_only else measure(args)
-    for load in dict.fromkeys(r["load"] for r in rows):
-        med = {m: statistics.median(float(r["throughput"]) for r in rows if r["load"] == load and r["mode"] == m)
-               for m in ("reuseport", "handoff")}
-        print(f"{load:28s} reuseport {med['reuseport']:>11,.0f}  handoff {med['handoff']:>11,.0f}  "
-              f"ratio {med['reuseport'] / med['handoff']:.2f}")
-    plot(rows, PNG)
+
+
+def main(argv=None):
+    return common.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

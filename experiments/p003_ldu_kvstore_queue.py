@@ -9,22 +9,18 @@ alternation (A B A B ...) with kvstore bench (SET, 85-byte values, 50 connection
 throughput and server CPU per request; medians. Memory is unbounded and the log is
 off (--durability none --data-file) so that what differs is the queue, not the disk.
 
-    python experiments/ldu_kvstore_queue.py      -> results/ldu_kvstore_queue.{csv,png}
+    kvstore experiment run p003_ldu_kvstore_queue      -> results/p003_ldu_kvstore_queue.{csv,png}
 """
-import argparse
-import os
 import shutil
 import statistics
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from kvstore import Node
+from kvstore.experiments import common
 
-from kvstore import Node  # noqa: E402
-
-CSV = os.path.join(common.RESULTS, "ldu_kvstore_queue.csv")
-PNG = os.path.join(common.RESULTS, "ldu_kvstore_queue.png")
+NAME = "p003_ldu_kvstore_queue"
+QUICK = ["--rounds", "1", "--requests", "20000", "--keyspace", "20000", "--pipelines", "16"]
 
 
 def measure(args):
@@ -48,9 +44,9 @@ def measure(args):
                                  "throughput": round(r["throughput"]), "p99_us": round(r["p99_us"], 1),
                                  "server_cpu_s": round(cpu, 3),
                                  "cpu_us_per_req": round(cpu / args.requests * 1e6, 3)})
-                    print(f"[{len(rows)}/{total}] P{p:<2d} {q:6s} {r['throughput']:>11,.0f} SET/s  "
-                          f"server cpu {cpu:.2f} s", file=sys.stderr, flush=True)
-                    common.write_csv(CSV, rows)
+                    common.log(f"[{len(rows)}/{total}] P{p:<2d} {q:6s} {r['throughput']:>11,.0f} SET/s  "
+                               f"server cpu {cpu:.2f} s")
+                    common.write_csv(args.csv, rows)
     finally:
         for n in nodes.values():
             n.stop()
@@ -77,10 +73,8 @@ def report(rows):
               f" | ldu/locked throughput {tl / tk:.3f}x, CPU per request {cl / ck:.3f}x")
 
 
-def plot(rows):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def draw(rows, path):
+    plt = common.pyplot()
     med = medians(rows)
     ps = sorted({k[0] for k in med})
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -93,13 +87,10 @@ def plot(rows):
         ax.grid(axis="y", alpha=0.3)
         ax.legend()
     fig.suptitle("kvstore's dirty-key queue: LDU vs a mutex-protected queue (2 pollers, 2-core VM)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(PNG, dpi=110)
-    print(f"wrote {PNG}", file=sys.stderr)
+    common.save_figure(fig, path)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap):
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--keyspace", type=int, default=1_000_000)
@@ -107,11 +98,10 @@ def main():
     ap.add_argument("--conns", type=int, default=50)
     ap.add_argument("--pipelines", type=int, nargs="+", default=[16, 1])
     ap.add_argument("--threads", type=int, default=2, help="server pollers (the writers)")
-    ap.add_argument("--plot-only", action="store_true")
-    args = ap.parse_args()
-    rows = common.read_csv(CSV) if args.plot_only else measure(args)
-    report(rows)
-    plot(rows)
+
+
+def main(argv=None):
+    return common.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,50 @@
+"""kvstore.experiments: the measurements that reproduce the papers' results (pNNN_: paper NNN
+of shared/papers) and kvstore's own (kv_), one module each, listed in EXPERIMENTS.
+
+Every experiment module has the same small interface, driven by common.main:
+  NAME              its name, and the base name of its result files (results/NAME[_TAG].{csv,png})
+  QUICK             the arguments of a smoke-scale run (seconds to a minute; notebooks and tests)
+  add_args(ap)      its own options, added to the parser common.parser builds
+  check_args(args)  optional: adjusts or refuses the parsed options before a run
+  measure(args)     runs it, writes args.csv as points finish, returns the CSV's rows
+  report(rows)      optional: prints the summary (medians, ratios, the paper's numbers)
+  draw(rows, png)   plots the CSV's rows (as read back: every value a string) into png
+  main(argv=None)   common.main(module, argv): the command line, `--plot-only` redraws from the CSV
+Run one as `kvstore experiment run NAME [--quick] [-- options]` or
+`python experiments/NAME.py [options]`.
+"""
+import dataclasses
+import importlib
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    name: str         # module name and result file base name
+    paper: str        # "000".."004" (shared/papers), or "kv" for kvstore's own measurements
+    description: str  # one line, for `kvstore experiment list`
+
+    def module(self):
+        return importlib.import_module(f"{__name__}.{self.name}")
+
+
+EXPERIMENTS = [
+    Experiment("p000_table1", "000", "Table 1: inserts/s of each architecture for N, NH, NHD, NHL, NHDL"),
+    Experiment("p000_fig4", "000", "Fig. 4: remote-log throughput vs maximum logs per batch"),
+    Experiment("p000_bosc_sweep", "000", "BOSC: effective disk updates/s vs memory and request rate, vs naive"),
+    Experiment("p000_durability", "000", "durability none/disk/remote (+memory full) vs Redis AOF"),
+    Experiment("p002_flexpoll", "002", "FlexPoll: strict / flexpoll / direct EPOLLOUT policies"),
+    Experiment("p003_ldu_scalability", "003", "LDU Figs 2.8-2.10, Table 2.1: throughput and idle time vs threads"),
+    Experiment("p003_ldu_rw_ratio", "003", "LDU Fig 2.11: throughput vs read:write ratio"),
+    Experiment("p003_ldu_kvstore_queue", "003", "LDU in kvstore: the dirty-key queue, LDU vs a locked queue"),
+    Experiment("kv_peer_compare", "kv", "kvstore vs Redis vs memcached, same loads, same run"),
+    Experiment("kv_accept_modes", "kv", "connection placement: SO_REUSEPORT listeners vs accept-and-hand-off"),
+]
+BY_NAME = {e.name: e for e in EXPERIMENTS}
+
+
+def find(name):
+    """The Experiment called name; LookupError naming the known ones otherwise."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise LookupError(f"unknown experiment {name!r}; known: {', '.join(BY_NAME)}") from None
