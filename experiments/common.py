@@ -10,9 +10,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 from kvstore import bench as kvbench
+from kvstore.process import Process
 
 DEFAULT_RESULTS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results"))
 
@@ -125,47 +125,18 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def wait_port(port, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), 0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
-
-
-class Proc:
-    """A server process started for a measurement and stopped after it."""
+class Proc(Process):
+    """A server process started for a measurement and stopped after it: kvstore's process
+    wrapper, ready once its port accepts, plus the protocol the load generator speaks to it."""
 
     def __init__(self, name, argv, port, protocol="resp"):
-        self.name, self.argv, self.port, self.protocol = name, argv, port, protocol
-        self.proc = None
+        super().__init__(argv, port=port, name=name)
+        self.protocol = protocol
 
-    def start(self):
+    def start(self, timeout=10.0):
         if not shutil.which(self.argv[0]):
             raise RuntimeError(f"{self.argv[0]} is not installed (make deps installs it)")
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            wait_port(self.port)
-        except RuntimeError as e:
-            self.stop()
-            raise RuntimeError(f"{self.name} did not start: {self.proc.stderr.read().decode()[-500:]}") from e
-        return self
-
-    @property
-    def pid(self):
-        return self.proc.pid
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        return super().start(timeout)
 
 
 def redis_server(port, name="redis", *extra):
