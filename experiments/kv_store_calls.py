@@ -11,24 +11,21 @@ the baseline; cython is today's Store. The two alternate (A B, B A, ...) for eve
 op in every round; medians with min-max over --rounds; os.getloadavg() is recorded
 with every run (the machine may be shared).
 
-    python experiments/store_calls.py           -> results/store_calls.{csv,png}
-    python experiments/store_calls.py --quick   (a short run: fewer calls and rounds)
+    kvstore experiment run kv_store_calls           -> results/kv_store_calls.{csv,png}
+    kvstore experiment run kv_store_calls --quick   (3 rounds of 100,000 keys)
 """
-import argparse
 import errno
 import os
 import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import common  # noqa: E402
+from kvstore import Store, errors
+from kvstore._native import ffi, lib
+from kvstore.experiments import common
 
-from kvstore import Store, errors  # noqa: E402
-from kvstore._native import ffi, lib  # noqa: E402
-
-CSV = os.path.join(common.RESULTS, "store_calls.csv")
-PNG = os.path.join(common.RESULTS, "store_calls.png")
+NAME = "kv_store_calls"
+QUICK = ["--rounds", "3", "--calls", "100000"]
 OPS = ["get", "set", "mget", "mset"]
 PATHS = ["cffi", "cython"]
 BATCH = 1000
@@ -147,9 +144,8 @@ def measure(args):
                              "seconds": f"{s:.6f}", "keys_per_s": f"{n_keys / s:.0f}",
                              "calls_per_s": f"{calls / s:.0f}", "ns_per_key": f"{s / n_keys * 1e9:.1f}",
                              "value_size": args.value_size, "load1": f"{os.getloadavg()[0]:.2f}"})
-                print(f"round {rnd} {op:4s} {path:6s} {n_keys / s / 1e6:7.2f} M keys/s", file=sys.stderr)
-    common.write_csv(CSV, rows)
-    print(f"wrote {CSV}", file=sys.stderr)
+                common.log(f"round {rnd} {op:4s} {path:6s} {n_keys / s / 1e6:7.2f} M keys/s")
+            common.write_csv(args.csv, rows)
     return rows
 
 
@@ -172,10 +168,8 @@ def report(rows):
                   f"{calls:12,.0f}" + (f"   {ratio:.1f}x" if ratio else ""))
 
 
-def plot(rows):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def draw(rows, path_png):
+    plt = common.pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     w = 0.38
     for i, path in enumerate(PATHS):
@@ -193,32 +187,22 @@ def plot(rows):
                  fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(PNG), exist_ok=True)
-    fig.savefig(PNG, dpi=110)
-    print(f"wrote {PNG}", file=sys.stderr)
+    common.save_figure(fig, path_png)
 
 
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_args(ap):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=1_000_000, help="keys per run (single calls, or batches x 1,000)")
     ap.add_argument("--value-size", type=int, default=32)
-    ap.add_argument("--quick", action="store_true", help="3 rounds of 100,000 keys (a smoke run, a few seconds)")
-    ap.add_argument("--plot-only", action="store_true", help="report and plot the existing CSV")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.rounds, args.calls = 3, 100_000
+
+
+def check_args(args):
     if args.calls < BATCH:
-        ap.error(f"--calls must be at least {BATCH}")
-    return args
+        raise SystemExit(f"{NAME}: --calls must be at least {BATCH}, got {args.calls}")
 
 
-def main():
-    args = parse_args()
-    rows = common.read_csv(CSV) if args.plot_only else measure(args)
-    report(rows)
-    plot(rows)
+def main(argv=None):
+    return common.main(sys.modules[__name__], argv)
 
 
 if __name__ == "__main__":
