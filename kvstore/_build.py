@@ -5,8 +5,8 @@ SPEC names what Python calls; its declarations are taken from the headers
 default), so C threads never wait on Python.
 """
 import glob
-import importlib.util
 import os
+import runpy
 import shlex
 import subprocess
 
@@ -77,16 +77,8 @@ SPEC = [
 ]
 
 
-def _cdef_tool():
-    """kvstore/_cdef.py, loaded by path: the package itself cannot be imported while
-    its extension is being built."""
-    spec = importlib.util.spec_from_file_location("_kvstore_cdef", os.path.join(HERE, "_cdef.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-CDEF = _cdef_tool().cdef(EXT, SPEC)
+# kvstore/_cdef.py, run by path: the package cannot be imported while its extensions build
+CDEF = runpy.run_path(os.path.join(HERE, "_cdef.py"))["cdef"](EXT, SPEC)
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)

@@ -10,8 +10,8 @@ SPEC names what Python calls; its declarations come from the headers (_cdef.py).
 Calls release the GIL (cffi's default).
 """
 import glob
-import importlib.util
 import os
+import runpy
 
 from cffi import FFI
 
@@ -31,16 +31,8 @@ SPEC = [
 ]
 
 
-def _cdef_tool():
-    """kvstore/_cdef.py, loaded by path: the package itself cannot be imported while
-    its extensions are being built."""
-    spec = importlib.util.spec_from_file_location("_kvstore_cdef", os.path.join(HERE, "_cdef.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-CDEF = _cdef_tool().cdef(EXT, SPEC)
+# kvstore/_cdef.py, run by path: the package cannot be imported while its extensions build
+CDEF = runpy.run_path(os.path.join(HERE, "_cdef.py"))["cdef"](EXT, SPEC)
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)

@@ -34,15 +34,14 @@ def _statements(text):
             depth += 1
         elif ch == "}":
             depth -= 1
-            if depth == 0 and not re.match(r"\s*[\w*(]", text[i + 1:]):  # no declarator follows
-                nxt = re.match(r"\s*;", text[i + 1:])
-                if not nxt:
-                    out.append(text[start:i + 1].strip())
-                    start = i + 1
+            # a function body ends its statement; a type definition goes on to its ';'
+            if depth == 0 and not re.match(r"\s*(typedef|struct|union|enum)\b", text[start:i]):
+                out.append(text[start:i + 1].strip())
+                start = i + 1
         elif ch == ";" and depth == 0:
             out.append(text[start:i + 1].strip())
             start = i + 1
-    return [" ".join(s.split()) for s in out if s.strip()]
+    return [re.sub(r" ;$", ";", " ".join(s.split())) for s in out if s.strip()]
 
 
 def _unatomic(decl):
