@@ -44,8 +44,8 @@ struct cmd_def {
 #define ARGIS(a, i, lit) ((a)->argl[i] == sizeof(lit) - 1 && !strncasecmp((a)->argv[i], lit, sizeof(lit) - 1))
 
 /* ---- helpers (dispatch.c) */
-int cmd_reply_ok(struct cmd_client *c);
-int cmd_reply_err(struct cmd_client *c, const char *e);
+static inline int cmd_reply_ok(struct cmd_client *c) { return kvbuf_append(c->out, "+OK\r\n", 5); }
+static inline int cmd_reply_err(struct cmd_client *c, const char *e) { return resp_add_error(c->out, e); }
 /* The error reply for a failed table write (-ENOMEM, -E2BIG, log backlog or failure). */
 int cmd_reply_write_err(struct cmd_client *c, int64_t rc);
 /* Redis's string2ll on argument i: 0, or -EINVAL if it is not a 64-bit decimal integer. */

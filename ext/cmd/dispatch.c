@@ -19,10 +19,6 @@ static inline int tolower_ascii(int ch) { return ch >= 'A' && ch <= 'Z' ? ch + 3
 
 #define ARGIS(a, i, lit) ((a)->argl[i] == sizeof(lit) - 1 && !strncasecmp((a)->argv[i], lit, sizeof(lit) - 1))
 
-int cmd_reply_ok(struct cmd_client *c) { return kvbuf_append(c->out, "+OK\r\n", 5); }
-
-int cmd_reply_err(struct cmd_client *c, const char *e) { return resp_add_error(c->out, e); }
-
 /* Redis's string2ll on an argument. */
 int cmd_arg_ll(const struct cmd_args *a, int i, long long *v)
 {

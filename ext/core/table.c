@@ -19,18 +19,9 @@
 #include "core/ldu.h"
 #include "core/table_int.h"
 
-static __thread uint64_t touched_lsn;
+__thread uint64_t kvt_touched_lsn __attribute__((tls_model("initial-exec")));
 
-void kvt_lsn_reset(void) { touched_lsn = 0; }
-uint64_t kvt_lsn_touched(void) { return touched_lsn; }
 
-static inline void touch(uint64_t lsn)
-{
-    if (lsn > touched_lsn)
-        touched_lsn = lsn;
-}
-
-void kvt_lsn_touch(uint64_t lsn) { touch(lsn); }
 
 void kvt_set_log(struct kv_table *t, kvt_log_fn fn, void *arg)
 {
@@ -46,7 +37,7 @@ static int64_t do_log(struct kv_table *t, int op, const void *key, size_t klen, 
         return 0;
     int64_t lsn = t->log(t->log_arg, op, key, klen, v1, n1, v2, n2, expire);
     if (lsn > 0)
-        touch((uint64_t)lsn);
+        kvt_lsn_touch((uint64_t)lsn);
     return lsn;
 }
 
@@ -127,12 +118,12 @@ int kvt_get(struct kv_table *t, const void *key, size_t klen, kvt_read_fn fn, vo
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
     if (e) {
         cnt_add(&s->hits, 1);
-        touch(e->lsn);
+        kvt_lsn_touch(e->lsn);
         if (fn)
             fn(arg, entry_val(e), e->vlen);
     } else if (st == LK_ABSENT) {
         cnt_add(&s->misses, 1);
-        touch(s->del_lsn);
+        kvt_lsn_touch(s->del_lsn);
     }
     pthread_mutex_unlock(&s->lock);
     return st == LK_NOTRES ? -ENODATA : e != NULL;
@@ -175,14 +166,14 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
     struct kvt_entry *slot = ref ? *ref : NULL;       /* live entry or tombstone */
     struct kvt_entry *e = st == LK_LIVE ? slot : NULL; /* live entry */
     if (old_fn && e) {
-        touch(e->lsn);
+        kvt_lsn_touch(e->lsn);
         old_fn(old_arg, entry_val(e), e->vlen);
     }
     if (!e)
-        touch(s->del_lsn); /* a reply that shows the key absent depends on its deletion */
+        kvt_lsn_touch(s->del_lsn); /* a reply that shows the key absent depends on its deletion */
     if (((flags & KVT_NX) && e) || ((flags & KVT_XX) && !e)) {
         if (e)
-            touch(e->lsn); /* the reply reveals that the key exists */
+            kvt_lsn_touch(e->lsn); /* the reply reveals that the key exists */
         rc = 0;
         goto out;
     }
@@ -267,7 +258,7 @@ int kvt_del(struct kv_table *t, const void *key, size_t klen)
     else if (st == LK_NOTRES)
         rc = -ENODATA;
     else
-        touch(s->del_lsn); /* "0 deleted" may rest on an earlier delete */
+        kvt_lsn_touch(s->del_lsn); /* "0 deleted" may rest on an earlier delete */
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -313,7 +304,7 @@ int kvt_exists(struct kv_table *t, const void *key, size_t klen)
     struct shard *s = kvt_lock_shard(t, h);
     int st;
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
-    touch(e ? e->lsn : s->del_lsn);
+    kvt_lsn_touch(e ? e->lsn : s->del_lsn);
     pthread_mutex_unlock(&s->lock);
     return st == LK_NOTRES ? -ENODATA : e != NULL;
 }
@@ -424,7 +415,7 @@ int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, 
         rc = -ENODATA;
         goto out;
     }
-    touch(e ? e->lsn : s->del_lsn); /* an error reply reveals the current value too */
+    kvt_lsn_touch(e ? e->lsn : s->del_lsn); /* an error reply reveals the current value too */
     if (e && parse_ll(entry_val(e), e->vlen, &cur)) {
         rc = -EINVAL;
         goto out;
@@ -458,7 +449,7 @@ int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void 
         rc = -ENODATA;
         goto out;
     }
-    touch(e ? e->lsn : s->del_lsn);
+    kvt_lsn_touch(e ? e->lsn : s->del_lsn);
     if (oldlen + vlen > KVT_MAX_VALUE) {
         rc = -E2BIG;
         goto out;
@@ -481,7 +472,7 @@ int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen)
     int st;
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
     int64_t n = e ? e->vlen : 0;
-    touch(e ? e->lsn : s->del_lsn);
+    kvt_lsn_touch(e ? e->lsn : s->del_lsn);
     pthread_mutex_unlock(&s->lock);
     return st == LK_NOTRES ? -ENODATA : n;
 }

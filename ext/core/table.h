@@ -63,11 +63,19 @@ void kvt_set_log(struct kv_table *t, kvt_log_fn fn, void *arg);
 /* The largest LSN that the calling thread's table operations since its last
  * kvt_lsn_reset() wrote or read (0 without a logger): a reply to a request must
  * not leave before this LSN is durable, or a client could see a write that a
- * crash would undo. Thread-local. */
-void kvt_lsn_reset(void);
-uint64_t kvt_lsn_touched(void);
+ * crash would undo. Thread-local, read and reset around every request: inline,
+ * and in the initial-exec TLS model (a %fs-relative load instead of a call to
+ * __tls_get_addr, which a shared library's default model makes each access pay;
+ * 8 bytes of the static TLS surplus that glibc keeps for libraries loaded late). */
+extern __thread uint64_t kvt_touched_lsn __attribute__((tls_model("initial-exec")));
+static inline void kvt_lsn_reset(void) { kvt_touched_lsn = 0; }
+static inline uint64_t kvt_lsn_touched(void) { return kvt_touched_lsn; }
 /* The reply also depends on LSN lsn (e.g. DBSIZE on everything appended so far). */
-void kvt_lsn_touch(uint64_t lsn);
+static inline void kvt_lsn_touch(uint64_t lsn)
+{
+    if (lsn > kvt_touched_lsn)
+        kvt_touched_lsn = lsn;
+}
 
 /* Create a table bounded by max_memory bytes (0 = unbounded). Returns 0 or -errno. */
 int kvt_create(struct kv_table **out, uint64_t max_memory);

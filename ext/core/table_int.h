@@ -188,7 +188,16 @@ struct kvt_entry **kvt_do_lookup(struct kv_table *t, struct shard *s, uint64_t h
                              size_t klen, int *st);
 void kvt_do_insert(struct kv_table *t, struct shard *s, struct kvt_entry *e);
 void kvt_do_replace(struct kv_table *t, struct shard *s, struct kvt_entry **ref, struct kvt_entry *ne);
-struct shard *kvt_lock_shard(struct kv_table *t, uint64_t h); /* locks the key's shard (and rehashes a step) */
+/* Lock the key's shard (and move its rehash on by a step): on every operation,
+ * so inline. */
+static inline struct shard *kvt_lock_shard(struct kv_table *t, uint64_t h)
+{
+    struct shard *s = shard_of(t, h);
+    pthread_mutex_lock(&s->lock);
+    if (s->rehashidx >= 0)
+        kvt_do_rehash_step(t, s, REHASH_STEP);
+    return s;
+}
 
 /* kvt_do_lookup for readers: the live entry or NULL; *st as kvt_do_lookup. */
 static inline struct kvt_entry *do_live(struct kv_table *t, struct shard *s, uint64_t h, const void *key,

@@ -262,11 +262,3 @@ void kvt_do_replace(struct kv_table *t, struct shard *s, struct kvt_entry **ref,
     kvt_entry_free(t, old);
 }
 
-struct shard *kvt_lock_shard(struct kv_table *t, uint64_t h)
-{
-    struct shard *s = shard_of(t, h);
-    pthread_mutex_lock(&s->lock);
-    if (s->rehashidx >= 0)
-        kvt_do_rehash_step(t, s, REHASH_STEP);
-    return s;
-}

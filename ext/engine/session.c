@@ -90,10 +90,8 @@ int ses_hold(struct session *s, size_t off, uint64_t need)
     return 0;
 }
 
-size_t ses_sendable(struct session *s, size_t len)
+size_t ses_sendable_held(struct session *s, size_t len)
 {
-    if (!s->hold_n)
-        return len;
     uint64_t durable = wal_durable_lsn(s->eng->wal);
     while (s->hold_n && s->holds[s->hold_head].lsn <= durable) {
         s->hold_head++;

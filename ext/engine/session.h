@@ -62,8 +62,10 @@ int ses_run(struct session *s, int argc, const char **argv, const size_t *argl);
  * everything after it wait until the log holds need. 0, or -ENOMEM. */
 int ses_hold(struct session *s, size_t off, uint64_t need);
 /* End of the part of a stream of len bytes that may be sent now: up to the first
- * reply whose LSN is not yet durable. */
-size_t ses_sendable(struct session *s, size_t len);
+ * reply whose LSN is not yet durable. Inline: asked on every write, and mostly
+ * nothing is held. */
+size_t ses_sendable_held(struct session *s, size_t len);
+static inline size_t ses_sendable(struct session *s, size_t len) { return s->hold_n ? ses_sendable_held(s, len) : len; }
 /* The stream's first n bytes were sent and dropped: its offsets move down by n. */
 void ses_consumed(struct session *s, size_t n);
 

@@ -375,10 +375,8 @@ int resp_add_bulk(struct kvbuf *b, const void *p, size_t n)
 
 int resp_add_bulk_str(struct kvbuf *b, const char *s) { return resp_add_bulk(b, s, strlen(s)); }
 
-int resp_args_reserve(struct resp_args *a, int n)
+int resp_args_grow(struct resp_args *a, int n)
 {
-    if (n <= a->cap)
-        return 0;
     if (n > (1 << 29))
         return -ENOMEM;
     int cap = a->cap ? a->cap : 64;

@@ -61,8 +61,10 @@ struct resp_args {
     int cap;
 };
 /* Room for n arguments: 0, or -ENOMEM (also past 2^29, which no buffer within the
- * query-buffer limit can hold: every argument takes at least 6 bytes). */
-int resp_args_reserve(struct resp_args *a, int n);
+ * query-buffer limit can hold: every argument takes at least 6 bytes). Inline: a
+ * front end asks once per request, and almost always there is room. */
+int resp_args_grow(struct resp_args *a, int n);
+static inline int resp_args_reserve(struct resp_args *a, int n) { return n <= a->cap ? 0 : resp_args_grow(a, n); }
 void resp_args_free(struct resp_args *a);
 
 /* Reply encoders. Each returns 0 or -ENOMEM. */
