@@ -38,6 +38,7 @@ EXPERIMENTS = [
     Experiment("p003_ldu_kvstore_queue", "003", "LDU in kvstore: the dirty-key queue, LDU vs a locked queue"),
     Experiment("kv_peer_compare", "kv", "kvstore vs Redis vs memcached, same loads, same run"),
     Experiment("kv_accept_modes", "kv", "connection placement: SO_REUSEPORT listeners vs accept-and-hand-off"),
+    Experiment("kv_build_compare", "kv", "this build against a baseline build: throughput and CPU per request"),
     Experiment("kv_store_calls", "kv", "embedded Store calls per second: the cffi path vs the Cython one"),
 ]
 BY_NAME = {e.name: e for e in EXPERIMENTS}

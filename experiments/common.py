@@ -138,6 +138,13 @@ class Proc(Process):
             raise RuntimeError(f"{self.argv[0]} is not installed (make deps installs it)")
         return super().start(timeout)
 
+    def stop(self, *a, **kw):
+        rc = super().stop(*a, **kw)
+        if self.log_path and os.path.exists(self.log_path):  # its temporary log: a failure to start
+            os.unlink(self.log_path)                         # has already shown it
+        self.log_path = None
+        return rc
+
 
 def redis_server(port, name="redis", *extra):
     """redis-server with persistence off, unless extra options (e.g. --appendonly yes) turn it on."""
