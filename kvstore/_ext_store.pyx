@@ -32,7 +32,7 @@ from kvstore import errors
 
 # The table functions called here; kvstore.store binds them from the cffi lib.
 FUNCTIONS = ("kvt_get_copy", "kvt_set", "kvt_del", "kvt_exists", "kvt_incrby", "kvt_load_sync",
-             "kvt_wait_memory", "kvt_used_memory", "kvt_get_stats")
+             "kvt_wait_memory", "kvt_used_memory", "kvt_max_memory")
 
 cdef struct kvs_fns:
     kvs_get_copy_fn get_copy
@@ -43,7 +43,7 @@ cdef struct kvs_fns:
     kvs_load_sync_fn load_sync
     kvs_wait_memory_fn wait_memory
     kvs_used_memory_fn used_memory
-    kvs_get_stats_fn get_stats
+    kvs_max_memory_fn max_memory
 
 cdef kvs_fns fn
 cdef bint fn_bound = False
@@ -62,7 +62,7 @@ def bind_functions(addresses):
     fn.load_sync = <kvs_load_sync_fn><uintptr_t>addresses["kvt_load_sync"]
     fn.wait_memory = <kvs_wait_memory_fn><uintptr_t>addresses["kvt_wait_memory"]
     fn.used_memory = <kvs_used_memory_fn><uintptr_t>addresses["kvt_used_memory"]
-    fn.get_stats = <kvs_get_stats_fn><uintptr_t>addresses["kvt_get_stats"]
+    fn.max_memory = <kvs_max_memory_fn><uintptr_t>addresses["kvt_max_memory"]
     fn_bound = True
 
 
@@ -151,12 +151,12 @@ cdef int _mset_room(kv_table *t, uint64_t need) noexcept nogil:
     that a batch is never half applied because memory ran out halfway. With a data file
     attached, waits for the flusher to make room (unless the batch is over a quarter of
     the bound: waiting could not make room for it). Returns 0 or -ENOMEM."""
-    cdef kvt_stats st
+    cdef uint64_t bound
     while True:
-        fn.get_stats(t, &st)  # the only way to max_memory that the cffi module exports
-        if st.max_memory == 0 or st.used_memory + need <= st.max_memory:
+        bound = fn.max_memory(t)  # two loads, where kvt_get_stats would lock every shard
+        if bound == 0 or fn.used_memory(t) + need <= bound:
             return 0
-        if need > st.max_memory // 4 or fn.wait_memory(t) < 0:
+        if need > bound // 4 or fn.wait_memory(t) < 0:
             return -ENOMEM
 
 

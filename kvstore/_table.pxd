@@ -18,9 +18,6 @@ cdef extern from "core/table.h" nogil:
         KVT_NOBOUND
         KVT_MAX_VALUE
     ctypedef void (*kvt_read_fn)(void *arg, const char *val, size_t vlen)
-    struct kvt_stats:
-        uint64_t used_memory
-        uint64_t max_memory
 
 cdef extern from *:
     """
@@ -33,7 +30,7 @@ cdef extern from *:
     typedef __typeof__(&kvt_load_sync) kvs_load_sync_fn;
     typedef __typeof__(&kvt_wait_memory) kvs_wait_memory_fn;
     typedef __typeof__(&kvt_used_memory) kvs_used_memory_fn;
-    typedef __typeof__(&kvt_get_stats) kvs_get_stats_fn;
+    typedef __typeof__(&kvt_max_memory) kvs_max_memory_fn;
     """
     # Cython's view of the same types (what it checks the .pyx's calls against)
     ctypedef int64_t (*kvs_get_copy_fn)(kv_table *t, const void *key, size_t klen, void *buf,
@@ -47,4 +44,4 @@ cdef extern from *:
     ctypedef int (*kvs_load_sync_fn)(kv_table *t, const void *key, size_t klen) noexcept nogil
     ctypedef int (*kvs_wait_memory_fn)(kv_table *t) noexcept nogil
     ctypedef uint64_t (*kvs_used_memory_fn)(kv_table *t) noexcept nogil
-    ctypedef void (*kvs_get_stats_fn)(kv_table *t, kvt_stats *st) noexcept nogil
+    ctypedef uint64_t (*kvs_max_memory_fn)(kv_table *t) noexcept nogil
