@@ -35,6 +35,8 @@ struct cmd_client {
     const char *stall_key;
     size_t stall_klen;
     uint64_t sync_ticket;    /* CMD_STALL_SYNC: the sweep DBSIZE waits for */
+    int64_t keys_ticket;     /* CMD_STALL_KEYS: the data file's key listing SCAN/KEYS wait for
+                                (bosc_keys_request) */
     /* A multi-key command (MGET, EXISTS, DEL) that stalled on its resume_i-th key
      * carries on from there when run again (0 = from the start): it never needs
      * all its keys in memory at once, which a small memory could not give. MGET's
@@ -44,8 +46,9 @@ struct cmd_client {
 };
 
 /* CMD_STALL_SYNC: for a sweep of the flusher (DBSIZE counts exactly only when
- * every key's presence in its block is known). */
-enum { CMD_STALL_NONE, CMD_STALL_LOAD, CMD_STALL_MEM, CMD_STALL_SYNC };
+ * every key's presence in its block is known); CMD_STALL_KEYS: for a listing of
+ * the data file's keys (keys_ticket), which the command requested. */
+enum { CMD_STALL_NONE, CMD_STALL_LOAD, CMD_STALL_MEM, CMD_STALL_SYNC, CMD_STALL_KEYS };
 
 /* Execute one request (argc >= 1). Appends exactly one reply to c->out, or
  * none when it sets c->stall (the caller then drops any partial output).

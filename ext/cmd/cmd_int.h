@@ -31,6 +31,11 @@ struct cmd_def {
     const char *name;
     int arity; /* > 0 exact argc, < 0 at least -arity */
     int flags;
+    /* Key positions, as COMMAND reports them: the first key's argument, the
+     * last's (-1: the last argument, -2: the one before it), the step between
+     * keys; 0 0 0 for a command without keys. EXEC loads a transaction's keys
+     * from them before it runs. */
+    signed char first, last, step;
     cmd_fn fn;
     const char *group, *summary, *since;
 };
@@ -90,6 +95,11 @@ int c_incrby(struct cmd_client *c, const struct cmd_args *a);
 int c_decrby(struct cmd_client *c, const struct cmd_args *a);
 int c_append(struct cmd_client *c, const struct cmd_args *a);
 int c_strlen(struct cmd_client *c, const struct cmd_args *a);
+/* string_ext.c (the rest of Redis's string commands) */
+/* expire.c (expiry and TTL) */
+/* keys.c (SCAN, KEYS, TYPE, RENAME, COPY, OBJECT, ...) */
+/* hash.c */
+/* multi.c (MULTI, EXEC, DISCARD, WATCH, UNWATCH) */
 /* config.c */
 int c_config(struct cmd_client *c, const struct cmd_args *a);
 /* dispatch.c */

@@ -16,9 +16,6 @@
 
 static inline int tolower_ascii(int ch) { return ch >= 'A' && ch <= 'Z' ? ch + 32 : ch; }
 
-
-#define ARGIS(a, i, lit) ((a)->argl[i] == sizeof(lit) - 1 && !strncasecmp((a)->argv[i], lit, sizeof(lit) - 1))
-
 /* Redis's string2ll on an argument. */
 int cmd_arg_ll(const struct cmd_args *a, int i, long long *v)
 {
@@ -43,12 +40,7 @@ int cmd_arg_ll(const struct cmd_args *a, int i, long long *v)
     return 0;
 }
 
-int64_t cmd_unix_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
+int64_t cmd_unix_ms(void) { return kvt_now_ms(); }
 
 void cmd_add_bulk_cb(void *arg, const char *v, size_t n)
 {
@@ -126,32 +118,37 @@ int cmd_reply_write_err(struct cmd_client *c, int64_t rc)
 }
 
 static const struct cmd_def commands[] = {
-    {"get", 2, F_READONLY | F_FAST, c_get, "string", "Returns the string value of a key.", "1.0.0"},
-    {"set", -3, F_WRITE | F_DENYOOM, c_set, "string", "Sets the string value of a key, ignoring its type.", "1.0.0"},
-    {"mget", -2, F_READONLY | F_FAST, c_mget, "string", "Atomically returns the string values of one or more keys.", "1.0.0"},
-    {"mset", -3, F_WRITE | F_DENYOOM, c_mset, "string", "Creates or modifies the string values of one or more keys.", "1.0.1"},
-    {"del", -2, F_WRITE, c_del, "generic", "Deletes one or more keys.", "1.0.0"},
-    {"exists", -2, F_READONLY | F_FAST, c_exists, "generic", "Determines whether one or more keys exist.", "1.0.0"},
-    {"incr", 2, F_WRITE | F_DENYOOM | F_FAST, c_incr, "string", "Increments the integer value of a key by one.", "1.0.0"},
-    {"decr", 2, F_WRITE | F_DENYOOM | F_FAST, c_decr, "string", "Decrements the integer value of a key by one.", "1.0.0"},
-    {"incrby", 3, F_WRITE | F_DENYOOM | F_FAST, c_incrby, "string", "Increments the integer value of a key by a number.", "1.0.0"},
-    {"decrby", 3, F_WRITE | F_DENYOOM | F_FAST, c_decrby, "string", "Decrements a number from the integer value of a key.", "1.0.0"},
-    {"append", 3, F_WRITE | F_DENYOOM, c_append, "string", "Appends a string to the value of a key.", "2.0.0"},
-    {"strlen", 2, F_READONLY | F_FAST, c_strlen, "string", "Returns the length of a string value.", "2.2.0"},
-    {"ping", -1, F_FAST, c_ping, "connection", "Returns the server's liveliness response.", "1.0.0"},
-    {"echo", 2, F_FAST, c_echo, "connection", "Returns the given string.", "1.0.0"},
-    {"quit", -1, F_NOAUTH | F_FAST, c_quit, "connection", "Closes the connection.", "1.0.0"},
-    {"auth", -2, F_NOAUTH | F_FAST, c_auth, "connection", "Authenticates the connection.", "1.0.0"},
-    {"hello", -1, F_NOAUTH | F_FAST, c_hello, "connection", "Handshakes with the server.", "6.0.0"},
-    {"select", 2, F_FAST, c_select, "connection", "Changes the selected database (only 0 exists).", "1.0.0"},
-    {"client", -2, 0, c_client, "connection", "A container for client connection commands.", "2.4.0"},
-    {"dbsize", 1, F_READONLY | F_FAST, c_dbsize, "server", "Returns the number of keys in the database.", "1.0.0"},
-    {"flushall", -1, F_WRITE, c_flushall, "server", "Removes all keys from all databases.", "1.0.0"},
-    {"flushdb", -1, F_WRITE, c_flushall, "server", "Remove all keys from the current database.", "1.0.0"},
-    {"info", -1, 0, c_info, "server", "Returns information and statistics about the server.", "1.0.0"},
-    {"config", -2, 0, c_config, "server", "A container for server configuration commands.", "2.0.0"},
-    {"command", -1, 0, c_command, "server", "Returns detailed information about all commands.", "2.8.13"},
-    {"time", 1, F_FAST, c_time, "server", "Returns the server time.", "2.6.0"},
+    {"get", 2, F_READONLY | F_FAST, 1, 1, 1, c_get, "string", "Returns the string value of a key.", "1.0.0"},
+    {"set", -3, F_WRITE | F_DENYOOM, 1, 1, 1, c_set, "string", "Sets the string value of a key, ignoring its type.", "1.0.0"},
+    {"mget", -2, F_READONLY | F_FAST, 1, -1, 1, c_mget, "string", "Atomically returns the string values of one or more keys.", "1.0.0"},
+    {"mset", -3, F_WRITE | F_DENYOOM, 1, -1, 2, c_mset, "string", "Creates or modifies the string values of one or more keys.", "1.0.1"},
+    {"del", -2, F_WRITE, 1, -1, 1, c_del, "generic", "Deletes one or more keys.", "1.0.0"},
+    {"exists", -2, F_READONLY | F_FAST, 1, -1, 1, c_exists, "generic", "Determines whether one or more keys exist.", "1.0.0"},
+    {"incr", 2, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_incr, "string", "Increments the integer value of a key by one.", "1.0.0"},
+    {"decr", 2, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_decr, "string", "Decrements the integer value of a key by one.", "1.0.0"},
+    {"incrby", 3, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_incrby, "string", "Increments the integer value of a key by a number.", "1.0.0"},
+    {"decrby", 3, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_decrby, "string", "Decrements a number from the integer value of a key.", "1.0.0"},
+    {"append", 3, F_WRITE | F_DENYOOM, 1, 1, 1, c_append, "string", "Appends a string to the value of a key.", "2.0.0"},
+    {"strlen", 2, F_READONLY | F_FAST, 1, 1, 1, c_strlen, "string", "Returns the length of a string value.", "2.2.0"},
+    /* string_ext.c */
+    /* expire.c */
+    /* keys.c */
+    /* hash.c */
+    /* multi.c */
+    {"ping", -1, F_FAST, 0, 0, 0, c_ping, "connection", "Returns the server's liveliness response.", "1.0.0"},
+    {"echo", 2, F_FAST, 0, 0, 0, c_echo, "connection", "Returns the given string.", "1.0.0"},
+    {"quit", -1, F_NOAUTH | F_FAST, 0, 0, 0, c_quit, "connection", "Closes the connection.", "1.0.0"},
+    {"auth", -2, F_NOAUTH | F_FAST, 0, 0, 0, c_auth, "connection", "Authenticates the connection.", "1.0.0"},
+    {"hello", -1, F_NOAUTH | F_FAST, 0, 0, 0, c_hello, "connection", "Handshakes with the server.", "6.0.0"},
+    {"select", 2, F_FAST, 0, 0, 0, c_select, "connection", "Changes the selected database (only 0 exists).", "1.0.0"},
+    {"client", -2, 0, 0, 0, 0, c_client, "connection", "A container for client connection commands.", "2.4.0"},
+    {"dbsize", 1, F_READONLY | F_FAST, 0, 0, 0, c_dbsize, "server", "Returns the number of keys in the database.", "1.0.0"},
+    {"flushall", -1, F_WRITE, 0, 0, 0, c_flushall, "server", "Removes all keys from all databases.", "1.0.0"},
+    {"flushdb", -1, F_WRITE, 0, 0, 0, c_flushall, "server", "Remove all keys from the current database.", "1.0.0"},
+    {"info", -1, 0, 0, 0, 0, c_info, "server", "Returns information and statistics about the server.", "1.0.0"},
+    {"config", -2, 0, 0, 0, 0, c_config, "server", "A container for server configuration commands.", "2.0.0"},
+    {"command", -1, 0, 0, 0, 0, c_command, "server", "Returns detailed information about all commands.", "2.8.13"},
+    {"time", 1, F_FAST, 0, 0, 0, c_time, "server", "Returns the server time.", "2.6.0"},
 };
 
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
@@ -185,17 +182,13 @@ static void add_flags(struct cmd_client *c, int f)
  * tips, key specs, subcommands (Redis 7 layout). */
 static void add_info(struct cmd_client *c, const struct cmd_def *d)
 {
-    int keys = (d->flags & (F_WRITE | F_READONLY)) && strcmp(d->name, "flushall") &&
-               strcmp(d->name, "flushdb") && strcmp(d->name, "dbsize");
-    int last = !keys ? 0 : (d->arity < 0 && strcmp(d->name, "set") ? -1 : 1);
-    int step = !keys ? 0 : (!strcmp(d->name, "mset") ? 2 : 1);
     resp_add_array(c->out, 10);
     resp_add_bulk_str(c->out, d->name);
     resp_add_int(c->out, d->arity);
     add_flags(c, d->flags);
-    resp_add_int(c->out, keys);
-    resp_add_int(c->out, last);
-    resp_add_int(c->out, step);
+    resp_add_int(c->out, d->first);
+    resp_add_int(c->out, d->last);
+    resp_add_int(c->out, d->step);
     resp_add_array(c->out, 0);
     resp_add_array(c->out, 0);
     resp_add_array(c->out, 0);

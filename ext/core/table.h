@@ -16,6 +16,7 @@
 
 #include <pthread.h>
 #include <stddef.h>
+#include <errno.h>
 #include <stdint.h>
 
 #include "core/siphash.h" /* kvt_hash, kvt_hash_keyed */
@@ -25,11 +26,19 @@
 
 struct kv_table;
 
+/* Value types. A key holds a string, or a hash whose value is its fields
+ * encoded as one byte string (core/hashenc.h): the table stores, logs, spills
+ * and accounts both alike and only keeps the type beside the value. An
+ * operation meant for one type on a key of another returns KVT_WRONGTYPE. */
+enum { KVT_STRING = 0, KVT_HASH = 1 };
+#define KVT_WRONGTYPE (-EPROTOTYPE)
+
 /* Flags for kvt_set. */
 #define KVT_NX (1 << 0)      /* only set if the key does not exist */
 #define KVT_XX (1 << 1)      /* only set if the key exists */
 #define KVT_KEEPTTL (1 << 2) /* keep the key's current expire time */
 #define KVT_NOBOUND (1 << 3) /* the caller checked the memory bound for a whole batch (MSET) */
+#define KVT_TYPE_HASH (1 << 4) /* the value is an encoded hash (log replay, data-file load) */
 
 /* Called with a value while its shard is locked. */
 typedef void (*kvt_read_fn)(void *arg, const char *val, size_t vlen);
@@ -50,12 +59,20 @@ struct kvt_stats {
 };
 
 /* Durability hook. When set, every mutation is logged before it is applied,
- * with the key's shard lock held (so per-key log order is apply order): SET and
- * the results of INCR/APPEND as op 1 with the full new value (v1 then v2) and the
- * expire time, DEL as op 2, FLUSHALL as op 3 (with every shard locked). The
- * logger returns the record's LSN (> 0) or -errno; on error the mutation is not
- * applied and the operation returns that error. Expiry is not logged: replay
- * applies the absolute expire time. Entries remember the LSN that wrote them. */
+ * with the key's shard lock held (so per-key log order is apply order): every
+ * write (SET, INCR, APPEND, EXPIRE, HSET, ...) as KVT_LOG_SET with the key's
+ * whole new state (value v1 then v2, the expire time, KVT_LOG_HASH or'ed into op
+ * for a hash), a deletion (DEL, and an expiry when it happens, lazily or by the
+ * active cycle) as KVT_LOG_DEL, FLUSHALL as KVT_LOG_FLUSH (with every shard
+ * locked). kvt_tx_begin/kvt_tx_end bracket a unit with KVT_LOG_UNIT_BEGIN and
+ * KVT_LOG_UNIT_END (no key): every record between them is applied at recovery
+ * all or not at all; UNIT_END returns the LSN of the record that closes the
+ * unit (0 when the unit logged nothing). The logger returns the record's LSN
+ * (> 0) or -errno; on error the mutation is not applied and the operation
+ * returns that error. Entries remember the LSN that wrote them. */
+enum { KVT_LOG_SET = 1, KVT_LOG_DEL = 2, KVT_LOG_FLUSH = 3, KVT_LOG_UNIT_BEGIN = 4, KVT_LOG_UNIT_END = 5 };
+#define KVT_LOG_OP(op) ((op) & 0x0f)
+#define KVT_LOG_HASH 0x10    /* with KVT_LOG_SET: the value is an encoded hash */
 typedef int64_t (*kvt_log_fn)(void *arg, int op, const void *key, size_t klen, const void *v1,
                               size_t n1, const void *v2, size_t n2, int64_t expire_ms);
 void kvt_set_log(struct kv_table *t, kvt_log_fn fn, void *arg);
@@ -77,13 +94,19 @@ static inline void kvt_lsn_touch(uint64_t lsn)
         kvt_touched_lsn = lsn;
 }
 
+/* The clock every expire time is read against: unix time in ms, plus an
+ * offset that tests move to make time pass (0 in service). */
+int64_t kvt_now_ms(void);
+void kvt_set_clock_offset(int64_t ms);
+
 /* Create a table bounded by max_memory bytes (0 = unbounded). Returns 0 or -errno. */
 int kvt_create(struct kv_table **out, uint64_t max_memory);
 void kvt_destroy(struct kv_table *t);
 void kvt_set_max_memory(struct kv_table *t, uint64_t max_memory);
 uint64_t kvt_max_memory(struct kv_table *t);
 
-/* Look a key up; if live, call fn(arg, value, len) under the shard lock.
+/* Look a string key up; if live, call fn(arg, value, len) under the shard lock.
+ * KVT_WRONGTYPE for a key of another type.
  * Returns 1 found, 0 not found, -ENODATA (spill mode) not in memory and maybe in
  * its data-file block: load it (bosc) and retry. Every key operation below may
  * return -ENODATA the same way, with nothing changed, except a plain kvt_set
@@ -102,6 +125,40 @@ int64_t kvt_get_copy(struct kv_table *t, const void *key, size_t klen, void *buf
 int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen,
             int flags, int64_t expire_ms, kvt_read_fn old_fn, void *old_arg);
 
+/* A key's state as kvt_apply's function sees it. */
+struct kvt_state {
+    int exists;              /* 0: absent (or expired); the rest is then 0 */
+    int type;                /* KVT_STRING, KVT_HASH */
+    const char *val;         /* valid only during the call */
+    size_t vlen;
+    int64_t expire_ms;       /* absolute unix ms, 0 = none */
+};
+/* What kvt_apply's function wants done. Preset to KVT_KEEP. */
+enum { KVT_KEEP, KVT_PUT, KVT_DELETE };
+struct kvt_change {
+    int action;              /* KVT_KEEP: nothing (a read); KVT_PUT: store val/type/expire_ms;
+                                KVT_DELETE: remove the key */
+    int type;
+    const void *val;         /* KVT_PUT: the new value, v1 then v2 (either may be empty; v1
+                                may point into the state's own value, e.g. EXPIRE's) */
+    size_t n1;
+    const void *v2;
+    size_t n2;
+    int64_t expire_ms;       /* KVT_PUT: the new expire time (preset to the current one) */
+    size_t extra;            /* KVT_PUT: spare bytes to reserve if a new entry is made
+                                (a value that grows: APPEND, SETRANGE) */
+    int nobound;             /* KVT_PUT: skip the memory bound (the caller checked it) */
+};
+/* The general read-modify-write: with the key's shard locked, call
+ * fn(arg, &state, &change); fn decides from the state and returns a result >= 0
+ * (kept for the caller) or -errno (nothing is changed, kvt_apply returns it).
+ * fn must be short and must not call into the table. Then the change is logged
+ * and applied. Returns fn's result, or -ENODATA (key in its data-file block:
+ * load it and call again; fn was not called), or the write's error (-ENOMEM,
+ * -E2BIG, the log's) after fn ran: the caller discards what fn produced. */
+typedef int64_t (*kvt_apply_fn)(void *arg, const struct kvt_state *cur, struct kvt_change *ch);
+int64_t kvt_apply(struct kv_table *t, const void *key, size_t klen, kvt_apply_fn fn, void *arg);
+
 /* Delete. Returns 1 if a live key was removed, 0 otherwise, -errno if logging failed. */
 int kvt_del(struct kv_table *t, const void *key, size_t klen);
 /* Delete without loading (log replay; a multi-key DEL racing an eviction): a key
@@ -114,7 +171,8 @@ int kvt_exists(struct kv_table *t, const void *key, size_t klen);
 
 /* Add delta to the decimal integer stored at key (absent = 0), store it back.
  * Returns 0 with *result set; -EINVAL value is not an integer; -ERANGE overflow;
- * -ENOMEM over the memory bound. */
+ * -ENOMEM over the memory bound; KVT_WRONGTYPE. (kvt_append and kvt_strlen
+ * return KVT_WRONGTYPE the same way.) */
 int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, int64_t *result);
 
 /* Append to the value (absent = empty). Returns the new length, -ENOMEM, -E2BIG. */
@@ -122,6 +180,39 @@ int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void 
 
 /* Length of the value, 0 when absent. */
 int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen);
+
+/* A version of key for WATCH: *ver changes whenever the key is written,
+ * deleted or expires (it may also change when the key did not: a spurious
+ * EXEC abort, never a missed one). Returns 1 exists, 0 absent, -ENODATA. */
+int kvt_version(struct kv_table *t, const void *key, size_t klen, uint64_t *ver);
+
+/* Transactions (MULTI/EXEC, and multi-key commands that must be atomic: RENAME,
+ * COPY, MSETNX). kvt_tx_begin locks every shard for the calling thread; until
+ * kvt_tx_end, that thread's kvt_* calls run without taking shard locks (they
+ * hold them all) and no other thread reads or writes the table, so the calls in
+ * between are isolated; their log records form one unit (see kvt_log_fn), so a
+ * crash keeps all of them or none. kvt_tx_end unlocks; it returns the LSN that
+ * closes the unit (the reply must wait for it; also touched) or 0, or -errno
+ * when the log refused to close it. Not nested. kvt_tx_begin returns 0 or the
+ * log's -errno (nothing locked then). */
+int kvt_tx_begin(struct kv_table *t);
+int64_t kvt_tx_end(struct kv_table *t);
+extern __thread int kvt_tx_held __attribute__((tls_model("initial-exec")));
+
+/* Iterate the keys in memory, Redis's SCAN guarantee: a key present in memory
+ * for the whole iteration is returned at least once, whatever rehashing or
+ * resizing happens between calls. cursor 0 starts; the next cursor is returned
+ * (0: done). Visits whole buckets until about count entries were seen, calling
+ * fn(arg, key, klen, type) under the shard lock for every live, unexpired key
+ * (fn must be short). The cursor packs the shard (low 8 bits) and a reversed-bit
+ * bucket cursor within the shard (bits 8..61); bits 62 and 63 are always 0 in a
+ * cursor this returns, free for the caller (a data-file phase). */
+typedef void (*kvt_key_fn)(void *arg, const char *key, size_t klen, int type);
+uint64_t kvt_scan(struct kv_table *t, uint64_t cursor, unsigned count, kvt_key_fn fn, void *arg);
+
+/* A random live key in memory: fn(arg, key, klen, type) is called for it under
+ * its shard lock. Returns 1, or 0 when none was found after a bounded search. */
+int kvt_random_key(struct kv_table *t, kvt_key_fn fn, void *arg);
 
 /* Remove every key. Returns 0 or -errno if logging failed (nothing removed then). */
 int kvt_flush(struct kv_table *t);
@@ -131,9 +222,10 @@ uint64_t kvt_used_memory(struct kv_table *t);
 void kvt_get_stats(struct kv_table *t, struct kvt_stats *st);
 
 /* Background housekeeping for shards [first, first+n): finish pending rehash
- * steps and reclaim expired keys, doing at most `budget` bucket visits.
- * Called periodically by pollers (each poller owns a slice of the shards).
- * Returns the number of keys reclaimed. */
+ * steps and reclaim expired keys (each logged as a deletion), doing at most
+ * `budget` bucket visits per shard. Called periodically by pollers (each poller
+ * owns a slice of the shards): the active expiry cycle. Returns the number of
+ * keys reclaimed. */
 int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budget);
 
 /* Batched lookups (MICA-style): for a batch of keys, call stage 1 for every key
@@ -190,6 +282,7 @@ struct kvt_snap {
     uint64_t lsn;            /* of the state taken */
     uint64_t first_lsn;      /* SKIP: the file lacks this key's changes from this LSN on */
     int64_t expire;
+    int type;                /* VALUE: KVT_STRING, KVT_HASH */
     uint32_t vlen;           /* value appended to the caller's buffer */
 };
 /* Take the key's current state (claims its pending marks); a state with an LSN
@@ -213,7 +306,12 @@ uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted);
  * under the shard lock: 0 means the block changed since it was read (-EAGAIN:
  * read it again). Returns 1 inserted, 0 memory had it, -errno. */
 int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen, int found,
-             int64_t expire_ms, int (*still_valid)(void *arg), void *arg);
+             int64_t expire_ms, int type, int (*still_valid)(void *arg), void *arg);
+/* The flusher found key's record in its block expired (at expire_ms): unless
+ * memory holds a state of the key, record the expiry as a logged deletion (a
+ * tombstone the next sweep removes from the block, counted like any delete).
+ * Returns 1 if a deletion was recorded, 0 if memory rules the key, -errno. */
+int kvt_expire_disk(struct kv_table *t, const void *key, size_t klen, int64_t expire_ms);
 /* Blocking load through the spill hook (Python callers). Returns 0 or -errno. */
 int kvt_load_sync(struct kv_table *t, const void *key, size_t klen);
 /* After -ENOMEM (Python callers): wait for the flusher to make room. Returns 0

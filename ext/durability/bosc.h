@@ -39,6 +39,7 @@
 struct kv_table;
 struct wal;
 struct bosc;
+struct kvbuf;
 
 struct bosc_config {
     const char *path;            /* the data file (created if absent) */
@@ -98,6 +99,21 @@ uint64_t bosc_sync_request(struct bosc *b);
 int bosc_sync_done(struct bosc *b, uint64_t ticket);
 /* 1 if changes wait for the flusher. */
 int bosc_dirty(struct bosc *b);
+
+/* Listing the keys that live in the file (SCAN and KEYS: a key that left
+ * memory exists only in its block). bosc_keys_request asks the loader thread
+ * for the keys of home buckets [first, first + n) (their whole chains; records
+ * whose expire time has passed are left out); evfd (>= 0) gets 1 when the
+ * answer is ready. Returns a ticket (> 0) or -errno. Never blocks on I/O.
+ * bosc_keys_take: 0 not ready yet; 1 ready: out got the keys as records
+ * u32 klen | u8 type (KVT_STRING, KVT_HASH) | key, and the ticket is released;
+ * -errno (-EILSEQ: a damaged block, see bosc_error), the ticket released.
+ * bosc_keys_wait blocks until the ticket is ready (blocking front ends).
+ * bosc_buckets: the number of home buckets (the listing's cursor range). */
+int64_t bosc_keys_request(struct bosc *b, uint32_t first, uint32_t n, int evfd);
+int bosc_keys_take(struct bosc *b, int64_t ticket, struct kvbuf *out);
+void bosc_keys_wait(struct bosc *b, int64_t ticket);
+uint32_t bosc_buckets(struct bosc *b);
 
 int bosc_failed(struct bosc *b);
 const char *bosc_error(struct bosc *b);

@@ -132,7 +132,7 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
             fail(b, err);
             break;
         }
-        rc = kvt_load(b->t, key, klen, f.val, f.vlen, f.found, f.expire, still_valid, &v);
+        rc = kvt_load(b->t, key, klen, f.val, f.vlen, f.found, f.expire, KVT_STRING, still_valid, &v);
         if (rc != -EAGAIN)
             break;
     }

@@ -59,7 +59,7 @@ int ses_run(struct session *s, int argc, const char **argv, const size_t *argl)
                 bosc_request_load(s->eng->bosc, c->stall_key, c->stall_klen, s->evfd); /* ENOMEM: timed retry */
             else if (s->stall == CMD_STALL_MEM)
                 bosc_kick(s->eng->bosc);
-            /* CMD_STALL_SYNC: requested by the command; every sweep wakes the subscribers */
+            /* CMD_STALL_SYNC, CMD_STALL_KEYS: requested by the command, which gets woken */
         }
         return SES_STALL;
     }
@@ -121,6 +121,10 @@ int ses_wait(struct session *s)
         return kvt_wait_memory(e->table);
     case CMD_STALL_SYNC:
         return e->bosc ? bosc_sync(e->bosc) : 0;
+    case CMD_STALL_KEYS:
+        if (e->bosc)
+            bosc_keys_wait(e->bosc, s->cl.keys_ticket);
+        return 0;
     }
     return 0;
 }
