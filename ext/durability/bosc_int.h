@@ -115,11 +115,12 @@ struct bosc {
     _Atomic int failed;
     _Atomic int sweeping;         /* a sweep holds keys taken off the queue */
     int evict_failed;             /* the last eviction found nothing to evict (flusher) */
-    /* The expiry pass (bosc_sweep.c), flusher only after open: a bit per bucket
-     * whose chain may hold a record with an expire time (set when such a record
-     * is found at open or written; cleared when the pass reads the chain and
-     * finds none), how many bits are set, and where the pass goes on. */
-    uint8_t *ttl_map;
+    /* The expiry pass (bosc_sweep.c), flusher only after open: per bucket, the
+     * earliest expire time (unix s, rounded down; 0 = none) of a record its chain
+     * may hold (lowered when such a record is found at open or written; set to
+     * the truth when the pass reads the chain), how many buckets have one, and
+     * where the pass goes on. A bucket is read only once its time has come. */
+    uint32_t *exp_min;
     uint32_t ttl_buckets, pass_cursor, pass_budget;
     struct keys_slot keys[KEYS_SLOTS]; /* under lock (see struct keys_slot) */
     uint64_t keys_seq;
@@ -224,16 +225,22 @@ struct keys_slot *bosc_keys_next(struct bosc *b);
 void bosc_keys_work(struct bosc *b, struct keys_slot *k);
 void bosc_keys_free_all(struct bosc *b);
 
-/* ---- bosc_open.c / bosc_sweep.c: the per-bucket "may hold a record with an
- * expire time" bits (flusher only, or the opening thread before it starts) */
+/* ---- bosc_open.c / bosc_sweep.c: bucket may hold a record that expires at
+ * expire_ms (flusher only, or the opening thread before it starts) */
 
-static inline void ttl_mark(struct bosc *b, uint32_t bucket)
+static inline uint32_t exp_sec(int64_t expire_ms)
 {
-    uint8_t bit = (uint8_t)(1u << (bucket % 8));
-    if (!(b->ttl_map[bucket / 8] & bit)) {
-        b->ttl_map[bucket / 8] |= bit;
+    int64_t s = expire_ms / 1000;
+    return s < 1 ? 1 : s > UINT32_MAX ? UINT32_MAX : (uint32_t)s;
+}
+
+static inline void ttl_mark(struct bosc *b, uint32_t bucket, int64_t expire_ms)
+{
+    uint32_t s = exp_sec(expire_ms);
+    if (!b->exp_min[bucket])
         b->ttl_buckets++;
-    }
+    if (!b->exp_min[bucket] || s < b->exp_min[bucket])
+        b->exp_min[bucket] = s;
 }
 
 /* ---- bosc_sweep.c: the flusher thread */

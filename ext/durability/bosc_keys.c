@@ -122,6 +122,7 @@ void bosc_keys_cancel(struct bosc *b, int64_t ticket)
         k->cancelled = 1; /* the loader has its buffer: it frees the slot after its step */
     else if (k)
         slot_free(k);
+    pthread_cond_broadcast(&b->keys_cond); /* a waiter on the ticket: it is gone */
     pthread_mutex_unlock(&b->lock);
 }
 
@@ -219,6 +220,7 @@ void bosc_keys_work(struct bosc *b, struct keys_slot *k)
     pthread_mutex_lock(&b->lock);
     if (k->cancelled) {
         slot_free(k);
+        pthread_cond_broadcast(&b->keys_cond); /* the ticket is gone: its waiters return */
     } else if (rc || k->next >= k->end) {
         k->rc = rc;
         k->state = KS_READY;

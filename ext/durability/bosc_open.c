@@ -74,7 +74,7 @@ static void scan_rec(void *arg, const unsigned char *rec, size_t reclen, const u
 {
     struct scan_arg *a = arg;
     if (expire)
-        ttl_mark(a->b, a->bucket); /* the expiry pass looks at this bucket */
+        ttl_mark(a->b, a->bucket, expire); /* the expiry pass looks at this bucket then */
 }
 
 /* Read every chain: per-bucket record counts, the buckets holding records with
@@ -194,12 +194,12 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
         goto fail;
     b->nkeys = calloc(b->nbuckets, sizeof *b->nkeys);
     b->ver = calloc(b->nbuckets, sizeof *b->ver);
-    b->ttl_map = calloc(b->nbuckets / 8 + 1, 1);
+    b->exp_min = calloc(b->nbuckets, sizeof *b->exp_min);
     /* The expiry pass reads at most this many blocks per flush interval: a whole
      * turn over the buckets in about 256 intervals, never more than 256 blocks
      * (1 MiB) an interval, so it stays small beside a sweep under write load. */
     b->pass_budget = b->nbuckets / 256 < 16 ? 16 : b->nbuckets / 256 > 256 ? 256 : b->nbuckets / 256;
-    if (!b->nkeys || !b->ver || !b->ttl_map) {
+    if (!b->nkeys || !b->ver || !b->exp_min) {
         rc = -ENOMEM;
         snprintf(err, errlen, "out of memory for %" PRIu32 " buckets", b->nbuckets);
         goto fail;
@@ -224,7 +224,7 @@ fail:
         close(b->fd);
     free(b->nkeys);
     free(b->ver);
-    free(b->ttl_map);
+    free(b->exp_min);
     free(b->free_blk);
     free(b);
     return rc;
@@ -298,7 +298,7 @@ void bosc_close(struct bosc *b)
     close(b->fd);
     free(b->nkeys);
     free(b->ver);
-    free(b->ttl_map);
+    free(b->exp_min);
     free(b->free_blk);
     free(b->freed);
     pthread_mutex_destroy(&b->lock);

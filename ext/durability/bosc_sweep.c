@@ -44,11 +44,13 @@ struct rewrite {                 /* applying a block's updates to its record str
  * writes like any DEL, so the key count stays exact and the log says when the
  * key went. The record stays until then. Not while a FLUSHALL has emptied the
  * file meanwhile (its blocks are gone already). */
-static void expire_found(struct bosc *b, uint64_t gen, const unsigned char *key, uint32_t klen, int64_t expire)
+static int expire_found(struct bosc *b, uint64_t gen, const unsigned char *key, uint32_t klen, int64_t expire)
 {
     add(&b->st.expired_found, 1);
-    if (atomic_load_explicit(&b->gen, memory_order_acquire) == gen && kvt_expire_disk(b->t, key, klen, expire) > 0)
-        add(&b->st.expired_reclaimed, 1);
+    if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen || kvt_expire_disk(b->t, key, klen, expire) <= 0)
+        return 0;
+    add(&b->st.expired_reclaimed, 1);
+    return 1;
 }
 
 static void keep_rec(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,
@@ -198,7 +200,7 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
         put32(h + 4, it[i].snap.vlen);
         put64(h + 8, (uint64_t)it[i].snap.expire);
         if (it[i].snap.expire)
-            ttl_mark(b, bucket);
+            ttl_mark(b, bucket, it[i].snap.expire);
         if (kvbuf_append(&c->out, (const char *)h, REC_HDR) || kvbuf_append(&c->out, (const char *)key, klen) ||
             kvbuf_append(&c->out, c->vals.p + it[i].voff, it[i].snap.vlen))
             return -ENOMEM;
@@ -366,40 +368,40 @@ struct pass_arg {
     struct bosc *b;
     uint64_t gen;
     int64_t now;
-    int any;                     /* a record with an expire time, passed or not */
+    int64_t next;                /* the earliest expire time the chain keeps (0: none) */
 };
 
 static void pass_rec(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,
                      uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire, int type)
 {
     struct pass_arg *a = arg;
-    if (!expire)
-        return;
-    a->any = 1;
-    if (expire <= a->now)
-        expire_found(a->b, a->gen, key, klen, expire);
+    if (!expire || (expire <= a->now && expire_found(a->b, a->gen, key, klen, expire)))
+        return; /* no expire time, or its deletion is recorded: the next sweep takes it */
+    if (!a->next || expire < a->next)
+        a->next = expire; /* (one whose deletion could not be recorded: next turn again) */
 }
 
 /* Expired records in blocks that no write touches would stay forever (a sweep
  * reads only the blocks it writes): go on from the cursor over the buckets whose
- * bit says they may hold a record with an expire time, reading at most
- * pass_budget blocks, and turn what expired into logged deletions for the next
- * sweep. A bucket whose chain holds no such record loses its bit, so a file
- * without TTLs is never read. Flusher thread, between sweeps. Returns 0 or
- * -errno (err set: a damaged block fails the data file, as a sweep's would). */
+ * earliest expire time has come, reading at most pass_budget blocks, and turn
+ * what expired into logged deletions for the next sweep. A file without TTLs,
+ * or whose TTLs are all ahead, is never read. Flusher thread, between sweeps.
+ * Returns 0 or -errno (err set: a damaged block fails the data file, as a
+ * sweep's would). */
 static int expire_pass(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
 {
     uint32_t budget = b->pass_budget;
+    int64_t now = kvt_now_ms();
+    uint32_t now_s = exp_sec(now);
     for (uint32_t seen = 0; seen < b->nbuckets && budget && b->ttl_buckets; seen++) {
         uint32_t bk = b->pass_cursor;
         if (++b->pass_cursor == b->nbuckets) {
             b->pass_cursor = 0;
             add(&b->st.expire_passes, 1);
         }
-        uint8_t bit = (uint8_t)(1u << (bk % 8));
-        if (!(b->ttl_map[bk / 8] & bit))
+        if (!b->exp_min[bk] || b->exp_min[bk] >= now_s) /* (rounded down: < is surely past) */
             continue;
-        struct pass_arg a = {b, atomic_load_explicit(&b->gen, memory_order_acquire), kvt_now_ms(), 0};
+        struct pass_arg a = {b, atomic_load_explicit(&b->gen, memory_order_acquire), now, 0};
         if (atomic_load_explicit(&b->nkeys[bk], memory_order_relaxed)) {
             int rc = bosc_chain_read(b, bk, a.gen, &c->stream, &c->chain, &c->nchain, &c->capchain, err, errlen);
             if (rc)
@@ -409,10 +411,10 @@ static int expire_pass(struct bosc *b, struct sweep_ctx *c, char *err, size_t er
             if (bosc_stream_walk((unsigned char *)c->stream.p, c->stream.len, pass_rec, &a) < 0)
                 return bosc_stream_damaged(b, bk, err, errlen);
         }
-        if (!a.any) {
-            b->ttl_map[bk / 8] &= (uint8_t)~bit;
-            b->ttl_buckets--;
-        }
+        b->exp_min[bk] = 0;
+        b->ttl_buckets--;
+        if (a.next)
+            ttl_mark(b, bk, a.next);
     }
     return 0;
 }
