@@ -420,6 +420,8 @@ int main(int argc, char **argv)
     CHECK(ts.entries == 0, "%" PRIu64 " entries still in memory after evicting", ts.entries);
     uint64_t all = NSTR + NHASH + NEXP;
     CHECK(kvt_count(d.t) == all, "count %" PRIu64 " before the expiry, expected %" PRIu64, kvt_count(d.t), all);
+    usleep(5 * INTERVAL_MS * 1000);
+    CHECK(stats(&d).expire_pass_blocks == 0, "the expiry pass read blocks whose records expire a minute ahead");
     kvt_set_clock_offset(120000); /* every e: key expired, none of them in memory */
     struct seen *s = malloc(sizeof *s);
     CHECK(s);
