@@ -14,6 +14,7 @@
 
 struct kv_engine;
 struct kv_table;
+struct cmd_tx;
 
 /* Per-connection state that commands read and change. */
 struct cmd_client {
@@ -47,6 +48,8 @@ struct cmd_client {
      * reply so far stays in out (the front end keeps it, held like any reply). */
     int resume_i;
     long long resume_n;
+    int datagram;            /* a UDP front end's session: no connection, so no MULTI/WATCH */
+    struct cmd_tx *tx;       /* MULTI's queue and WATCH's keys (multi.c), NULL until used */
 };
 
 /* CMD_STALL_SYNC: for a sweep of the flusher (DBSIZE counts exactly only when
@@ -59,6 +62,8 @@ enum { CMD_STALL_NONE, CMD_STALL_LOAD, CMD_STALL_MEM, CMD_STALL_SYNC, CMD_STALL_
  * Returns 0, or -ENOMEM when even the reply could not be queued. */
 int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t *argl);
 
+/* Free what a client's MULTI/WATCH holds (on disconnect). */
+void cmd_tx_free(struct cmd_client *c);
 /* The connection is closing: release what its commands keep between the runs of
  * a request (a pending key listing, KEYS's keys so far). */
 void cmd_client_release(struct cmd_client *c);

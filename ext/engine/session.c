@@ -34,6 +34,7 @@ void ses_free(struct session *s)
     cmd_client_release(&s->cl);
     free(s->cl.name);
     s->cl.name = NULL;
+    cmd_tx_free(&s->cl);
     free(s->holds);
     s->holds = NULL;
 }
