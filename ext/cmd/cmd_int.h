@@ -107,6 +107,14 @@ int c_expiretime(struct cmd_client *c, const struct cmd_args *a);
 int c_pexpiretime(struct cmd_client *c, const struct cmd_args *a);
 int c_persist(struct cmd_client *c, const struct cmd_args *a);
 /* keys.c (SCAN, KEYS, TYPE, RENAME, COPY, OBJECT, ...) */
+struct kvt_state;
+struct kvt_change;
+/* kvt_apply_fn that only reads whether a key exists and its type (TYPE, and SCAN's
+ * check of a key the data file listed). */
+struct cmd_peek {
+    int exists, type;
+};
+int64_t cmd_peek_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch);
 int c_type(struct cmd_client *c, const struct cmd_args *a);
 int c_rename(struct cmd_client *c, const struct cmd_args *a);
 int c_renamenx(struct cmd_client *c, const struct cmd_args *a);

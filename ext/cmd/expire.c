@@ -155,10 +155,8 @@ static int ttl_generic(struct cmd_client *c, const struct cmd_args *a, int ms, i
 {
     struct ttl_read r = {0, 0};
     int64_t rc = kvt_apply(c->table, a->argv[1], a->argl[1], ttl_fn, &r);
-    if (rc == -ENODATA)
-        return cmd_need_load(c, a->argv[1], a->argl[1]);
-    if (rc < 0)
-        return cmd_reply_write_err(c, rc);
+    if (rc < 0) /* a read: -ENODATA (load the key) is the only error */
+        return cmd_write_err_key(c, rc, a->argv[1], a->argl[1], 0);
     if (!r.exists)
         return resp_add_int(c->out, -2);
     if (!r.expire_ms)

@@ -17,13 +17,9 @@
 
 /* ---- TYPE */
 
-struct key_peek {
-    int exists, type;
-};
-
-static int64_t peek_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
+int64_t cmd_peek_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
 {
-    struct key_peek *p = arg;
+    struct cmd_peek *p = arg;
     p->exists = cur->exists;
     p->type = cur->type;
     return 0;
@@ -31,12 +27,10 @@ static int64_t peek_fn(void *arg, const struct kvt_state *cur, struct kvt_change
 
 int c_type(struct cmd_client *c, const struct cmd_args *a)
 {
-    struct key_peek p = {0, 0};
-    int64_t rc = kvt_apply(c->table, a->argv[1], a->argl[1], peek_fn, &p);
-    if (rc == -ENODATA)
-        return cmd_need_load(c, a->argv[1], a->argl[1]);
-    if (rc < 0)
-        return cmd_reply_write_err(c, rc);
+    struct cmd_peek p = {0, 0};
+    int64_t rc = kvt_apply(c->table, a->argv[1], a->argl[1], cmd_peek_fn, &p);
+    if (rc < 0) /* a read: -ENODATA (load the key) is the only error */
+        return cmd_write_err_key(c, rc, a->argv[1], a->argl[1], 0);
     return resp_add_status(c->out, !p.exists ? "none" : p.type == KVT_HASH ? "hash" : "string");
 }
 
@@ -263,10 +257,8 @@ static int object_key(struct cmd_client *c, const struct cmd_args *a, const char
     if (!cmd_sub_arity(c, a, 3, sub))
         return 0;
     int64_t enc = kvt_apply(c->table, a->argv[2], a->argl[2], encoding_fn, NULL);
-    if (enc == -ENODATA)
-        return cmd_need_load(c, a->argv[2], a->argl[2]);
     if (enc < 0)
-        return cmd_reply_write_err(c, enc);
+        return cmd_write_err_key(c, enc, a->argv[2], a->argl[2], 0);
     if (enc == ENC_NONE)
         return resp_add_null(c->out, c->resp);
     if (!strcmp(sub, "object|encoding")) {

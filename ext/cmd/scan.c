@@ -199,20 +199,38 @@ static struct cmd_keys *state(struct cmd_client *c, int kind, uint64_t id)
 static int file_listing(struct cmd_client *c, uint32_t first, uint32_t n, struct kvbuf *out)
 {
     struct bosc *b = c->eng->bosc;
-    if (!c->keys_ticket) {
-        int64_t t = bosc_keys_request(b, first, n, c->evfd);
-        if (t < 0) {
-            cmd_reply_write_err(c, t);
-            return -1;
-        }
-        c->keys_ticket = t;
-    }
-    int rc = bosc_keys_take(b, c->keys_ticket, out);
-    if (rc == 0) {
+    if (kvt_tx_held) {
+        /* Inside EXEC, every shard held: the loader may need one of them, so
+         * nothing is requested and nothing kept; EXEC answers the stall with an
+         * error. */
+        cmd_client_release(c);
         c->stall = CMD_STALL_KEYS;
         return 0;
     }
-    c->keys_ticket = 0;
+    int rc;
+    do {
+        if (!c->keys_ticket) {
+            int64_t t = bosc_keys_request(b, first, n, c->evfd);
+            if (t == -EBUSY) { /* every listing slot is taken: ask again when woken */
+                c->stall = CMD_STALL_KEYS;
+                return 0;
+            }
+            if (t < 0) {
+                if (bosc_failed(b))
+                    resp_add_errorf(c->out, "ERR %s", bosc_error(b));
+                else
+                    cmd_reply_write_err(c, t);
+                return -1;
+            }
+            c->keys_ticket = t;
+        }
+        rc = bosc_keys_take(b, c->keys_ticket, out);
+        if (rc == 0) {
+            c->stall = CMD_STALL_KEYS;
+            return 0;
+        }
+        c->keys_ticket = 0;
+    } while (rc == -ESTALE); /* the answer was dropped untaken (we were slow): ask again */
     if (rc < 0) {
         if (rc == -EILSEQ || bosc_failed(b))
             resp_add_errorf(c->out, "ERR %s", bosc_error(b));
@@ -226,22 +244,10 @@ static int file_listing(struct cmd_client *c, uint32_t first, uint32_t n, struct
 /* Is a key listed from its block live, and where: 0 deleted or expired (memory
  * says so: a tombstone, a newer state), 1 only in its block, 2 live in memory
  * (*type then memory's, which may be newer than the block's). */
-struct peek {
-    int exists, type;
-};
-
-static int64_t peek_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
-{
-    struct peek *p = arg;
-    p->exists = cur->exists;
-    p->type = cur->type;
-    return 0;
-}
-
 static int file_key_live(struct kv_table *t, const struct rec *r, int *type)
 {
-    struct peek p = {0, 0};
-    int64_t rc = kvt_apply(t, r->key, r->klen, peek_fn, &p);
+    struct cmd_peek p = {0, 0};
+    int64_t rc = kvt_apply(t, r->key, r->klen, cmd_peek_fn, &p);
     *type = r->type;
     if (rc == -ENODATA)
         return 1;
@@ -581,20 +587,15 @@ static int random_file(struct cmd_client *c, struct cmd_keys *k)
     return resp_add_null(c->out, c->resp);
 }
 
-/* A random key: kvt_random_key's pick in memory; if its bounded search found none,
- * the first keys a walk over memory meets; if memory has none (after a restart
- * with a data file, memory may hold few of the keys), the data file's. */
+/* A random key: kvt_random_key's pick in memory (which finds one if memory holds
+ * any); if memory has none (after a restart with a data file, memory may hold
+ * none of the keys), the data file's. */
 int c_randomkey(struct cmd_client *c, const struct cmd_args *a)
 {
     if (c->keys && c->keys->kind == KS_RANDOM) /* run again after a listing */
         return random_file(c, c->keys);
     struct collect k = {{0}, 0};
-    if (kvt_random_key(c->table, collect_cb, &k) != 1) {
-        uint64_t cursor = 0;
-        do
-            cursor = kvt_scan(c->table, cursor, RANDOM_STEP, collect_cb, &k);
-        while (cursor && !k.buf.len && !k.oom);
-    }
+    kvt_random_key(c->table, collect_cb, &k);
     struct rec r;
     if (k.oom) {
         kvbuf_free(&k.buf);
