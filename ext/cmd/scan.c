@@ -323,11 +323,10 @@ static int scan_file(struct cmd_client *c, uint64_t cursor, unsigned long long c
     if (!k)
         return -ENOMEM;
     if (!c->keys_ticket) {
-        uint64_t keys = kvt_count(c->table);
-        uint64_t n = keys ? (count * nb + keys - 1) / keys : nb;
-        if (count > FILE_STEP_MAX || n > FILE_STEP_MAX)
-            n = FILE_STEP_MAX;
-        k->n = (uint32_t)(n < 1 ? 1 : n > nb - first ? nb - first : n);
+        uint64_t keys = kvt_count(c->table), want = count < FILE_STEP_MAX ? count : FILE_STEP_MAX;
+        uint64_t n = keys ? (want * nb + keys - 1) / keys : nb;
+        n = n < 1 ? 1 : n > FILE_STEP_MAX ? FILE_STEP_MAX : n;
+        k->n = (uint32_t)(n > nb - first ? nb - first : n);
     }
     uint32_t n = k->n;
     struct kvbuf listed = {0};

@@ -1,6 +1,9 @@
 """What the expiry and keyspace tests share: the same raw request to redis-server and to
-kvstore side by side, a whole SCAN iteration, and a node whose keys leave memory for the
-data file (a small --max-memory) with the wait for its flusher."""
+kvstore side by side, a whole SCAN iteration, clients churning in the background, and a
+node whose keys leave memory for the data file (a small --max-memory) with the wait for
+its flusher."""
+import contextlib
+import threading
 import time
 
 from .conn import Raw, client
@@ -24,6 +27,12 @@ def exchange(port, request, n, flush=True):
             return [r.reply(timeout=5) for _ in range(n + 1)]
         except (EOFError, TimeoutError, OSError) as e:
             return [f"<{type(e).__name__}: {e}>"]
+
+
+def assert_same_replies(redis_port, kv_port, request, n):
+    want = exchange(redis_port, request, n)
+    got = exchange(kv_port, request, n)
+    assert got == want, f"request {request[:300]!r}"
 
 
 def scan_all(conn, *options, calls=None):
@@ -62,3 +71,36 @@ def fill(port, prefix, n, size=80):
             for i in range(s, min(n, s + 500)):
                 p.set(b"%s:%06d" % (prefix, i), b"%06d" % i * (size // 6))
             assert all(r is True for r in p.execute())
+
+
+@contextlib.contextmanager
+def churning(work, threads=2):
+    """Run work(seed, stop) in `threads` threads (seed 0, 1, ...; stop a threading.Event
+    to return on) for the duration of the block; an exception in one is raised after."""
+    stop, errors = threading.Event(), []
+
+    def run(seed):
+        try:
+            work(seed, stop)
+        except Exception as e:  # raised by the main thread below
+            errors.append(e)
+
+    ts = [threading.Thread(target=run, args=(s,)) for s in range(threads)]
+    for t in ts:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in ts:
+            t.join()
+    assert not errors, errors
+
+
+def assert_scans_return(port, stable, counts=("5", "50", "500")):
+    """Whole SCAN iterations with each COUNT: every key of `stable` returned."""
+    with Raw(port, timeout=30) as r:
+        for count in counts:
+            got = set(scan_all(r, "COUNT", count))
+            missing = set(stable) - got
+            assert not missing, f"COUNT {count}: {len(missing)} keys missed, e.g. {sorted(missing)[:3]}"

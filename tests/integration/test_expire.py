@@ -13,7 +13,7 @@ import pytest
 
 from helpers.conn import Raw, client
 from helpers.faultlib import persistence, start_disk_node
-from helpers.keyspace import SPILL, exchange, fill, wait_flushed
+from helpers.keyspace import SPILL, assert_same_replies, exchange, fill, wait_flushed
 from helpers.resp import resp_cmd
 
 pytestmark = pytest.mark.timeout(120)
@@ -83,9 +83,7 @@ CASES = [
 
 @pytest.mark.parametrize("name,request_bytes,n", CASES, ids=[c[0] for c in CASES])
 def test_same_replies_as_redis(redis_server, kv, name, request_bytes, n):
-    want = exchange(redis_server.port, request_bytes, n)
-    got = exchange(kv.port, request_bytes, n)
-    assert got == want, f"request {request_bytes[:300]!r}"
+    assert_same_replies(redis_server.port, kv.port, request_bytes, n)
 
 
 def test_resp3_same_replies(redis_server, kv):

@@ -10,15 +10,15 @@ inclusion is asserted, never counts. The documented differences from Redis are
 checked on their own: OBJECT IDLETIME (not tracked) and OBJECT ENCODING after an
 in-place edit."""
 import random
-import threading
 import time
 
 import pytest
 
 from helpers.conn import Raw, client
 from helpers.faultlib import persistence, start_disk_node
-from helpers.keyspace import SPILL, exchange, fill, scan_all, wait_flushed
-from helpers.resp import resp_cmd, resp_parse
+from helpers.keyspace import (SPILL, assert_same_replies, assert_scans_return, churning, exchange, fill, scan_all,
+                              wait_flushed)
+from helpers.resp import resp_cmd
 from helpers.servers import RedisServer, need
 
 pytestmark = pytest.mark.timeout(120)
@@ -82,9 +82,7 @@ CASES = [
 
 @pytest.mark.parametrize("name,request_bytes,n", CASES, ids=[c[0] for c in CASES])
 def test_same_replies_as_redis(redis_server, kv, name, request_bytes, n):
-    want = exchange(redis_server.port, request_bytes, n)
-    got = exchange(kv.port, request_bytes, n)
-    assert got == want, f"request {request_bytes[:300]!r}"
+    assert_same_replies(redis_server.port, kv.port, request_bytes, n)
 
 
 def test_resp3_same_replies(redis_server, kv):
@@ -166,39 +164,29 @@ def test_scan_returns_every_key_present_throughout_while_others_churn(kv):
         c.flushall()
         for chunk in range(0, 5000, 1000):
             c.mset({k: b"s" for k in sorted(stable)[chunk:chunk + 1000]})
-    stop = threading.Event()
-    errors = []
 
-    def churn(seed):
+    sizes = set()
+
+    def churn(seed, stop):
         rng = random.Random(seed)
-        try:
-            with client(kv.port) as c:
-                while not stop.is_set():
-                    batch = [b"churn:%d:%d" % (seed, rng.randrange(1 << 30)) for _ in range(20000)]
-                    for s in range(0, len(batch), 2000):
-                        c.mset({k: b"c" for k in batch[s:s + 2000]})
-                    for s in range(0, len(batch), 2000):
-                        c.delete(*batch[s:s + 2000])
-        except Exception as e:  # reported by the main thread
-            errors.append(e)
+        with client(kv.port) as c:
+            while seed == 2 and not stop.is_set():  # the third thread watches the table's size
+                sizes.add(c.info("memory")["table_buckets"])
+                time.sleep(0.005)
+            while not stop.is_set():
+                batch = [b"churn:%d:%d" % (seed, rng.randrange(1 << 30)) for _ in range(20000)]
+                for s in range(0, len(batch), 2000):
+                    c.mset({k: b"c" for k in batch[s:s + 2000]})
+                for s in range(0, len(batch), 2000):
+                    c.delete(*batch[s:s + 2000])
 
-    threads = [threading.Thread(target=churn, args=(s,)) for s in range(2)]
-    for t in threads:
-        t.start()
-    try:
+    with churning(churn, threads=3):
+        assert_scans_return(kv.port, stable, counts=("7", "50", "500"))
         with Raw(kv.port, timeout=20) as r:
-            for count in ("7", "50", "500"):
-                got = set(scan_all(r, "COUNT", count))
-                missing = stable - got
-                assert not missing, f"COUNT {count}: {len(missing)} stable keys missed, e.g. {sorted(missing)[:3]}"
-                assert all(k in stable or k.startswith(b"churn:") for k in got)
-                stable_only = set(scan_all(r, "MATCH", "stable:*", "COUNT", count))
-                assert stable_only == stable
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    assert not errors, errors
+            got = set(scan_all(r, "COUNT", "20"))
+            assert all(k in stable or k.startswith(b"churn:") for k in got)
+            assert set(scan_all(r, "MATCH", "stable:*", "COUNT", "20")) == stable
+    assert len(sizes) > 1, "the table's bucket arrays never changed size during the scans"
 
 
 def test_redis_py_calls(kv):
@@ -233,12 +221,14 @@ def _listing(port, *opts):
 
 
 @pytest.mark.timeout(240)
-def test_scan_and_keys_list_keys_that_left_memory(tmp_path):
+@pytest.mark.parametrize("arch", [{}, {"arch": "threadpool", "threads": 4}], ids=["poller", "threadpool"])
+def test_scan_and_keys_list_keys_that_left_memory(tmp_path, arch):
     """With a data file and 256 KiB of memory most keys live only in their blocks: SCAN
     (memory, then the file's buckets) and KEYS list them all, KEYS each once; keys
     deleted or expired while in their blocks are not listed; after a restart (memory
-    holds almost nothing) the same, and RANDOMKEY still finds a key."""
-    n = start_disk_node(tmp_path, **SPILL)
+    holds almost nothing) the same, and RANDOMKEY still finds a key. Pollers wait for
+    a listing on their eventfd, the thread pool's workers block in ses_wait."""
+    n = start_disk_node(tmp_path, **SPILL, **arch)
     try:
         with client(n.port) as c:
             p = c.pipeline(transaction=False)
@@ -268,12 +258,11 @@ def test_scan_and_keys_list_keys_that_left_memory(tmp_path):
         wait_flushed(n.port)
     finally:
         n.kill()
-    n = start_disk_node(tmp_path, **SPILL)
+    n = start_disk_node(tmp_path, **SPILL, **arch)
     try:
         assert persistence(n.port)["memory_keys"] < len(every)
         with client(n.port) as c:
             assert c.randomkey() in every
-            assert c.dbsize() == len(every)
         scanned, keys = _listing(n.port)
         assert set(scanned) == every and sorted(keys) == sorted(every)
     finally:
@@ -288,25 +277,20 @@ def test_scan_guarantee_while_keys_leave_memory_and_come_back(tmp_path):
     file phase (the argument is at the top of ext/cmd/scan.c)."""
     n = start_disk_node(tmp_path, **SPILL)
     stable = [b"stable:%05d" % i for i in range(2000)]
-    stop = threading.Event()
-    errors = []
 
-    def churn(seed):
+    def churn(seed, stop):
         rng = random.Random(seed)
-        try:
-            with client(n.port) as c:
-                i = 0
-                while not stop.is_set():
-                    p = c.pipeline(transaction=False)
-                    for _ in range(200):
-                        p.set(b"churn:%d:%d" % (seed, i % 8000), b"c" * 80)
-                        i += 1
-                    for k in rng.sample(stable, 50):
-                        p.get(k)  # back into memory
-                    p.delete(*(b"churn:%d:%d" % (seed, rng.randrange(8000)) for _ in range(50)))
-                    p.execute()
-        except Exception as e:
-            errors.append(e)
+        with client(n.port) as c:
+            i = 0
+            while not stop.is_set():
+                p = c.pipeline(transaction=False)
+                for _ in range(200):
+                    p.set(b"churn:%d:%d" % (seed, i % 8000), b"c" * 80)
+                    i += 1
+                for k in rng.sample(stable, 50):
+                    p.get(k)  # back into memory
+                p.delete(*(b"churn:%d:%d" % (seed, rng.randrange(8000)) for _ in range(50)))
+                p.execute()
 
     try:
         with client(n.port) as c:
@@ -314,20 +298,8 @@ def test_scan_guarantee_while_keys_leave_memory_and_come_back(tmp_path):
                 c.mset({k: b"s" * 80 for k in stable[s:s + 200]})
         fill(n.port, b"fill", 4000)
         wait_flushed(n.port)
-        threads = [threading.Thread(target=churn, args=(s,)) for s in range(2)]
-        for t in threads:
-            t.start()
-        try:
-            with Raw(n.port, timeout=30) as r:
-                for count in ("5", "40", "300"):
-                    got = set(scan_all(r, "COUNT", count))
-                    missing = set(stable) - got
-                    assert not missing, f"COUNT {count}: {len(missing)} missed, e.g. {sorted(missing)[:3]}"
-        finally:
-            stop.set()
-            for t in threads:
-                t.join()
-        assert not errors, errors
+        with churning(churn):
+            assert_scans_return(n.port, stable)
         i = persistence(n.port)
         assert i["datafile_evicted_keys"] > 0 and i["datafile_loads"] > 0, i
     finally:
