@@ -149,15 +149,17 @@ struct cmd_keys {
     size_t set_cap, set_n;
 };
 
-/* Drop the listing a request asked for and never took (the ticket must be taken
- * to be released: wait for it, briefly - one listing of at most FILE_STEP_MAX
- * blocks). */
-static void drop_ticket(struct cmd_client *c)
+/* Drop the listing a request asked for and will not take. A ticket is released by
+ * taking it: wait for it (wait = 1; briefly, one listing of at most FILE_STEP_MAX
+ * blocks), or take it if it is ready and else leave it to the data file, which
+ * drops answers nobody takes (wait = 0: every shard is held, and the loader may
+ * need one before it can answer). */
+static void drop_ticket(struct cmd_client *c, int wait)
 {
     if (!c->keys_ticket || !c->eng->bosc)
         return;
     struct kvbuf scratch = {0};
-    if (!bosc_keys_take(c->eng->bosc, c->keys_ticket, &scratch)) {
+    if (!bosc_keys_take(c->eng->bosc, c->keys_ticket, &scratch) && wait) {
         bosc_keys_wait(c->eng->bosc, c->keys_ticket);
         bosc_keys_take(c->eng->bosc, c->keys_ticket, &scratch);
     }
@@ -165,9 +167,8 @@ static void drop_ticket(struct cmd_client *c)
     c->keys_ticket = 0;
 }
 
-void cmd_client_release(struct cmd_client *c)
+static void free_state(struct cmd_client *c)
 {
-    drop_ticket(c);
     if (c->keys) {
         kvbuf_free(&c->keys->out);
         free(c->keys->set);
@@ -176,13 +177,21 @@ void cmd_client_release(struct cmd_client *c)
     }
 }
 
+void cmd_client_release(struct cmd_client *c)
+{
+    drop_ticket(c, 1);
+    free_state(c);
+}
+
 /* The request's state: the one kept from its previous run, or a new one. A state
  * of another request (one that stalled and was never run again, e.g. inside an
  * EXEC that gave up) is dropped. NULL: out of memory. */
 static struct cmd_keys *state(struct cmd_client *c, int kind, uint64_t id)
 {
-    if (c->keys && (c->keys->kind != kind || c->keys->id != id))
-        cmd_client_release(c);
+    if (c->keys && (c->keys->kind != kind || c->keys->id != id)) {
+        drop_ticket(c, !kvt_tx_held);
+        free_state(c);
+    }
     if (!c->keys) {
         c->keys = calloc(1, sizeof *c->keys);
         if (c->keys) {
@@ -203,7 +212,8 @@ static int file_listing(struct cmd_client *c, uint32_t first, uint32_t n, struct
         /* Inside EXEC, every shard held: the loader may need one of them, so
          * nothing is requested and nothing kept; EXEC answers the stall with an
          * error. */
-        cmd_client_release(c);
+        drop_ticket(c, 0);
+        free_state(c);
         c->stall = CMD_STALL_KEYS;
         return 0;
     }
