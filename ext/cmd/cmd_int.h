@@ -135,6 +135,8 @@ int c_unwatch(struct cmd_client *c, const struct cmd_args *a);
 int cmd_in_multi(const struct cmd_client *c);
 /* A command was refused while queueing: EXEC will abort (no-op outside MULTI). */
 void cmd_multi_flag(struct cmd_client *c);
+/* End the transaction, if one is open, and forget the watched keys. */
+void cmd_multi_discard(struct cmd_client *c);
 int cmd_multi_queue(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv, const size_t *argl);
 /* config.c */
 int c_config(struct cmd_client *c, const struct cmd_args *a);

@@ -114,6 +114,8 @@ int cmd_reply_write_err(struct cmd_client *c, int64_t rc)
     if (rc == -EIO)
         return cmd_reply_err(c, "ERR durability log failed (I/O error, see the server's log): writes refused "
                             "until restart");
+    if (rc == -EDEADLK)
+        return cmd_reply_err(c, "ERR FLUSHALL inside MULTI/EXEC is not supported with a data file: run it on its own");
     return resp_add_errorf(c->out, "ERR %s", strerror((int)-rc));
 }
 
@@ -308,6 +310,11 @@ int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t
                                (int)(argl[0] > 128 ? 128 : argl[0]), argv[0], args);
     }
     if ((d->arity > 0 && argc != d->arity) || (d->arity < 0 && argc < -d->arity)) {
+        if (d->fn == c_exec) { /* as Redis: a refused EXEC ends the transaction */
+            cmd_multi_discard(c);
+            return cmd_reply_err(c, "EXECABORT Transaction discarded because of: wrong number of arguments "
+                                    "for 'exec' command");
+        }
         cmd_multi_flag(c);
         return resp_add_errorf(c->out, "ERR wrong number of arguments for '%s' command", d->name);
     }

@@ -90,6 +90,12 @@ static void discard(struct cmd_tx *t)
     unwatch(t);
 }
 
+void cmd_multi_discard(struct cmd_client *c)
+{
+    if (c->tx)
+        discard(c->tx);
+}
+
 void cmd_tx_free(struct cmd_client *c)
 {
     if (!c->tx)
