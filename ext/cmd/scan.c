@@ -149,21 +149,12 @@ struct cmd_keys {
     size_t set_cap, set_n;
 };
 
-/* Drop the listing a request asked for and will not take. A ticket is released by
- * taking it: wait for it (wait = 1; briefly, one listing of at most FILE_STEP_MAX
- * blocks), or take it if it is ready and else leave it to the data file, which
- * drops answers nobody takes (wait = 0: every shard is held, and the loader may
- * need one before it can answer). */
-static void drop_ticket(struct cmd_client *c, int wait)
+/* Drop the listing a request asked for and will not take (never blocks: the
+ * loader stops the work at its next step and frees it). */
+static void drop_ticket(struct cmd_client *c)
 {
-    if (!c->keys_ticket || !c->eng->bosc)
-        return;
-    struct kvbuf scratch = {0};
-    if (!bosc_keys_take(c->eng->bosc, c->keys_ticket, &scratch) && wait) {
-        bosc_keys_wait(c->eng->bosc, c->keys_ticket);
-        bosc_keys_take(c->eng->bosc, c->keys_ticket, &scratch);
-    }
-    kvbuf_free(&scratch);
+    if (c->keys_ticket && c->eng->bosc)
+        bosc_keys_cancel(c->eng->bosc, c->keys_ticket);
     c->keys_ticket = 0;
 }
 
@@ -179,7 +170,7 @@ static void free_state(struct cmd_client *c)
 
 void cmd_client_release(struct cmd_client *c)
 {
-    drop_ticket(c, 1);
+    drop_ticket(c);
     free_state(c);
 }
 
@@ -189,7 +180,7 @@ void cmd_client_release(struct cmd_client *c)
 static struct cmd_keys *state(struct cmd_client *c, int kind, uint64_t id)
 {
     if (c->keys && (c->keys->kind != kind || c->keys->id != id)) {
-        drop_ticket(c, !kvt_tx_held);
+        drop_ticket(c);
         free_state(c);
     }
     if (!c->keys) {
@@ -212,7 +203,7 @@ static int file_listing(struct cmd_client *c, uint32_t first, uint32_t n, struct
         /* Inside EXEC, every shard held: the loader may need one of them, so
          * nothing is requested and nothing kept; EXEC answers the stall with an
          * error. */
-        drop_ticket(c, 0);
+        drop_ticket(c);
         free_state(c);
         c->stall = CMD_STALL_KEYS;
         return 0;
