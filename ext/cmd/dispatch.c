@@ -131,6 +131,22 @@ static const struct cmd_def commands[] = {
     {"append", 3, F_WRITE | F_DENYOOM, 1, 1, 1, c_append, "string", "Appends a string to the value of a key.", "2.0.0"},
     {"strlen", 2, F_READONLY | F_FAST, 1, 1, 1, c_strlen, "string", "Returns the length of a string value.", "2.2.0"},
     /* string_ext.c */
+    {"setnx", 3, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_setnx, "string", "Set the value of a key, only if the key does not exist", "1.0.0"},
+    {"setex", 4, F_WRITE | F_DENYOOM, 1, 1, 1, c_setex, "string", "Set the value and expiration of a key", "2.0.0"},
+    {"psetex", 4, F_WRITE | F_DENYOOM, 1, 1, 1, c_psetex, "string", "Set the value and expiration in milliseconds of a key", "2.6.0"},
+    {"getset", 3, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_getset, "string", "Set the string value of a key and return its old value", "1.0.0"},
+    {"getdel", 2, F_WRITE | F_FAST, 1, 1, 1, c_getdel, "string", "Get the value of a key and delete the key", "6.2.0"},
+    {"getex", -2, F_WRITE | F_FAST, 1, 1, 1, c_getex, "string", "Get the value of a key and optionally set its expiration", "6.2.0"},
+    {"msetnx", -3, F_WRITE | F_DENYOOM, 1, -1, 2, c_msetnx, "string", "Set multiple keys to multiple values, only if none of the keys exist", "1.0.1"},
+    {"getrange", 4, F_READONLY, 1, 1, 1, c_getrange, "string", "Get a substring of the string stored at a key", "2.4.0"},
+    {"substr", 4, F_READONLY, 1, 1, 1, c_getrange, "string", "Get a substring of the string stored at a key", "1.0.0"},
+    {"setrange", 4, F_WRITE | F_DENYOOM, 1, 1, 1, c_setrange, "string", "Overwrite part of a string at key starting at the specified offset", "2.2.0"},
+    {"incrbyfloat", 3, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_incrbyfloat, "string", "Increment the float value of a key by the given amount", "2.6.0"},
+    {"lcs", -3, F_READONLY, 1, 2, 1, c_lcs, "string", "Find longest common substring", "7.0.0"},
+    {"setbit", 4, F_WRITE | F_DENYOOM, 1, 1, 1, c_setbit, "bitmap", "Sets or clears the bit at offset in the string value stored at key", "2.2.0"},
+    {"getbit", 3, F_READONLY | F_FAST, 1, 1, 1, c_getbit, "bitmap", "Returns the bit value at offset in the string value stored at key", "2.2.0"},
+    {"bitcount", -2, F_READONLY, 1, 1, 1, c_bitcount, "bitmap", "Count set bits in a string", "2.6.0"},
+    {"bitpos", -3, F_READONLY, 1, 1, 1, c_bitpos, "bitmap", "Find first bit set or clear in a string", "2.8.7"},
     /* expire.c */
     /* keys.c */
     /* hash.c */
