@@ -113,15 +113,28 @@ struct kvt_change;
 int cmd_apply_key(struct cmd_client *c, const struct cmd_args *a,
                   int64_t (*fn)(void *op, const struct kvt_state *cur, struct kvt_change *ch), struct cmd_op *op,
                   size_t need, int64_t *res);
-/* SET ... GET and GETSET on arguments 1 (key) and 2 (value): flags KVT_NX/XX/KEEPTTL. */
+/* kvt_get on argument 1's key: 1 found (fn ran), 0 absent, or -1 when the request is
+ * answered (WRONGTYPE) or stalled for a load. */
+int cmd_read_key(struct cmd_client *c, const struct cmd_args *a, void (*fn)(void *arg, const char *v, size_t n),
+                 void *arg);
+/* SET ... GET and GETSET (string.c) on arguments 1 (key) and 2 (value): flags KVT_NX/XX/KEEPTTL. */
 int cmd_set_get(struct cmd_client *c, const struct cmd_args *a, int flags, int64_t expire);
 /* Argument i as an expire time in units of unit_ms (1000 or 1), relative to now or
  * absolute: 0 with the absolute ms in *ms, -EINVAL not an integer, -ERANGE not a
  * valid time; cmd_reply_expire_err replies Redis's error for cmd. */
 int cmd_expire_arg(const struct cmd_args *a, int i, int unit_ms, int relative, int64_t *ms);
 int cmd_reply_expire_err(struct cmd_client *c, int rc, const char *cmd);
-/* MSET's memory check for the pairs of a (string.c): 1 room, else 0 (answered or stalled). */
-int cmd_mset_room(struct cmd_client *c, const struct cmd_args *a);
+/* MSET's and MSETNX's checks (string.c): pairs of arguments, room for them in memory.
+ * 1 fine, else 0 (answered, or stalled for memory). */
+int cmd_mset_check(struct cmd_client *c, const struct cmd_args *a, const char *cmd);
+/* For a kvt_apply fn: PUT the key's string with bytes [off, off + n) replaced by src
+ * (zero-padded past its end), built in buf (alive until kvt_apply returns), the
+ * expire time kept. Returns the new length, or CMD_OP_ERR (op->err) without memory. */
+int64_t cmd_put_patched(struct cmd_op *op, struct kvbuf *buf, const struct kvt_state *cur, size_t off,
+                        const void *src, size_t n, struct kvt_change *ch);
+/* Redis's range [*start, *end] in a sequence of len: negative indexes count from the
+ * end, both clamped into it. 1 if it is not empty. */
+int cmd_range(long long *start, long long *end, long long len);
 int c_setnx(struct cmd_client *c, const struct cmd_args *a);
 int c_setex(struct cmd_client *c, const struct cmd_args *a);
 int c_psetex(struct cmd_client *c, const struct cmd_args *a);

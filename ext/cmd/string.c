@@ -69,12 +69,28 @@ int c_set(struct cmd_client *c, const struct cmd_args *a)
             expire = ttl;
         }
     }
-    if (get) /* the old value's type matters: a read-modify-write */
+    if (get)
         return cmd_set_get(c, a, flags, expire);
     int rc = kvt_set(c->table, a->argv[1], a->argl[1], a->argv[2], a->argl[2], flags, expire, NULL, NULL);
     if (rc < 0)
         return cmd_write_err_key(c, rc, a->argv[1], a->argl[1], a->argl[1] + a->argl[2]);
     return rc ? cmd_reply_ok(c) : resp_add_null(c->out, c->resp);
+}
+
+/* SET ... GET and GETSET: the old value (nil when absent) is the reply; a key of
+ * another type gets WRONGTYPE and is left as it is, as Redis. */
+int cmd_set_get(struct cmd_client *c, const struct cmd_args *a, int flags, int64_t expire)
+{
+    size_t before = c->out->len;
+    int rc = kvt_set(c->table, a->argv[1], a->argl[1], a->argv[2], a->argl[2], flags, expire, cmd_add_bulk_cb, c);
+    int had_old = c->out->len != before; /* the callback queued the old value */
+    if (rc < 0) {
+        c->out->len = before;
+        if (rc == KVT_WRONGTYPE)
+            return cmd_reply_err(c, ERR_WRONGTYPE);
+        return cmd_write_err_key(c, rc, a->argv[1], a->argl[1], a->argl[1] + a->argl[2]);
+    }
+    return had_old ? 0 : resp_add_null(c->out, c->resp);
 }
 
 int c_mget(struct cmd_client *c, const struct cmd_args *a)
@@ -105,8 +121,12 @@ int c_mget(struct cmd_client *c, const struct cmd_args *a)
 /* As Redis: the memory bound is checked once, for the whole command (with a
  * generous per-key overhead), then every key is set without it, so an MSET (or
  * MSETNX) is never half applied because the bound was reached halfway. */
-int cmd_mset_room(struct cmd_client *c, const struct cmd_args *a)
+int cmd_mset_check(struct cmd_client *c, const struct cmd_args *a, const char *cmd)
 {
+    if (a->argc % 2 == 0) {
+        resp_add_errorf(c->out, "ERR wrong number of arguments for '%s' command", cmd);
+        return 0;
+    }
     uint64_t max = kvt_max_memory(c->table);
     if (!max)
         return 1;
@@ -122,9 +142,7 @@ int cmd_mset_room(struct cmd_client *c, const struct cmd_args *a)
 
 int c_mset(struct cmd_client *c, const struct cmd_args *a)
 {
-    if (a->argc % 2 == 0)
-        return cmd_reply_err(c, "ERR wrong number of arguments for 'mset' command");
-    if (!cmd_mset_room(c, a))
+    if (!cmd_mset_check(c, a, "mset"))
         return 0;
     for (int i = 1; i < a->argc; i += 2) {
         int rc = kvt_set(c->table, a->argv[i], a->argl[i], a->argv[i + 1], a->argl[i + 1], KVT_NOBOUND, 0,

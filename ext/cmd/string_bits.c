@@ -45,22 +45,12 @@ static int64_t setbit_fn(void *arg, const struct kvt_state *cur, struct kvt_chan
     int old = byte < olen ? bit_at((const unsigned char *)cur->val, s->off) : 0;
     if (byte < olen && old == s->on)
         return old; /* nothing changes */
-    size_t nlen = byte < olen ? olen : byte + 1; /* a string grows, zero-padded, to hold the bit */
-    if (kvbuf_reserve(&s->buf, nlen)) {
-        s->op.err = ERR_NOMEM;
-        return CMD_OP_ERR;
-    }
-    unsigned char *p = (unsigned char *)s->buf.p;
-    if (olen)
-        memcpy(p, cur->val, olen);
-    memset(p + olen, 0, nlen - olen);
+    /* the byte with the bit changed; a string grows, zero-padded, to hold it */
     unsigned char mask = (unsigned char)(1u << (7 - (s->off & 7)));
-    p[byte] = s->on ? p[byte] | mask : p[byte] & ~mask;
-    ch->action = KVT_PUT; /* the expire time stays (preset) */
-    ch->type = KVT_STRING;
-    ch->val = p;
-    ch->n1 = nlen;
-    return old;
+    unsigned char b = byte < olen ? (unsigned char)cur->val[byte] : 0;
+    b = s->on ? b | mask : b & ~mask;
+    int64_t n = cmd_put_patched(&s->op, &s->buf, cur, byte, &b, 1, ch);
+    return n < 0 ? n : old;
 }
 
 int c_setbit(struct cmd_client *c, const struct cmd_args *a)
@@ -79,7 +69,7 @@ int c_setbit(struct cmd_client *c, const struct cmd_args *a)
 }
 
 struct bitread_arg {
-    uint64_t from, to; /* GETBIT: the bit offset (from); BITCOUNT/BITPOS: see below */
+    uint64_t from, to; /* the bits [from, to] looked at (GETBIT: from alone) */
     long long start, end; /* BITCOUNT/BITPOS: the range as given */
     int isbit, bit, end_given;
     int err; /* the arguments are in error (or the range is known empty): no counting */
@@ -97,33 +87,18 @@ int c_getbit(struct cmd_client *c, const struct cmd_args *a)
     struct bitread_arg r = {0};
     if (bit_offset_arg(a, 2, &r.from))
         return cmd_reply_err(c, ERR_BITOFF);
-    int rc = kvt_get(c->table, a->argv[1], a->argl[1], getbit_cb, &r);
-    if (rc == -ENODATA)
-        return cmd_need_load(c, a->argv[1], a->argl[1]);
-    if (rc == KVT_WRONGTYPE)
-        return cmd_reply_err(c, ERR_WRONGTYPE);
-    return resp_add_int(c->out, rc ? r.result : 0);
+    int rc = cmd_read_key(c, a, getbit_cb, &r);
+    return rc < 0 ? 0 : resp_add_int(c->out, rc ? r.result : 0);
 }
 
 /* ---- BITCOUNT, BITPOS */
 
-/* Redis's range: negative indexes from the end, clamped to the string (of n
- * bytes, or n * 8 bits with BIT). Sets from/to to the bits [from, to]; 0 when
- * the range is empty. */
+/* The range given, in a string of n bytes (n * 8 bits with BIT), as the bits
+ * [from, to]; 0 when it is empty. */
 static int bit_range(struct bitread_arg *r, size_t n)
 {
-    long long total = (long long)n * (r->isbit ? 8 : 1), start = r->start, end = r->end;
-    if (start < 0)
-        start += total;
-    if (end < 0)
-        end += total;
-    if (start < 0)
-        start = 0;
-    if (end < 0)
-        end = 0;
-    if (end >= total)
-        end = total - 1;
-    if (start > end)
+    long long start = r->start, end = r->end;
+    if (!cmd_range(&start, &end, (long long)n * (r->isbit ? 8 : 1)))
         return 0;
     r->from = r->isbit ? (uint64_t)start : (uint64_t)start * 8;
     r->to = r->isbit ? (uint64_t)end : (uint64_t)end * 8 + 7;
@@ -202,11 +177,9 @@ int c_bitcount(struct cmd_client *c, const struct cmd_args *a)
         err = ERR_SYNTAX;
     }
     r.err |= err != NULL;
-    int rc = kvt_get(c->table, a->argv[1], a->argl[1], bitcount_cb, &r);
-    if (rc == -ENODATA)
-        return cmd_need_load(c, a->argv[1], a->argl[1]);
-    if (rc == KVT_WRONGTYPE)
-        return cmd_reply_err(c, ERR_WRONGTYPE);
+    int rc = cmd_read_key(c, a, bitcount_cb, &r);
+    if (rc < 0)
+        return 0;
     if (rc && err)
         return cmd_reply_err(c, err);
     return resp_add_int(c->out, rc ? r.result : 0);
@@ -248,11 +221,9 @@ int c_bitpos(struct cmd_client *c, const struct cmd_args *a)
         err = ERR_INT;
     r.end_given = a->argc >= 5;
     r.err = err != NULL;
-    int rc = kvt_get(c->table, a->argv[1], a->argl[1], bitpos_cb, &r);
-    if (rc == -ENODATA)
-        return cmd_need_load(c, a->argv[1], a->argl[1]);
-    if (rc == KVT_WRONGTYPE)
-        return cmd_reply_err(c, ERR_WRONGTYPE);
+    int rc = cmd_read_key(c, a, bitpos_cb, &r);
+    if (rc < 0)
+        return 0;
     if (rc == 0) /* a missing key is an endless run of 0 bits */
         return resp_add_int(c->out, bit ? -1 : 0);
     return err ? cmd_reply_err(c, err) : resp_add_int(c->out, r.result);
@@ -277,7 +248,7 @@ static void lcs_copy_cb(void *arg, const char *v, size_t n)
 {
     struct lcs_val *x = arg;
     x->len = n;
-    if (n <= LCS_MAX_LEN && kvbuf_append(&x->v, v, n))
+    if (n && n <= LCS_MAX_LEN && kvbuf_append(&x->v, v, n))
         x->nomem = 1;
 }
 
@@ -393,7 +364,8 @@ static int lcs_reply(struct cmd_client *c, const struct lcs_val *x, const struct
             resp_add_map(c->out, c->resp, 2);
             resp_add_bulk_str(c->out, "matches");
             resp_add_array(c->out, n);
-            kvbuf_append(c->out, m.p, m.len);
+            if (m.len) /* (no ranges: m.p is NULL) */
+                kvbuf_append(c->out, m.p, m.len);
             resp_add_bulk_str(c->out, "len");
             rc = resp_add_int(c->out, len);
         }

@@ -36,6 +36,16 @@ int cmd_apply_key(struct cmd_client *c, const struct cmd_args *a, kvt_apply_fn f
     return 0;
 }
 
+int cmd_read_key(struct cmd_client *c, const struct cmd_args *a, kvt_read_fn fn, void *arg)
+{
+    int rc = kvt_get(c->table, a->argv[1], a->argl[1], fn, arg);
+    if (rc == -ENODATA)
+        cmd_need_load(c, a->argv[1], a->argl[1]);
+    else if (rc == KVT_WRONGTYPE)
+        cmd_reply_err(c, ERR_WRONGTYPE);
+    return rc < 0 ? -1 : rc;
+}
+
 /* Redis's getExpireMillisecondsOrReply: argument i, a time in units of unit_ms
  * (1000: seconds, 1: ms), made absolute (relative: added to now) and checked. */
 int cmd_expire_arg(const struct cmd_args *a, int i, int unit_ms, int relative, int64_t *ms)
@@ -61,45 +71,6 @@ int cmd_reply_expire_err(struct cmd_client *c, int rc, const char *cmd)
     if (rc == -EINVAL)
         return cmd_reply_err(c, ERR_INT);
     return resp_add_errorf(c->out, "ERR invalid expire time in '%s' command", cmd);
-}
-
-/* SET ... GET and GETSET: reply the old value (nil when absent), then set
- * unless NX/XX says no; the old value's type is checked first, as Redis's
- * getGenericCommand does before it sets anything. */
-struct setget_op {
-    struct cmd_op op;
-    const char *val;
-    size_t vlen;
-    int flags;
-    int64_t expire;
-};
-
-static int64_t setget_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
-{
-    struct setget_op *s = arg;
-    if (cur->exists && cur->type != KVT_STRING)
-        return KVT_WRONGTYPE;
-    if (cur->exists)
-        cmd_add_bulk_cb(s->op.c, cur->val, cur->vlen);
-    else
-        resp_add_null(s->op.c->out, s->op.c->resp);
-    if (((s->flags & KVT_NX) && cur->exists) || ((s->flags & KVT_XX) && !cur->exists))
-        return 0;
-    ch->action = KVT_PUT;
-    ch->type = KVT_STRING;
-    ch->val = s->val;
-    ch->n1 = s->vlen;
-    if (!(s->flags & KVT_KEEPTTL))
-        ch->expire_ms = s->expire;
-    return 1;
-}
-
-int cmd_set_get(struct cmd_client *c, const struct cmd_args *a, int flags, int64_t expire)
-{
-    struct setget_op s = {{c, NULL}, a->argv[2], a->argl[2], flags, expire};
-    int64_t rc;
-    cmd_apply_key(c, a, setget_fn, &s.op, a->argl[1] + a->argl[2], &rc);
-    return 0;
 }
 
 /* ---- SETNX, SETEX, PSETEX, GETSET */
@@ -131,30 +102,9 @@ int c_psetex(struct cmd_client *c, const struct cmd_args *a) { return setex_gene
 /* GETSET: SET ... GET without options (the TTL goes, as with SET). */
 int c_getset(struct cmd_client *c, const struct cmd_args *a) { return cmd_set_get(c, a, 0, 0); }
 
-/* ---- GETDEL, GETEX */
+/* ---- GETEX, GETDEL */
 
-static int64_t getdel_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
-{
-    struct cmd_op *op = arg;
-    if (!cur->exists)
-        return 0;
-    if (cur->type != KVT_STRING)
-        return KVT_WRONGTYPE;
-    cmd_add_bulk_cb(op->c, cur->val, cur->vlen);
-    ch->action = KVT_DELETE;
-    return 1;
-}
-
-int c_getdel(struct cmd_client *c, const struct cmd_args *a)
-{
-    struct cmd_op op = {c, NULL};
-    int64_t rc;
-    if (cmd_apply_key(c, a, getdel_fn, &op, 0, &rc) && rc == 0)
-        return resp_add_null(c->out, c->resp);
-    return 0;
-}
-
-enum { GX_EX = 1, GX_PX = 2, GX_EXAT = 4, GX_PXAT = 8, GX_PERSIST = 16 };
+enum { GX_EX = 1, GX_PX = 2, GX_EXAT = 4, GX_PXAT = 8, GX_PERSIST = 16, GX_DEL = 32 /* GETDEL */ };
 #define GX_TIME (GX_EX | GX_PX | GX_EXAT | GX_PXAT)
 
 struct getex_op {
@@ -177,8 +127,8 @@ static int64_t getex_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
         return CMD_OP_ERR;
     }
     cmd_add_bulk_cb(g->op.c, cur->val, cur->vlen); /* the value, also when the key goes now */
-    if ((g->flags & (GX_EXAT | GX_PXAT)) && g->when <= g->now) {
-        ch->action = KVT_DELETE; /* an absolute time already past: Redis deletes the key */
+    if ((g->flags & GX_DEL) || ((g->flags & (GX_EXAT | GX_PXAT)) && g->when <= g->now)) {
+        ch->action = KVT_DELETE; /* GETDEL, or an absolute time already past: Redis deletes the key */
         return 1;
     }
     if ((g->flags & GX_TIME) || ((g->flags & GX_PERSIST) && cur->expire_ms)) {
@@ -189,6 +139,20 @@ static int64_t getex_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
         ch->expire_ms = (g->flags & GX_TIME) ? g->when : 0;
     }
     return 1;
+}
+
+static int getex_apply(struct cmd_client *c, const struct cmd_args *a, struct getex_op *g)
+{
+    int64_t rc;
+    if (cmd_apply_key(c, a, getex_fn, &g->op, 0, &rc) && rc == 0)
+        return resp_add_null(c->out, c->resp);
+    return 0;
+}
+
+int c_getdel(struct cmd_client *c, const struct cmd_args *a)
+{
+    struct getex_op g = {{c, NULL}, GX_DEL, 0, 0, 0};
+    return getex_apply(c, a, &g);
 }
 
 /* GETEX key [EX s | PX ms | EXAT ts | PXAT ms-ts | PERSIST]: options parsed as
@@ -224,24 +188,20 @@ int c_getex(struct cmd_client *c, const struct cmd_args *a)
         g.time_rc = cmd_expire_arg(a, at, unit, (g.flags & (GX_EX | GX_PX)) != 0, &g.when);
     }
     g.now = cmd_unix_ms();
-    int64_t rc;
-    if (cmd_apply_key(c, a, getex_fn, &g.op, 0, &rc) && rc == 0)
-        return resp_add_null(c->out, c->resp);
-    return 0;
+    return getex_apply(c, a, &g);
 }
 
 /* ---- MSETNX */
 
 /* All or nothing, and isolated: the keys are checked and set inside one table
  * transaction (every shard locked, one unit in the log), so no other client sees
- * some keys set and not others, and recovery keeps all of them or none. */
+ * some keys set and not others, and recovery keeps all of them or none. Inside
+ * EXEC the transaction is EXEC's (it already holds every shard). */
 int c_msetnx(struct cmd_client *c, const struct cmd_args *a)
 {
-    if (a->argc % 2 == 0)
-        return cmd_reply_err(c, "ERR wrong number of arguments for 'msetnx' command");
-    if (!cmd_mset_room(c, a))
+    if (!cmd_mset_check(c, a, "msetnx"))
         return 0;
-    int rc = kvt_tx_begin(c->table);
+    int own = !kvt_tx_held, rc = own ? kvt_tx_begin(c->table) : 0;
     if (rc < 0)
         return cmd_reply_write_err(c, rc);
     int i, exists = 0;
@@ -262,8 +222,8 @@ int c_msetnx(struct cmd_client *c, const struct cmd_args *a)
             for (int j = 1; j < i; j += 2)
                 kvt_del(c->table, a->argv[j], a->argl[j]);
     }
-    int64_t end = kvt_tx_end(c->table);
-    if (rc == -ENODATA) /* i is past the key: it is loaded, then the command runs again */
+    int64_t end = own ? kvt_tx_end(c->table) : 0;
+    if (rc == -ENODATA) /* argv[i] left memory: once it is loaded the command runs again */
         return cmd_need_load(c, a->argv[i], a->argl[i]);
     if (rc < 0)
         return cmd_reply_write_err(c, rc);
@@ -279,25 +239,26 @@ struct range_arg {
     long long start, end;
 };
 
+int cmd_range(long long *start, long long *end, long long len)
+{
+    if (*start < 0)
+        *start += len;
+    if (*end < 0)
+        *end += len;
+    if (*start < 0)
+        *start = 0;
+    if (*end < 0)
+        *end = 0;
+    if (*end >= len)
+        *end = len - 1;
+    return *start <= *end;
+}
+
 static void getrange_cb(void *arg, const char *v, size_t n)
 {
     struct range_arg *r = arg;
-    long long len = (long long)n, start = r->start, end = r->end;
-    if (start < 0 && end < 0 && start > end) {
-        resp_add_bulk(r->c->out, "", 0);
-        return;
-    }
-    if (start < 0)
-        start += len;
-    if (end < 0)
-        end += len;
-    if (start < 0)
-        start = 0;
-    if (end < 0)
-        end = 0;
-    if (end >= len)
-        end = len - 1;
-    if (len == 0 || start > end)
+    long long start = r->start, end = r->end;
+    if ((start < 0 && end < 0 && start > end) || !cmd_range(&start, &end, (long long)n))
         resp_add_bulk(r->c->out, "", 0);
     else
         cmd_add_bulk_cb(r->c, v + start, (size_t)(end - start + 1));
@@ -308,12 +269,7 @@ int c_getrange(struct cmd_client *c, const struct cmd_args *a)
     struct range_arg r = {c, 0, 0};
     if (cmd_arg_ll(a, 2, &r.start) || cmd_arg_ll(a, 3, &r.end))
         return cmd_reply_err(c, ERR_INT);
-    int rc = kvt_get(c->table, a->argv[1], a->argl[1], getrange_cb, &r);
-    if (rc == -ENODATA)
-        return cmd_need_load(c, a->argv[1], a->argl[1]);
-    if (rc == KVT_WRONGTYPE)
-        return cmd_reply_err(c, ERR_WRONGTYPE);
-    return rc == 0 ? resp_add_bulk(c->out, "", 0) : 0;
+    return cmd_read_key(c, a, getrange_cb, &r) == 0 ? resp_add_bulk(c->out, "", 0) : 0;
 }
 
 struct setrange_op {
@@ -324,31 +280,36 @@ struct setrange_op {
     struct kvbuf buf; /* the new value, alive until kvt_apply returns */
 };
 
+int64_t cmd_put_patched(struct cmd_op *op, struct kvbuf *buf, const struct kvt_state *cur, size_t off,
+                        const void *src, size_t n, struct kvt_change *ch)
+{
+    size_t olen = cur->exists ? cur->vlen : 0, nlen = off + n > olen ? off + n : olen;
+    if (kvbuf_reserve(buf, nlen)) {
+        op->err = ERR_NOMEM;
+        return CMD_OP_ERR;
+    }
+    if (olen)
+        memcpy(buf->p, cur->val, olen);
+    if (off > olen)
+        memset(buf->p + olen, 0, off - olen);
+    memcpy(buf->p + off, src, n);
+    ch->action = KVT_PUT; /* the expire time stays (preset) */
+    ch->type = KVT_STRING;
+    ch->val = buf->p;
+    ch->n1 = nlen;
+    return (int64_t)nlen;
+}
+
 static int64_t setrange_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
 {
     struct setrange_op *s = arg;
     if (cur->exists && cur->type != KVT_STRING)
         return KVT_WRONGTYPE;
-    size_t olen = cur->exists ? cur->vlen : 0;
     if (s->vlen == 0) /* nothing to write: the length as it is (0 and no key when absent) */
-        return (int64_t)olen;
+        return cur->exists ? (int64_t)cur->vlen : 0;
     if ((unsigned long long)s->off + s->vlen > KVT_MAX_VALUE)
         return -E2BIG;
-    size_t end = (size_t)s->off + s->vlen, nlen = end > olen ? end : olen;
-    if (kvbuf_reserve(&s->buf, nlen)) {
-        s->op.err = ERR_NOMEM;
-        return CMD_OP_ERR;
-    }
-    if (olen)
-        memcpy(s->buf.p, cur->val, olen);
-    if ((size_t)s->off > olen)
-        memset(s->buf.p + olen, 0, (size_t)s->off - olen);
-    memcpy(s->buf.p + s->off, s->val, s->vlen);
-    ch->action = KVT_PUT; /* the expire time stays (preset) */
-    ch->type = KVT_STRING;
-    ch->val = s->buf.p;
-    ch->n1 = nlen;
-    return (int64_t)nlen;
+    return cmd_put_patched(&s->op, &s->buf, cur, (size_t)s->off, s->val, s->vlen, ch);
 }
 
 int c_setrange(struct cmd_client *c, const struct cmd_args *a)
