@@ -114,6 +114,8 @@ int cmd_reply_write_err(struct cmd_client *c, int64_t rc)
     if (rc == -EIO)
         return cmd_reply_err(c, "ERR durability log failed (I/O error, see the server's log): writes refused "
                             "until restart");
+    if (rc == -EDEADLK)
+        return cmd_reply_err(c, "ERR FLUSHALL inside MULTI/EXEC is not supported with a data file: run it on its own");
     return resp_add_errorf(c->out, "ERR %s", strerror((int)-rc));
 }
 
