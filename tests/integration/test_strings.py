@@ -20,6 +20,7 @@ import pytest
 
 from helpers import faultlib as fl
 from helpers.conn import Raw, client
+from helpers.keyspace import SPILL, fill, reply_diffs, wait_flushed
 from helpers.resp import resp_cmd, resp_parse
 from helpers.servers import RedisServer, need
 from kvstore._native import ffi, lib
@@ -510,7 +511,6 @@ def test_commands_on_evicted_keys_reply_as_redis(tmp_path):
     data.mkdir()
     init = [(b"e:%02d" % i, b"value-%02d-" % i + b"z" * 70) for i in range(40)]
     init += [(b"e:f:%d" % i, b"%d.5" % i) for i in range(3)]
-    init += [(b"f:%05d" % i, b"%05d" % i * 17) for i in range(6000)]
     cmds = [("GETRANGE", b"e:00", 2, 8), ("SUBSTR", b"e:01", -5, -1), ("SETRANGE", b"e:02", 3, b"XYZ"),
             ("GET", b"e:02"), ("SETRANGE", b"e:03", 100, b"far"), ("STRLEN", b"e:03"), ("INCRBYFLOAT", b"e:f:0", "1.25"),
             ("INCRBYFLOAT", b"e:f:1", "x"), ("INCRBYFLOAT", b"e:04", 1), ("GETDEL", b"e:05"), ("EXISTS", b"e:05"),
@@ -523,29 +523,18 @@ def test_commands_on_evicted_keys_reply_as_redis(tmp_path):
             ("LCS", b"e:19", b"e:20"), ("LCS", b"e:21", b"e:22", "IDX", "MINMATCHLEN", 3),
             ("GETDEL", b"missing:1"), ("GETEX", b"missing:2", "EX", 5), ("SETRANGE", b"missing:3", 2, b"ab"),
             ("MGET", *[b"e:%02d" % i for i in range(20, 40)]), ("DBSIZE",)]
-    n = fl.start_disk_node(data, data_file=True, max_memory="256kb", flush_interval_ms=100, data_buckets=1024)
+    n = fl.start_disk_node(data, **SPILL)
     ref = RedisServer().start()
     try:
         for port in (n.port, ref.port):
-            with Raw(port, timeout=30) as r:
-                for s in range(0, len(init), 500):
-                    part = init[s:s + 500]
-                    r.send(b"".join(C("SET", k, v) for k, v in part))
-                    assert r.replies(len(part)) == [b"+OK\r\n"] * len(part)
-        _wait_flushed(n.port)
-        with client(n.port) as c:
-            i = c.info("persistence")
-        assert i["memory_keys"] < len(init) // 2 and i["datafile_evicted_keys"] > 0, i
-        loads0 = i["datafile_loads"]
-        diffs = []
-        with Raw(n.port, timeout=10) as a, Raw(ref.port, timeout=10) as b:
-            for cmd in cmds:
-                got, want = a.send(C(*cmd)).reply(), b.send(C(*cmd)).reply()
-                if got != want:
-                    diffs.append(f"{cmd!r}: kvstore {got!r}, redis {want!r}")
+            with client(port) as c:
+                c.mset(dict(init))
+            fill(port, b"f", 6000)
+        i = wait_flushed(n.port)
+        assert i["memory_keys"] < (len(init) + 6000) // 2 and i["datafile_evicted_keys"] > 0, i
+        diffs = reply_diffs(n.port, ref.port, cmds)
         assert not diffs, "replies differ from redis-server:\n" + "\n".join(diffs)
-        with client(n.port) as c:
-            assert c.info("persistence")["datafile_loads"] - loads0 >= 20, "the commands loaded few blocks"
+        assert fl.persistence(n.port)["datafile_loads"] - i["datafile_loads"] >= 20, "the commands loaded few blocks"
         keys = sorted({k for k, _ in init} | {x for c in cmds for x in c[1:] if isinstance(x, bytes)
                                                and x[:2] in (b"e:", b"mi")})
         with client(ref.port) as rc:
@@ -554,14 +543,3 @@ def test_commands_on_evicted_keys_reply_as_redis(tmp_path):
     finally:
         ref.stop()
         n.kill()
-
-
-def _wait_flushed(port, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        with client(port) as c:
-            i = c.info("persistence")
-        if i["datafile_flushed_lsn"] == i["log_durable_lsn"] == i["log_appended_lsn"]:
-            return i
-        assert time.monotonic() < deadline, f"data file not flushed after {timeout} s: {i}"
-        time.sleep(0.05)
