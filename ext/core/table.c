@@ -496,7 +496,8 @@ int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen)
     struct shard *s = kvt_lock_shard(t, h);
     int st;
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
-    int64_t n = !e ? 0 : (e->flags & E_HASH) ? KVT_WRONGTYPE : e->vlen;
+    /* (int64_t): with a uint32_t arm the ?: would turn KVT_WRONGTYPE into 4294967205 */
+    int64_t n = !e ? 0 : (e->flags & E_HASH) ? KVT_WRONGTYPE : (int64_t)e->vlen;
     kvt_lsn_touch(e ? e->lsn : s->del_lsn);
     shard_unlock(s);
     return st == LK_NOTRES ? -ENODATA : n;
