@@ -563,9 +563,21 @@ int kvt_flush(struct kv_table *t)
      * LSN and the generation), so no sweep can record "flushed up to F" with the
      * old generation. From the bump on every block reads as empty, so what
      * survives below is known not to be in a block. */
+    /* FLUSH is logged with every shard locked (as a transaction holds them), so
+     * it never lands inside a transaction's unit: an EXEC is wholly before or
+     * wholly after it, live as in a replay. Lock order: the data file's flush
+     * lock (BEGIN), then the shards; the generation bump (COMMIT) takes the
+     * lock the flusher holds around its own shard locking, so the shards are
+     * released before it. */
     if (t->sp.queue)
         t->sp.flushall(t->sp.arg, KVT_FLUSH_BEGIN);
+    if (!kvt_tx_held)
+        for (int i = 0; i < KVT_SHARDS; i++)
+            pthread_mutex_lock(&t->shards[i].lock);
     int64_t f = t->log ? kvt_do_log(t, NULL, KVT_LOG_FLUSH, NULL, 0, NULL, 0, NULL, 0, 0) : 0;
+    if (!kvt_tx_held)
+        for (int i = KVT_SHARDS - 1; i >= 0; i--)
+            pthread_mutex_unlock(&t->shards[i].lock);
     if (t->sp.queue)
         t->sp.flushall(t->sp.arg, f < 0 ? KVT_FLUSH_ABORT : KVT_FLUSH_COMMIT);
     if (f < 0)
