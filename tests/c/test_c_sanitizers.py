@@ -68,7 +68,8 @@ def _ext(*names):
 
 
 # The C files each stress binary links (paths under ext/), by component.
-TABLE = _ext("core/table.c", "core/table_shard.c", "core/table_spill.c", "core/siphash.c", "core/ldu.c")
+TABLE = _ext("core/table.c", "core/table_shard.c", "core/table_spill.c", "core/table_apply.c", "core/table_iter.c",
+             "core/siphash.c", "core/ldu.c")
 WAL = _ext("durability/wal.c", "durability/wal_recover.c", "core/crc32c.c")
 BOSC = _ext("durability/bosc_block.c", "durability/bosc_load.c", "durability/bosc_sweep.c", "durability/bosc_open.c")
 
