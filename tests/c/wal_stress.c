@@ -7,8 +7,9 @@
  * LSNs that never ends inside a unit, a sampler records every durable LSN it sees,
  * and a toggler switches the log between per-group sync and batched mode.
  * Afterwards: no durable LSN fell inside a unit, recovery finds every record, in
- * order, and rebuilds the same table (types included), and a unit left open at
- * wal_close is dropped whole. Usage: wal_stress SEED RECORDS_PER_THREAD DIR */
+ * order, and rebuilds the same table (types included), a unit left open at
+ * wal_close is dropped whole, and (in DIR-join) a FLUSH from another thread
+ * joins an open unit. Usage: wal_stress SEED RECORDS_PER_THREAD DIR */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -196,6 +197,54 @@ static int same_value(struct kv_table *a, struct kv_table *b, const char *key)
     return la == lb && (la < 0 || memcmp(va, vb, (size_t)la) == 0);
 }
 
+static void *flush_from_another_thread(void *arg)
+{
+    CHECK(wal_append(arg, WAL_FLUSH, "", 0, NULL, 0, NULL, 0, 0) > 0, "FLUSH append");
+    return NULL;
+}
+
+/* A record appended by another thread while a unit is open (only a FLUSHALL
+ * can be: it logs without shard locks) joins the unit, in LSN order. */
+static void check_flush_joins_a_unit(const char *base)
+{
+    char dir[4200], err[512];
+    snprintf(dir, sizeof dir, "%s-join", base);
+    struct wal *j;
+    struct wal_config cfg = {.dir = dir, .sync = 1, .first_lsn = 1};
+    CHECK(wal_open(&j, &cfg, err, sizeof err) == 0 && wal_start(j) == 0, "join log: %s", err);
+    CHECK(wal_append(j, WAL_SET, "j:0", 3, "0", 1, NULL, 0, 0) == 1, "plain record");
+    CHECK(wal_unit_begin(j) == 0 && wal_unit_begin(j) == -EBUSY, "units do not nest");
+    CHECK(wal_append(j, WAL_SET, "j:a", 3, "1", 1, NULL, 0, 0) == 2, "unit record");
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, flush_from_another_thread, j) == 0, "thread");
+    pthread_join(th, NULL);
+    CHECK(wal_append(j, WAL_SET | WAL_HASH, "j:b", 3, "2", 1, NULL, 0, 0) == 4, "unit record");
+    CHECK(wal_unit_end(j) == 5 && wal_unit_end(j) == -EINVAL, "COMMIT");
+    CHECK(wal_unit_begin(j) == 0 && wal_unit_end(j) == 0, "an empty unit writes nothing");
+    wal_close(j);
+    struct kvbuf all = {0};
+    CHECK(wal_read_range(dir, 1, UINT64_MAX, SIZE_MAX, &all) == 5, "read back");
+    const unsigned char *p = (unsigned char *)all.p;
+    size_t off = 0;
+    for (int i = 0; i < 5; i++) {
+        size_t l = wal_rec_len(p + off, all.len - off);
+        static const int op[5] = {WAL_SET, WAL_SET, WAL_FLUSH, WAL_SET, WAL_COMMIT};
+        CHECK(p[off + WAL_OFF_OP] == op[i] && (p[off + WAL_OFF_FLAGS] == WAL_F_UNIT) == (i >= 1 && i <= 3) &&
+              p[off + WAL_OFF_TYPE] == (i == 3 ? WAL_T_HASH : WAL_T_STRING), "record %d of the join log", i + 1);
+        off += l;
+    }
+    CHECK(get32(p + off - WAL_COMMIT_LEN + WAL_OFF_COUNT) == 3, "the COMMIT counts the FLUSH");
+    struct kv_table *tj;
+    struct wal_recovery rec;
+    CHECK(kvt_create(&tj, 0) == 0 && wal_recover(tj, dir, 0, 0, &rec, err, sizeof err) == 0, "recover: %s", err);
+    char buf[8];
+    CHECK(rec.units == 1 && kvt_get_copy(tj, "j:0", 3, buf, sizeof buf) == -ENOENT &&
+          kvt_get_copy(tj, "j:a", 3, buf, sizeof buf) == -ENOENT &&
+          kvt_get_copy(tj, "j:b", 3, buf, sizeof buf) == KVT_WRONGTYPE, "replayed in LSN order, j:b a hash");
+    kvt_destroy(tj);
+    kvbuf_free(&all);
+}
+
 int main(int argc, char **argv)
 {
     CHECK(argc == 4, "usage: wal_stress SEED RECORDS_PER_THREAD DIR");
@@ -291,6 +340,7 @@ int main(int argc, char **argv)
     CHECK(wal_recover(t3, dir, 0, 1, &rec, err, sizeof err) == 0 && !rec.problem[0] && rec.last_lsn == appended,
           "after repair: %s %s", err, rec.problem);
     kvt_destroy(t3);
+    check_flush_joins_a_unit(dir);
     char key[32];
     for (int i = 0; i < APPENDERS; i++)
         for (int k = 0; k < 500; k++) {
