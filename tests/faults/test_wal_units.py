@@ -11,19 +11,23 @@ server runs) and by real servers; a real receiver fed a torn stream.
      torn tail at the end), never a silent skip;
   3. a hash's type is in its record and replays as a hash;
   4. EXEC through a served node is one unit, and survives a cut log and a restart;
-  5. replication: an EXEC reaches the peer as a unit; a torn stream is never
+  5. replication: an EXEC reaches the peer as a unit; SIGKILL during EXECs in remote
+     mode (process or machine lost) keeps each all or nothing; a torn stream is never
      acknowledged inside a unit, and the unit it cut is dropped from the peer's copy.
 """
 import errno
 import os
+import shutil
 import socket
 import struct
+import time
 
 import pytest
 
 from helpers import faultlib as fl
 from helpers.conn import client
 from helpers.pair import read_node_id, two_free_ports
+from helpers.txwriter import TxWriter
 from kvstore import Node, Store, durability
 from kvstore._native import ffi, lib
 from kvstore.errors import CorruptLogError
@@ -314,6 +318,40 @@ def test_exec_replicates_as_a_unit_and_the_peer_copy_rebuilds_it(pair, tmp_path)
     durability.fetch_from_peer(str(fetched), "127.0.0.1", pair.rport["b"])
     s, r = recover(fetched)
     assert (s.get(b"r:a"), s.get(b"r:c"), r.problem) == (b"20", b"20", "")
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("loss", ["process", "machine"])
+def test_kill_during_execs_in_remote_mode(pair, loss):
+    """Remote mode, data file, memory bound below the data: SIGKILL A while three
+    clients run transactions, restart it from its own directory (the process died)
+    or from the peer's copy alone (the machine is gone). Each transaction is all
+    there or not at all, and every acknowledged one is there."""
+    pair.start_both()
+    done = {}
+    for it in range(2):
+        a = pair.nodes["a"]
+        ws = [TxWriter(a.port, f"g{i}", start=done.get(f"g{i}", 0)) for i in range(3)]
+        for w in ws:
+            w.start()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and min(w.acked for w in ws) < done.get("min", 0) + 100:
+            time.sleep(0.05)
+        pair.kill("a")
+        for w in ws:
+            w.join(timeout=15)
+        assert min(w.acked for w in ws) > done.get("min", 0), "no transaction was acknowledged"
+        if loss == "machine":
+            shutil.rmtree(pair.dirs["a"])
+        a = pair.start("a", from_peer=loss == "machine")
+        with client(a.port) as c:
+            for w in ws:
+                vals = c.mget(f"{w.group}:a", f"{w.group}:b", f"{w.group}:c")
+                assert vals[0] == vals[1] == vals[2], f"iteration {it}, {w.group}: half a transaction: {vals}"
+                assert int(vals[0]) >= w.acked, f"{w.group}: acknowledged transaction {w.acked} lost ({vals[0]})"
+                done[w.group] = int(vals[0])
+        done["min"] = min(done[w.group] for w in ws)
+        pair.wait_in_sync("a")
 
 
 def _frame(ftype, a=0, b=0, payload=b""):
