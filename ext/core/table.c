@@ -19,6 +19,8 @@
 #include "core/ldu.h"
 #include "core/table_int.h"
 
+#define HOUSEKEEP_EXTRA_US 10000
+
 __thread uint64_t kvt_touched_lsn __attribute__((tls_model("initial-exec")));
 __thread int kvt_tx_held __attribute__((tls_model("initial-exec")));
 _Atomic int64_t kvt_clock_offset;
@@ -627,10 +629,48 @@ void kvt_get_stats(struct kv_table *t, struct kvt_stats *st)
     st->oom_rejections = atomic_load_explicit(&t->oom_rejections, memory_order_relaxed);
 }
 
+/* Reclaim expired keys in `budget` buckets of s from its cursor on (locked).
+ * Adds to *seen the keys with an expire time looked at; returns those reclaimed. */
+static unsigned expire_buckets(struct kv_table *t, struct shard *s, unsigned budget, int64_t now, unsigned *seen)
+{
+    unsigned reclaimed = 0;
+    for (unsigned v = 0; v < budget && s->size[0]; v++) {
+        struct kvt_entry **ref = &s->ht[0][s->cursor];
+        while (*ref) {
+            struct kvt_entry *e = *ref;
+            *seen += e->expire_ms != 0;
+            if (e->expire_ms && e->expire_ms <= now && !(e->flags & E_TOMB) &&
+                kvt_del_live(t, s, ref, e->data, e->klen) > 0) {
+                cnt_add(&s->expired, 1);
+                reclaimed++;
+                if (*ref == e) /* became a tombstone in place */
+                    ref = &e->next;
+            } else {
+                ref = &(*ref)->next;
+            }
+        }
+        s->cursor = (s->cursor + 1) & (s->size[0] - 1);
+    }
+    return reclaimed;
+}
+
+static int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budget)
 {
     int reclaimed = 0;
     int64_t now = now_ms();
+    /* The active expiry cycle, adaptive like Redis's: every shard gets `budget`
+     * buckets; while more than a quarter of the keys with a TTL it meets have
+     * expired, a shard gets more rounds, until this call has spent
+     * HOUSEKEEP_EXTRA_US (10 ms every 100 ms cron tick: at most a tenth of a
+     * thread goes to reclaiming a backlog). */
+    int64_t deadline = mono_us() + HOUSEKEEP_EXTRA_US;
     for (unsigned i = first; i < first + n && i < KVT_SHARDS; i++) {
         struct shard *s = &t->shards[i];
         shard_lock(s);
@@ -646,21 +686,11 @@ int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budge
             }
         }
         if (s->rehashidx < 0 && atomic_load_explicit(&s->expires, memory_order_relaxed)) {
-            for (unsigned v = 0; v < budget && s->size[0]; v++) {
-                struct kvt_entry **ref = &s->ht[0][s->cursor];
-                while (*ref) {
-                    struct kvt_entry *e = *ref;
-                    if (e->expire_ms && e->expire_ms <= now && !(e->flags & E_TOMB) &&
-                        kvt_del_live(t, s, ref, e->data, e->klen) > 0) {
-                        cnt_add(&s->expired, 1);
-                        reclaimed++;
-                        if (*ref == e) /* became a tombstone in place */
-                            ref = &e->next;
-                    } else {
-                        ref = &(*ref)->next;
-                    }
-                }
-                s->cursor = (s->cursor + 1) & (s->size[0] - 1);
+            for (int round = 0; round < 16; round++) {
+                unsigned seen = 0, got = expire_buckets(t, s, budget, now, &seen);
+                reclaimed += (int)got;
+                if (got * 4 <= seen || mono_us() > deadline || s->rehashidx >= 0)
+                    break;
             }
         }
         shard_unlock(s);

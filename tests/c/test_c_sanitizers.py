@@ -2,6 +2,8 @@
 
   table_stress.c  concurrent table stress (white box: ext/core/table_int.h), built twice:
                   -fsanitize=thread and -fsanitize=address,undefined
+  table_ops_stress.c  kvt_scan's guarantee while shards grow, rehash and shrink; kvt_apply
+                  increments from four threads; transactions isolated (TSan, ASan/UBSan)
   resp_fuzz.c     mutational fuzzer of ext/resp.c, -fsanitize=address,undefined
   wal_stress.c    the write-ahead log with concurrent appenders (through the table's
                   logger), a ship-buffer consumer and mode switches, then recovery;
@@ -17,6 +19,10 @@
                   workers checked against per-thread models while the flusher evicts
                   and keys are loaded back, then DBSIZE, a restart on the same file and
                   FLUSHALL; built with each sanitizer
+  bosc_keys_test.c typed records through eviction, load and restart; the data file's
+                  key listing (exactly once, under writes, tickets nobody takes, a damaged
+                  block) and expired records reclaimed from blocks nothing writes, with
+                  the table's clock moved; built with each sanitizer
 
 Binaries go to tests/c/bin/ (gitignored). A run fails on a non-zero exit status or
 on any sanitizer report in its output. To reproduce a failure by hand, run the
@@ -42,6 +48,7 @@ TABLE_OPS = 500_000      # operations per worker thread and phase
 FUZZ_ITERATIONS = 200_000
 LDU_OPS = 1_000_000      # ldu_log calls per producer thread
 BOSC_OPS = 60_000        # per worker thread (4): ~5 s under TSan on an idle 2-core machine
+TABLE_OPS_ROUNDS = 30     # table_ops_stress: full scans; x100 increments and transactions
 RUN_TIMEOUT = 240        # seconds per run: generous for a slow, shared machine
 
 COMMON = ["-std=gnu11", "-g", "-O1", "-Wall", "-Wno-unused-parameter", "-pthread", f"-I{EXT}"]
@@ -68,10 +75,9 @@ def _ext(*names):
 
 
 # The C files each stress binary links (paths under ext/), by component.
-TABLE = _ext("core/table.c", "core/table_shard.c", "core/table_spill.c", "core/table_apply.c", "core/table_iter.c",
-             "core/siphash.c", "core/ldu.c")
+TABLE = [str(p) for p in sorted(EXT.glob("core/table*.c"))] + _ext("core/siphash.c", "core/ldu.c")
 WAL = _ext("durability/wal.c", "durability/wal_recover.c", "core/crc32c.c")
-BOSC = _ext("durability/bosc_block.c", "durability/bosc_load.c", "durability/bosc_sweep.c", "durability/bosc_open.c")
+BOSC = [str(p) for p in sorted(EXT.glob("durability/bosc_*.c"))]  # the data file's parts, however split
 
 def layer_sources(*layers):
     """Every C file of these ext/ layers, so that splitting a file needs no edit here."""
@@ -85,6 +91,8 @@ BUILDS = {
     "session_test_asan": (["session_test.c", *SERVER_LIB], ASAN_UBSAN),
     "table_stress_tsan": (["table_stress.c", *TABLE], TSAN),
     "table_stress_asan": (["table_stress.c", *TABLE], ASAN_UBSAN),
+    "table_ops_stress_tsan": (["table_ops_stress.c", *TABLE], TSAN),
+    "table_ops_stress_asan": (["table_ops_stress.c", *TABLE], ASAN_UBSAN),
     "resp_fuzz_asan": (["resp_fuzz.c", *_ext("proto/resp.c")], ASAN_UBSAN),
     "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN),
     "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN),
@@ -92,6 +100,8 @@ BUILDS = {
     "ldu_stress_asan": (["ldu_stress.c", *_ext("core/ldu.c")], ASAN_UBSAN),
     "bosc_stress_tsan": (["bosc_stress.c", *BOSC, *TABLE, *WAL], TSAN),
     "bosc_stress_asan": (["bosc_stress.c", *BOSC, *TABLE, *WAL], ASAN_UBSAN),
+    "bosc_keys_test_tsan": (["bosc_keys_test.c", *BOSC, *TABLE, *WAL], TSAN),
+    "bosc_keys_test_asan": (["bosc_keys_test.c", *BOSC, *TABLE, *WAL], ASAN_UBSAN),
 }
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
@@ -123,10 +133,11 @@ def binaries():
     return get
 
 
-def _run(binary, *args):
+def _run(binary, *args, env_extra=None):
     cmd = [str(binary), *map(str, args)]
-    env = {**os.environ, **ENV}
-    shown = " ".join(f"{k}={v}" for k, v in ENV.items()) + " " + shlex.join(cmd)
+    run_env = {**ENV, **(env_extra or {})}
+    env = {**os.environ, **run_env}
+    shown = " ".join(f"{k}={v}" for k, v in run_env.items()) + " " + shlex.join(cmd)
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env,
                            timeout=RUN_TIMEOUT, cwd=ROOT)
@@ -151,6 +162,15 @@ def test_table_stress_asan_ubsan(binaries, mode):
     _run(binaries("table_stress_asan"), SEED, mode, TABLE_OPS)
 
 
+@pytest.mark.parametrize("build", ["tsan", "asan"])
+@pytest.mark.parametrize("mode", ["scan", "apply", "tx"])
+def test_table_ops_stress(binaries, build, mode):
+    # A transaction holds all 256 shard locks at once; TSan's lock-order checker
+    # tracks at most 64 per thread, so it is off for this run (races still count).
+    extra = {"TSAN_OPTIONS": ENV["TSAN_OPTIONS"] + ":detect_deadlocks=0"} if mode == "tx" else None
+    _run(binaries(f"table_ops_stress_{build}"), SEED, mode, TABLE_OPS_ROUNDS, env_extra=extra)
+
+
 @pytest.mark.parametrize("seed_offset", [0, 1])
 def test_resp_fuzz_asan_ubsan(binaries, seed_offset):
     out = _run(binaries("resp_fuzz_asan"), SEED + seed_offset, FUZZ_ITERATIONS)
@@ -172,6 +192,12 @@ def test_bosc_stress(binaries, build, mode, tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     out = _run(binaries(build), SEED, BOSC_OPS, mode)
     assert "evictions" in out
+
+
+@pytest.mark.parametrize("build", ["bosc_keys_test_tsan", "bosc_keys_test_asan"])
+def test_bosc_keys(binaries, build, tmp_path):
+    out = _run(binaries(build), tmp_path)
+    assert "expired records reclaimed" in out and "full listings" in out
 
 
 # (mode, producers, objects): many objects (absorbing and reuse across batches), and
