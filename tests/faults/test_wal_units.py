@@ -25,7 +25,7 @@ import time
 import pytest
 
 from helpers import faultlib as fl
-from helpers.conn import client
+from helpers.conn import Raw, client
 from helpers.pair import read_node_id, two_free_ports
 from helpers.txwriter import TxWriter
 from kvstore import Node, Store, durability
@@ -257,12 +257,10 @@ def test_hashes_replay_from_the_log_of_a_served_node(nodes, data_dir):
     """HSET and HDEL, alone and inside EXEC, then kill -9: the log alone (no data file)
     brings the hashes back as hashes, field for field."""
     n = nodes(data_dir)
+    with Raw(n.port) as r:
+        if r.call("COMMAND", "INFO", "hset") == [None]:
+            pytest.skip("HSET is not in this build's command table yet")
     with client(n.port) as c:
-        try:
-            c.hset(b"probe", b"f", b"v")
-        except Exception as e:  # redis.ResponseError: this build has no hashes yet
-            pytest.skip(f"HSET is not implemented here: {e}")
-        c.delete(b"probe")
         c.hset(b"dev:1", mapping={b"t": b"21.5", b"h": b"40"})
         c.hdel(b"dev:1", b"h")
         with c.pipeline(transaction=True) as p:
