@@ -2,7 +2,13 @@
  * records verbatim as segment files under <peer_dir>/<node id>/, acks them,
  * syncs every sync_ms and serves FETCH to a recovering node. Threads: the
  * receiver thread owns its listener and connections; stats are read under
- * stat_lock. Frames are untrusted; a peer that breaks the protocol is dropped. */
+ * stat_lock. Frames are untrusted; a peer that breaks the protocol is dropped.
+ * Units (wal.h): a BATCH may end inside a unit (frames are cut by size, catch-up
+ * by bytes); its records are stored as they come, but the ACK names only the
+ * last whole unit (or plain record), because the sender makes the ACK its
+ * durable LSN, which must never fall inside a unit. A unit the stored log ends
+ * inside is dropped by the recovery at the next HELLO (or by the node that
+ * fetches the log), like a torn tail; a new segment starts only between units. */
 #define _GNU_SOURCE
 #include "durability/replog.h"
 
@@ -42,6 +48,8 @@ struct rconn {
     char dir[4096];
     int dirfd, segfd;
     uint64_t seg_size, held;
+    uint64_t whole;          /* last LSN not inside a unit (ACKed): held, or before an open unit */
+    int in_unit;             /* the records held end inside a unit */
     int dirty;
 };
 
@@ -92,7 +100,8 @@ static int open_peer_log(struct rl_receiver *r, struct rconn *c)
     int rc = wal_recover(NULL, c->dir, 0, 1, &rec, err, sizeof err);
     if (rc)
         return rc;
-    c->held = rec.last_lsn;
+    c->held = c->whole = rec.last_lsn; /* a unit cut short at the end was just cut away */
+    c->in_unit = 0;
     c->segfd = -1; /* a new segment starts with the next batch */
     return 0;
 }
@@ -116,7 +125,8 @@ static int store_batch(struct rl_receiver *r, struct rconn *c, const struct fram
         break;
     }
     size_t start = off;
-    uint64_t last = c->held, first = 0;
+    uint64_t last = c->held, first = 0, whole = c->whole;
+    int in_unit = c->in_unit, began_in_unit = c->in_unit;
     while (off < n) {
         size_t l = rec_len(p + off, n - off);
         if (!l || !wal_rec_ok(p + off, l))
@@ -124,6 +134,14 @@ static int store_batch(struct rl_receiver *r, struct rconn *c, const struct fram
         uint64_t lsn = rec_lsn(p + off, l);
         if (lsn != last + 1)
             return -EPROTO;
+        /* The unit rules recovery enforces: a COMMIT closes an open unit; no plain
+         * record inside one. */
+        int op = p[off + WAL_OFF_OP], unit = p[off + WAL_OFF_FLAGS] & WAL_F_UNIT;
+        if (op == WAL_COMMIT ? !in_unit : (!unit && in_unit))
+            return -EPROTO;
+        in_unit = unit;
+        if (!in_unit)
+            whole = lsn;
         if (!first)
             first = lsn;
         last = lsn;
@@ -134,7 +152,8 @@ static int store_batch(struct rl_receiver *r, struct rconn *c, const struct fram
         return -EPROTO; /* the frame's LSN range must be what its records carry */
     if (!nrec)
         return 0;
-    if (c->segfd < 0 || c->seg_size >= SEG_LIMIT) {
+    /* A new segment only between units: recovery reads a unit within one file. */
+    if (c->segfd < 0 || (c->seg_size >= SEG_LIMIT && !began_in_unit)) {
         char err[256];
         if (c->segfd >= 0) {
             fdatasync(c->segfd);
@@ -150,12 +169,14 @@ static int store_batch(struct rl_receiver *r, struct rconn *c, const struct fram
         return wrc;
     c->seg_size += n - start;
     c->held = last;
+    c->whole = whole;
+    c->in_unit = in_unit;
     c->dirty = 1;
     pthread_mutex_lock(&r->stat_lock);
     r->st.batches++;
     r->st.records += nrec;
     r->st.bytes += n - start;
-    r->st.held_lsn = last;
+    r->st.held_lsn = whole;
     pthread_mutex_unlock(&r->stat_lock);
     return 0;
 }
@@ -262,7 +283,7 @@ static int handle_frame(struct rl_receiver *r, int i)
     if (f.type == F_BATCH && c->has_id) {
         if ((rc = store_batch(r, c, &f)))
             return rc;
-        return rl_send_frame(c->fd, F_ACK, c->held, 0, NULL, 0, 1000);
+        return rl_send_frame(c->fd, F_ACK, c->whole, 0, NULL, 0, 1000);
     }
     return -EPROTO;
 }
@@ -295,7 +316,8 @@ static void *receiver_main(void *arg)
             }
         }
         for (int i = nfds - 3; i >= 0; i--) /* backwards: closing moves the last one here */
-            if (i < r->nconns && p[i + 2].revents && handle_frame(r, i))
+            /* not a replaced connection: its node's log was reopened (and maybe cut) */
+            if (i < r->nconns && p[i + 2].revents && !r->conns[i].dead && handle_frame(r, i))
                 rconn_close(r, i);
         for (int i = r->nconns - 1; i >= 0; i--)
             if (r->conns[i].dead)

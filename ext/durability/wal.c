@@ -3,7 +3,9 @@
  * thread doing the I/O. Lock order: a table shard lock, then w->lock. fsync
  * ordering: a group's durable LSN is published only after its write() and
  * fdatasync() returned; a new segment's directory entry is synced (fsync of the
- * directory) before records in it can count as durable. */
+ * directory) before records in it can count as durable. Units: while one is open
+ * (w->unit_open, under w->lock) the log thread leaves the active buffer alone, so
+ * every group, every segment switch and every durable LSN falls between units. */
 #define _GNU_SOURCE
 #include "durability/wal.h"
 
@@ -26,6 +28,12 @@
 
 #define MAX_NOTIFY 1024
 
+static void fail(struct wal *w, const char *what, int e);
+
+/* The log whose unit the calling thread is in (wal_unit_begin .. wal_unit_end),
+ * so an append knows without a lock that its record belongs to a unit. */
+static __thread struct wal *unit_of_thread __attribute__((tls_model("initial-exec")));
+
 struct wal {
     char *dir;
     int dirfd, fd;
@@ -39,16 +47,22 @@ struct wal {
     _Atomic uint64_t written_lsn; /* last LSN written to the segment file (not necessarily synced) */
     _Atomic uint64_t synced_lsn;  /* last LSN made durable on the local disk */
     uint64_t seg_limit, seg_size, max_pending;
-    pthread_mutex_t lock;     /* guards buf, active, next_lsn, first_in_buf, stop */
+    pthread_mutex_t lock;     /* guards buf, active, next_lsn, first_in_buf, stop, unit_* */
     pthread_cond_t cond;      /* signalled when the active buffer becomes non-empty or on stop */
     struct kvbuf buf[2];
     int active;
     uint64_t next_lsn, appended_lsn, first_in_buf[2];
     int stop, running;
+    /* The open unit (between its first record and its COMMIT): its first LSN,
+     * where it starts in sbuf, how many records it has. */
+    int unit_open;
+    uint64_t unit_first;
+    size_t unit_soff;
+    uint32_t unit_n;
     pthread_t th;
     _Atomic uint64_t durable_lsn;
-    _Atomic int failed;
-    char error[256];          /* written once by the log thread before failed is set (release) */
+    _Atomic int failed, failing;
+    char error[256];          /* written once, by whoever set failing, before failed is set (release) */
     pthread_mutex_t notify_lock;
     int notify[MAX_NOTIFY], nnotify;
     _Atomic uint64_t groups, records, bytes, syncs, sync_ns_total, sync_ns_max, max_group;
@@ -173,35 +187,37 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
     return 0;
 }
 
-int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const void *v1,
-                   uint32_t n1, const void *v2, uint32_t n2, int64_t expire_ms)
+/* The record header for op/type/flags/count and the CRC of everything in the
+ * record but its LSN (the LSN is added under the lock). */
+static inline __attribute__((always_inline)) uint32_t rec_head(unsigned char *hdr, int op, int type, int flags, uint32_t count, const void *key,
+                         uint32_t klen, const void *v1, uint32_t n1, const void *v2, uint32_t n2, int64_t expire_ms)
 {
-    if (atomic_load_explicit(&w->failed, memory_order_relaxed))
-        return -EIO;
-    uint32_t vlen = n1 + n2;
-    size_t rec = WAL_HDR + (size_t)klen + vlen + WAL_TRAILER;
-    unsigned char hdr[WAL_HDR];
-    memset(hdr, 0, sizeof hdr);
+    memset(hdr, 0, WAL_HDR);
     put32(hdr + WAL_OFF_KLEN, klen);
-    put32(hdr + WAL_OFF_VLEN, vlen);
+    put32(hdr + WAL_OFF_VLEN, n1 + n2);
     hdr[WAL_OFF_OP] = (unsigned char)op;
+    hdr[WAL_OFF_TYPE] = (unsigned char)type;
+    hdr[WAL_OFF_FLAGS] = (unsigned char)flags;
     put64(hdr + WAL_OFF_EXPIRE, (uint64_t)expire_ms);
+    put32(hdr + WAL_OFF_COUNT, count);
     put32(hdr + WAL_OFF_HCRC, crc32c(0, hdr + WAL_OFF_KLEN, WAL_HDR - WAL_OFF_KLEN));
-    /* The CRC of everything but the LSN is computed outside the lock. */
     uint32_t crc = crc32c(0, hdr + 4, WAL_HDR - 4);
     crc = crc32c(crc, key, klen);
     if (n1)
         crc = crc32c(crc, v1, n1);
     if (n2)
         crc = crc32c(crc, v2, n2);
+    return crc;
+}
 
-    pthread_mutex_lock(&w->lock);
+/* Copy a record into the active buffer (and the ship buffer) with the next
+ * LSN. Caller holds w->lock and reserved rec bytes in both; was_empty: the
+ * active buffer is. Returns the LSN. */
+static inline __attribute__((always_inline)) uint64_t do_put(struct wal *w, int was_empty, unsigned char *hdr,
+                                                             uint32_t crc, size_t rec, const void *key, uint32_t klen,
+                                                             const void *v1, uint32_t n1, const void *v2, uint32_t n2)
+{
     struct kvbuf *b = &w->buf[w->active];
-    if (b->len + rec > w->max_pending || kvbuf_reserve(b, rec) ||
-        (w->ship && (w->sbuf.len + rec > w->max_pending || kvbuf_reserve(&w->sbuf, rec)))) {
-        pthread_mutex_unlock(&w->lock);
-        return -EAGAIN;
-    }
     uint64_t lsn = w->next_lsn++;
     unsigned char *p = (unsigned char *)b->p + b->len;
     put64(p + rec - WAL_TRAILER, lsn);
@@ -212,7 +228,6 @@ int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const 
         memcpy(p + WAL_HDR + klen, v1, n1);
     if (n2)
         memcpy(p + WAL_HDR + klen + n1, v2, n2);
-    int was_empty = b->len == 0;
     if (was_empty)
         w->first_in_buf[w->active] = lsn;
     if (w->ship) {
@@ -223,15 +238,141 @@ int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const 
     }
     b->len += rec;
     w->appended_lsn = lsn;
+    return lsn;
+}
+
+/* Append inside a unit (in_unit), or while another thread's unit is open: the
+ * rare path, out of line so that the common one stays as short as before units.
+ * Caller holds w->lock; this releases it. */
+static __attribute__((noinline)) int64_t unit_put(struct wal *w, int in_unit, unsigned char *hdr, uint32_t crc,
+                                                   size_t rec, const void *key, uint32_t klen, const void *v1,
+                                                   uint32_t n1, const void *v2, uint32_t n2)
+{
+    if (!in_unit) {
+        /* Another thread's unit is open and this record lands inside it (a
+         * FLUSHALL logs without shard locks): it joins the unit, whose records
+         * must be contiguous, and replays in its place in LSN order, as it was
+         * applied. The header was made without the flag: set it, CRCs again. */
+        hdr[WAL_OFF_FLAGS] = WAL_F_UNIT;
+        crc = rec_head(hdr, hdr[WAL_OFF_OP], hdr[WAL_OFF_TYPE], WAL_F_UNIT, 0, key, klen, v1, n1, v2, n2,
+                       (int64_t)get64(hdr + WAL_OFF_EXPIRE));
+    }
+    /* A unit's records keep room for its COMMIT, so closing it cannot fail. */
+    struct kvbuf *b = &w->buf[w->active];
+    if (b->len + rec > w->max_pending || kvbuf_reserve(b, rec + WAL_COMMIT_LEN) ||
+        (w->ship && (w->sbuf.len + rec > w->max_pending || kvbuf_reserve(&w->sbuf, rec + WAL_COMMIT_LEN)))) {
+        pthread_mutex_unlock(&w->lock);
+        return -EAGAIN;
+    }
+    int was_empty = b->len == 0;
+    if (!w->unit_open) {
+        w->unit_open = 1;
+        w->unit_first = w->next_lsn;
+        w->unit_soff = w->sbuf.len;
+        w->unit_n = 0;
+    }
+    w->unit_n++;
+    uint64_t lsn = do_put(w, was_empty, hdr, crc, rec, key, klen, v1, n1, v2, n2);
+    pthread_mutex_unlock(&w->lock);
+    if (was_empty) /* the log thread checks for the unit's end then */
+        pthread_cond_signal(&w->cond);
+    return (int64_t)lsn;
+}
+
+int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const void *v1,
+                   uint32_t n1, const void *v2, uint32_t n2, int64_t expire_ms)
+{
+    if (atomic_load_explicit(&w->failed, memory_order_relaxed))
+        return -EIO;
+    int type = WAL_T_STRING;
+    if (__builtin_expect(op != WAL_SET, 0)) {
+        if (op == (WAL_SET | WAL_HASH)) {
+            op = WAL_SET;
+            type = WAL_T_HASH;
+        } else if (op != WAL_DEL && op != WAL_FLUSH) {
+            return -EINVAL;
+        }
+    }
+    /* A thread-local read, no lock: only this thread changes unit_of_thread. */
+    int in_unit = unit_of_thread == w;
+    size_t rec = WAL_HDR + (size_t)klen + n1 + n2 + WAL_TRAILER;
+    unsigned char hdr[WAL_HDR];
+    /* The CRC of everything but the LSN is computed outside the lock. */
+    uint32_t crc = rec_head(hdr, op, type, in_unit ? WAL_F_UNIT : 0, 0, key, klen, v1, n1, v2, n2, expire_ms);
+
+    pthread_mutex_lock(&w->lock);
+    if (__builtin_expect(in_unit || w->unit_open, 0))
+        return unit_put(w, in_unit, hdr, crc, rec, key, klen, v1, n1, v2, n2);
+    struct kvbuf *b = &w->buf[w->active];
+    if (b->len + rec > w->max_pending || kvbuf_reserve(b, rec) ||
+        (w->ship && (w->sbuf.len + rec > w->max_pending || kvbuf_reserve(&w->sbuf, rec)))) {
+        pthread_mutex_unlock(&w->lock);
+        return -EAGAIN;
+    }
+    int was_empty = b->len == 0;
+    uint64_t lsn = do_put(w, was_empty, hdr, crc, rec, key, klen, v1, n1, v2, n2);
     pthread_mutex_unlock(&w->lock);
     if (was_empty) /* the log thread sleeps only while the buffer is empty */
         pthread_cond_signal(&w->cond);
     return (int64_t)lsn;
 }
 
+int wal_unit_begin(struct wal *w)
+{
+    if (atomic_load_explicit(&w->failed, memory_order_relaxed))
+        return -EIO;
+    if (unit_of_thread == w)
+        return -EBUSY;
+    unit_of_thread = w;
+    return 0;
+}
+
+int64_t wal_unit_end(struct wal *w)
+{
+    if (unit_of_thread != w)
+        return -EINVAL;
+    unit_of_thread = NULL;
+    int64_t rc = 0;
+    pthread_mutex_lock(&w->lock);
+    if (w->unit_open) {
+        if (atomic_load_explicit(&w->failed, memory_order_relaxed)) {
+            rc = -EIO;
+        } else {
+            /* The room was reserved by every record of the unit, and neither buffer
+             * was swapped since (the log thread waits, wal_take_ship keeps the
+             * unit): these reserves find it, unless the log was closed meanwhile. */
+            struct kvbuf *b = &w->buf[w->active];
+            if (kvbuf_reserve(b, WAL_COMMIT_LEN) || (w->ship && kvbuf_reserve(&w->sbuf, WAL_COMMIT_LEN))) {
+                /* A unit left without its COMMIT may only end the log: stop it. */
+                rc = -ENOMEM;
+                fail(w, "closing a unit", ENOMEM);
+            } else {
+                unsigned char hdr[WAL_HDR];
+                /* no key: any valid pointer with length 0 */
+                uint32_t crc = rec_head(hdr, WAL_COMMIT, 0, 0, w->unit_n, hdr, 0, NULL, 0, NULL, 0, 0);
+                rc = (int64_t)do_put(w, b->len == 0, hdr, crc, WAL_COMMIT_LEN, hdr, 0, NULL, 0, NULL, 0);
+            }
+        }
+        w->unit_open = 0;
+    }
+    pthread_mutex_unlock(&w->lock);
+    if (rc > 0) /* the log thread may be waiting for the unit to close */
+        pthread_cond_signal(&w->cond);
+    return rc;
+}
+
 int64_t wal_log_fn(void *arg, int op, const void *key, size_t klen, const void *v1, size_t n1,
                    const void *v2, size_t n2, int64_t expire_ms)
 {
+    switch (KVT_LOG_OP(op)) {
+    case KVT_LOG_UNIT_BEGIN:
+        return wal_unit_begin(arg);
+    case KVT_LOG_UNIT_END:
+        return wal_unit_end(arg);
+    }
+    _Static_assert((int)KVT_LOG_SET == (int)WAL_SET && (int)KVT_LOG_DEL == (int)WAL_DEL &&
+                   (int)KVT_LOG_FLUSH == (int)WAL_FLUSH && KVT_LOG_HASH == WAL_HASH,
+                   "the table's log ops are the log's");
     return wal_append(arg, op, key, (uint32_t)klen, v1, (uint32_t)n1, v2, (uint32_t)n2, expire_ms);
 }
 
@@ -248,6 +389,10 @@ static void notify_all(struct wal *w)
 
 static void fail(struct wal *w, const char *what, int e)
 {
+    /* The first failure names the error (the log thread, or an appender that
+     * could not close a unit), once. */
+    if (atomic_exchange_explicit(&w->failing, 1, memory_order_relaxed))
+        return;
     snprintf(w->error, sizeof w->error, "%s: %s", what, strerror(e));
     atomic_store_explicit(&w->failed, 1, memory_order_release);
     notify_all(w);
@@ -257,14 +402,18 @@ static void *log_thread(void *arg)
 {
     struct wal *w = arg;
     char err[256];
+    uint64_t deadline = 0; /* async mode: when the batch being gathered is due (0: none yet) */
     for (;;) {
         pthread_mutex_lock(&w->lock);
-        while (w->buf[w->active].len == 0 && !w->stop)
+        /* An open unit holds the group back until its COMMIT: a group (and so
+         * the durable LSN, and a segment switch) never ends inside a unit. */
+        while ((w->buf[w->active].len == 0 || w->unit_open) && !w->stop)
             pthread_cond_wait(&w->cond, &w->lock);
         /* Async mode (remote durability): gather large batches — until batch_bytes
          * or batch_ns after this batch began — unless the mode switches to sync. */
         if (!atomic_load_explicit(&w->sync, memory_order_relaxed) && !w->stop) {
-            uint64_t deadline = now_ns() + w->batch_ns;
+            if (!deadline) /* kept across a wait for a unit: the batch stays due */
+                deadline = now_ns() + w->batch_ns;
             while (!w->stop && !atomic_load_explicit(&w->sync, memory_order_relaxed) &&
                    w->buf[w->active].len < w->batch_bytes && now_ns() < deadline) {
                 struct timespec ts;
@@ -278,13 +427,21 @@ static void *log_thread(void *arg)
                 pthread_cond_timedwait(&w->cond, &w->lock, &ts);
             }
         }
+        if (w->unit_open && !w->stop) { /* a unit opened while the batch gathered */
+            pthread_mutex_unlock(&w->lock);
+            continue;
+        }
         struct kvbuf *b = &w->buf[w->active];
         if (b->len == 0) { /* stop requested and nothing left */
             pthread_mutex_unlock(&w->lock);
             break;
         }
         uint64_t first = w->first_in_buf[w->active], upto = w->appended_lsn;
+        /* Stopping inside a unit (wal_close during a transaction): its records are
+         * written, but never count as durable; recovery drops them. */
+        uint64_t done = w->unit_open ? w->unit_first - 1 : upto;
         uint64_t nrec = upto - first + 1;
+        deadline = 0;
         w->active ^= 1; /* appends continue into the other buffer meanwhile */
         pthread_mutex_unlock(&w->lock);
 
@@ -295,9 +452,11 @@ static void *log_thread(void *arg)
                 break;
             }
             if (seg_create(w, first, err, sizeof err)) {
-                snprintf(w->error, sizeof w->error, "%s", err);
-                atomic_store_explicit(&w->failed, 1, memory_order_release);
-                notify_all(w);
+                if (!atomic_exchange_explicit(&w->failing, 1, memory_order_relaxed)) {
+                    snprintf(w->error, sizeof w->error, "%s", err);
+                    atomic_store_explicit(&w->failed, 1, memory_order_release);
+                    notify_all(w);
+                }
                 break;
             }
         }
@@ -307,7 +466,7 @@ static void *log_thread(void *arg)
             break;
         }
         w->seg_size += b->len;
-        atomic_store_explicit(&w->written_lsn, upto, memory_order_release); /* readable by catch-up */
+        atomic_store_explicit(&w->written_lsn, done, memory_order_release); /* readable by catch-up */
         { /* every group is synced: in async mode the batches are large and rare */
             if (w->sync_delay_us)
                 usleep(w->sync_delay_us);
@@ -329,8 +488,8 @@ static void *log_thread(void *arg)
             atomic_store_explicit(&w->max_group, nrec, memory_order_relaxed);
         b->len = 0;
         kvbuf_shrink(b, 1u << 20);
-        atomic_store_explicit(&w->synced_lsn, upto, memory_order_release);
-        wal_publish_durable(w, upto);
+        atomic_store_explicit(&w->synced_lsn, done, memory_order_release);
+        wal_publish_durable(w, done);
     }
     return NULL;
 }
@@ -370,14 +529,31 @@ void wal_set_sync(struct wal *w, int sync)
 
 uint64_t wal_take_ship(struct wal *w, struct kvbuf *out, uint64_t *first)
 {
-    /* Swap, not copy: the sender's emptied buffer becomes the next ship buffer. */
+    /* Swap, not copy: the sender's emptied buffer becomes the next ship buffer.
+     * An open unit's records stay behind (copied to the front of the new ship
+     * buffer, with room for its COMMIT): the peer acknowledges only whole units,
+     * and what is shipped ends where the durable LSN may. */
     pthread_mutex_lock(&w->lock);
+    size_t keep = w->unit_open ? w->sbuf.len - w->unit_soff : 0;
     struct kvbuf tmp = *out;
     tmp.len = 0;
+    if (keep == w->sbuf.len || (keep && kvbuf_reserve(&tmp, keep + WAL_COMMIT_LEN))) {
+        *out = tmp; /* nothing before the unit (or no memory to split it): take nothing now */
+        pthread_mutex_unlock(&w->lock);
+        return 0;
+    }
+    if (keep)
+        memcpy(tmp.p, w->sbuf.p + w->unit_soff, keep);
+    tmp.len = keep;
     *out = w->sbuf;
+    out->len -= keep;
     w->sbuf = tmp;
     *first = w->sfirst;
-    uint64_t last = out->len ? w->appended_lsn : 0;
+    uint64_t last = out->len ? (keep ? w->unit_first - 1 : w->appended_lsn) : 0;
+    if (keep) {
+        w->sfirst = w->unit_first;
+        w->unit_soff = 0;
+    }
     pthread_mutex_unlock(&w->lock);
     return last;
 }
@@ -403,6 +579,8 @@ void wal_close(struct wal *w)
 {
     if (!w)
         return;
+    if (unit_of_thread == w) /* closed inside a unit: a later log at this address is not in it */
+        unit_of_thread = NULL;
     if (w->running) {
         pthread_mutex_lock(&w->lock);
         w->stop = 1;

@@ -8,12 +8,23 @@
  * reads the segments back, checks every record's CRC32C and stops at the first
  * bad one. Files: <dir>/wal-<first LSN, 16 hex>.log, each opening with a 16-byte
  * header. Record layout (little-endian, offsets in the 32-byte header):
- *   0 u32 crc | 4 u32 hcrc | 8 u32 klen | 12 u32 vlen | 16 u8 op | 17 u8 pad[3] |
- *   20 i64 expire_ms | 28 u32 zero | key | value | u64 lsn
+ *   0 u32 crc | 4 u32 hcrc | 8 u32 klen | 12 u32 vlen | 16 u8 op | 17 u8 type |
+ *   18 u8 flags | 19 u8 zero | 20 i64 expire_ms | 28 u32 count | key | value | u64 lsn
+ * type: 0 string, 1 hash (SET only); flags: WAL_F_UNIT; count: a COMMIT's number
+ * of unit records, 0 otherwise (segments written before types and units had
+ * zeros in bytes 17..19 and 28..31: they read as strings outside any unit).
  * hcrc = CRC32C of header bytes 8..31, so lengths can be trusted on their own
  * (a damaged length is told from a torn write without guessing); crc = CRC32C of
  * everything after it (hcrc, the rest of the header, key, value, LSN). Recovery
- * parses untrusted bytes: every length is bounded.
+ * parses untrusted bytes: every length and field is bounded.
+ *
+ * Units (transactions): the records one thread appends between wal_unit_begin
+ * and wal_unit_end (holding every shard lock of the table) carry WAL_F_UNIT and
+ * are closed by a COMMIT record (no key) naming their count. Recovery applies a
+ * unit at its COMMIT, all of it, or drops it when the log ends before the COMMIT.
+ * The log thread never writes a group that ends inside an open unit, so the
+ * durable LSN (local sync or peer ack) always lies between units: nothing that
+ * trusts it (the data file's flusher, replies) sees half a unit.
  */
 #ifndef KV_WAL_H
 #define KV_WAL_H
@@ -24,7 +35,11 @@
 struct kv_table;
 struct wal;
 
-enum wal_op { WAL_SET = 1, WAL_DEL = 2, WAL_FLUSH = 3 };
+enum wal_op { WAL_SET = 1, WAL_DEL = 2, WAL_FLUSH = 3, WAL_COMMIT = 4 };
+#define WAL_HASH 0x10        /* or'ed into wal_append's op with WAL_SET: the value is an
+                                encoded hash (the same bit as KVT_LOG_HASH) */
+enum wal_type { WAL_T_STRING = 0, WAL_T_HASH = 1 };
+#define WAL_F_UNIT 0x01      /* flags: the record belongs to the unit its COMMIT closes */
 
 #define WAL_HDR 32           /* bytes before the key */
 #define WAL_TRAILER 8        /* the LSN after the value */
@@ -32,11 +47,17 @@ enum wal_op { WAL_SET = 1, WAL_DEL = 2, WAL_FLUSH = 3 };
 #define WAL_OFF_KLEN 8
 #define WAL_OFF_VLEN 12
 #define WAL_OFF_OP 16
+#define WAL_OFF_TYPE 17
+#define WAL_OFF_FLAGS 18
 #define WAL_OFF_EXPIRE 20
+#define WAL_OFF_COUNT 28
+#define WAL_COMMIT_LEN (WAL_HDR + WAL_TRAILER)
 #define WAL_MAX_LEN (512u * 1024 * 1024)
 
-/* Length of the record starting at p if its header is intact (header CRC, op,
- * bounded lengths), else 0. Does not check that n bytes hold all of it. */
+/* Length of the record starting at p if its header is intact (header CRC, a
+ * known op, type and flags that op may carry, bounded lengths; a COMMIT has no
+ * key or value and a count >= 1), else 0. Does not check that n bytes hold all
+ * of it. */
 size_t wal_rec_len(const unsigned char *p, size_t n);
 /* 1 if the record of length l at p passes its whole-record CRC. */
 int wal_rec_ok(const unsigned char *p, size_t l);
@@ -70,19 +91,37 @@ int wal_start(struct wal *w);
 /* Write and sync what is buffered, stop the thread, close files. */
 void wal_close(struct wal *w);
 
-/* Append a record; the value is v1 followed by v2 (either may be empty), so
- * APPEND can log old+new without copying. Returns the record's LSN (> 0),
- * -EAGAIN if the unwritten backlog is over max_pending, -EIO once the log failed.
- * Thread-safe; never blocks on I/O. */
+/* Append a record: op is WAL_SET (| WAL_HASH), WAL_DEL or WAL_FLUSH; the value
+ * is v1 followed by v2 (either may be empty), so APPEND can log old+new without
+ * copying. Returns the record's LSN (> 0), -EAGAIN if the unwritten backlog is
+ * over max_pending, -EIO once the log failed, -EINVAL for another op.
+ * Thread-safe; never blocks on I/O. Inside the calling thread's unit the record
+ * joins it; a record appended by another thread while a unit is open (only a
+ * FLUSHALL can be: it logs without shard locks) joins that unit too, so the
+ * unit stays contiguous in the log and replays in LSN order as it happened. */
 int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const void *v1,
                    uint32_t n1, const void *v2, uint32_t n2, int64_t expire_ms);
+
+/* Units. wal_unit_begin marks the calling thread as inside a unit (no shared
+ * state changes: the unit opens with its first record, which the caller appends
+ * holding every shard lock). Returns 0, -EIO once the log failed, -EBUSY if this
+ * thread is already in a unit of w (units do not nest). wal_unit_end closes it:
+ * appends the COMMIT record (space for it was reserved with the unit's records,
+ * so it cannot fail for want of room) and returns its LSN, or 0 when the unit
+ * appended nothing (nothing is written), -EIO once the log failed (the unit is
+ * abandoned: its records never become durable), -EINVAL without a unit begun.
+ * The records of an open unit are neither written by the log thread nor handed
+ * to the sender (wal_take_ship) until the COMMIT is appended. */
+int wal_unit_begin(struct wal *w);
+int64_t wal_unit_end(struct wal *w);
 
 /* Raise the durable LSN to lsn if higher (a peer acknowledged it) and wake pollers. */
 void wal_publish_durable(struct wal *w, uint64_t lsn);
 /* Switch between per-group sync (1) and batched async writes (0), e.g. when the
  * replication peer is lost and comes back. */
 void wal_set_sync(struct wal *w, int sync);
-/* Take every record appended since the last call (ship mode): out's buffer is
+/* Take every record appended since the last call (ship mode), up to the start
+ * of an open unit (what is taken always ends between units): out's buffer is
  * swapped with the log's (out must not be shared). Returns the last LSN taken,
  * 0 if none; *first = the first. */
 struct kvbuf;
@@ -102,13 +141,16 @@ const char *wal_error(struct wal *w);
 int wal_subscribe(struct wal *w, int evfd);
 void wal_get_stats(struct wal *w, struct wal_stats *st);
 
-/* A logger for kvt_set_log (table.h): arg is the struct wal *. */
+/* A logger for kvt_set_log (table.h): arg is the struct wal *. KVT_LOG_SET
+ * (| KVT_LOG_HASH), KVT_LOG_DEL and KVT_LOG_FLUSH append; KVT_LOG_UNIT_BEGIN and
+ * KVT_LOG_UNIT_END are wal_unit_begin and wal_unit_end. */
 int64_t wal_log_fn(void *arg, int op, const void *key, size_t klen, const void *v1, size_t n1,
                    const void *v2, size_t n2, int64_t expire_ms);
 
 struct wal_recovery {
     uint64_t records, first_lsn, last_lsn, segments, bytes;
-    uint64_t truncated_bytes;   /* torn tail cut from the last segment */
+    uint64_t truncated_bytes;   /* torn tail (and unit without its COMMIT) cut from the end */
+    uint64_t units, dropped_units; /* units applied (or counted); units cut short by the end */
     char problem[512];          /* what stopped the replay, "" if the log ended cleanly */
 };
 
@@ -121,7 +163,9 @@ int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t
 
 /* Append to out the complete, valid records with from <= LSN <= upto found in
  * dir's segments, about max_bytes at most. Returns the last LSN appended (0 if
- * none) or -errno. Used to catch a replication peer up from the files. */
+ * none) or -errno. Used to catch a replication peer up from the files. The range
+ * may start or end inside a unit: the receiver stores records verbatim and
+ * acknowledges only up to the last COMMIT it holds (replog_recv.c). */
 int64_t wal_read_range(const char *dir, uint64_t from, uint64_t upto, size_t max_bytes, struct kvbuf *out);
 
 /* Delete the segments whose records all have LSN <= upto (never the newest):
@@ -134,6 +178,13 @@ int wal_truncate(const char *dir, uint64_t upto);
  * if repair is set, truncated away. Corruption anywhere else (a bad CRC with valid
  * data after it, a bad segment header, an LSN going backwards) stops the replay:
  * returns -EILSEQ with the place in err; nothing after it is applied.
+ * A unit is applied when its COMMIT is read; a unit the log ends inside (a crash
+ * before its COMMIT was written) is dropped whole, reported in rec->problem and,
+ * if repair is set, truncated away with the torn tail; rec->last_lsn is then the
+ * LSN before it. A COMMIT without a unit, a plain record inside a unit or a
+ * COMMIT whose count disagrees with its unit is corruption (-EILSEQ). A log whose
+ * first record lies inside a unit (older segments deleted) is read as it is:
+ * the unit's missing records are below the first LSN.
  * When replaying (t != NULL) the first segment must start at or before
  * after_lsn + 1 (what the data file holds), or segments are missing (-EILSEQ).
  * Returns 0 (see *rec for what was recovered) or -errno. */

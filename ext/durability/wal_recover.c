@@ -1,6 +1,7 @@
-/* wal_recover.c - reading the log back: recovery into the table (replay, with
- * truncation of a torn tail when asked to repair), truncation of old segments,
- * and wal_read_range for a log peer's catch-up. Runs before the log is opened
+/* wal_recover.c - reading the log back: recovery into the table (replay, units
+ * applied whole at their COMMIT, truncation of a torn tail or of a unit the log
+ * ends inside when asked to repair), truncation of old segments, and
+ * wal_read_range for a log peer's catch-up. Runs before the log is opened
  * (recovery) or on files the log thread no longer writes; no shared state.
  * Segment files are untrusted: every record's header and CRC is checked. */
 #define _GNU_SOURCE
@@ -108,22 +109,29 @@ static int read_file(const char *path, unsigned char **data, size_t *len)
     return 0;
 }
 
-static int apply(struct kv_table *t, int op, const unsigned char *key, uint32_t klen,
-                 const unsigned char *val, uint32_t vlen, int64_t expire)
+static int apply(struct kv_table *t, const unsigned char *p)
 {
-    if (op == WAL_SET) {
+    uint32_t klen = get32(p + WAL_OFF_KLEN), vlen = get32(p + WAL_OFF_VLEN);
+    const unsigned char *key = p + WAL_HDR;
+    switch (p[WAL_OFF_OP]) {
+    case WAL_SET: {
         /* Without the bound: what was accepted live (MSET checks its bound once for
          * the whole command) must replay; the bound applies to new writes. */
-        int rc = kvt_set(t, key, klen, val, vlen, KVT_NOBOUND, expire, NULL, NULL);
+        int flags = KVT_NOBOUND | (p[WAL_OFF_TYPE] == WAL_T_HASH ? KVT_TYPE_HASH : 0);
+        int rc = kvt_set(t, key, klen, key + klen, vlen, flags, (int64_t)get64(p + WAL_OFF_EXPIRE), NULL, NULL);
         return rc < 0 ? rc : 0;
     }
-    if (op == WAL_DEL) {
+    case WAL_DEL: {
         /* blind: with a data file the key may be only in its block */
         int rc = kvt_del_blind(t, key, klen);
         return rc < 0 ? rc : 0;
     }
-    kvt_flush(t);
-    return 0;
+    case WAL_FLUSH: {
+        int rc = kvt_flush(t);
+        return rc < 0 ? rc : 0;
+    }
+    }
+    return 0; /* WAL_COMMIT: nothing of its own */
 }
 
 size_t wal_rec_len(const unsigned char *p, size_t n)
@@ -131,7 +139,12 @@ size_t wal_rec_len(const unsigned char *p, size_t n)
     if (n < WAL_HDR || crc32c(0, p + WAL_OFF_KLEN, WAL_HDR - WAL_OFF_KLEN) != get32(p + WAL_OFF_HCRC))
         return 0;
     uint32_t klen = get32(p + WAL_OFF_KLEN), vlen = get32(p + WAL_OFF_VLEN);
-    if (klen > WAL_MAX_LEN || vlen > WAL_MAX_LEN || p[WAL_OFF_OP] < WAL_SET || p[WAL_OFF_OP] > WAL_FLUSH)
+    uint32_t count = get32(p + WAL_OFF_COUNT);
+    int op = p[WAL_OFF_OP], type = p[WAL_OFF_TYPE], flags = p[WAL_OFF_FLAGS];
+    if (klen > WAL_MAX_LEN || vlen > WAL_MAX_LEN || op < WAL_SET || op > WAL_COMMIT || p[19] ||
+        (flags & ~WAL_F_UNIT) || type > WAL_T_HASH || (type && op != WAL_SET))
+        return 0;
+    if (op == WAL_COMMIT ? (klen || vlen || flags || get64(p + WAL_OFF_EXPIRE) || !count) : count != 0)
         return 0;
     return WAL_HDR + (size_t)klen + vlen + WAL_TRAILER;
 }
@@ -187,6 +200,138 @@ int wal_truncate(const char *dir, uint64_t upto)
     return rc ? rc : removed;
 }
 
+/* Replay state: the unit being read (buffered until its COMMIT) and the counts. */
+struct replay {
+    struct kv_table *t;
+    uint64_t after;             /* records up to this LSN are in the data file already */
+    struct wal_recovery *rec;
+    uint64_t bound;             /* LSN of the last record outside any unit, or the last COMMIT */
+    int uopen, ufrom_start;     /* a unit is open; it began at the log's first record */
+    uint64_t ufirst;
+    uint32_t un;
+    int usi;                    /* where the unit begins: segment index and offset */
+    size_t uoff;
+    struct kvbuf ubuf;          /* its records, verbatim */
+};
+
+static void counted(struct wal_recovery *rec, uint64_t lsn)
+{
+    if (!rec->first_lsn)
+        rec->first_lsn = lsn;
+    rec->last_lsn = lsn;
+    rec->records++;
+}
+
+/* Apply one record (lsn > after) or count it (t == NULL). */
+static int replay_one(struct replay *r, const unsigned char *p, uint64_t lsn, const char *path, char *err,
+                      size_t errlen)
+{
+    int rc = r->t ? apply(r->t, p) : 0;
+    if (rc) {
+        snprintf(err, errlen, "cannot apply LSN %" PRIu64 " from %s: %s (raise --max-memory?)", lsn, path,
+                 strerror(-rc));
+        return rc;
+    }
+    counted(r->rec, lsn);
+    return 0;
+}
+
+/* Take the valid record p (LSN lsn, at path:off, segment si): buffer it if it
+ * belongs to a unit, apply a unit at its COMMIT, apply a plain record. */
+static int replay_rec(struct replay *r, const unsigned char *p, size_t recl, uint64_t lsn, const char *path,
+                      int si, size_t off, int first_of_log, char *err, size_t errlen)
+{
+    int op = p[WAL_OFF_OP];
+    if (op == WAL_COMMIT) {
+        uint32_t count = get32(p + WAL_OFF_COUNT);
+        if (!r->uopen) {
+            snprintf(err, errlen, "log corrupt in %s at offset %zu: LSN %" PRIu64 " closes a unit of %u "
+                     "records but no unit is open", path, off, lsn, count);
+            return -EILSEQ;
+        }
+        /* A unit the log begins inside has lost its first records (to truncation
+         * below the data file's LSN): fewer than the count, never more. */
+        if (count != r->un && !(r->ufrom_start && count > r->un)) {
+            snprintf(err, errlen, "log corrupt in %s at offset %zu: LSN %" PRIu64 " closes a unit of %u "
+                     "records but the unit from LSN %" PRIu64 " has %u", path, off, lsn, count, r->ufirst, r->un);
+            return -EILSEQ;
+        }
+        const unsigned char *q = (unsigned char *)r->ubuf.p, *qe = q + r->ubuf.len;
+        while (q < qe) { /* every record was checked when it was buffered */
+            size_t l = wal_rec_len(q, (size_t)(qe - q));
+            uint64_t ql = wal_rec_lsn(q, l);
+            int rc = ql > r->after ? replay_one(r, q, ql, path, err, errlen) : 0;
+            if (rc)
+                return rc;
+            q += l;
+        }
+        if (lsn > r->after) {
+            counted(r->rec, lsn);
+            r->rec->units++;
+        }
+        r->uopen = 0;
+        r->ubuf.len = 0;
+        r->bound = lsn;
+        return 0;
+    }
+    if (p[WAL_OFF_FLAGS] & WAL_F_UNIT) {
+        if (!r->uopen) {
+            r->uopen = 1;
+            r->ufrom_start = first_of_log;
+            r->ufirst = lsn;
+            r->un = 0;
+            r->usi = si;
+            r->uoff = off;
+        }
+        r->un++;
+        if (kvbuf_append(&r->ubuf, p, recl)) {
+            snprintf(err, errlen, "out of memory buffering the unit from LSN %" PRIu64, r->ufirst);
+            return -ENOMEM;
+        }
+        return 0;
+    }
+    if (r->uopen) {
+        snprintf(err, errlen, "log corrupt in %s at offset %zu: LSN %" PRIu64 " is not part of the unit "
+                 "open since LSN %" PRIu64 ", which has no COMMIT before it", path, off, lsn, r->ufirst);
+        return -EILSEQ;
+    }
+    r->bound = lsn;
+    return lsn > r->after ? replay_one(r, p, lsn, path, err, errlen) : 0;
+}
+
+/* The log ended inside a unit: its COMMIT was never written (a crash before the
+ * group that holds it reached the disk), so none of it was acknowledged. Drop it;
+ * with repair cut it away (from its first record on, later segments too), so
+ * that new records continue the log after the last whole unit. */
+static int drop_unit(struct replay *r, const char *dir, const struct seg *segs, int nseg, int repair,
+                     char *err, size_t errlen)
+{
+    struct wal_recovery *rec = r->rec;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, segs[r->usi].name);
+    size_t n = strlen(rec->problem);
+    snprintf(rec->problem + n, sizeof rec->problem - n,
+             "%sunit of %u records from LSN %" PRIu64 " (%s at offset %zu) has no COMMIT: the log ends inside "
+             "it; dropped%s", n ? "; " : "", r->un, r->ufirst, path, r->uoff, repair ? " and truncated" : "");
+    rec->dropped_units++;
+    rec->truncated_bytes += r->ubuf.len;
+    if (!repair)
+        return 0;
+    if (truncate(path, (off_t)r->uoff)) {
+        snprintf(err, errlen, "cannot truncate %s: %s", path, strerror(errno));
+        return -errno;
+    }
+    for (int i = r->usi + 1; i < nseg; i++) { /* only the unit's records are in them */
+        char later[4096];
+        snprintf(later, sizeof later, "%s/%s", dir, segs[i].name);
+        if (unlink(later) && errno != ENOENT) {
+            snprintf(err, errlen, "cannot remove %s: %s", later, strerror(errno));
+            return -errno;
+        }
+    }
+    return sync_path(path, dir, err, errlen);
+}
+
 int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int repair,
                 struct wal_recovery *rec, char *err, size_t errlen)
 {
@@ -197,6 +342,7 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
         snprintf(err, errlen, "cannot list log directory %s: %s", dir, strerror(-rc));
         return rc;
     }
+    struct replay r = {.t = t, .after = after_lsn, .rec = rec};
     uint64_t prev = 0;
     rc = 0;
     for (int si = 0; si < nseg && !rc; si++) {
@@ -240,7 +386,6 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
              * data after it without guessing. */
             const char *why = NULL;
             int torn = 0;
-            uint32_t klen = 0, vlen = 0;
             size_t recl = wal_rec_len(p, left);
             if (left < WAL_HDR) {
                 why = "record header cut short";
@@ -264,9 +409,6 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
                 while (z < len && d[z] == 0)
                     z++;
                 torn = last && z == len;
-            } else {
-                klen = get32(p + WAL_OFF_KLEN);
-                vlen = get32(p + WAL_OFF_VLEN);
             }
             if (why) {
                 if (torn) {
@@ -301,22 +443,10 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
                 rc = -EILSEQ;
                 break;
             }
+            rc = replay_rec(&r, p, recl, lsn, path, si, off, !prev, err, errlen);
+            if (rc)
+                break;
             prev = lsn;
-            if (lsn > after_lsn) {
-                int arc = t ? apply(t, p[WAL_OFF_OP], p + WAL_HDR, klen, p + WAL_HDR + klen, vlen,
-                                    (int64_t)get64(p + WAL_OFF_EXPIRE))
-                            : 0;
-                if (arc) {
-                    snprintf(err, errlen, "cannot apply LSN %" PRIu64 " from %s: %s (raise --max-memory?)",
-                             lsn, path, strerror(-arc));
-                    rc = arc;
-                    break;
-                }
-                if (!rec->first_lsn)
-                    rec->first_lsn = lsn;
-                rec->last_lsn = lsn;
-                rec->records++;
-            }
             rec->bytes += recl;
             off += recl;
         }
@@ -327,11 +457,16 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
             rc = sync_path(path, dir, err, errlen);
         free(d);
     }
+    if (!rc && r.uopen)
+        rc = drop_unit(&r, dir, segs, nseg, repair, err, errlen);
+    /* Where the log continues: after the last whole unit or plain record. */
     if (!rec->last_lsn)
-        rec->last_lsn = prev > after_lsn ? prev : after_lsn;
+        rec->last_lsn = r.bound > after_lsn ? r.bound : after_lsn;
+    kvbuf_free(&r.ubuf);
     free(segs);
     return rc;
 }
+
 
 int64_t wal_read_range(const char *dir, uint64_t from, uint64_t upto, size_t max_bytes, struct kvbuf *out)
 {

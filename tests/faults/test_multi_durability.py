@@ -11,34 +11,13 @@ import threading
 import time
 
 import pytest
-import redis
 
 from helpers.conn import client
+from helpers.txwriter import TxWriter
 
 pytestmark = pytest.mark.timeout(180)
 
 WRITERS = 3
-
-
-class TxWriter(threading.Thread):
-    def __init__(self, port, group, stop):
-        super().__init__(daemon=True)
-        self.port, self.group, self.stop = port, group, stop
-        self.acked = 0  # transactions whose EXEC reply arrived
-
-    def run(self):
-        g = self.group
-        try:
-            with client(self.port, socket_timeout=10) as c:
-                n = 0
-                while not self.stop.is_set() and n < 100000:
-                    n += 1
-                    with c.pipeline(transaction=True) as p:
-                        p.set(f"{g}:a", n).set(f"{g}:b", n).incr(f"{g}:c")
-                        p.execute()
-                    self.acked = n
-        except (redis.ConnectionError, redis.TimeoutError, ConnectionError, OSError):
-            pass  # the server was killed
 
 
 @pytest.mark.parametrize("data_file", [False, True], ids=["log", "log+datafile"])
