@@ -492,8 +492,7 @@ def draw(rows, path):
     ax.axvline(1, color="black", linewidth=0.8, linestyle="--", label="last key expired (fill end + 1 s)")
     ax.set_xlabel("seconds since the fill ended")
     ax.set_ylabel("keys with a TTL still in the table")
-    ax.set_title("reclaim of keys written with PX 1000, every round\n(kvstore's flat stretches: shards "
-                 "mid-rehash, which its active cycle skips)", fontsize=9)
+    ax.set_title("reclaim of keys written with PX 1000, every round", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     for i, m in enumerate(modes):
