@@ -44,7 +44,8 @@ int c_dbsize(struct cmd_client *c, const struct cmd_args *a)
      * once its block has been swept: flush before counting (LDU's flush before
      * a read that needs the applied state). */
     struct bosc *b = c->eng->bosc;
-    if (b && (c->sync_ticket || bosc_dirty(b))) {
+    /* Inside EXEC every shard is held and the sweep could not run: count as is. */
+    if (b && !kvt_tx_held && (c->sync_ticket || bosc_dirty(b))) {
         if (!c->sync_ticket)
             c->sync_ticket = bosc_sync_request(b);
         if (!bosc_sync_done(b, c->sync_ticket)) {
