@@ -53,7 +53,7 @@ SPEC = [
                       "kvt_set_max_memory", "kvt_max_memory", "kvt_get_copy", "kvt_set", "kvt_del", "kvt_load_sync",
                       "kvt_wait_memory", "kvt_exists", "kvt_incrby", "kvt_append", "kvt_strlen", "kvt_flush",
                       "typedef kvt_log_fn", "kvt_set_log", "kvt_count", "kvt_used_memory", "kvt_get_stats",
-                      "kvt_housekeep", "#define KVT_SHARDS"]),
+                      "kvt_housekeep", "kvt_now_ms", "kvt_set_clock_offset", "#define KVT_SHARDS"]),
     ("proto/resp.h", ["struct resp_arg", "struct resp_parser", "resp_parser_init", "resp_parser_free", "resp_parse",
                       "resp_reset"]),
     ("engine/engine.h", ["struct wal;", "struct bosc;", "struct rl_sender;", "struct rl_receiver;",

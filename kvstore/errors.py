@@ -27,6 +27,10 @@ class TooLargeError(KVError, ValueError):
     """A key or value is longer than 512 MiB."""
 
 
+class WrongTypeError(KVError, TypeError):
+    """A string operation on a key that holds another type (a hash), as Redis's WRONGTYPE."""
+
+
 class ServerError(KVError, OSError):
     """The server could not be created, started or reached; .errno holds the C code if any."""
 
@@ -77,6 +81,8 @@ def raise_for(rc, message="", hint=None, damaged=CorruptDataFileError):
         raise ServerError(message or "durability log backlog full: write refused, retry", code)
     if code == errno.EILSEQ:
         raise damaged(text)
+    if code == errno.EPROTOTYPE:
+        raise WrongTypeError(message or "WRONGTYPE Operation against a key holding the wrong kind of value")
     if code == errno.EIO:
         raise ServerError(message or "durability log failed: writes refused until restart", code)
     raise ServerError(text, code)

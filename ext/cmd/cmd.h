@@ -14,6 +14,7 @@
 
 struct kv_engine;
 struct kv_table;
+struct cmd_tx;
 
 /* Per-connection state that commands read and change. */
 struct cmd_client {
@@ -43,6 +44,8 @@ struct cmd_client {
      * reply so far stays in out (the front end keeps it, held like any reply). */
     int resume_i;
     long long resume_n;
+    int datagram;            /* a UDP front end's session: no connection, so no MULTI/WATCH */
+    struct cmd_tx *tx;       /* MULTI's queue and WATCH's keys (multi.c), NULL until used */
 };
 
 /* CMD_STALL_SYNC: for a sweep of the flusher (DBSIZE counts exactly only when
@@ -54,6 +57,9 @@ enum { CMD_STALL_NONE, CMD_STALL_LOAD, CMD_STALL_MEM, CMD_STALL_SYNC, CMD_STALL_
  * none when it sets c->stall (the caller then drops any partial output).
  * Returns 0, or -ENOMEM when even the reply could not be queued. */
 int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t *argl);
+
+/* Free what a client's MULTI/WATCH holds (on disconnect). */
+void cmd_tx_free(struct cmd_client *c);
 
 /* Number of top-level commands in the table (COMMAND COUNT). */
 int cmd_count(void);

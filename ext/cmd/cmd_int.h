@@ -100,6 +100,18 @@ int c_strlen(struct cmd_client *c, const struct cmd_args *a);
 /* keys.c (SCAN, KEYS, TYPE, RENAME, COPY, OBJECT, ...) */
 /* hash.c */
 /* multi.c (MULTI, EXEC, DISCARD, WATCH, UNWATCH) */
+int c_multi(struct cmd_client *c, const struct cmd_args *a);
+int c_exec(struct cmd_client *c, const struct cmd_args *a);
+int c_discard(struct cmd_client *c, const struct cmd_args *a);
+int c_watch(struct cmd_client *c, const struct cmd_args *a);
+int c_unwatch(struct cmd_client *c, const struct cmd_args *a);
+/* Between MULTI and EXEC: commands are queued (cmd_multi_queue) instead of run. */
+int cmd_in_multi(const struct cmd_client *c);
+/* A command was refused while queueing: EXEC will abort (no-op outside MULTI). */
+void cmd_multi_flag(struct cmd_client *c);
+/* End the transaction, if one is open, and forget the watched keys. */
+void cmd_multi_discard(struct cmd_client *c);
+int cmd_multi_queue(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv, const size_t *argl);
 /* config.c */
 int c_config(struct cmd_client *c, const struct cmd_args *a);
 /* dispatch.c */

@@ -114,6 +114,8 @@ int cmd_reply_write_err(struct cmd_client *c, int64_t rc)
     if (rc == -EIO)
         return cmd_reply_err(c, "ERR durability log failed (I/O error, see the server's log): writes refused "
                             "until restart");
+    if (rc == -EDEADLK)
+        return cmd_reply_err(c, "ERR FLUSHALL inside MULTI/EXEC is not supported with a data file: run it on its own");
     return resp_add_errorf(c->out, "ERR %s", strerror((int)-rc));
 }
 
@@ -135,6 +137,11 @@ static const struct cmd_def commands[] = {
     /* keys.c */
     /* hash.c */
     /* multi.c */
+    {"multi", 1, F_FAST, 0, 0, 0, c_multi, "transactions", "Starts a transaction.", "1.2.0"},
+    {"exec", 1, 0, 0, 0, 0, c_exec, "transactions", "Executes all commands in a transaction.", "1.2.0"},
+    {"discard", 1, F_FAST, 0, 0, 0, c_discard, "transactions", "Discards a transaction.", "2.0.0"},
+    {"watch", -2, F_FAST, 1, -1, 1, c_watch, "transactions", "Monitors changes to keys to determine the execution of a transaction.", "2.2.0"},
+    {"unwatch", 1, F_FAST, 0, 0, 0, c_unwatch, "transactions", "Forgets about watched keys of a transaction.", "2.2.0"},
     {"ping", -1, F_FAST, 0, 0, 0, c_ping, "connection", "Returns the server's liveliness response.", "1.0.0"},
     {"echo", 2, F_FAST, 0, 0, 0, c_echo, "connection", "Returns the given string.", "1.0.0"},
     {"quit", -1, F_NOAUTH | F_FAST, 0, 0, 0, c_quit, "connection", "Closes the connection.", "1.0.0"},
@@ -279,12 +286,24 @@ int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t
                 break;
             len += (size_t)n;
         }
+        cmd_multi_flag(c);
         return resp_add_errorf(c->out, "ERR unknown command '%.*s', with args beginning with: %s",
                                (int)(argl[0] > 128 ? 128 : argl[0]), argv[0], args);
     }
-    if ((d->arity > 0 && argc != d->arity) || (d->arity < 0 && argc < -d->arity))
+    if ((d->arity > 0 && argc != d->arity) || (d->arity < 0 && argc < -d->arity)) {
+        if (d->fn == c_exec) { /* as Redis: a refused EXEC ends the transaction */
+            cmd_multi_discard(c);
+            return cmd_reply_err(c, "EXECABORT Transaction discarded because of: wrong number of arguments "
+                                    "for 'exec' command");
+        }
+        cmd_multi_flag(c);
         return resp_add_errorf(c->out, "ERR wrong number of arguments for '%s' command", d->name);
+    }
     if (!c->authenticated && !(d->flags & F_NOAUTH))
         return cmd_reply_err(c, "NOAUTH Authentication required.");
+    /* As Redis: inside MULTI everything queues but the transaction's own commands and QUIT. */
+    if (cmd_in_multi(c) && d->fn != c_exec && d->fn != c_discard && d->fn != c_multi && d->fn != c_watch &&
+        d->fn != c_quit)
+        return cmd_multi_queue(c, d, argc, argv, argl);
     return d->fn(c, &a);
 }

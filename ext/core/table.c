@@ -19,8 +19,15 @@
 #include "core/ldu.h"
 #include "core/table_int.h"
 
-__thread uint64_t kvt_touched_lsn __attribute__((tls_model("initial-exec")));
+#define HOUSEKEEP_EXTRA_US 10000
 
+__thread uint64_t kvt_touched_lsn __attribute__((tls_model("initial-exec")));
+__thread int kvt_tx_held __attribute__((tls_model("initial-exec")));
+_Atomic int64_t kvt_clock_offset;
+
+int64_t kvt_now_ms(void) { return now_ms(); }
+
+void kvt_set_clock_offset(int64_t ms) { atomic_store_explicit(&kvt_clock_offset, ms, memory_order_relaxed); }
 
 
 void kvt_set_log(struct kv_table *t, kvt_log_fn fn, void *arg)
@@ -29,12 +36,11 @@ void kvt_set_log(struct kv_table *t, kvt_log_fn fn, void *arg)
     t->log_arg = arg;
 }
 
-/* Log a mutation (caller holds the shard lock). Returns the LSN, 0 without a logger, or -errno. */
-static int64_t do_log(struct kv_table *t, int op, const void *key, size_t klen, const void *v1,
-                      size_t n1, const void *v2, size_t n2, int64_t expire)
+int64_t kvt_do_log(struct kv_table *t, struct shard *s, int op, const void *key, size_t klen, const void *v1,
+                   size_t n1, const void *v2, size_t n2, int64_t expire)
 {
     if (!t->log)
-        return 0;
+        return s ? (int64_t)++s->wseq : 0;
     int64_t lsn = t->log(t->log_arg, op, key, klen, v1, n1, v2, n2, expire);
     if (lsn > 0)
         kvt_lsn_touch((uint64_t)lsn);
@@ -116,17 +122,20 @@ int kvt_get(struct kv_table *t, const void *key, size_t klen, kvt_read_fn fn, vo
     struct shard *s = kvt_lock_shard(t, h);
     int st;
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
+    int rc = st == LK_NOTRES ? -ENODATA : e != NULL;
     if (e) {
         cnt_add(&s->hits, 1);
         kvt_lsn_touch(e->lsn);
-        if (fn)
+        if (e->flags & E_HASH)
+            rc = KVT_WRONGTYPE;
+        else if (fn)
             fn(arg, entry_val(e), e->vlen);
     } else if (st == LK_ABSENT) {
         cnt_add(&s->misses, 1);
         kvt_lsn_touch(s->del_lsn);
     }
-    pthread_mutex_unlock(&s->lock);
-    return st == LK_NOTRES ? -ENODATA : e != NULL;
+    shard_unlock(s);
+    return rc;
 }
 
 struct copy_arg {
@@ -165,8 +174,14 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
     }
     struct kvt_entry *slot = ref ? *ref : NULL;       /* live entry or tombstone */
     struct kvt_entry *e = st == LK_LIVE ? slot : NULL; /* live entry */
+    int type = (flags & KVT_TYPE_HASH) ? KVT_HASH : KVT_STRING;
+    int op = KVT_LOG_SET | (type == KVT_HASH ? KVT_LOG_HASH : 0);
     if (old_fn && e) {
         kvt_lsn_touch(e->lsn);
+        if (e->flags & E_HASH) { /* SET ... GET on a hash: nothing changes */
+            rc = KVT_WRONGTYPE;
+            goto out;
+        }
         old_fn(old_arg, entry_val(e), e->vlen);
     }
     if (!e)
@@ -186,13 +201,14 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
             rc = -ENOMEM;
             goto out;
         }
-        int64_t lsn = do_log(t, 1, key, klen, val, vlen, NULL, 0, expire_ms);
+        int64_t lsn = kvt_do_log(t, s, op, key, klen, val, vlen, NULL, 0, expire_ms);
         if (lsn < 0) {
             rc = (int)lsn;
             goto out;
         }
         kd_add(s, -contrib(slot));
         slot->flags &= ~E_TOMB;
+        entry_set_type(slot, type);
         kd_add(s, contrib(slot));
         memcpy(entry_val(slot), val, vlen);
         slot->vlen = (uint32_t)vlen;
@@ -208,12 +224,13 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
         goto out;
     }
     ne->flags = slot ? slot->flags & E_OD_MASK : st == LK_NOTRES ? OD_UNK : OD_NO;
+    entry_set_type(ne, type);
     if (kvt_prep_dn(t, ne, slot)) {
         kvt_entry_free(t, ne);
         rc = -ENOMEM;
         goto out;
     }
-    int64_t lsn = do_log(t, 1, key, klen, val, vlen, NULL, 0, expire_ms);
+    int64_t lsn = kvt_do_log(t, s, op, key, klen, val, vlen, NULL, 0, expire_ms);
     if (lsn < 0) {
         if (ne->dn)
             kvt_dnode_free(t, ne->dn);
@@ -229,16 +246,15 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
         kvt_do_insert(t, s, ne);
     mark_dirty(t, ne, LDU_INSERT);
 out:
-    pthread_mutex_unlock(&s->lock);
+    shard_unlock(s);
     return rc;
 }
 
-/* Delete a live entry: log it, then remove it. */
-static int del_live(struct kv_table *t, struct shard *s, struct kvt_entry **ref, const void *key, size_t klen)
+int kvt_del_live(struct kv_table *t, struct shard *s, struct kvt_entry **ref, const void *key, size_t klen)
 {
     if (t->sp.queue && kvt_prep_dn(t, *ref, NULL))
         return -ENOMEM; /* the tombstone's node, before anything is logged */
-    int64_t lsn = do_log(t, 2, key, klen, NULL, 0, NULL, 0, 0);
+    int64_t lsn = kvt_do_log(t, s, KVT_LOG_DEL, key, klen, NULL, 0, NULL, 0, 0);
     if (lsn < 0)
         return (int)lsn;
     kvt_do_remove(t, s, ref, (uint64_t)lsn); /* cannot fail now: the node exists */
@@ -254,12 +270,12 @@ int kvt_del(struct kv_table *t, const void *key, size_t klen)
     int st, rc = 0;
     struct kvt_entry **ref = kvt_do_lookup(t, s, h, key, klen, &st);
     if (st == LK_LIVE)
-        rc = del_live(t, s, ref, key, klen);
+        rc = kvt_del_live(t, s, ref, key, klen);
     else if (st == LK_NOTRES)
         rc = -ENODATA;
     else
         kvt_lsn_touch(s->del_lsn); /* "0 deleted" may rest on an earlier delete */
-    pthread_mutex_unlock(&s->lock);
+    shard_unlock(s);
     return rc;
 }
 
@@ -272,13 +288,13 @@ int kvt_del_blind(struct kv_table *t, const void *key, size_t klen)
     int st, rc = 0;
     struct kvt_entry **ref = kvt_do_lookup(t, s, h, key, klen, &st);
     if (st == LK_LIVE) {
-        rc = del_live(t, s, ref, key, klen);
+        rc = kvt_del_live(t, s, ref, key, klen);
     } else if (st == LK_NOTRES) {
         /* A tombstone of unknown standing: the flusher deletes the key from its
          * block if it is there. Charged without the bound, like replay. */
         struct kvt_entry *ne = kvt_entry_new_b(t, h, key, klen, NULL, 0, 0, 0);
         rc = !ne || kvt_prep_dn(t, ne, NULL) ? -ENOMEM : 0;
-        int64_t lsn = rc ? 0 : do_log(t, 2, key, klen, NULL, 0, NULL, 0, 0);
+        int64_t lsn = rc ? 0 : kvt_do_log(t, s, KVT_LOG_DEL, key, klen, NULL, 0, NULL, 0, 0);
         if (rc || lsn < 0) {
             if (ne && ne->dn)
                 kvt_dnode_free(t, ne->dn);
@@ -294,7 +310,7 @@ int kvt_del_blind(struct kv_table *t, const void *key, size_t klen)
                 s->del_lsn = (uint64_t)lsn;
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    shard_unlock(s);
     return rc;
 }
 
@@ -305,7 +321,7 @@ int kvt_exists(struct kv_table *t, const void *key, size_t klen)
     int st;
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
     kvt_lsn_touch(e ? e->lsn : s->del_lsn);
-    pthread_mutex_unlock(&s->lock);
+    shard_unlock(s);
     return st == LK_NOTRES ? -ENODATA : e != NULL;
 }
 /* Redis's string2ll rules: optional '-', no '+', no leading zeros, no spaces. */
@@ -346,23 +362,22 @@ static int parse_ll(const char *p, size_t n, int64_t *out)
     return 0;
 }
 
-/* Store v1+v2 under a key whose lookup gave ref/st (INCR, APPEND): in place
- * when it fits the slot (a live entry or a tombstone), else in a new entry
- * with `extra` spare bytes. v1 may be the slot's own value. Returns 0 or -errno. */
-static int do_store(struct kv_table *t, struct shard *s, uint64_t h, struct kvt_entry **ref, int st,
+int kvt_do_store(struct kv_table *t, struct shard *s, uint64_t h, struct kvt_entry **ref, int st,
                     const void *key, size_t klen, const void *v1, size_t n1, const void *v2, size_t n2,
-                    int64_t expire, size_t extra)
+                    int64_t expire, size_t extra, int type, int bounded)
 {
     struct kvt_entry *slot = ref ? *ref : NULL;
     size_t vlen = n1 + n2;
+    int op = KVT_LOG_SET | (type == KVT_HASH ? KVT_LOG_HASH : 0);
     if (slot && klen + vlen <= slot->cap) {
         if (kvt_prep_dn(t, slot, NULL))
             return -ENOMEM;
-        int64_t lsn = do_log(t, 1, key, klen, v1, n1, v2, n2, expire);
+        int64_t lsn = kvt_do_log(t, s, op, key, klen, v1, n1, v2, n2, expire);
         if (lsn < 0)
             return (int)lsn;
         kd_add(s, -contrib(slot));
         slot->flags &= ~E_TOMB;
+        entry_set_type(slot, type);
         kd_add(s, contrib(slot));
         if (n1 && v1 != entry_val(slot))
             memmove(entry_val(slot), v1, n1);
@@ -375,18 +390,19 @@ static int do_store(struct kv_table *t, struct shard *s, uint64_t h, struct kvt_
         mark_dirty(t, slot, LDU_INSERT);
         return 0;
     }
-    struct kvt_entry *ne = kvt_entry_new(t, h, key, klen, v1, n1, n2 + extra);
+    struct kvt_entry *ne = kvt_entry_new_b(t, h, key, klen, v1, n1, n2 + extra, bounded);
     if (!ne)
         return -ENOMEM;
     if (n2)
         memcpy(entry_val(ne) + n1, v2, n2);
     ne->vlen = (uint32_t)vlen;
     ne->flags = slot ? slot->flags & E_OD_MASK : st == LK_NOTRES ? OD_UNK : OD_NO;
+    entry_set_type(ne, type);
     if (kvt_prep_dn(t, ne, slot)) {
         kvt_entry_free(t, ne);
         return -ENOMEM;
     }
-    int64_t lsn = do_log(t, 1, key, klen, v1, n1, v2, n2, expire);
+    int64_t lsn = kvt_do_log(t, s, op, key, klen, v1, n1, v2, n2, expire);
     if (lsn < 0) {
         if (ne->dn)
             kvt_dnode_free(t, ne->dn);
@@ -416,6 +432,10 @@ int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, 
         goto out;
     }
     kvt_lsn_touch(e ? e->lsn : s->del_lsn); /* an error reply reveals the current value too */
+    if (e && (e->flags & E_HASH)) {
+        rc = KVT_WRONGTYPE;
+        goto out;
+    }
     if (e && parse_ll(entry_val(e), e->vlen, &cur)) {
         rc = -EINVAL;
         goto out;
@@ -428,11 +448,11 @@ int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, 
     char num[24];
     int n = snprintf(num, sizeof num, "%lld", (long long)cur);
     /* INCR keeps the TTL, as in Redis */
-    rc = do_store(t, s, h, ref, st, key, klen, num, (size_t)n, NULL, 0, e ? e->expire_ms : 0, 0);
+    rc = kvt_do_store(t, s, h, ref, st, key, klen, num, (size_t)n, NULL, 0, e ? e->expire_ms : 0, 0, KVT_STRING, 1);
     if (!rc)
         *result = cur;
 out:
-    pthread_mutex_unlock(&s->lock);
+    shard_unlock(s);
     return rc;
 }
 
@@ -450,18 +470,22 @@ int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void 
         goto out;
     }
     kvt_lsn_touch(e ? e->lsn : s->del_lsn);
+    if (e && (e->flags & E_HASH)) {
+        rc = KVT_WRONGTYPE;
+        goto out;
+    }
     if (oldlen + vlen > KVT_MAX_VALUE) {
         rc = -E2BIG;
         goto out;
     }
     /* A grown value gets room to spare so repeated APPENDs are amortized O(1). */
     size_t extra = !e ? 0 : oldlen + vlen < 1024 * 1024 ? oldlen + vlen : 1024 * 1024;
-    rc = do_store(t, s, h, ref, st, key, klen, e ? entry_val(e) : NULL, oldlen, val, vlen,
-                  e ? e->expire_ms : 0, extra);
+    rc = kvt_do_store(t, s, h, ref, st, key, klen, e ? entry_val(e) : NULL, oldlen, val, vlen,
+                  e ? e->expire_ms : 0, extra, KVT_STRING, 1);
     if (!rc)
         rc = (int64_t)(oldlen + vlen);
 out:
-    pthread_mutex_unlock(&s->lock);
+    shard_unlock(s);
     return rc;
 }
 
@@ -471,9 +495,9 @@ int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen)
     struct shard *s = kvt_lock_shard(t, h);
     int st;
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
-    int64_t n = e ? e->vlen : 0;
+    int64_t n = !e ? 0 : (e->flags & E_HASH) ? KVT_WRONGTYPE : e->vlen;
     kvt_lsn_touch(e ? e->lsn : s->del_lsn);
-    pthread_mutex_unlock(&s->lock);
+    shard_unlock(s);
     return st == LK_NOTRES ? -ENODATA : n;
 }
 
@@ -507,6 +531,10 @@ static void do_forget_disk(struct shard *s)
 
 int kvt_flush(struct kv_table *t)
 {
+    /* Inside a transaction with a data file the file's FLUSHALL hook would take
+     * its locks after the shard locks, the opposite of the flusher's order. */
+    if (kvt_tx_held && t->sp.queue)
+        return -EDEADLK;
     if (!t->log && !t->sp.queue) {
         for (int i = 0; i < KVT_SHARDS; i++) {
             /* The fresh bucket array is charged without the bound: a flush must
@@ -517,10 +545,10 @@ int kvt_flush(struct kv_table *t)
                 return -ENOMEM;
             atomic_fetch_add_explicit(&t->used_memory, malloc_usable_size(fresh), memory_order_relaxed);
             struct shard *s = &t->shards[i];
-            pthread_mutex_lock(&s->lock);
+            shard_lock(s);
             do_clear(t, s);
             set_ht0(s, fresh, INITIAL_BUCKETS);
-            pthread_mutex_unlock(&s->lock);
+            shard_unlock(s);
         }
         return 0;
     }
@@ -535,7 +563,7 @@ int kvt_flush(struct kv_table *t)
      * survives below is known not to be in a block. */
     if (t->sp.queue)
         t->sp.flushall(t->sp.arg, KVT_FLUSH_BEGIN);
-    int64_t f = t->log ? do_log(t, 3, NULL, 0, NULL, 0, NULL, 0, 0) : 0;
+    int64_t f = t->log ? kvt_do_log(t, NULL, KVT_LOG_FLUSH, NULL, 0, NULL, 0, NULL, 0, 0) : 0;
     if (t->sp.queue)
         t->sp.flushall(t->sp.arg, f < 0 ? KVT_FLUSH_ABORT : KVT_FLUSH_COMMIT);
     if (f < 0)
@@ -543,13 +571,13 @@ int kvt_flush(struct kv_table *t)
     uint64_t upto = t->log ? (uint64_t)f : UINT64_MAX;
     for (int i = 0; i < KVT_SHARDS; i++) {
         struct shard *s = &t->shards[i];
-        pthread_mutex_lock(&s->lock);
+        shard_lock(s);
         do_clear_before(t, s, upto);
         if (t->sp.queue)
             do_forget_disk(s);
         if ((uint64_t)f > s->del_lsn)
             s->del_lsn = (uint64_t)f;
-        pthread_mutex_unlock(&s->lock);
+        shard_unlock(s);
     }
     return 0;
 }
@@ -589,10 +617,10 @@ void kvt_get_stats(struct kv_table *t, struct kvt_stats *st)
         st->hits += atomic_load_explicit(&s->hits, memory_order_relaxed);
         st->misses += atomic_load_explicit(&s->misses, memory_order_relaxed);
         st->expired_keys += atomic_load_explicit(&s->expired, memory_order_relaxed);
-        pthread_mutex_lock(&s->lock);
+        shard_lock(s);
         st->buckets += s->size[0] + s->size[1];
         st->rehashing += s->rehashidx >= 0;
-        pthread_mutex_unlock(&s->lock);
+        shard_unlock(s);
     }
     st->keys = kvt_count(t);
     st->disk_keys = (uint64_t)atomic_load_explicit(&t->disk_keys, memory_order_relaxed);
@@ -601,13 +629,51 @@ void kvt_get_stats(struct kv_table *t, struct kvt_stats *st)
     st->oom_rejections = atomic_load_explicit(&t->oom_rejections, memory_order_relaxed);
 }
 
+/* Reclaim expired keys in `budget` buckets of s from its cursor on (locked).
+ * Adds to *seen the keys with an expire time looked at; returns those reclaimed. */
+static unsigned expire_buckets(struct kv_table *t, struct shard *s, unsigned budget, int64_t now, unsigned *seen)
+{
+    unsigned reclaimed = 0;
+    for (unsigned v = 0; v < budget && s->size[0]; v++) {
+        struct kvt_entry **ref = &s->ht[0][s->cursor];
+        while (*ref) {
+            struct kvt_entry *e = *ref;
+            *seen += e->expire_ms != 0;
+            if (e->expire_ms && e->expire_ms <= now && !(e->flags & E_TOMB) &&
+                kvt_del_live(t, s, ref, e->data, e->klen) > 0) {
+                cnt_add(&s->expired, 1);
+                reclaimed++;
+                if (*ref == e) /* became a tombstone in place */
+                    ref = &e->next;
+            } else {
+                ref = &(*ref)->next;
+            }
+        }
+        s->cursor = (s->cursor + 1) & (s->size[0] - 1);
+    }
+    return reclaimed;
+}
+
+static int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budget)
 {
     int reclaimed = 0;
     int64_t now = now_ms();
+    /* The active expiry cycle, adaptive like Redis's: every shard gets `budget`
+     * buckets; while more than a quarter of the keys with a TTL it meets have
+     * expired, a shard gets more rounds, until this call has spent
+     * HOUSEKEEP_EXTRA_US (10 ms every 100 ms cron tick: at most a tenth of a
+     * thread goes to reclaiming a backlog). */
+    int64_t deadline = mono_us() + HOUSEKEEP_EXTRA_US;
     for (unsigned i = first; i < first + n && i < KVT_SHARDS; i++) {
         struct shard *s = &t->shards[i];
-        pthread_mutex_lock(&s->lock);
+        shard_lock(s);
         if (s->rehashidx >= 0) {
             kvt_do_rehash_step(t, s, 16);
         } else {
@@ -620,23 +686,14 @@ int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budge
             }
         }
         if (s->rehashidx < 0 && atomic_load_explicit(&s->expires, memory_order_relaxed)) {
-            for (unsigned v = 0; v < budget && s->size[0]; v++) {
-                struct kvt_entry **ref = &s->ht[0][s->cursor];
-                while (*ref) {
-                    struct kvt_entry *e = *ref;
-                    if (e->expire_ms && e->expire_ms <= now && !kvt_do_remove(t, s, ref, 0)) {
-                        cnt_add(&s->expired, 1);
-                        reclaimed++;
-                        if (*ref == e) /* became a tombstone in place */
-                            ref = &e->next;
-                    } else {
-                        ref = &(*ref)->next;
-                    }
-                }
-                s->cursor = (s->cursor + 1) & (s->size[0] - 1);
+            for (int round = 0; round < 16; round++) {
+                unsigned seen = 0, got = expire_buckets(t, s, budget, now, &seen);
+                reclaimed += (int)got;
+                if (got * 4 <= seen || mono_us() > deadline || s->rehashidx >= 0)
+                    break;
             }
         }
-        pthread_mutex_unlock(&s->lock);
+        shard_unlock(s);
     }
     return reclaimed;
 }
@@ -651,7 +708,7 @@ void kvt_prefetch(struct kv_table *t, uint64_t h, int stage)
     if (stage == 3) {
         /* The chain's first entry: reading the slot needs the lock (the array may
          * be freed by a finishing rehash); its line is cached after stage 2. */
-        pthread_mutex_lock(&s->lock);
+        shard_lock(s);
         if (s->size[0]) {
             struct kvt_entry *e = s->ht[0][h & (s->size[0] - 1)];
             if (e) {
@@ -659,7 +716,7 @@ void kvt_prefetch(struct kv_table *t, uint64_t h, int stage)
                 __builtin_prefetch((char *)e + 64, 0, 3);
             }
         }
-        pthread_mutex_unlock(&s->lock);
+        shard_unlock(s);
         return;
     }
     /* Possibly stale (a rehash may finish meanwhile): only ever prefetched, and a

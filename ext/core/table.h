@@ -214,7 +214,8 @@ uint64_t kvt_scan(struct kv_table *t, uint64_t cursor, unsigned count, kvt_key_f
  * its shard lock. Returns 1, or 0 when none was found after a bounded search. */
 int kvt_random_key(struct kv_table *t, kvt_key_fn fn, void *arg);
 
-/* Remove every key. Returns 0 or -errno if logging failed (nothing removed then). */
+/* Remove every key. Returns 0 or -errno if logging failed (nothing removed then);
+ * -EDEADLK inside a transaction on a table with a data file (not supported). */
 int kvt_flush(struct kv_table *t);
 
 uint64_t kvt_count(struct kv_table *t);

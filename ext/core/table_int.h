@@ -40,6 +40,13 @@ struct kvt_entry {
 #define OD_NO 0u             /* not in the data file (always, without one) */
 #define OD_YES 4u            /* in its block, as the flusher last wrote it */
 #define OD_UNK 8u            /* unknown: written blind (without reading the block) */
+#define E_HASH 16u           /* the value is an encoded hash (KVT_HASH), else a string */
+
+static inline int entry_type(const struct kvt_entry *e) { return (e->flags & E_HASH) ? KVT_HASH : KVT_STRING; }
+static inline void entry_set_type(struct kvt_entry *e, int type)
+{
+    e->flags = (e->flags & ~E_HASH) | (type == KVT_HASH ? E_HASH : 0);
+}
 
 /* A dirty key's node in the flusher's LDU queue. Owned by the entry (e->dn)
  * while the entry lives; an entry removed while its node is queued leaves the
@@ -76,6 +83,7 @@ struct shard {
                                 file's keys: +1 per live key not in its block, -1 per
                                 tombstone of a key that is (see contrib()) */
     uint64_t clock;          /* evictor's hand in ht[0] */
+    uint64_t wseq;           /* writes counted without a logger (the versions kvt_do_log gives) */
 } __attribute__((aligned(64)));
 
 struct kv_table {
@@ -96,6 +104,27 @@ struct kv_table {
     unsigned clock_shard;    /* evictor's position (evictor thread only) */
 };
 
+/* Shard locks. A thread inside kvt_tx_begin/kvt_tx_end holds every shard
+ * lock already: its operations skip taking them. */
+static inline void shard_lock(struct shard *s)
+{
+    if (!kvt_tx_held)
+        pthread_mutex_lock(&s->lock);
+}
+
+static inline void shard_unlock(struct shard *s)
+{
+    if (!kvt_tx_held)
+        pthread_mutex_unlock(&s->lock);
+}
+
+/* Log a mutation of a key in shard s (caller holds its lock; NULL for
+ * FLUSHALL; in table.c). Returns the LSN, or -errno. Without a logger it
+ * returns the shard's next write number instead (0 for FLUSHALL): entries then
+ * still carry a version that changes on every write (kvt_version). */
+int64_t kvt_do_log(struct kv_table *t, struct shard *s, int op, const void *key, size_t klen, const void *v1,
+                   size_t n1, const void *v2, size_t n2, int64_t expire);
+
 /* ---- memory accounting and counters */
 
 static inline void mem_uncharge(struct kv_table *t, size_t n)
@@ -109,11 +138,14 @@ static inline void cnt_add(_Atomic uint64_t *c, int64_t d)
                           memory_order_relaxed);
 }
 
+/* kvt_now_ms: the wall clock plus the tests' offset. */
+extern _Atomic int64_t kvt_clock_offset;
 static inline int64_t now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 +
+           atomic_load_explicit(&kvt_clock_offset, memory_order_relaxed);
 }
 
 static inline char *entry_val(struct kvt_entry *e) { return (char *)e->data + e->klen; }
@@ -193,7 +225,7 @@ void kvt_do_replace(struct kv_table *t, struct shard *s, struct kvt_entry **ref,
 static inline struct shard *kvt_lock_shard(struct kv_table *t, uint64_t h)
 {
     struct shard *s = shard_of(t, h);
-    pthread_mutex_lock(&s->lock);
+    shard_lock(s);
     if (s->rehashidx >= 0)
         kvt_do_rehash_step(t, s, REHASH_STEP);
     return s;
@@ -206,6 +238,16 @@ static inline struct kvt_entry *do_live(struct kv_table *t, struct shard *s, uin
     struct kvt_entry **ref = kvt_do_lookup(t, s, h, key, klen, st);
     return *st == LK_LIVE ? *ref : NULL;
 }
+
+/* Store v1+v2 (of type) under a key whose lookup gave ref/st (INCR, APPEND,
+ * kvt_apply): in place when it fits the slot (a live entry or a tombstone),
+ * else in a new entry with `extra` spare bytes (charged against the bound if
+ * bounded). v1 may be the slot's own value. Returns 0 or -errno. In table.c. */
+int kvt_do_store(struct kv_table *t, struct shard *s, uint64_t h, struct kvt_entry **ref, int st,
+                 const void *key, size_t klen, const void *v1, size_t n1, const void *v2, size_t n2,
+                 int64_t expire, size_t extra, int type, int bounded);
+/* Delete the live entry *ref: log it, then remove it. 1, or -errno. In table.c. */
+int kvt_del_live(struct kv_table *t, struct shard *s, struct kvt_entry **ref, const void *key, size_t klen);
 
 /* ---- spill mode: dirty nodes, in table_spill.c (caller holds the shard lock) */
 

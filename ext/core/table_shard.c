@@ -200,7 +200,8 @@ int kvt_do_remove(struct kv_table *t, struct shard *s, struct kvt_entry **ref, u
  * NULL, or a tombstone, which is returned so a write can reuse the slot), or,
  * in spill mode, LK_NOTRES: nothing in memory and the key's data-file block
  * may hold it, so it must be loaded first (kvt_load) unless the caller writes
- * blind. An entry whose time has passed is removed (or made a tombstone). */
+ * blind. An entry whose time has passed is deleted (logged; removed or made a
+ * tombstone). */
 struct kvt_entry **kvt_do_lookup(struct kv_table *t, struct shard *s, uint64_t h, const void *key,
                              size_t klen, int *st)
 {
@@ -216,10 +217,12 @@ struct kvt_entry **kvt_do_lookup(struct kv_table *t, struct shard *s, uint64_t h
             *st = LK_LIVE;
             return ref;
         }
-        cnt_add(&s->expired, 1);
+        /* Expired: the expiry happens now, and is logged as a deletion like
+         * DEL's (a recovery must not bring back a key a client saw expire). */
         *st = LK_ABSENT;
-        if (kvt_do_remove(t, s, ref, 0))
-            return ref; /* no memory for the tombstone yet: treated as absent, retried later */
+        if (kvt_del_live(t, s, ref, key, klen) < 0)
+            return ref; /* no memory for the tombstone, or the log refused: absent, retried later */
+        cnt_add(&s->expired, 1);
         return kvt_do_find(s, h, key, klen);
     }
     if (t->sp.queue && t->sp.maybe_on_disk(t->sp.arg, key, klen)) {

@@ -106,7 +106,7 @@ int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, uint64_t durable, stru
                  struct kvt_snap *out)
 {
     struct shard *s = shard_of(t, d->hash);
-    pthread_mutex_lock(&s->lock);
+    shard_lock(s);
     struct kvt_entry *e = d->e;
     /* Claim both marks now: whatever was logged so far is covered by this
      * snapshot; a mark set after this means a newer change (kvt_flushed). */
@@ -130,6 +130,7 @@ int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, uint64_t durable, stru
             out->kind = KVT_SNAP_DELETE;
         } else {
             out->kind = KVT_SNAP_VALUE;
+            out->type = entry_type(e);
             out->expire = e->expire_ms;
             out->vlen = e->vlen;
             rc = kvbuf_append(val, entry_val(e), e->vlen);
@@ -138,14 +139,14 @@ int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, uint64_t durable, stru
     }
     if (out->kind != KVT_SNAP_SKIP)
         out->first_lsn = 0;
-    pthread_mutex_unlock(&s->lock);
+    shard_unlock(s);
     return rc ? -ENOMEM : 0;
 }
 
 void kvt_written(struct kv_table *t, struct kvt_dnode *d, const struct kvt_snap *snap, int was_in_block)
 {
     struct shard *s = shard_of(t, d->hash);
-    pthread_mutex_lock(&s->lock);
+    shard_lock(s);
     struct kvt_entry *e = d->e;
     int in_block = snap->kind == KVT_SNAP_VALUE;
     /* The block now holds exactly the snapshot: the entry's share of the count
@@ -158,14 +159,14 @@ void kvt_written(struct kv_table *t, struct kvt_dnode *d, const struct kvt_snap 
     }
     atomic_fetch_add_explicit(&t->disk_keys, in_block - was_in_block, memory_order_relaxed);
     atomic_fetch_add_explicit(&t->count_seq, 1, memory_order_release); /* even: done */
-    pthread_mutex_unlock(&s->lock);
+    shard_unlock(s);
 }
 
 void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
                  const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q)
 {
     struct shard *s = shard_of(t, d->hash);
-    pthread_mutex_lock(&s->lock);
+    shard_lock(s);
     struct kvt_entry *e = d->e;
     d->inflight = 0;
     int marked = atomic_load_explicit(&d->lo.node[0].mark, memory_order_relaxed) ||
@@ -193,7 +194,7 @@ void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held
             e->dn = NULL;
         kvt_dnode_free(t, d);
     }
-    pthread_mutex_unlock(&s->lock);
+    shard_unlock(s);
 }
 
 uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
@@ -205,7 +206,7 @@ uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
     while (visited <= 2 * total + KVT_SHARDS && kvt_used_memory(t) > target) {
         struct shard *s = &t->shards[t->clock_shard];
         t->clock_shard = (t->clock_shard + 1) % KVT_SHARDS;
-        pthread_mutex_lock(&s->lock);
+        shard_lock(s);
         if (s->rehashidx >= 0)
             kvt_do_rehash_step(t, s, 64); /* evict from ht[0] only: finish migrating first */
         uint64_t buckets = s->rehashidx >= 0 ? 0 : s->size[0];
@@ -229,15 +230,52 @@ uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
             visited++;
         }
         visited++; /* a shard visited, even with no buckets (the loop ends) */
-        pthread_mutex_unlock(&s->lock);
+        shard_unlock(s);
     }
     if (evicted)
         *evicted += n;
     return freed;
 }
 
+/* key's record in its block has expired and memory has no entry for it: the
+ * expiry happens now, logged as a deletion; a dirty tombstone of a key in its
+ * block stands for it until a sweep removes the record (the count drops now,
+ * the file's count when the record goes). Returns 1, or -errno (nothing done). */
+static int expire_in_block(struct kv_table *t, struct shard *s, uint64_t h, const void *key, size_t klen)
+{
+    struct kvt_entry *e = kvt_entry_new_b(t, h, key, klen, NULL, 0, 0, 0);
+    if (!e)
+        return -ENOMEM;
+    int64_t lsn = kvt_prep_dn(t, e, NULL) ? -ENOMEM : kvt_do_log(t, s, KVT_LOG_DEL, key, klen, NULL, 0, NULL, 0, 0);
+    if (lsn < 0) {
+        if (e->dn)
+            kvt_dnode_free(t, e->dn);
+        kvt_entry_free(t, e);
+        return (int)lsn;
+    }
+    e->flags = E_REF | E_TOMB | OD_YES;
+    e->lsn = (uint64_t)lsn;
+    kvt_do_insert(t, s, e);
+    mark_dirty(t, e, LDU_REMOVE);
+    if ((uint64_t)lsn > s->del_lsn)
+        s->del_lsn = (uint64_t)lsn;
+    cnt_add(&s->expired, 1);
+    return 1;
+}
+
+int kvt_expire_disk(struct kv_table *t, const void *key, size_t klen, int64_t expire_ms)
+{
+    if (!expire_ms || expire_ms > now_ms())
+        return 0;
+    uint64_t h = kvt_hash(key, klen);
+    struct shard *s = kvt_lock_shard(t, h);
+    int rc = kvt_do_find(s, h, key, klen) ? 0 : expire_in_block(t, s, h, key, klen);
+    shard_unlock(s);
+    return rc;
+}
+
 int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen, int found,
-             int64_t expire_ms, int (*still_valid)(void *arg), void *arg)
+             int64_t expire_ms, int type, int (*still_valid)(void *arg), void *arg)
 {
     uint64_t h = kvt_hash(key, klen);
     struct shard *s = kvt_lock_shard(t, h);
@@ -246,10 +284,14 @@ int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, 
         rc = 0; /* written (or loaded) meanwhile: memory is newer than the block */
     } else if (!still_valid(arg)) {
         rc = -EAGAIN; /* the block changed after it was read */
+    } else if (found && expire_ms && expire_ms <= now_ms() && expire_in_block(t, s, h, key, klen) > 0) {
+        rc = 1; /* its time passed while it was out of memory */
     } else {
         /* A clean copy of the block's record, or a clean tombstone saying the key
          * is not there (so the next miss does not read the block again). Charged
-         * without the bound: the evictor takes it back under pressure. */
+         * without the bound: the evictor takes it back under pressure. (An expired
+         * record whose deletion could not be logged reads as absent; the sweep
+         * that next rewrites its block drops it.) */
         if (found && expire_ms && expire_ms <= now_ms())
             found = 0;
         struct kvt_entry *e = kvt_entry_new_b(t, h, key, klen, found ? val : NULL, found ? vlen : 0, 0, 0);
@@ -257,12 +299,13 @@ int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, 
             rc = -ENOMEM;
         } else {
             e->flags = E_REF | (found ? OD_YES : (E_TOMB | OD_NO));
+            entry_set_type(e, found ? type : KVT_STRING);
             e->expire_ms = found ? expire_ms : 0;
             kvt_do_insert(t, s, e);
             rc = 1;
         }
     }
-    pthread_mutex_unlock(&s->lock);
+    shard_unlock(s);
     return rc;
 }
 

@@ -32,6 +32,7 @@ void ses_free(struct session *s)
 {
     free(s->cl.name);
     s->cl.name = NULL;
+    cmd_tx_free(&s->cl);
     free(s->holds);
     s->holds = NULL;
 }

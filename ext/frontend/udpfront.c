@@ -19,6 +19,7 @@ void uf_init(struct uf_worker *w, struct kv_engine *eng, int index, int evfd, co
     w->evfd = evfd;
     resp_parser_init(&w->rp);
     ses_init(&w->ses, eng, &w->out, addr, index, evfd); /* CLIENT INFO: the worker's index */
+    w->ses.cl.datagram = 1;
 }
 
 void uf_free(struct uf_worker *w)

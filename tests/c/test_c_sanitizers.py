@@ -2,6 +2,8 @@
 
   table_stress.c  concurrent table stress (white box: ext/core/table_int.h), built twice:
                   -fsanitize=thread and -fsanitize=address,undefined
+  table_ops_stress.c  kvt_scan's guarantee while shards grow, rehash and shrink; kvt_apply
+                  increments from four threads; transactions isolated (TSan, ASan/UBSan)
   resp_fuzz.c     mutational fuzzer of ext/resp.c, -fsanitize=address,undefined
   wal_stress.c    the write-ahead log with concurrent appenders (through the table's
                   logger), a ship-buffer consumer and mode switches, then recovery;
@@ -46,6 +48,7 @@ TABLE_OPS = 500_000      # operations per worker thread and phase
 FUZZ_ITERATIONS = 200_000
 LDU_OPS = 1_000_000      # ldu_log calls per producer thread
 BOSC_OPS = 60_000        # per worker thread (4): ~5 s under TSan on an idle 2-core machine
+TABLE_OPS_ROUNDS = 30     # table_ops_stress: full scans; x100 increments and transactions
 RUN_TIMEOUT = 240        # seconds per run: generous for a slow, shared machine
 
 COMMON = ["-std=gnu11", "-g", "-O1", "-Wall", "-Wno-unused-parameter", "-pthread", f"-I{EXT}"]
@@ -72,7 +75,7 @@ def _ext(*names):
 
 
 # The C files each stress binary links (paths under ext/), by component.
-TABLE = _ext("core/table.c", "core/table_shard.c", "core/table_spill.c", "core/siphash.c", "core/ldu.c")
+TABLE = [str(p) for p in sorted(EXT.glob("core/table*.c"))] + _ext("core/siphash.c", "core/ldu.c")
 WAL = _ext("durability/wal.c", "durability/wal_recover.c", "core/crc32c.c")
 BOSC = _ext("durability/bosc_block.c", "durability/bosc_load.c", "durability/bosc_sweep.c", "durability/bosc_open.c")
 
@@ -88,6 +91,8 @@ BUILDS = {
     "session_test_asan": (["session_test.c", *SERVER_LIB], ASAN_UBSAN),
     "table_stress_tsan": (["table_stress.c", *TABLE], TSAN),
     "table_stress_asan": (["table_stress.c", *TABLE], ASAN_UBSAN),
+    "table_ops_stress_tsan": (["table_ops_stress.c", *TABLE], TSAN),
+    "table_ops_stress_asan": (["table_ops_stress.c", *TABLE], ASAN_UBSAN),
     "resp_fuzz_asan": (["resp_fuzz.c", *_ext("proto/resp.c")], ASAN_UBSAN),
     "hashenc_fuzz_asan": (["hashenc_fuzz.c", *_ext("core/hashenc.c", "core/siphash.c")], ASAN_UBSAN),
     "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN),
@@ -127,10 +132,11 @@ def binaries():
     return get
 
 
-def _run(binary, *args):
+def _run(binary, *args, env_extra=None):
     cmd = [str(binary), *map(str, args)]
-    env = {**os.environ, **ENV}
-    shown = " ".join(f"{k}={v}" for k, v in ENV.items()) + " " + shlex.join(cmd)
+    run_env = {**ENV, **(env_extra or {})}
+    env = {**os.environ, **run_env}
+    shown = " ".join(f"{k}={v}" for k, v in run_env.items()) + " " + shlex.join(cmd)
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env,
                            timeout=RUN_TIMEOUT, cwd=ROOT)
@@ -153,6 +159,15 @@ def test_table_stress_tsan(binaries, mode):
 @pytest.mark.parametrize("mode", ["chaos", "flush", "exact"])
 def test_table_stress_asan_ubsan(binaries, mode):
     _run(binaries("table_stress_asan"), SEED, mode, TABLE_OPS)
+
+
+@pytest.mark.parametrize("build", ["tsan", "asan"])
+@pytest.mark.parametrize("mode", ["scan", "apply", "tx"])
+def test_table_ops_stress(binaries, build, mode):
+    # A transaction holds all 256 shard locks at once; TSan's lock-order checker
+    # tracks at most 64 per thread, so it is off for this run (races still count).
+    extra = {"TSAN_OPTIONS": ENV["TSAN_OPTIONS"] + ":detect_deadlocks=0"} if mode == "tx" else None
+    _run(binaries(f"table_ops_stress_{build}"), SEED, mode, TABLE_OPS_ROUNDS, env_extra=extra)
 
 
 @pytest.mark.parametrize("seed_offset", [0, 1])

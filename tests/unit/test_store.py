@@ -39,3 +39,19 @@ def test_invalid_arguments():
     with pytest.raises(kvstore.ConfigError):
         s.set(b"k", b"v", px=0)
     assert len(s) == 0
+
+
+def test_string_read_of_a_hash_is_wrongtype():
+    """A key written as a hash (type beside the value, as HSET stores it) is not a
+    string: reading it as one raises WrongTypeError (Redis's WRONGTYPE), writing a
+    string over it replaces it."""
+    from kvstore import errors
+    from kvstore._native import ffi, lib
+    s = Store()
+    assert lib.kvt_set(s._t, b"h", 1, b"\0\0\0\0", 4, 1 << 4, 0, ffi.NULL, ffi.NULL) == 1  # KVT_TYPE_HASH
+    with pytest.raises(errors.WrongTypeError):
+        s.get(b"h")
+    with pytest.raises(errors.WrongTypeError):
+        s.incr(b"h")
+    s.set(b"h", b"v")
+    assert s.get(b"h") == b"v"

@@ -1,0 +1,105 @@
+/* table_apply.c - the table's general operations over one key and over all of
+ * them: kvt_apply (a command's read-modify-write under the key's shard lock,
+ * so every command that changes a key is one atomic, logged write), kvt_version
+ * (WATCH), and transactions (kvt_tx_begin/kvt_tx_end: every shard locked by
+ * one thread, its log records one unit). Locking rules are in table.c. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+
+#include "core/table.h"
+#include "core/table_int.h"
+
+int64_t kvt_apply(struct kv_table *t, const void *key, size_t klen, kvt_apply_fn fn, void *arg)
+{
+    if (klen > KVT_MAX_VALUE)
+        return -E2BIG;
+    uint64_t h = kvt_hash(key, klen);
+    struct shard *s = kvt_lock_shard(t, h);
+    int st;
+    int64_t rc;
+    struct kvt_entry **ref = kvt_do_lookup(t, s, h, key, klen, &st);
+    if (st == LK_NOTRES) {
+        rc = -ENODATA; /* the answer depends on the block: load it first */
+        goto out;
+    }
+    struct kvt_entry *e = st == LK_LIVE ? *ref : NULL;
+    struct kvt_state cur = {0};
+    if (e) {
+        cur = (struct kvt_state){1, entry_type(e), entry_val(e), e->vlen, e->expire_ms};
+        cnt_add(&s->hits, 1);
+    } else {
+        cnt_add(&s->misses, 1);
+    }
+    /* Whatever fn decides, its result reveals the key's state (or absence). */
+    kvt_lsn_touch(e ? e->lsn : s->del_lsn);
+    struct kvt_change ch = {.action = KVT_KEEP, .type = cur.type, .expire_ms = cur.expire_ms};
+    rc = fn(arg, &cur, &ch);
+    if (rc < 0 || ch.action == KVT_KEEP)
+        goto out;
+    if (ch.action == KVT_DELETE) {
+        if (e) {
+            int d = kvt_del_live(t, s, ref, key, klen);
+            if (d < 0)
+                rc = d;
+        }
+        goto out;
+    }
+    if (ch.n1 > KVT_MAX_VALUE || ch.n2 > KVT_MAX_VALUE || ch.n1 + ch.n2 > KVT_MAX_VALUE) {
+        rc = -E2BIG;
+        goto out;
+    }
+    int w = kvt_do_store(t, s, h, ref, st, key, klen, ch.val, ch.n1, ch.v2, ch.n2, ch.expire_ms, ch.extra,
+                         ch.type, !ch.nobound);
+    if (w < 0)
+        rc = w;
+out:
+    shard_unlock(s);
+    return rc;
+}
+
+int kvt_version(struct kv_table *t, const void *key, size_t klen, uint64_t *ver)
+{
+    uint64_t h = kvt_hash(key, klen);
+    struct shard *s = kvt_lock_shard(t, h);
+    int st;
+    struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
+    /* A live key: the LSN (or, without a log, the shard's write count) that
+     * wrote it. An absent key: the shard's latest deletion, so a key created
+     * and deleted again in between reads as changed (as may an unrelated
+     * deletion in the same shard: a spurious abort, never a missed one). */
+    *ver = e ? e->lsn : s->del_lsn;
+    kvt_lsn_touch(*ver);
+    shard_unlock(s);
+    return st == LK_NOTRES ? -ENODATA : e != NULL;
+}
+
+int kvt_tx_begin(struct kv_table *t)
+{
+    if (t->log) {
+        int64_t rc = t->log(t->log_arg, KVT_LOG_UNIT_BEGIN, NULL, 0, NULL, 0, NULL, 0, 0);
+        if (rc < 0)
+            return (int)rc;
+    }
+    /* In shard order, the only order any thread takes more than one. */
+    for (int i = 0; i < KVT_SHARDS; i++)
+        pthread_mutex_lock(&t->shards[i].lock);
+    kvt_tx_held = 1;
+    return 0;
+}
+
+int64_t kvt_tx_end(struct kv_table *t)
+{
+    int64_t lsn = 0;
+    if (t->log) {
+        /* Still holding every shard: no record of another thread can land
+         * between the unit's records and the one that closes it. */
+        lsn = t->log(t->log_arg, KVT_LOG_UNIT_END, NULL, 0, NULL, 0, NULL, 0, 0);
+        if (lsn > 0)
+            kvt_lsn_touch((uint64_t)lsn);
+    }
+    kvt_tx_held = 0;
+    for (int i = KVT_SHARDS - 1; i >= 0; i--)
+        pthread_mutex_unlock(&t->shards[i].lock);
+    return lsn;
+}
