@@ -38,6 +38,10 @@ struct cmd_client {
     uint64_t sync_ticket;    /* CMD_STALL_SYNC: the sweep DBSIZE waits for */
     int64_t keys_ticket;     /* CMD_STALL_KEYS: the data file's key listing SCAN/KEYS wait for
                                 (bosc_keys_request) */
+    int evfd;                /* the session's eventfd (-1: a blocking front end, which waits in
+                                ses_wait): what a command requests itself wakes it there */
+    struct cmd_keys *keys;   /* SCAN, KEYS, RANDOMKEY over the data file: where the request
+                                is between its runs (cmd/scan.c), NULL otherwise */
     /* A multi-key command (MGET, EXISTS, DEL) that stalled on its resume_i-th key
      * carries on from there when run again (0 = from the start): it never needs
      * all its keys in memory at once, which a small memory could not give. MGET's
@@ -60,6 +64,9 @@ int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t
 
 /* Free what a client's MULTI/WATCH holds (on disconnect). */
 void cmd_tx_free(struct cmd_client *c);
+/* The connection is closing: release what its commands keep between the runs of
+ * a request (a pending key listing, KEYS's keys so far). */
+void cmd_client_release(struct cmd_client *c);
 
 /* Number of top-level commands in the table (COMMAND COUNT). */
 int cmd_count(void);

@@ -97,7 +97,33 @@ int c_append(struct cmd_client *c, const struct cmd_args *a);
 int c_strlen(struct cmd_client *c, const struct cmd_args *a);
 /* string_ext.c (the rest of Redis's string commands) */
 /* expire.c (expiry and TTL) */
+int c_expire(struct cmd_client *c, const struct cmd_args *a);
+int c_pexpire(struct cmd_client *c, const struct cmd_args *a);
+int c_expireat(struct cmd_client *c, const struct cmd_args *a);
+int c_pexpireat(struct cmd_client *c, const struct cmd_args *a);
+int c_ttl(struct cmd_client *c, const struct cmd_args *a);
+int c_pttl(struct cmd_client *c, const struct cmd_args *a);
+int c_expiretime(struct cmd_client *c, const struct cmd_args *a);
+int c_pexpiretime(struct cmd_client *c, const struct cmd_args *a);
+int c_persist(struct cmd_client *c, const struct cmd_args *a);
 /* keys.c (SCAN, KEYS, TYPE, RENAME, COPY, OBJECT, ...) */
+struct kvt_state;
+struct kvt_change;
+/* kvt_apply_fn that only reads whether a key exists and its type (TYPE, and SCAN's
+ * check of a key the data file listed). */
+struct cmd_peek {
+    int exists, type;
+};
+int64_t cmd_peek_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch);
+int c_type(struct cmd_client *c, const struct cmd_args *a);
+int c_rename(struct cmd_client *c, const struct cmd_args *a);
+int c_renamenx(struct cmd_client *c, const struct cmd_args *a);
+int c_copy(struct cmd_client *c, const struct cmd_args *a);
+int c_object(struct cmd_client *c, const struct cmd_args *a);
+/* scan.c (iterating the keyspace, memory and data file) */
+int c_scan(struct cmd_client *c, const struct cmd_args *a);
+int c_keys(struct cmd_client *c, const struct cmd_args *a);
+int c_randomkey(struct cmd_client *c, const struct cmd_args *a);
 /* hash.c */
 /* multi.c (MULTI, EXEC, DISCARD, WATCH, UNWATCH) */
 int c_multi(struct cmd_client *c, const struct cmd_args *a);

@@ -134,7 +134,26 @@ static const struct cmd_def commands[] = {
     {"strlen", 2, F_READONLY | F_FAST, 1, 1, 1, c_strlen, "string", "Returns the length of a string value.", "2.2.0"},
     /* string_ext.c */
     /* expire.c */
+    {"expire", -3, F_WRITE | F_FAST, 1, 1, 1, c_expire, "generic", "Sets the expiration time of a key in seconds.", "1.0.0"},
+    {"pexpire", -3, F_WRITE | F_FAST, 1, 1, 1, c_pexpire, "generic", "Sets the expiration time of a key in milliseconds.", "2.6.0"},
+    {"expireat", -3, F_WRITE | F_FAST, 1, 1, 1, c_expireat, "generic", "Sets the expiration time of a key to a Unix timestamp.", "1.2.0"},
+    {"pexpireat", -3, F_WRITE | F_FAST, 1, 1, 1, c_pexpireat, "generic", "Sets the expiration time of a key to a Unix milliseconds timestamp.", "2.6.0"},
+    {"ttl", 2, F_READONLY | F_FAST, 1, 1, 1, c_ttl, "generic", "Returns the expiration time in seconds of a key.", "1.0.0"},
+    {"pttl", 2, F_READONLY | F_FAST, 1, 1, 1, c_pttl, "generic", "Returns the expiration time in milliseconds of a key.", "2.6.0"},
+    {"expiretime", 2, F_READONLY | F_FAST, 1, 1, 1, c_expiretime, "generic", "Returns the expiration time of a key as a Unix timestamp.", "7.0.0"},
+    {"pexpiretime", 2, F_READONLY | F_FAST, 1, 1, 1, c_pexpiretime, "generic", "Returns the expiration time of a key as a Unix milliseconds timestamp.", "7.0.0"},
+    {"persist", 2, F_WRITE | F_FAST, 1, 1, 1, c_persist, "generic", "Removes the expiration time of a key.", "2.2.0"},
     /* keys.c */
+    {"keys", 2, F_READONLY, 0, 0, 0, c_keys, "generic", "Returns all key names that match a pattern.", "1.0.0"},
+    {"scan", -2, F_READONLY, 0, 0, 0, c_scan, "generic", "Iterates over the key names in the database.", "2.8.0"},
+    {"randomkey", 1, F_READONLY, 0, 0, 0, c_randomkey, "generic", "Returns a random key name from the database.", "1.0.0"},
+    {"type", 2, F_READONLY | F_FAST, 1, 1, 1, c_type, "generic", "Determines the type of value stored at a key.", "1.0.0"},
+    {"rename", 3, F_WRITE, 1, 2, 1, c_rename, "generic", "Renames a key and overwrites the destination.", "1.0.0"},
+    {"renamenx", 3, F_WRITE | F_FAST, 1, 2, 1, c_renamenx, "generic", "Renames a key only when the target key name doesn't exist.", "1.0.0"},
+    {"copy", -3, F_WRITE | F_DENYOOM, 1, 2, 1, c_copy, "generic", "Copies the value of a key to a new key.", "6.2.0"},
+    {"unlink", -2, F_WRITE | F_FAST, 1, -1, 1, c_del, "generic", "Asynchronously deletes one or more keys.", "4.0.0"},
+    {"touch", -2, F_READONLY | F_FAST, 1, -1, 1, c_exists, "generic", "Returns the number of existing keys out of those specified after updating the time they were last accessed.", "3.2.1"},
+    {"object", -2, 0, 2, 2, 1, c_object, "generic", "A container for object introspection commands.", "2.2.3"},
     /* hash.c */
     /* multi.c */
     {"multi", 1, F_FAST, 0, 0, 0, c_multi, "transactions", "Starts a transaction.", "1.2.0"},

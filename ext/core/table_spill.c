@@ -269,7 +269,12 @@ int kvt_expire_disk(struct kv_table *t, const void *key, size_t klen, int64_t ex
         return 0;
     uint64_t h = kvt_hash(key, klen);
     struct shard *s = kvt_lock_shard(t, h);
-    int rc = kvt_do_find(s, h, key, klen) ? 0 : expire_in_block(t, s, h, key, klen);
+    /* maybe_on_disk under the shard lock: a FLUSHALL (which empties the file's
+     * counts under every shard lock) between the flusher's read and here leaves
+     * nothing to expire. */
+    int rc = kvt_do_find(s, h, key, klen) || !t->sp.maybe_on_disk(t->sp.arg, key, klen)
+                 ? 0
+                 : expire_in_block(t, s, h, key, klen);
     shard_unlock(s);
     return rc;
 }
@@ -290,8 +295,8 @@ int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, 
         /* A clean copy of the block's record, or a clean tombstone saying the key
          * is not there (so the next miss does not read the block again). Charged
          * without the bound: the evictor takes it back under pressure. (An expired
-         * record whose deletion could not be logged reads as absent; the sweep
-         * that next rewrites its block drops it.) */
+         * record whose deletion could not be logged reads as absent; the flusher's
+         * expiry pass records it later, kvt_expire_disk.) */
         if (found && expire_ms && expire_ms <= now_ms())
             found = 0;
         struct kvt_entry *e = kvt_entry_new_b(t, h, key, klen, found ? val : NULL, found ? vlen : 0, 0, 0);

@@ -8,8 +8,11 @@
  * (read block, apply the keys' current states in LSN order, write block;
  * blocks without updates are skipped), syncs, records the flushed LSN in the
  * superblock, deletes log segments below it, and evicts clean entries when
- * memory is past its bound. A loader thread reads blocks for keys that left
- * memory. Pollers never block on either: they wait on their eventfd.
+ * memory is past its bound. Expired records it reads (in a sweep, or in a
+ * gentle background pass over the buckets that may hold records with an expire
+ * time) become logged deletions (kvt_expire_disk) that a later sweep writes. A
+ * loader thread reads blocks for keys that left memory and lists the file's
+ * keys (SCAN, KEYS). Pollers never block on either: they wait on their eventfd.
  *
  * File layout (little-endian), BOSC_BLOCK bytes per block:
  *   blocks 0, 1  superblock slots (written alternately, the valid one with the
@@ -23,7 +26,10 @@
  *   home block of the chain | payload. A never-written block reads as zeros:
  *   an empty bucket. Blocks of an older generation (before a FLUSHALL) are
  *   empty. The payload of a chain is one stream of records
- *   u32 klen | u32 vlen | i64 expire ms | key | value.
+ *   u32 type << 30 | klen | u32 vlen | i64 expire ms | key | value
+ *   (klen and vlen <= 512 MiB; type KVT_STRING = 0 or KVT_HASH = 1, whose value
+ *   is the encoded hash; files written before types existed hold only strings,
+ *   type 0; an expire time is absolute unix ms, 0 = none).
  * Everything read from the file is untrusted: lengths and chains are bounded,
  * every block's checksum, number and owner are checked, and damage is
  * reported with the file, block and what was wrong.
@@ -63,6 +69,13 @@ struct bosc_stats {
     uint64_t deferred;                 /* keys left dirty for a later sweep */
     uint64_t loads, load_reads, evicted, evicted_bytes, truncated_segments;
     uint64_t flushed_lsn, disk_keys, buckets, blocks, queued;
+    /* expired records found in the file (by sweeps and the background pass; one
+     * may be counted again until the sweep that removes it) and the deletions
+     * recorded for them; blocks read and whole turns over the buckets made by
+     * the background expiry pass */
+    uint64_t expired_found, expired_reclaimed, expire_pass_blocks, expire_passes;
+    /* key listings served, blocks they read, ready ones dropped untaken */
+    uint64_t key_listings, key_listing_blocks, key_listings_dropped;
     int failed;
     char error[256];
 };
@@ -103,16 +116,34 @@ int bosc_dirty(struct bosc *b);
 /* Listing the keys that live in the file (SCAN and KEYS: a key that left
  * memory exists only in its block). bosc_keys_request asks the loader thread
  * for the keys of home buckets [first, first + n) (their whole chains; records
- * whose expire time has passed are left out); evfd (>= 0) gets 1 when the
- * answer is ready. Returns a ticket (> 0) or -errno. Never blocks on I/O.
- * bosc_keys_take: 0 not ready yet; 1 ready: out got the keys as records
- * u32 klen | u8 type (KVT_STRING, KVT_HASH) | key, and the ticket is released;
- * -errno (-EILSEQ: a damaged block, see bosc_error), the ticket released.
- * bosc_keys_wait blocks until the ticket is ready (blocking front ends).
+ * whose expire time has passed by kvt_now_ms() are left out; first + n past
+ * the last bucket stops at it); evfd (>= 0) gets 1 when the answer is ready.
+ * Returns a ticket (> 0) or -errno: -EINVAL (first >= bosc_buckets, n == 0 or
+ * n > BOSC_KEYS_MAX_BUCKETS), -EBUSY (BOSC_KEYS_SLOTS listings are pending or
+ * ready and young: try later), -EIO (the data file failed: bosc_error).
+ * Never blocks on I/O. The listing is what the file holds: a key deleted or
+ * rewritten in memory since its last sweep is listed as the file has it, so
+ * check each listed key against the table.
+ * bosc_keys_take: 0 not ready yet; 1 ready: the keys were appended to out as
+ * records u32 klen | u8 type (KVT_STRING, KVT_HASH) | key (host order, as
+ * every u32 here), and the ticket is released; -errno, the ticket released:
+ * -EILSEQ a damaged block (see bosc_error), -ENOMEM, -ESTALE an unknown ticket
+ * or one dropped untaken (below).
+ * bosc_keys_wait blocks until the ticket is ready or unknown (blocking front
+ * ends); bosc_keys_cancel releases a ticket its requester no longer wants (a
+ * client gone): the work stops at its next step and its memory is freed.
+ * Bounds: at most BOSC_KEYS_SLOTS tickets exist at once, each holding the keys
+ * of at most BOSC_KEYS_MAX_BUCKETS buckets' chains; a ready answer nobody took
+ * within 2 s is dropped when a new request wants its slot, so a requester that
+ * went away without cancelling holds memory only until then. The loader serves
+ * waiting loads between every 16 buckets of a listing (GETs do not wait behind it).
  * bosc_buckets: the number of home buckets (the listing's cursor range). */
+#define BOSC_KEYS_SLOTS 64
+#define BOSC_KEYS_MAX_BUCKETS 1024
 int64_t bosc_keys_request(struct bosc *b, uint32_t first, uint32_t n, int evfd);
 int bosc_keys_take(struct bosc *b, int64_t ticket, struct kvbuf *out);
 void bosc_keys_wait(struct bosc *b, int64_t ticket);
+void bosc_keys_cancel(struct bosc *b, int64_t ticket);
 uint32_t bosc_buckets(struct bosc *b);
 
 int bosc_failed(struct bosc *b);

@@ -139,7 +139,9 @@ int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf 
 }
 
 /* Walk a record stream. Returns the number of records, or -EILSEQ if it is
- * malformed. fn (may be NULL) sees each record. */
+ * malformed (a length out of range or past the stream, an unknown type). fn
+ * (may be NULL) sees each record. The type sits in klen's top bits (bosc.h), so
+ * files written before types existed read as strings. */
 int64_t bosc_stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg)
 {
     size_t off = 0;
@@ -147,12 +149,13 @@ int64_t bosc_stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg)
     while (off < n) {
         if (n - off < REC_HDR)
             return -EILSEQ;
-        uint32_t klen = get32(p + off), vlen = get32(p + off + 4);
-        if (klen > MAX_REC || vlen > MAX_REC || (uint64_t)klen + vlen > n - off - REC_HDR)
+        uint32_t kw = get32(p + off), vlen = get32(p + off + 4);
+        uint32_t klen = kw & REC_KLEN_MASK, type = kw >> REC_TYPE_SHIFT;
+        if (klen > MAX_REC || vlen > MAX_REC || (uint64_t)klen + vlen > n - off - REC_HDR || type > KVT_HASH)
             return -EILSEQ;
         if (fn)
             fn(arg, p + off, REC_HDR + (size_t)klen + vlen, p + off + REC_HDR, klen, p + off + REC_HDR + klen,
-               vlen, (int64_t)get64(p + off + 8));
+               vlen, (int64_t)get64(p + off + 8), (int)type);
         off += REC_HDR + (size_t)klen + vlen;
         cnt++;
     }

@@ -1,6 +1,7 @@
 /* bosc_int.h - the BOSC data file's internal state and the helpers its files
  * share: bosc_block.c (blocks, superblock, free blocks), bosc_load.c (the table's
- * hooks, the loader), bosc_sweep.c (the flusher's sweep, eviction, sync) and
+ * hooks, the loader), bosc_keys.c (the key listing the loader serves),
+ * bosc_sweep.c (the flusher's sweep, expiry pass, eviction, sync) and
  * bosc_open.c (open, scan, close, stats). Not a public interface (bosc.h is);
  * ext/bench/bosc_naive.c uses the block layout and the I/O loops. Threads and
  * locking are described in bosc_open.c's header. */
@@ -27,6 +28,8 @@
 #define PAYLOAD (BLK - BHDR)
 #define FIRST_HOME 2
 #define REC_HDR 16
+#define REC_TYPE_SHIFT 30    /* a record's klen word: type << 30 | key length (< 2^30) */
+#define REC_KLEN_MASK ((1u << REC_TYPE_SHIFT) - 1)
 #define SB_MAGIC "KVSBOSC1"
 #define BLK_MAGIC 0x3142564Bu /* "KVB1" as bytes (little-endian u32): never all zeros */
 #define MAX_REC (512u * 1024 * 1024)
@@ -34,12 +37,30 @@
 #define HIGH_PCT 90          /* evict when memory passes this share of the bound ... */
 #define LOW_PCT 60           /* ... down to this share: room for the next batch of dirty keys */
 #define MAX_SUBS 1024
+#define KEYS_SLOTS BOSC_KEYS_SLOTS
+#define KEYS_STEP 16         /* buckets a listing reads before the loader serves waiting loads */
+#define KEYS_KEEP_MS 2000    /* a ready listing nobody took is dropped after this, when its
+                                slot is wanted (the requester went away) */
 
 struct load_req {
     struct load_req *next;
     int evfd;
     uint32_t klen;
     unsigned char key[];
+};
+
+/* A key listing (bosc_keys_request). States move FREE -> QUEUED -> RUNNING ->
+ * READY -> FREE under b->lock; while RUNNING only the loader touches out, first,
+ * next and rc (a cancel then only sets cancelled, the loader frees it). */
+enum { KS_FREE, KS_QUEUED, KS_RUNNING, KS_READY };
+struct keys_slot {
+    int state, cancelled, evfd;
+    uint32_t gen;                /* the ticket's upper bits: a reused slot is another ticket */
+    uint32_t next, end;          /* buckets [next, end) still to read */
+    uint64_t seq;                /* request order: the oldest job runs first */
+    uint64_t ready_ns;
+    int rc;                      /* 0, or -errno (the listing failed) */
+    struct kvbuf out;            /* u32 klen | u8 type | key, ... */
 };
 
 struct item {                /* one dirty key in a sweep */
@@ -94,10 +115,22 @@ struct bosc {
     _Atomic int failed;
     _Atomic int sweeping;         /* a sweep holds keys taken off the queue */
     int evict_failed;             /* the last eviction found nothing to evict (flusher) */
+    /* The expiry pass (bosc_sweep.c), flusher only after open: per bucket, the
+     * earliest expire time (unix s, rounded down; 0 = none) of a record its chain
+     * may hold (lowered when such a record is found at open or written; set to
+     * the truth when the pass reads the chain), how many buckets have one, and
+     * where the pass goes on. A bucket is read only once its time has come. */
+    uint32_t *exp_min;
+    uint32_t ttl_buckets, pass_cursor, pass_budget;
+    struct keys_slot keys[KEYS_SLOTS]; /* under lock (see struct keys_slot) */
+    uint64_t keys_seq;
+    pthread_cond_t keys_cond;     /* a listing became ready (bosc_keys_wait) */
     char error[256];
     struct {
         _Atomic uint64_t sweeps, records, blocks_read, blocks_written, bytes_written, syncs;
         _Atomic uint64_t sweep_ns, io_ns, deferred, loads, load_reads, evicted, evicted_bytes, truncated;
+        _Atomic uint64_t expired_found, expired_reclaimed, expire_pass_blocks, expire_passes;
+        _Atomic uint64_t key_listings, key_listing_blocks, key_listings_dropped;
     } st;
     uint32_t sweep_no;
 };
@@ -163,7 +196,7 @@ static inline int pwrite_all(int fd, const void *buf, size_t n, off_t off)
 /* ---- bosc_block.c: blocks, superblock, free blocks (each documented at its definition) */
 
 typedef void (*rec_fn)(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,
-                       uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire);
+                       uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire, int type);
 int bosc_all_zero(const unsigned char *p, size_t n);
 int bosc_block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t next, uint64_t gen,
                 uint32_t used, uint32_t home);
@@ -184,6 +217,31 @@ int bosc_hook_load_sync(void *arg, const void *key, size_t klen);
 int bosc_hook_make_room(void *arg);
 void bosc_wake_all(struct bosc *b);
 void *bosc_loader_main(void *arg);
+
+/* ---- bosc_keys.c: the key listing (called by the loader, b->lock held; the
+ * work itself runs unlocked) */
+
+struct keys_slot *bosc_keys_next(struct bosc *b);
+void bosc_keys_work(struct bosc *b, struct keys_slot *k);
+void bosc_keys_free_all(struct bosc *b);
+
+/* ---- bosc_open.c / bosc_sweep.c: bucket may hold a record that expires at
+ * expire_ms (flusher only, or the opening thread before it starts) */
+
+static inline uint32_t exp_sec(int64_t expire_ms)
+{
+    int64_t s = expire_ms / 1000;
+    return s < 1 ? 1 : s > UINT32_MAX ? UINT32_MAX : (uint32_t)s;
+}
+
+static inline void ttl_mark(struct bosc *b, uint32_t bucket, int64_t expire_ms)
+{
+    uint32_t s = exp_sec(expire_ms);
+    if (!b->exp_min[bucket])
+        b->ttl_buckets++;
+    if (!b->exp_min[bucket] || s < b->exp_min[bucket])
+        b->exp_min[bucket] = s;
+}
 
 /* ---- bosc_sweep.c: the flusher thread */
 

@@ -1,6 +1,7 @@
 /* bosc_load.c - the table's hooks into the data file (struct kvt_spill) and
  * loading keys that left memory: bosc_load (blocking) and the loader thread
- * serving bosc_request_load for pollers, which wait on their eventfd. A bucket's
+ * serving bosc_request_load for pollers, which wait on their eventfd, and
+ * between loads the key listings of bosc_keys.c. A bucket's
  * version (seqlock) and the generation tell a load that what it read is stale.
  * Parses untrusted bytes (the file) through bosc_block.c's checks. */
 #define _GNU_SOURCE
@@ -65,11 +66,11 @@ struct find_arg {
     const unsigned char *val;
     uint32_t vlen;
     int64_t expire;
-    int found;
+    int found, type;
 };
 
 static void find_rec(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key, uint32_t klen,
-              const unsigned char *val, uint32_t vlen, int64_t expire)
+              const unsigned char *val, uint32_t vlen, int64_t expire, int type)
 {
     (void)rec;
     (void)reclen;
@@ -79,6 +80,7 @@ static void find_rec(void *arg, const unsigned char *rec, size_t reclen, const u
         f->val = val;
         f->vlen = vlen;
         f->expire = expire;
+        f->type = type;
     }
 }
 
@@ -118,7 +120,7 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
             rc = 0; /* loaded already (a duplicate request) or written meanwhile */
             break;
         }
-        struct find_arg f = {key, (uint32_t)klen, NULL, 0, 0, 0};
+        struct find_arg f = {key, (uint32_t)klen, NULL, 0, 0, 0, KVT_STRING};
         rc = 0;
         if (atomic_load_explicit(&b->nkeys[v.bucket], memory_order_relaxed)) {
             add(&b->st.load_reads, 1);
@@ -132,7 +134,7 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
             fail(b, err);
             break;
         }
-        rc = kvt_load(b->t, key, klen, f.val, f.vlen, f.found, f.expire, KVT_STRING, still_valid, &v);
+        rc = kvt_load(b->t, key, klen, f.val, f.vlen, f.found, f.expire, f.type, still_valid, &v);
         if (rc != -EAGAIN)
             break;
     }
@@ -182,7 +184,16 @@ void *bosc_loader_main(void *arg)
     while (!b->stop) {
         struct load_req *r = b->lhead;
         if (!r) {
-            pthread_cond_wait(&b->cond, &b->lock);
+            /* No load waits: a step of a key listing, if one is asked for
+             * (loads go first: a GET must not wait behind a SCAN's reads). */
+            struct keys_slot *k = bosc_keys_next(b);
+            if (!k) {
+                pthread_cond_wait(&b->cond, &b->lock);
+                continue;
+            }
+            pthread_mutex_unlock(&b->lock);
+            bosc_keys_work(b, k);
+            pthread_mutex_lock(&b->lock);
             continue;
         }
         b->lhead = r->next;

@@ -64,7 +64,21 @@ static int create_file(struct bosc *b, uint32_t buckets, char *err, size_t errle
     return 0;
 }
 
-/* Read every chain: per-bucket record counts and the free overflow blocks. */
+struct scan_arg {
+    struct bosc *b;
+    uint32_t bucket;
+};
+
+static void scan_rec(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key, uint32_t klen,
+                     const unsigned char *val, uint32_t vlen, int64_t expire, int type)
+{
+    struct scan_arg *a = arg;
+    if (expire)
+        ttl_mark(a->b, a->bucket, expire); /* the expiry pass looks at this bucket then */
+}
+
+/* Read every chain: per-bucket record counts, the buckets holding records with
+ * an expire time and the free overflow blocks. */
 static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char *err, size_t errlen)
 {
     uint64_t nb = atomic_load(&b->nblocks);
@@ -90,7 +104,8 @@ static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char 
         rc = bosc_chain_read(b, bk, gen, &s, &chain, &nchain, &capchain, err, errlen);
         if (rc)
             break;
-        int64_t cnt = bosc_stream_walk((unsigned char *)s.p, s.len, NULL, NULL);
+        struct scan_arg sa = {b, bk};
+        int64_t cnt = bosc_stream_walk((unsigned char *)s.p, s.len, scan_rec, &sa);
         if (cnt < 0) {
             rc = bosc_stream_damaged(b, bk, err, errlen);
             break;
@@ -139,6 +154,7 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     b->locked_queue = cfg->locked_queue;
     pthread_cond_init(&b->cond, NULL);
     pthread_cond_init(&b->done, NULL);
+    pthread_cond_init(&b->keys_cond, NULL);
     ldu_queue_init(&b->q);
     int rc = 0;
     uint64_t flushed = 0, gen = 1;
@@ -178,7 +194,12 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
         goto fail;
     b->nkeys = calloc(b->nbuckets, sizeof *b->nkeys);
     b->ver = calloc(b->nbuckets, sizeof *b->ver);
-    if (!b->nkeys || !b->ver) {
+    b->exp_min = calloc(b->nbuckets, sizeof *b->exp_min);
+    /* The expiry pass reads at most this many blocks per flush interval: a whole
+     * turn over the buckets in about 256 intervals, never more than 256 blocks
+     * (1 MiB) an interval, so it stays small beside a sweep under write load. */
+    b->pass_budget = b->nbuckets / 256 < 16 ? 16 : b->nbuckets / 256 > 256 ? 256 : b->nbuckets / 256;
+    if (!b->nkeys || !b->ver || !b->exp_min) {
         rc = -ENOMEM;
         snprintf(err, errlen, "out of memory for %" PRIu32 " buckets", b->nbuckets);
         goto fail;
@@ -203,6 +224,7 @@ fail:
         close(b->fd);
     free(b->nkeys);
     free(b->ver);
+    free(b->exp_min);
     free(b->free_blk);
     free(b);
     return rc;
@@ -248,10 +270,12 @@ void bosc_close(struct bosc *b)
         b->stop = 1;
         pthread_cond_broadcast(&b->cond);
         pthread_cond_broadcast(&b->done);
+        pthread_cond_broadcast(&b->keys_cond);
         pthread_mutex_unlock(&b->lock);
         pthread_join(b->flusher, NULL);
         pthread_join(b->loader, NULL);
     }
+    bosc_keys_free_all(b);
     /* Hand every queued node back to its entry (still dirty: the log has it),
      * free the orphans, then detach: the table works on without a data file. */
     struct ldu_node *list = ldu_take(&b->q);
@@ -274,6 +298,7 @@ void bosc_close(struct bosc *b)
     close(b->fd);
     free(b->nkeys);
     free(b->ver);
+    free(b->exp_min);
     free(b->free_blk);
     free(b->freed);
     pthread_mutex_destroy(&b->lock);
@@ -282,6 +307,7 @@ void bosc_close(struct bosc *b)
     pthread_mutex_destroy(&b->qlock);
     pthread_cond_destroy(&b->cond);
     pthread_cond_destroy(&b->done);
+    pthread_cond_destroy(&b->keys_cond);
     free(b);
 }
 
@@ -306,6 +332,13 @@ void bosc_get_stats(struct bosc *b, struct bosc_stats *st)
     st->evicted = L(evicted);
     st->evicted_bytes = L(evicted_bytes);
     st->truncated_segments = L(truncated);
+    st->expired_found = L(expired_found);
+    st->expired_reclaimed = L(expired_reclaimed);
+    st->expire_pass_blocks = L(expire_pass_blocks);
+    st->expire_passes = L(expire_passes);
+    st->key_listings = L(key_listings);
+    st->key_listing_blocks = L(key_listing_blocks);
+    st->key_listings_dropped = L(key_listings_dropped);
 #undef L
     st->flushed_lsn = atomic_load(&b->flushed_lsn);
     st->buckets = b->nbuckets;

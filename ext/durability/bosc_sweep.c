@@ -1,8 +1,10 @@
 /* bosc_sweep.c - the flusher thread: takes the dirty queue, sweeps the blocks in
  * ascending order (read, apply the keys' states in LSN order, write), syncs,
  * records the flushed LSN in the superblock, deletes log segments below it and
- * evicts clean entries past the memory bound; bosc_kick/bosc_sync for others.
- * The flusher owns the free-block lists; bucket versions are odd while written. */
+ * evicts clean entries past the memory bound; between sweeps a gentle pass over
+ * the buckets finds expired records no sweep reads; bosc_kick/bosc_sync for
+ * others. The flusher owns the free-block lists and the expiry pass's bits;
+ * bucket versions are odd while written. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -33,11 +35,26 @@ struct rewrite {                 /* applying a block's updates to its record str
     uint8_t *present;            /* per item: its key was in the block */
     int64_t now;
     int changed, oom;
-    int64_t dropped;             /* expired records left out */
+    struct bosc *b;
+    uint64_t gen;
 };
 
+/* A record whose expire time has passed (and which no state in the sweep
+ * replaces): its expiry becomes a logged deletion, a tombstone the next sweep
+ * writes like any DEL, so the key count stays exact and the log says when the
+ * key went. The record stays until then. Not while a FLUSHALL has emptied the
+ * file meanwhile (its blocks are gone already). */
+static int expire_found(struct bosc *b, uint64_t gen, const unsigned char *key, uint32_t klen, int64_t expire)
+{
+    add(&b->st.expired_found, 1);
+    if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen || kvt_expire_disk(b->t, key, klen, expire) <= 0)
+        return 0;
+    add(&b->st.expired_reclaimed, 1);
+    return 1;
+}
+
 static void keep_rec(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,
-                     uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire)
+                     uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire, int type)
 {
     (void)val;
     (void)vlen;
@@ -51,20 +68,10 @@ static void keep_rec(void *arg, const unsigned char *rec, size_t reclen, const u
             return;
         }
     }
-    if (expire && expire <= w->now) {
-        w->changed = 1;
-        w->dropped++;
-        return;
-    }
+    if (expire && expire <= w->now)
+        expire_found(w->b, w->gen, key, klen, expire);
     if (kvbuf_append(w->out, (const char *)rec, reclen))
         w->oom = 1;
-}
-
-static int64_t unix_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static int bucket_cmp(const void *a, const void *b)
@@ -174,13 +181,13 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
     }
     memset(c->present, 0, live);
     c->out.len = 0;
-    struct rewrite w = {it, live, &c->out, c->present, unix_ms(), 0, 0, 0};
+    struct rewrite w = {it, live, &c->out, c->present, kvt_now_ms(), 0, 0, b, gen};
     int64_t before = bosc_stream_walk((unsigned char *)c->stream.p, c->stream.len, keep_rec, &w);
     if (before < 0)
         return bosc_stream_damaged(b, bucket, err, errlen);
     if (w.oom)
         return -ENOMEM;
-    int64_t after = before - w.dropped;
+    int64_t after = before;
     /* The latest state of each key wins: items are distinct keys (one node per key). */
     for (size_t i = 0; i < live; i++) {
         after -= c->present[i];
@@ -189,9 +196,11 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
         uint32_t klen;
         const unsigned char *key = kvt_dnode_key(it[i].d, &klen);
         unsigned char h[REC_HDR];
-        put32(h, klen);
+        put32(h, klen | (uint32_t)it[i].snap.type << REC_TYPE_SHIFT);
         put32(h + 4, it[i].snap.vlen);
         put64(h + 8, (uint64_t)it[i].snap.expire);
+        if (it[i].snap.expire)
+            ttl_mark(b, bucket, it[i].snap.expire);
         if (kvbuf_append(&c->out, (const char *)h, REC_HDR) || kvbuf_append(&c->out, (const char *)key, klen) ||
             kvbuf_append(&c->out, c->vals.p + it[i].voff, it[i].snap.vlen))
             return -ENOMEM;
@@ -218,7 +227,6 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
         if (!rc) {
             for (size_t i = 0; i < live; i++)
                 kvt_written(b->t, it[i].d, &it[i].snap, c->present[i]);
-            kvt_disk_keys_add(b->t, -w.dropped); /* expired records left out */
         }
     }
     pthread_mutex_unlock(&b->gen_lock);
@@ -354,6 +362,63 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     return 0;
 }
 
+/* ---- the expiry pass */
+
+struct pass_arg {
+    struct bosc *b;
+    uint64_t gen;
+    int64_t now;
+    int64_t next;                /* the earliest expire time the chain keeps (0: none) */
+};
+
+static void pass_rec(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,
+                     uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire, int type)
+{
+    struct pass_arg *a = arg;
+    if (!expire || (expire <= a->now && expire_found(a->b, a->gen, key, klen, expire)))
+        return; /* no expire time, or its deletion is recorded: the next sweep takes it */
+    if (!a->next || expire < a->next)
+        a->next = expire; /* (one whose deletion could not be recorded: next turn again) */
+}
+
+/* Expired records in blocks that no write touches would stay forever (a sweep
+ * reads only the blocks it writes): go on from the cursor over the buckets whose
+ * earliest expire time has come, reading at most pass_budget blocks, and turn
+ * what expired into logged deletions for the next sweep. A file without TTLs,
+ * or whose TTLs are all ahead, is never read. Flusher thread, between sweeps.
+ * Returns 0 or -errno (err set: a damaged block fails the data file, as a
+ * sweep's would). */
+static int expire_pass(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
+{
+    uint32_t budget = b->pass_budget;
+    int64_t now = kvt_now_ms();
+    uint32_t now_s = exp_sec(now);
+    for (uint32_t seen = 0; seen < b->nbuckets && budget && b->ttl_buckets; seen++) {
+        uint32_t bk = b->pass_cursor;
+        if (++b->pass_cursor == b->nbuckets) {
+            b->pass_cursor = 0;
+            add(&b->st.expire_passes, 1);
+        }
+        if (!b->exp_min[bk] || b->exp_min[bk] >= now_s) /* (rounded down: < is surely past) */
+            continue;
+        struct pass_arg a = {b, atomic_load_explicit(&b->gen, memory_order_acquire), now, 0};
+        if (atomic_load_explicit(&b->nkeys[bk], memory_order_relaxed)) {
+            int rc = bosc_chain_read(b, bk, a.gen, &c->stream, &c->chain, &c->nchain, &c->capchain, err, errlen);
+            if (rc)
+                return rc;
+            add(&b->st.expire_pass_blocks, c->nchain);
+            budget = c->nchain < budget ? budget - (uint32_t)c->nchain : 0;
+            if (bosc_stream_walk((unsigned char *)c->stream.p, c->stream.len, pass_rec, &a) < 0)
+                return bosc_stream_damaged(b, bk, err, errlen);
+        }
+        b->exp_min[bk] = 0;
+        b->ttl_buckets--;
+        if (a.next)
+            ttl_mark(b, bk, a.next);
+    }
+    return 0;
+}
+
 /* Evict clean keys down to LOW_PCT of the bound: when memory passes HIGH_PCT,
  * or at once when a writer waits for room (force: it may need more than the
  * room below HIGH_PCT). "Stuck" = a writer could wait forever: memory is full,
@@ -386,13 +451,28 @@ void *bosc_flusher_main(void *arg)
     struct bosc *b = arg;
     struct sweep_ctx c = {0};
     char err[256];
-    uint64_t last = now_ns();
+    uint64_t last = now_ns(), last_pass = last;
+    uint64_t interval_ns = (uint64_t)b->interval_ms * 1000000u;
     pthread_mutex_lock(&b->lock);
     while (!b->stop) {
+        /* The expiry pass, once per interval while some bucket may hold a
+         * record with an expire time (its deletions make the next sweep due). */
+        if (b->ttl_buckets && now_ns() - last_pass >= interval_ns && !b->kick && b->sync_req == b->sync_done &&
+            !atomic_load(&b->failed)) {
+            pthread_mutex_unlock(&b->lock);
+            int rc = expire_pass(b, &c, err, sizeof err);
+            if (rc && rc != -ENOMEM) { /* (out of memory: the next pass tries again) */
+                fail(b, err);
+                kvt_set_spill_stuck(b->t, 1);
+            }
+            last_pass = now_ns();
+            pthread_mutex_lock(&b->lock);
+            continue;
+        }
         uint64_t max = kvt_max_memory(b->t);
         /* (no sweep for pressure that evicting cannot relieve: that would spin) */
         int pressure = max && kvt_used_memory(b->t) * 100 > max * HIGH_PCT && !kvt_spill_stuck(b->t);
-        int due = now_ns() - last >= (uint64_t)b->interval_ms * 1000000u;
+        int due = now_ns() - last >= interval_ns;
         int dirty = atomic_load_explicit(&b->q.head, memory_order_relaxed) != NULL;
         int behind = b->wal && wal_durable_lsn(b->wal) > atomic_load(&b->flushed_lsn);
         if (!(b->kick || b->sync_req > b->sync_done || pressure || (due && (dirty || behind)))) {

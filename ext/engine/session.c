@@ -25,11 +25,13 @@ void ses_init(struct session *s, struct kv_engine *eng, struct kvbuf *out, const
     s->cl.eng = eng;
     s->cl.table = eng->table;
     s->cl.poller = index;
+    s->cl.evfd = evfd;
     snprintf(s->cl.addr, sizeof s->cl.addr, "%s", addr);
 }
 
 void ses_free(struct session *s)
 {
+    cmd_client_release(&s->cl);
     free(s->cl.name);
     s->cl.name = NULL;
     cmd_tx_free(&s->cl);

@@ -12,7 +12,12 @@ What is checked:
   5. commands on evicted keys reply exactly as redis-server does;
   6. FLUSHALL with a data file, across a clean stop and a kill -9;
   7. keys with a TTL expire while evicted and after a restart;
-  8. kill -9 while the log sync is slow and the flusher grows chains.
+  8. kill -9 while the log sync is slow and the flusher grows chains;
+  9. expired records leave blocks that no write touches (the flusher's background pass),
+     DBSIZE exact before and after, none back after a kill -9;
+ 10. hashes leave memory and come back whole, as hashes, across a kill -9 (needs HSET).
+(The data file's key listing for SCAN/KEYS, and cases that move the table's clock, are in
+tests/c/bosc_keys_test.c.)
 The data file layout read here is the one described in ext/durability/bosc.h.
 """
 import os
@@ -33,6 +38,8 @@ FIRST_HOME = 2                # blocks 0 and 1 are the superblock copies
 BLK_MAGIC = b"KVB1"           # u32 0x3142564B, little-endian
 SB_MAGIC = b"KVSBOSC1"
 BHDR = 32                     # block header: magic crc no next gen(u64) used home
+TYPE_SHIFT = 30               # a record's klen word: type << 30 | key length
+STRING, HASH = 0, 1
 MB = 1024 * 1024
 NODE_DEFAULTS = {"data_file": True}  # the nodes fixture (faults/conftest.py) starts them with the data file
 
@@ -629,4 +636,131 @@ def test_kill9_while_writes_wait_for_a_slow_log_the_data_file_stays_behind_it(da
     check_state(n.port, acked)
     got = mget_all(n.port, list(unacked))
     assert all(got[k] in (None, unacked[k]) for k in unacked)
+    n.stop()
+
+
+# ================================================================ 9, 10. records with a TTL or a type
+
+def records(path):
+    """{key: (type, expire ms)} of every record in the data file (current generation),
+    each block's checksum, number and owner checked; read from a stopped server's file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    sb = max((s for s in superblocks(path) if s["valid"]), key=lambda s: s["seq"])
+
+    def block(no):
+        b = data[no * BLOCK:(no + 1) * BLOCK]
+        if len(b) < BLOCK or b == bytes(BLOCK):
+            return None
+        crc, own, nxt, gen, used, home = struct.unpack_from("<IIIQII", b, 4)
+        assert b[:4] == BLK_MAGIC and crc == fl.crc32c(b[8:]) and own == no, f"block {no} damaged"
+        return nxt, gen, b[BHDR:BHDR + used], home
+
+    out = {}
+    for home in range(FIRST_HOME, FIRST_HOME + sb["buckets"]):
+        first = block(home)
+        if first is None or first[1] != sb["gen"]:
+            continue
+        stream, no, hops = b"", home, 0
+        while no:
+            nxt, _gen, payload, owner = block(no)
+            assert owner == home and hops <= len(data) // BLOCK
+            stream, no, hops = stream + payload, nxt, hops + 1
+        off = 0
+        while off < len(stream):
+            kw, vlen, expire = struct.unpack_from("<IIq", stream, off)
+            klen, typ = kw & ((1 << TYPE_SHIFT) - 1), kw >> TYPE_SHIFT
+            key = stream[off + 16:off + 16 + klen]
+            assert key not in out, f"{key!r} twice in the file"
+            out[key] = (typ, expire)
+            off += 16 + klen + vlen
+        assert off == len(stream)
+    return out
+
+
+def dbsize(port):
+    with client(port) as c:
+        return c.dbsize()
+
+
+@pytest.mark.timeout(120)
+def test_expired_records_leave_blocks_no_write_touches(data_dir, nodes):
+    """Keys with a 6 s TTL are written, pushed out of memory by filler keys (256 KiB of
+    memory), and flushed; then nothing is written. Their records sit in blocks that no
+    sweep reads again, so only the flusher's background pass can find them: within a
+    bounded time DBSIZE drops to exactly the keys without a TTL, the log's deletions reach
+    the file, and after a kill -9 the file holds none of them and none comes back."""
+    s = dict(max_memory="256kb", flush_interval_ms=100, data_buckets=256)
+    n = nodes(data_dir, **s)
+    exp = [(b"exp:%04d" % i, b"short-lived-%04d" % i * 4) for i in range(400)]
+    keep = {b"keep:%05d" % i: b"%05d" % i * 17 for i in range(4000)}
+    t0 = time.monotonic()
+    set_all(n.port, exp, px=6000)
+    set_all(n.port, list(keep.items()))
+    i = wait_flushed(n.port)
+    assert i["memory_keys"] < len(exp) + len(keep), f"nothing left memory: {i}"
+    if time.monotonic() < t0 + 5:   # before the TTL (opportunistic on a slow machine)
+        assert dbsize(n.port) == len(exp) + len(keep)
+    time.sleep(max(0.0, t0 + 6.5 - time.monotonic()))
+    deadline = time.monotonic() + 60
+    while (got := dbsize(n.port)) != len(keep):
+        assert got > len(keep), f"DBSIZE {got} below the {len(keep)} keys without a TTL"
+        assert time.monotonic() < deadline, f"DBSIZE still {got} 60 s after the TTL, want {len(keep)}"
+        time.sleep(0.2)
+    wait_flushed(n.port)   # the deletions logged for them are in the file now
+    with client(n.port) as c:
+        assert c.dbsize() == len(keep)
+        assert c.exists(*[k for k, _ in exp]) == 0
+    n.kill()
+
+    on_disk = records(datafile(data_dir))
+    left = [k for k, _ in exp if k in on_disk]
+    assert not left, f"{len(left)} expired records still in the data file, e.g. {left[:3]}"
+    assert set(on_disk) == set(keep), "the data file does not hold exactly the keys without a TTL"
+    n = nodes(data_dir, **s)
+    fl.parse_datafile(n.log())
+    with client(n.port) as c:
+        assert c.dbsize() == len(keep)
+        assert c.exists(*[k for k, _ in exp]) == 0
+        assert c.get(b"keep:00042") == keep[b"keep:00042"]
+    n.stop()
+
+
+@pytest.mark.timeout(120)
+def test_hashes_leave_memory_and_come_back_whole(data_dir, nodes):
+    """500 hashes of 5 fields and 4,000 strings in 256 KiB of memory: most hashes are
+    evicted to the data file and loaded back by HGETALL whole, TYPE says hash; the file
+    marks their records as hashes; all of it again after a kill -9."""
+    s = dict(max_memory="256kb", flush_interval_ms=100, data_buckets=256)
+    n = nodes(data_dir, **s)
+    with client(n.port) as c:
+        try:
+            c.hset(b"probe", b"f", b"v")
+        except Exception as e:  # redis.ResponseError: this build has no hashes yet
+            pytest.skip(f"HSET is not implemented here: {e}")
+        c.delete(b"probe")
+    hashes = {b"dev:%04d" % i: {b"f%d" % j: b"reading-%04d-%d" % (i, j) for j in range(5)} for i in range(500)}
+    with client(n.port) as c:
+        p = c.pipeline(transaction=False)
+        for k, fields in hashes.items():
+            p.hset(k, mapping=fields)
+        assert p.execute() == [5] * len(hashes)
+    set_all(n.port, [(b"fill:%05d" % i, b"%05d" % i * 17) for i in range(4000)])
+    i = wait_flushed(n.port)
+    assert i["memory_keys"] < len(hashes), f"the hashes did not leave memory: {i}"
+
+    def check(port):
+        with client(port) as c:
+            for k, fields in hashes.items():
+                assert c.hgetall(k) == fields, k
+            assert {c.type(k) for k in list(hashes)[:50]} == {b"hash"}
+            assert c.dbsize() == len(hashes) + 4000
+
+    check(n.port)
+    n.kill()
+    on_disk = records(datafile(data_dir))
+    assert {on_disk[k][0] for k in hashes} == {HASH}
+    assert on_disk[b"fill:00001"][0] == STRING
+    n = nodes(data_dir, **s)
+    check(n.port)
     n.stop()
