@@ -125,6 +125,22 @@ int c_scan(struct cmd_client *c, const struct cmd_args *a);
 int c_keys(struct cmd_client *c, const struct cmd_args *a);
 int c_randomkey(struct cmd_client *c, const struct cmd_args *a);
 /* hash.c */
+int c_hset(struct cmd_client *c, const struct cmd_args *a);
+int c_hsetnx(struct cmd_client *c, const struct cmd_args *a);
+int c_hmset(struct cmd_client *c, const struct cmd_args *a);
+int c_hget(struct cmd_client *c, const struct cmd_args *a);
+int c_hmget(struct cmd_client *c, const struct cmd_args *a);
+int c_hgetall(struct cmd_client *c, const struct cmd_args *a);
+int c_hkeys(struct cmd_client *c, const struct cmd_args *a);
+int c_hvals(struct cmd_client *c, const struct cmd_args *a);
+int c_hdel(struct cmd_client *c, const struct cmd_args *a);
+int c_hexists(struct cmd_client *c, const struct cmd_args *a);
+int c_hlen(struct cmd_client *c, const struct cmd_args *a);
+int c_hstrlen(struct cmd_client *c, const struct cmd_args *a);
+int c_hincrby(struct cmd_client *c, const struct cmd_args *a);
+int c_hincrbyfloat(struct cmd_client *c, const struct cmd_args *a);
+int c_hrandfield(struct cmd_client *c, const struct cmd_args *a);
+int c_hscan(struct cmd_client *c, const struct cmd_args *a);
 /* multi.c (MULTI, EXEC, DISCARD, WATCH, UNWATCH) */
 int c_multi(struct cmd_client *c, const struct cmd_args *a);
 int c_exec(struct cmd_client *c, const struct cmd_args *a);

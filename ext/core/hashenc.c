@@ -83,6 +83,14 @@ int hashenc_next(struct hashenc_iter *it, struct hashenc_entry *e)
     return 1;
 }
 
+int hashenc_entry_at(const void *val, size_t vlen, size_t off, struct hashenc_entry *e)
+{
+    if (!val || off < HASHENC_HDR || off >= vlen)
+        return -EBADMSG;
+    struct hashenc_iter it = {(const unsigned char *)val + off, (const unsigned char *)val + vlen, 1};
+    return hashenc_next(&it, e) == 1 ? 1 : -EBADMSG;
+}
+
 int hashenc_validate(const void *val, size_t vlen)
 {
     struct hashenc_iter it;

@@ -73,6 +73,10 @@ int hashenc_iter_init(struct hashenc_iter *it, const void *val, size_t vlen);
  * ends exactly there), or -EBADMSG. */
 int hashenc_next(struct hashenc_iter *it, struct hashenc_entry *e);
 
+/* The entry that starts off bytes into val (an offset a walk gave: e->raw - val),
+ * for random access after one walk (HRANDFIELD). Returns 1 (*e set) or -EBADMSG. */
+int hashenc_entry_at(const void *val, size_t vlen, size_t off, struct hashenc_entry *e);
+
 /* Check the whole value. Returns 0 or -EBADMSG. */
 int hashenc_validate(const void *val, size_t vlen);
 

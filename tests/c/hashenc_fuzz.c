@@ -14,7 +14,8 @@
  * 3. Decoder: valid encodings mutated (bit flips, bytes set, truncation, bytes
  *    appended or inserted, lengths rewritten to large values) and random bytes,
  *    each copied into a malloc of exactly its size (ASan sees any read past it).
- *    Every reader and writer runs on it; checked: every entry they return lies
+ *    Every reader and writer runs on it (hashenc_entry_at at the entries' and at
+ *    random offsets too); checked: every entry they return lies
  *    inside the value; they agree on whether it is valid; a valid value survives
  *    a rewrite with no change byte for byte (one encoding per hash), and an
  *    invalid one makes every writer fail with -EBADMSG and leave out unchanged.
@@ -241,6 +242,8 @@ static void run_decoders(const char *v, size_t n, struct rng *r)
     while (!rc && (rc = hashenc_next(&it, &e)) == 1) {
         CHECK(inside(e.f, e.flen, v, n) && inside(e.v, e.vlen, v, n) && inside(e.raw, e.rawlen, v, n));
         CHECK(e.raw + e.rawlen == e.v + e.vlen && e.f > e.raw && e.v > e.f);
+        struct hashenc_entry g;
+        CHECK(hashenc_entry_at(v, n, (size_t)(e.raw - v), &g) == 1 && g.f == e.f && g.v == e.v && g.vlen == e.vlen);
         if (!seen++) {
             firstf = e.f;
             firstfl = e.flen;
@@ -248,6 +251,10 @@ static void run_decoders(const char *v, size_t n, struct rng *r)
         rc = 0;
     }
     CHECK((rc == 0) == (valid == 0), "walk %d, validate %d", rc, valid);
+    for (int k = 0; k < 4; k++) { /* random access at any offset stays inside too */
+        rc = hashenc_entry_at(v, n, rng_below(r, n + 3), &e);
+        CHECK(rc == -EBADMSG || (rc == 1 && inside(e.raw, e.rawlen, v, n) && inside(e.v, e.vlen, v, n)));
+    }
     CHECK(valid != 0 || seen == len);
     if (firstf) {
         CHECK(hashenc_find(v, n, firstf, firstfl, &e) == 1 && e.f == firstf);
