@@ -616,7 +616,8 @@ static int64_t hscan_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
     if (!rc) {
         out_rc(h, kvbuf_append(out, "*2\r\n$1\r\n0\r\n", 11));
         out_rc(h, resp_add_array(out, m));
-        out_rc(h, kvbuf_append(out, els.p, els.len));
+        if (els.len) /* none matched: els.p is NULL, which memcpy must not get */
+            out_rc(h, kvbuf_append(out, els.p, els.len));
     }
     kvbuf_free(&els);
     return rc;

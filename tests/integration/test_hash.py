@@ -10,11 +10,16 @@
 3. a large hash (past Redis's listpack limits) against a plain dict;
 4. redis-py's hset(mapping=...), hgetall, hincrby, ...; INFO and DBSIZE count a hash
    as one key;
-5. durability: hashes written, changed and emptied survive kill -9 with durability
+5. the stored encoding, as ext/core/hashenc.h describes it, written here
+   independently into an in-process server's table and read by the commands; the
+   same with damaged encodings (as a bad file or log could hold): every command
+   replies, an error or a result, and the server stays up;
+6. durability: hashes written, changed and emptied survive kill -9 with durability
    disk, and with a data file and little memory they leave memory and come back
    whole (read, changed, deleted while evicted), across kill -9 as well.
 """
 import random
+import struct
 import time
 
 import pytest
@@ -23,6 +28,8 @@ import redis
 from helpers import faultlib as fl
 from helpers.conn import Raw, client
 from helpers.resp import resp_cmd as C, resp_parse
+from kvstore import Server
+from kvstore._native import ffi, lib
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -253,6 +260,19 @@ def test_hrandfield_picks_every_field(kv):
         assert {c.hrandfield("h") for _ in range(300)} == set(HASH5)
 
 
+def test_hrandfield_repeats_are_bounded(kv):
+    """A negative count repeats fields without end: a reply that could pass 512 MB is
+    refused (Redis would build it); smaller ones are served whole."""
+    with client(kv.port) as c:
+        c.flushall()
+        c.hset("h", mapping={b"f" * 1000: b"v", b"g": b"w"})
+        with pytest.raises(redis.ResponseError, match="out of range"):
+            c.hrandfield("h", -1_000_000)
+        got = c.hrandfield("h", -5000, withvalues=True)
+        assert len(got) == 10000 and set(got[::2]) == {b"f" * 1000, b"g"}
+        assert c.ping()
+
+
 # ----------------------------------------------------------------- a large hash
 
 def test_large_hash_against_a_model(redis_server, kv):
@@ -450,3 +470,71 @@ def test_hashes_leave_memory_read_changed_and_deleted_while_evicted(tmp_path):
         with client(n.port) as c:
             assert 900 < c.ttl(keys[-1]) <= 1000
         n.stop()
+
+
+# ----------------------------------------------------------------- the stored encoding
+
+KVT_TYPE_HASH = 1 << 4  # table.h: kvt_set's flag for an encoded hash (log replay, data-file load)
+
+
+def varint(n):
+    out = b""
+    while n >= 0x80:
+        out += bytes([n & 0x7F | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
+def encode(pairs):
+    """The format of ext/core/hashenc.h, written from its description."""
+    return struct.pack("<I", len(pairs)) + b"".join(varint(len(f)) + f + varint(len(v)) + v for f, v in pairs)
+
+
+PAIRS = [(b"temp", b"21.5"), (b"x" * 200, b"y" * 300), (b"", b""), (b"n", b"41")]
+READS = [("HGETALL", "k"), ("HKEYS", "k"), ("HVALS", "k"), ("HLEN", "k"), ("HGET", "k", "n"),
+         ("HGET", "k", "zz"), ("HMGET", "k", "n", "temp", *[f"m{i}" for i in range(12)]), ("HEXISTS", "k", "temp"),
+         ("HSTRLEN", "k", "temp"), ("HRANDFIELD", "k"), ("HRANDFIELD", "k", "3", "WITHVALUES"),
+         ("HRANDFIELD", "k", "-5", "WITHVALUES"), ("HRANDFIELD", "k", "100"), ("HSCAN", "k", "0", "MATCH", "t*")]
+WRITES = [("HSET", "k", "n", "1", "new", "2"), ("HSETNX", "k", "new2", "v"), ("HDEL", "k", "temp", "zz"),
+          ("HINCRBY", "k", "n", "1"), ("HINCRBYFLOAT", "k", "n", "0.5"),
+          ("HDEL", "k", *[f"m{i}" for i in range(12)], "n")]
+
+
+def test_stored_encoding_and_damaged_values():
+    rng = random.Random(3)
+    with Server(port=0, threads=1) as srv:
+        def put(v):
+            assert lib.kvt_set(srv.store._t, b"k", 1, v, len(v), KVT_TYPE_HASH, 0, ffi.NULL, ffi.NULL) == 1
+
+        with client(srv.port) as c:
+            put(encode(PAIRS))
+            assert c.hgetall("k") == dict(PAIRS) and c.hkeys("k") == [f for f, _ in PAIRS]
+            assert c.hincrby("k", "n", 1) == 42 and c.hset("k", "z", "1") == 1
+            assert c.hgetall("k") == {**dict(PAIRS), b"n": b"42", b"z": b"1"}
+            assert c.type("k") == b"hash"
+            valid = encode(PAIRS)
+            outcomes = {"ok": 0, "damaged": 0}
+            for i in range(400):
+                v = bytearray(valid)
+                for _ in range(rng.randrange(1, 4)):
+                    at = rng.randrange(len(v))
+                    how = rng.randrange(4)
+                    if how == 0:
+                        v[at] ^= 1 << rng.randrange(8)
+                    elif how == 1:
+                        del v[at:]
+                    elif how == 2:
+                        v[at] = rng.choice([0x80, 0xFF, 0x7F, rng.randrange(256)])
+                    else:
+                        v[at:at] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 4)))
+                put(bytes(v))
+                for cmd in READS + [rng.choice(WRITES)]:
+                    try:
+                        c.execute_command(*cmd)
+                        outcomes["ok"] += 1
+                    except redis.ResponseError as e:
+                        assert "damaged" in str(e) or "not an integer" in str(e) or "not a float" in str(e), (cmd, e)
+                        outcomes["damaged"] += "damaged" in str(e)
+                assert c.delete("k") in (0, 1)   # 0: a write emptied it
+            assert outcomes["ok"] > 0 and outcomes["damaged"] > 0, outcomes
+            assert c.ping() and c.dbsize() == 0
