@@ -255,8 +255,9 @@ static int put_entry(struct kvbuf *b, const char *f, size_t fl, const char *v, s
     return 0;
 }
 
-/* Rewrite cur into out: entries that match a named field go to put(), the
- * others are copied unchanged. Shared by set and del. */
+/* What set and del share while they rewrite cur into out: the named fields,
+ * room reserved once, the count written last (when it is known), and out left
+ * as it was on any error. */
 struct rewrite {
     struct named nm;
     struct kvbuf *out;
@@ -278,7 +279,7 @@ static int rewrite_begin(struct rewrite *w, struct kvbuf *out, const void *cur, 
     return named_init(&w->nm, fs);
 }
 
-static int64_t rewrite_end(struct rewrite *w, int rc, int64_t count)
+static int rewrite_end(struct rewrite *w, int rc, int64_t count)
 {
     named_free(&w->nm);
     if (!rc && (count > UINT32_MAX || w->out->len - w->start > HASHENC_MAX_LEN))
@@ -330,7 +331,7 @@ int64_t hashenc_set(struct kvbuf *out, const void *cur, size_t curlen, const cha
         rc = put_entry(out, fv[2 * i], fvl[2 * i], fv[v], fvl[v]);
         added++;
     }
-    rc = (int)rewrite_end(&w, rc, w.old + added);
+    rc = rewrite_end(&w, rc, w.old + added);
     return rc ? rc : added;
 }
 
@@ -353,6 +354,6 @@ int64_t hashenc_del(struct kvbuf *out, const void *cur, size_t curlen, const str
         } else
             rc = kvbuf_append(out, e.raw, e.rawlen);
     }
-    rc = (int)rewrite_end(&w, rc, w.old - removed);
+    rc = rewrite_end(&w, rc, w.old - removed);
     return rc ? rc : removed;
 }

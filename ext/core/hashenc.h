@@ -94,7 +94,7 @@ struct hashenc_fields {
 
 /* For each named field i, its entry: found[i].f is NULL when the hash lacks it
  * (a field named twice gets the same entry twice). Returns 0, -EBADMSG (whole
- * value checked), -ENOMEM. */
+ * value checked), -ENOMEM, -E2BIG (over 2^30 names). */
 int hashenc_lookup(const void *val, size_t vlen, const struct hashenc_fields *fs, struct hashenc_entry *found);
 
 /* Writers. The new encoding is appended to out from out->len (the caller
