@@ -96,6 +96,61 @@ int c_decrby(struct cmd_client *c, const struct cmd_args *a);
 int c_append(struct cmd_client *c, const struct cmd_args *a);
 int c_strlen(struct cmd_client *c, const struct cmd_args *a);
 /* string_ext.c (the rest of Redis's string commands) */
+#define ERR_WRONGTYPE "WRONGTYPE Operation against a key holding the wrong kind of value"
+#define ERR_NOMEM "ERR out of memory"
+/* The head of a kvt_apply argument: fn returns CMD_OP_ERR to have err replied. */
+struct cmd_op {
+    struct cmd_client *c;
+    const char *err;
+};
+#define CMD_OP_ERR (-ECANCELED) /* (errno.h) */
+struct kvt_state;
+struct kvt_change;
+/* kvt_apply(fn, op) on argument 1's key. Returns 1 with fn's result in *res, or 0
+ * when the request is answered or stalled: what fn queued on c->out is dropped and
+ * the error replied (op->err, WRONGTYPE, a write error), or it waits for a load or
+ * for need bytes of memory. */
+int cmd_apply_key(struct cmd_client *c, const struct cmd_args *a,
+                  int64_t (*fn)(void *op, const struct kvt_state *cur, struct kvt_change *ch), struct cmd_op *op,
+                  size_t need, int64_t *res);
+/* kvt_get on argument 1's key: 1 found (fn ran), 0 absent, or -1 when the request is
+ * answered (WRONGTYPE) or stalled for a load. */
+int cmd_read_key(struct cmd_client *c, const struct cmd_args *a, void (*fn)(void *arg, const char *v, size_t n),
+                 void *arg);
+/* SET ... GET and GETSET (string.c) on arguments 1 (key) and 2 (value): flags KVT_NX/XX/KEEPTTL. */
+int cmd_set_get(struct cmd_client *c, const struct cmd_args *a, int flags, int64_t expire);
+/* Argument i as an expire time in units of unit_ms (1000 or 1), relative to now or
+ * absolute: 0 with the absolute ms in *ms, -EINVAL not an integer, -ERANGE not a
+ * valid time; cmd_reply_expire_err replies Redis's error for cmd. */
+int cmd_expire_arg(const struct cmd_args *a, int i, int unit_ms, int relative, int64_t *ms);
+int cmd_reply_expire_err(struct cmd_client *c, int rc, const char *cmd);
+/* MSET's and MSETNX's checks (string.c): pairs of arguments, room for them in memory.
+ * 1 fine, else 0 (answered, or stalled for memory). */
+int cmd_mset_check(struct cmd_client *c, const struct cmd_args *a, const char *cmd);
+/* For a kvt_apply fn: PUT the key's string with bytes [off, off + n) replaced by src
+ * (zero-padded past its end), built in buf (alive until kvt_apply returns), the
+ * expire time kept. Returns the new length, or CMD_OP_ERR (op->err) without memory. */
+int64_t cmd_put_patched(struct cmd_op *op, struct kvbuf *buf, const struct kvt_state *cur, size_t off,
+                        const void *src, size_t n, struct kvt_change *ch);
+/* Redis's range [*start, *end] in a sequence of len: negative indexes count from the
+ * end, both clamped into it. 1 if it is not empty. */
+int cmd_range(long long *start, long long *end, long long len);
+int c_setnx(struct cmd_client *c, const struct cmd_args *a);
+int c_setex(struct cmd_client *c, const struct cmd_args *a);
+int c_psetex(struct cmd_client *c, const struct cmd_args *a);
+int c_getset(struct cmd_client *c, const struct cmd_args *a);
+int c_getdel(struct cmd_client *c, const struct cmd_args *a);
+int c_getex(struct cmd_client *c, const struct cmd_args *a);
+int c_msetnx(struct cmd_client *c, const struct cmd_args *a);
+int c_getrange(struct cmd_client *c, const struct cmd_args *a);
+int c_setrange(struct cmd_client *c, const struct cmd_args *a);
+int c_incrbyfloat(struct cmd_client *c, const struct cmd_args *a);
+/* string_bits.c */
+int c_setbit(struct cmd_client *c, const struct cmd_args *a);
+int c_getbit(struct cmd_client *c, const struct cmd_args *a);
+int c_bitcount(struct cmd_client *c, const struct cmd_args *a);
+int c_bitpos(struct cmd_client *c, const struct cmd_args *a);
+int c_lcs(struct cmd_client *c, const struct cmd_args *a);
 /* expire.c (expiry and TTL) */
 int c_expire(struct cmd_client *c, const struct cmd_args *a);
 int c_pexpire(struct cmd_client *c, const struct cmd_args *a);

@@ -1,6 +1,8 @@
-/* string.c - string commands: GET, SET, MGET, MSET, INCR/DECR(BY), APPEND, STRLEN.
- * A key that left memory for the data file stalls the request until loaded
- * (cmd_need_load). Runs on front-end threads; arguments are untrusted. */
+/* string.c - string commands: GET, SET, MGET, MSET, INCR/DECR(BY), APPEND, STRLEN
+ * (the rest are in string_ext.c and string_bits.c). A key that left memory for the
+ * data file stalls the request until loaded (cmd_need_load); a key of another type
+ * gets WRONGTYPE (MGET: nil, as Redis). Runs on front-end threads; arguments are
+ * untrusted. */
 #define _GNU_SOURCE
 #include "cmd/cmd_int.h"
 
@@ -17,6 +19,8 @@ int c_get(struct cmd_client *c, const struct cmd_args *a)
     int rc = kvt_get(c->table, a->argv[1], a->argl[1], cmd_add_bulk_cb, c);
     if (rc == -ENODATA)
         return cmd_need_load(c, a->argv[1], a->argl[1]);
+    if (rc == KVT_WRONGTYPE)
+        return cmd_reply_err(c, ERR_WRONGTYPE);
     if (!rc)
         return resp_add_null(c->out, c->resp);
     return 0;
@@ -65,17 +69,28 @@ int c_set(struct cmd_client *c, const struct cmd_args *a)
             expire = ttl;
         }
     }
+    if (get)
+        return cmd_set_get(c, a, flags, expire);
+    int rc = kvt_set(c->table, a->argv[1], a->argl[1], a->argv[2], a->argl[2], flags, expire, NULL, NULL);
+    if (rc < 0)
+        return cmd_write_err_key(c, rc, a->argv[1], a->argl[1], a->argl[1] + a->argl[2]);
+    return rc ? cmd_reply_ok(c) : resp_add_null(c->out, c->resp);
+}
+
+/* SET ... GET and GETSET: the old value (nil when absent) is the reply; a key of
+ * another type gets WRONGTYPE and is left as it is, as Redis. */
+int cmd_set_get(struct cmd_client *c, const struct cmd_args *a, int flags, int64_t expire)
+{
     size_t before = c->out->len;
-    int rc = kvt_set(c->table, a->argv[1], a->argl[1], a->argv[2], a->argl[2], flags, expire,
-                     get ? cmd_add_bulk_cb : NULL, c);
-    int had_old = c->out->len != before; /* the GET callback queued the old value */
+    int rc = kvt_set(c->table, a->argv[1], a->argl[1], a->argv[2], a->argl[2], flags, expire, cmd_add_bulk_cb, c);
+    int had_old = c->out->len != before; /* the callback queued the old value */
     if (rc < 0) {
         c->out->len = before;
+        if (rc == KVT_WRONGTYPE)
+            return cmd_reply_err(c, ERR_WRONGTYPE);
         return cmd_write_err_key(c, rc, a->argv[1], a->argl[1], a->argl[1] + a->argl[2]);
     }
-    if (get)
-        return had_old ? 0 : resp_add_null(c->out, c->resp);
-    return rc ? cmd_reply_ok(c) : resp_add_null(c->out, c->resp);
+    return had_old ? 0 : resp_add_null(c->out, c->resp);
 }
 
 int c_mget(struct cmd_client *c, const struct cmd_args *a)
@@ -97,27 +112,38 @@ int c_mget(struct cmd_client *c, const struct cmd_args *a)
             c->resume_i = i; /* the values so far stay in out */
             return cmd_need_load(c, a->argv[i], a->argl[i]);
         }
-        if (!rc)
+        if (rc != 1) /* absent, or not a string */
             resp_add_null(c->out, c->resp);
     }
     return 0;
 }
 
+/* As Redis: the memory bound is checked once, for the whole command (with a
+ * generous per-key overhead), then every key is set without it, so an MSET (or
+ * MSETNX) is never half applied because the bound was reached halfway. */
+int cmd_mset_check(struct cmd_client *c, const struct cmd_args *a, const char *cmd)
+{
+    if (a->argc % 2 == 0) {
+        resp_add_errorf(c->out, "ERR wrong number of arguments for '%s' command", cmd);
+        return 0;
+    }
+    uint64_t max = kvt_max_memory(c->table);
+    if (!max)
+        return 1;
+    uint64_t need = 0;
+    for (int i = 1; i < a->argc; i += 2)
+        need += a->argl[i] + a->argl[i + 1] + 64;
+    if (kvt_used_memory(c->table) + need <= max)
+        return 1;
+    if (!cmd_wait_for_memory(c, need))
+        cmd_reply_err(c, ERR_OOM);
+    return 0;
+}
+
 int c_mset(struct cmd_client *c, const struct cmd_args *a)
 {
-    if (a->argc % 2 == 0)
-        return cmd_reply_err(c, "ERR wrong number of arguments for 'mset' command");
-    /* As Redis: the memory bound is checked once, for the whole command (with a
-     * generous per-key overhead), then every key is set without it, so an MSET is
-     * never half applied because the bound was reached halfway. */
-    uint64_t max = kvt_max_memory(c->table);
-    if (max) {
-        uint64_t need = 0;
-        for (int i = 1; i < a->argc; i += 2)
-            need += a->argl[i] + a->argl[i + 1] + 64;
-        if (kvt_used_memory(c->table) + need > max)
-            return cmd_wait_for_memory(c, need) ? 0 : cmd_reply_err(c, ERR_OOM);
-    }
+    if (!cmd_mset_check(c, a, "mset"))
+        return 0;
     for (int i = 1; i < a->argc; i += 2) {
         int rc = kvt_set(c->table, a->argv[i], a->argl[i], a->argv[i + 1], a->argl[i + 1], KVT_NOBOUND, 0,
                          NULL, NULL);
@@ -135,6 +161,8 @@ static int incr_generic(struct cmd_client *c, const struct cmd_args *a, long lon
         return cmd_reply_err(c, ERR_INT);
     if (rc == -ERANGE)
         return cmd_reply_err(c, "ERR increment or decrement would overflow");
+    if (rc == KVT_WRONGTYPE)
+        return cmd_reply_err(c, ERR_WRONGTYPE);
     if (rc < 0)
         return cmd_write_err_key(c, rc, a->argv[1], a->argl[1], a->argl[1] + 24);
     return resp_add_int(c->out, v);
@@ -165,11 +193,15 @@ int c_decrby(struct cmd_client *c, const struct cmd_args *a)
 int c_append(struct cmd_client *c, const struct cmd_args *a)
 {
     int64_t n = kvt_append(c->table, a->argv[1], a->argl[1], a->argv[2], a->argl[2]);
+    if (n == KVT_WRONGTYPE)
+        return cmd_reply_err(c, ERR_WRONGTYPE);
     return n < 0 ? cmd_write_err_key(c, n, a->argv[1], a->argl[1], a->argl[1] + a->argl[2]) : resp_add_int(c->out, n);
 }
 
 int c_strlen(struct cmd_client *c, const struct cmd_args *a)
 {
     int64_t n = kvt_strlen(c->table, a->argv[1], a->argl[1]);
-    return n == -ENODATA ? cmd_need_load(c, a->argv[1], a->argl[1]) : resp_add_int(c->out, n);
+    if (n == -ENODATA)
+        return cmd_need_load(c, a->argv[1], a->argl[1]);
+    return n == KVT_WRONGTYPE ? cmd_reply_err(c, ERR_WRONGTYPE) : resp_add_int(c->out, n);
 }

@@ -38,6 +38,8 @@ static inline int kvbuf_reserve(struct kvbuf *b, size_t more)
 
 static inline int kvbuf_append(struct kvbuf *b, const void *data, size_t n)
 {
+    if (!n)
+        return 0; /* an empty buffer's p may be NULL: no memcpy from or to it */
     int rc = kvbuf_reserve(b, n);
     if (rc)
         return rc;

@@ -19,7 +19,8 @@
 #include "core/ldu.h"
 #include "core/table_int.h"
 
-#define HOUSEKEEP_EXTRA_US 10000
+#define HOUSEKEEP_EXTRA_US 25000  /* per call, every 100 ms: a quarter of a thread, as Redis's cycle */
+#define HOUSEKEEP_REHASH_STEP 1024  /* buckets migrated per shard and call */
 
 __thread uint64_t kvt_touched_lsn __attribute__((tls_model("initial-exec")));
 __thread int kvt_tx_held __attribute__((tls_model("initial-exec")));
@@ -495,7 +496,8 @@ int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen)
     struct shard *s = kvt_lock_shard(t, h);
     int st;
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
-    int64_t n = !e ? 0 : (e->flags & E_HASH) ? KVT_WRONGTYPE : e->vlen;
+    /* (int64_t): with a uint32_t arm the ?: would turn KVT_WRONGTYPE into 4294967205 */
+    int64_t n = !e ? 0 : (e->flags & E_HASH) ? KVT_WRONGTYPE : (int64_t)e->vlen;
     kvt_lsn_touch(e ? e->lsn : s->del_lsn);
     shard_unlock(s);
     return st == LK_NOTRES ? -ENODATA : n;
@@ -668,14 +670,18 @@ int kvt_housekeep(struct kv_table *t, unsigned first, unsigned n, unsigned budge
     /* The active expiry cycle, adaptive like Redis's: every shard gets `budget`
      * buckets; while more than a quarter of the keys with a TTL it meets have
      * expired, a shard gets more rounds, until this call has spent
-     * HOUSEKEEP_EXTRA_US (10 ms every 100 ms cron tick: at most a tenth of a
-     * thread goes to reclaiming a backlog). */
+     * HOUSEKEEP_EXTRA_US (25 ms every 100 ms cron tick: about a quarter of a
+     * thread goes to reclaiming a backlog; every shard still gets its first
+     * round). */
     int64_t deadline = mono_us() + HOUSEKEEP_EXTRA_US;
     for (unsigned i = first; i < first + n && i < KVT_SHARDS; i++) {
         struct shard *s = &t->shards[i];
         shard_lock(s);
         if (s->rehashidx >= 0) {
-            kvt_do_rehash_step(t, s, 16);
+            /* Finish rehashes quickly (a shard of 4,096 buckets in a few ticks):
+             * the expiry below waits for them, and after a fill every shard
+             * grows at about the same time. */
+            kvt_do_rehash_step(t, s, HOUSEKEEP_REHASH_STEP);
         } else {
             uint64_t used = atomic_load_explicit(&s->used, memory_order_relaxed);
             if (s->size[0] > INITIAL_BUCKETS && used < s->size[0] / 8) {

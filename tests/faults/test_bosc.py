@@ -30,6 +30,7 @@ import pytest
 
 from helpers import faultlib as fl
 from helpers.conn import Raw, client
+from helpers.keyspace import reply_diffs
 from helpers.resp import resp_cmd
 from helpers.servers import RedisServer, need
 
@@ -505,13 +506,7 @@ def test_commands_on_evicted_keys_reply_as_redis(data_dir, nodes):
         i = info(n.port)
         assert i["memory_keys"] < len(init) // 2 and i["datafile_evicted_keys"] > 0, i
         loads0 = i["datafile_loads"]
-        diffs = []
-        with Raw(n.port, timeout=10) as a, Raw(ref.port, timeout=10) as b:
-            for cmd in cmds:
-                got = a.send(resp_cmd(*cmd)).reply()
-                want = b.send(resp_cmd(*cmd)).reply()
-                if got != want:
-                    diffs.append(f"{cmd!r}: kvstore {got!r}, redis {want!r}")
+        diffs = reply_diffs(n.port, ref.port, cmds)
         loads = info(n.port)["datafile_loads"] - loads0
         assert not diffs, "replies differ from redis-server:\n" + "\n".join(diffs)
         assert loads >= 20, f"only {loads} blocks loaded: the commands did not touch evicted keys"

@@ -35,6 +35,18 @@ def assert_same_replies(redis_port, kv_port, request, n):
     assert got == want, f"request {request[:300]!r}"
 
 
+def reply_diffs(kv_port, redis_port, cmds, timeout=10):
+    """Each command (a tuple of arguments) sent in turn to kvstore and to redis-server,
+    one connection each: a line for every pair of replies that differ."""
+    diffs = []
+    with Raw(kv_port, timeout=timeout) as a, Raw(redis_port, timeout=timeout) as b:
+        for cmd in cmds:
+            got, want = a.send(resp_cmd(*cmd)).reply(), b.send(resp_cmd(*cmd)).reply()
+            if got != want:
+                diffs.append(f"{cmd!r}: kvstore {got!r}, redis {want!r}")
+    return diffs
+
+
 def scan_all(conn, *options, calls=None):
     """Every key a whole SCAN iteration returns (a list, repeats kept), on a Raw
     connection; `calls` (a list) gets each call's (cursor, keys)."""

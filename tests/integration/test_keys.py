@@ -16,8 +16,8 @@ import pytest
 
 from helpers.conn import Raw, client
 from helpers.faultlib import persistence, start_disk_node
-from helpers.keyspace import (SPILL, assert_same_replies, assert_scans_return, churning, exchange, fill, scan_all,
-                              wait_flushed)
+from helpers.keyspace import (SPILL, assert_same_replies, assert_scans_return, churning, exchange, fill, reply_diffs,
+                              scan_all, wait_flushed)
 from helpers.resp import resp_cmd
 from helpers.servers import RedisServer, need
 
@@ -334,12 +334,7 @@ def test_commands_on_keys_that_left_memory_reply_as_redis(tmp_path):
                      ("COPY", k, k2), ("COPY", k, b"new:" + k), ("RENAMENX", k, k2), ("RENAME", k2, b"mv:" + k2),
                      ("GET", b"mv:" + k2), ("EXISTS", k, k2), ("RENAME", k, k), ("EXPIRETIME", b"e:0007")]
         loads0 = persistence(n.port)["datafile_loads"]
-        diffs = []
-        with Raw(n.port, timeout=10) as a, Raw(ref.port, timeout=10) as b:
-            for cmd in cmds:
-                got, want = a.send(C(*cmd)).reply(), b.send(C(*cmd)).reply()
-                if got != want:
-                    diffs.append(f"{cmd!r}: kvstore {got!r}, redis {want!r}")
+        diffs = reply_diffs(n.port, ref.port, cmds)
         assert not diffs, "\n".join(diffs[:20])
         assert persistence(n.port)["datafile_loads"] > loads0
         with Raw(n.port, timeout=30) as a, Raw(ref.port) as b:
