@@ -135,6 +135,12 @@ int64_t cmd_put_patched(struct cmd_op *op, struct kvbuf *buf, const struct kvt_s
 /* Redis's range [*start, *end] in a sequence of len: negative indexes count from the
  * end, both clamped into it. 1 if it is not empty. */
 int cmd_range(long long *start, long long *end, long long len);
+/* INCRBYFLOAT's and HINCRBYFLOAT's numbers: Redis's string2ld on bytes (1 a float,
+ * 0 not) and its human-friendly ld2string (the length written, 0 if cap is too
+ * small); CMD_LD_CHARS (Redis's MAX_LONG_DOUBLE_CHARS) bounds both. */
+#define CMD_LD_CHARS (5 * 1024)
+int cmd_str2ld(const char *s, size_t n, long double *out);
+size_t cmd_ld2str(char *buf, size_t cap, long double v);
 int c_setnx(struct cmd_client *c, const struct cmd_args *a);
 int c_setex(struct cmd_client *c, const struct cmd_args *a);
 int c_psetex(struct cmd_client *c, const struct cmd_args *a);

@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -23,19 +22,17 @@
 #include "core/hashenc.h"
 #include "core/table.h"
 
-#define ERR_WRONGTYPE "WRONGTYPE Operation against a key holding the wrong kind of value"
 #define ERR_DAMAGED "ERR the hash stored at this key is damaged (invalid encoding)"
-#define LD_MAX_CHARS 5120 /* Redis's MAX_LONG_DOUBLE_CHARS: longer floats are not parsed */
 /* HRANDFIELD with a negative count repeats fields without end: a reply that
  * could pass this many bytes is refused (Redis would build it). */
 #define RAND_MAX_REPLY (512ull * 1024 * 1024)
 
 /* One command's state across its kvt_apply. */
 struct hop {
-    struct cmd_client *c;
+    struct cmd_op op;     /* the client; the error a function fails with (fail()) */
     const struct cmd_args *a;
+    kvt_apply_fn fn;      /* the command's function, run by hop_fn */
     struct kvbuf buf;     /* writes: the new encoding */
-    const char *err;      /* fn returned -EINVAL: the error to reply */
     int reply_oom;        /* a read's reply could not be queued */
     int what;             /* HGETALL/HKEYS/HVALS: bit 1 fields, bit 2 values */
     long long ll;         /* HINCRBY: the increment, then the result; HRANDFIELD: the count */
@@ -43,55 +40,57 @@ struct hop {
     long double ld;       /* HINCRBYFLOAT: the increment */
     const char *pat;      /* HSCAN MATCH, NULL = all */
     size_t patlen;
+    const char *opt_err;  /* HSCAN: its options' error, replied once the key is known a hash */
     size_t numlen;
-    char num[LD_MAX_CHARS]; /* HINCRBY(FLOAT): the new value as text */
+    char num[CMD_LD_CHARS]; /* HINCRBY(FLOAT): the new value as text */
 };
 
-#define HOP(c, a) {.c = (c), .a = (a)}
+#define HOP(c, a) {.op = {(c), NULL}, .a = (a)}
 
-/* Run fn on the key (argument 1) and answer the errors all hash commands
- * share: wrong type, a damaged value, fn's own error (h->err), a key to load
- * from the data file, the write's errors. Returns 1 when fn succeeded (its
- * result in *res: the caller replies, unless fn did), else the handler's
- * return value (0, or -ENOMEM when the reply could not be queued). */
+static int64_t fail(struct hop *h, const char *err)
+{
+    h->op.err = err;
+    return CMD_OP_ERR;
+}
+
+/* Runs the command's function under the shard lock; the errors only hashes
+ * have become cmd_apply_key's: a damaged encoding, a reply that found no memory. */
+static int64_t hop_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
+{
+    struct hop *h = arg;
+    int64_t rc = h->fn(h, cur, ch);
+    if (rc == -EBADMSG)
+        return fail(h, ERR_DAMAGED);
+    return h->reply_oom ? fail(h, ERR_NOMEM) : rc;
+}
+
+/* Run fn on the key (argument 1) through cmd_apply_key: 1 when fn succeeded (its
+ * result in *res: the caller replies, unless fn did), else 0 (the error replied, or
+ * the request stalled for a load or for memory). */
 static int happly(struct hop *h, kvt_apply_fn fn, int64_t *res)
 {
-    struct cmd_client *c = h->c;
-    const struct cmd_args *a = h->a;
-    size_t before = c->out->len;
-    int64_t rc = kvt_apply(c->table, a->argv[1], a->argl[1], fn, h);
-    size_t need = h->buf.len + a->argl[1] + 64;
+    size_t need = 64;  /* a write grows the hash by about its arguments */
+    for (int i = 1; i < h->a->argc; i++)
+        need += h->a->argl[i];
+    h->fn = fn;
+    int ok = cmd_apply_key(h->op.c, h->a, hop_fn, &h->op, need, res);
     kvbuf_free(&h->buf);
-    if (rc >= 0 && !h->reply_oom) {
-        *res = rc;
-        return 1;
-    }
-    c->out->len = before; /* a read's partial reply */
-    if (h->reply_oom)
-        return -ENOMEM;
-    if (rc == KVT_WRONGTYPE)
-        return cmd_reply_err(c, ERR_WRONGTYPE);
-    if (rc == -EBADMSG)
-        return cmd_reply_err(c, ERR_DAMAGED);
-    if (rc == -EINVAL && h->err)
-        return cmd_reply_err(c, h->err);
-    return cmd_write_err_key(c, rc, a->argv[1], a->argl[1], need);
+    return ok;
 }
 
 /* Run fn and reply its result as an integer (HSETNX, HDEL, HLEN, HEXISTS, HSTRLEN). */
 static int run_int(struct hop *h, kvt_apply_fn fn)
 {
     int64_t n;
-    int rc = happly(h, fn, &n);
-    return rc != 1 ? rc : resp_add_int(h->c->out, n);
+    return happly(h, fn, &n) ? resp_add_int(h->op.c->out, n) : 0;
 }
 
 /* Run fn, which replies itself (the reads). */
 static int run_read(struct hop *h, kvt_apply_fn fn)
 {
     int64_t n;
-    int rc = happly(h, fn, &n);
-    return rc == 1 ? 0 : rc;
+    happly(h, fn, &n);
+    return 0;
 }
 
 /* A string key is the wrong type for every hash command; absent is an empty hash. */
@@ -128,7 +127,7 @@ static inline void out_rc(struct hop *h, int rc)
         h->reply_oom = 1;
 }
 
-static void add_bulk(struct hop *h, const char *p, size_t n) { out_rc(h, resp_add_bulk(h->c->out, p, n)); }
+static void add_bulk(struct hop *h, const char *p, size_t n) { out_rc(h, resp_add_bulk(h->op.c->out, p, n)); }
 
 /* ---- HSET, HMSET, HSETNX, HDEL */
 
@@ -147,9 +146,8 @@ static int hset_generic(struct cmd_client *c, const struct cmd_args *a, const ch
         return resp_add_errorf(c->out, "ERR wrong number of arguments for '%s' command", name);
     struct hop h = HOP(c, a);
     int64_t n;
-    int rc = happly(&h, hset_fn, &n);
-    if (rc != 1)
-        return rc;
+    if (!happly(&h, hset_fn, &n))
+        return 0;
     return name[1] == 's' ? resp_add_int(c->out, n) : cmd_reply_ok(c);
 }
 
@@ -210,7 +208,7 @@ static int64_t hfield_fn(void *arg, const struct kvt_state *cur, struct kvt_chan
         if (rc)
             add_bulk(h, e.v, e.vlen);
         else
-            out_rc(h, resp_add_null(h->c->out, h->c->resp));
+            out_rc(h, resp_add_null(h->op.c->out, h->op.c->resp));
         return 0;
     }
     return h->what == GET_EXISTS ? rc : (rc ? (int64_t)e.vlen : 0);
@@ -254,12 +252,12 @@ static int64_t hmget_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
         return -ENOMEM;
     int rc = hashenc_lookup(hval(cur), cur->vlen, &fs, found);
     if (!rc) {
-        out_rc(h, resp_add_array(h->c->out, (long long)fs.n));
+        out_rc(h, resp_add_array(h->op.c->out, (long long)fs.n));
         for (size_t i = 0; i < fs.n; i++) {
             if (found[i].f)
                 add_bulk(h, found[i].v, found[i].vlen);
             else
-                out_rc(h, resp_add_null(h->c->out, h->c->resp));
+                out_rc(h, resp_add_null(h->op.c->out, h->op.c->resp));
         }
     }
     if (found != few)
@@ -281,7 +279,7 @@ static int64_t hall_fn(void *arg, const struct kvt_state *cur, struct kvt_change
 {
     struct hop *h = arg;
     NEED_HASH(cur);
-    struct cmd_client *c = h->c;
+    struct cmd_client *c = h->op.c;
     struct hashenc_iter it;
     struct hashenc_entry e;
     int rc = hashenc_iter_init(&it, hval(cur), cur->vlen);
@@ -323,47 +321,6 @@ static int str2ll(const char *s, size_t n, long long *v)
     return cmd_arg_ll(&one, 0, v);
 }
 
-/* Redis's string2ld: strtold on a NUL-terminated copy that must take all of
- * it (an embedded NUL too), no leading space, no overflow, no NaN. Infinity
- * parses (callers refuse it). */
-static int str2ld(const char *s, size_t n, long double *out)
-{
-    char buf[LD_MAX_CHARS];
-    if (n == 0 || n >= sizeof buf)
-        return -EINVAL;
-    memcpy(buf, s, n);
-    buf[n] = 0;
-    char *end;
-    errno = 0;
-    long double v = strtold(buf, &end);
-    if (isspace((unsigned char)buf[0]) || end != buf + n || errno == EINVAL || isnan(v) ||
-        (errno == ERANGE && (v == HUGE_VALL || v == -HUGE_VALL || v == 0)))
-        return -EINVAL;
-    *out = v;
-    return 0;
-}
-
-/* Redis's ld2string in LD_STR_HUMAN mode: %.17Lf, trailing zeros (and a
- * trailing point) removed, "-0" as "0". v is finite: at most ~4950 chars. */
-static size_t ld2str(char *buf, size_t len, long double v)
-{
-    int l = snprintf(buf, len, "%.17Lf", v);
-    if (l < 0 || (size_t)l >= len)
-        return 0;
-    if (strchr(buf, '.')) {
-        while (buf[l - 1] == '0')
-            l--;
-        if (buf[l - 1] == '.')
-            l--;
-    }
-    if (l == 2 && buf[0] == '-' && buf[1] == '0') {
-        buf[0] = '0';
-        l = 1;
-    }
-    buf[l] = 0;
-    return (size_t)l;
-}
-
 /* Set field (argument 2) to h->num. */
 static int64_t set_num(struct hop *h, const struct kvt_state *cur, struct kvt_change *ch)
 {
@@ -382,14 +339,10 @@ static int64_t hincrby_fn(void *arg, const struct kvt_state *cur, struct kvt_cha
     long long old = 0, incr = h->ll;
     if (rc < 0)
         return rc;
-    if (rc && str2ll(e.v, e.vlen, &old)) {
-        h->err = "ERR hash value is not an integer";
-        return -EINVAL;
-    }
-    if ((incr < 0 && old < 0 && incr < LLONG_MIN - old) || (incr > 0 && old > 0 && incr > LLONG_MAX - old)) {
-        h->err = "ERR increment or decrement would overflow";
-        return -EINVAL;
-    }
+    if (rc && str2ll(e.v, e.vlen, &old))
+        return fail(h, "ERR hash value is not an integer");
+    if ((incr < 0 && old < 0 && incr < LLONG_MIN - old) || (incr > 0 && old > 0 && incr > LLONG_MAX - old))
+        return fail(h, "ERR increment or decrement would overflow");
     h->ll = old + incr;
     h->numlen = (size_t)resp_ll2str(h->num, h->ll);
     return set_num(h, cur, ch);
@@ -401,8 +354,7 @@ int c_hincrby(struct cmd_client *c, const struct cmd_args *a)
     if (cmd_arg_ll(a, 3, &h.ll))
         return cmd_reply_err(c, ERR_INT);
     int64_t n;
-    int rc = happly(&h, hincrby_fn, &n);
-    return rc != 1 ? rc : resp_add_int(c->out, h.ll);
+    return happly(&h, hincrby_fn, &n) ? resp_add_int(c->out, h.ll) : 0;
 }
 
 static int64_t hincrbyfloat_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
@@ -414,29 +366,24 @@ static int64_t hincrbyfloat_fn(void *arg, const struct kvt_state *cur, struct kv
     long double v = 0;
     if (rc < 0)
         return rc;
-    if (rc && str2ld(e.v, e.vlen, &v)) {
-        h->err = "ERR hash value is not a float";
-        return -EINVAL;
-    }
+    if (rc && !cmd_str2ld(e.v, e.vlen, &v))
+        return fail(h, "ERR hash value is not a float");
     v += h->ld;
-    if (isnan(v) || isinf(v)) {
-        h->err = "ERR increment would produce NaN or Infinity";
-        return -EINVAL;
-    }
-    h->numlen = ld2str(h->num, sizeof h->num, v);
+    if (isnan(v) || isinf(v))
+        return fail(h, "ERR increment would produce NaN or Infinity");
+    h->numlen = cmd_ld2str(h->num, sizeof h->num, v);
     return set_num(h, cur, ch);
 }
 
 int c_hincrbyfloat(struct cmd_client *c, const struct cmd_args *a)
 {
     struct hop h = HOP(c, a);
-    if (str2ld(a->argv[3], a->argl[3], &h.ld))
+    if (!cmd_str2ld(a->argv[3], a->argl[3], &h.ld))
         return cmd_reply_err(c, "ERR value is not a valid float");
     if (isnan(h.ld) || isinf(h.ld))
         return cmd_reply_err(c, "ERR value is NaN or Infinity");
     int64_t n;
-    int rc = happly(&h, hincrbyfloat_fn, &n);
-    return rc != 1 ? rc : resp_add_bulk(c->out, h.num, h.numlen);
+    return happly(&h, hincrbyfloat_fn, &n) ? resp_add_bulk(c->out, h.num, h.numlen) : 0;
 }
 
 /* ---- HRANDFIELD */
@@ -462,8 +409,8 @@ static uint64_t rnd_below(uint64_t n)
  * (RESP3 WITHVALUES), or field, value (RESP2 WITHVALUES, a flat array). */
 static void rand_elem(struct hop *h, const struct hashenc_entry *e)
 {
-    if (h->withvalues && h->c->resp == 3)
-        out_rc(h, resp_add_array(h->c->out, 2));
+    if (h->withvalues && h->op.c->resp == 3)
+        out_rc(h, resp_add_array(h->op.c->out, 2));
     add_bulk(h, e->f, e->flen);
     if (h->withvalues)
         add_bulk(h, e->v, e->vlen);
@@ -471,7 +418,7 @@ static void rand_elem(struct hop *h, const struct hashenc_entry *e)
 
 static void rand_header(struct hop *h, long long n)
 {
-    out_rc(h, resp_add_array(h->c->out, h->withvalues && h->c->resp == 2 ? 2 * n : n));
+    out_rc(h, resp_add_array(h->op.c->out, h->withvalues && h->op.c->resp == 2 ? 2 * n : n));
 }
 
 /* A negative count: |count| picks with repeats, in the order drawn. One walk
@@ -490,10 +437,8 @@ static int64_t rand_repeats(struct hop *h, const char *val, size_t vlen, uint64_
         widest = e.rawlen > widest ? e.rawlen : widest;
         rc = 0;
     }
-    if (!rc && count > RAND_MAX_REPLY / (widest + 32)) {
-        h->err = "ERR value is out of range (the reply would pass 512 MB)";
-        rc = -EINVAL;
-    }
+    if (!rc && count > RAND_MAX_REPLY / (widest + 32))
+        rc = (int)fail(h, "ERR value is out of range (the reply would pass 512 MB)");
     if (!rc) {
         rand_header(h, (long long)count);
         for (uint64_t k = 0; k < count && rc >= 0 && !h->reply_oom; k++)
@@ -508,7 +453,7 @@ static int64_t hrandfield_fn(void *arg, const struct kvt_state *cur, struct kvt_
 {
     struct hop *h = arg;
     NEED_HASH(cur);
-    struct cmd_client *c = h->c;
+    struct cmd_client *c = h->op.c;
     int64_t n = hashenc_len(hval(cur), cur->vlen);
     if (n < 0)
         return n;
@@ -592,13 +537,13 @@ static int64_t hscan_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
 {
     struct hop *h = arg;
     NEED_HASH(cur);
-    struct kvbuf *out = h->c->out;
+    struct kvbuf *out = h->op.c->out;
     if (!cur->exists) {
         out_rc(h, kvbuf_append(out, "*2\r\n$1\r\n0\r\n*0\r\n", 15));
         return 0;
     }
-    if (h->err) /* options are read after the key, as in Redis */
-        return -EINVAL;
+    if (h->opt_err) /* options are read after the key, as in Redis */
+        return fail(h, h->opt_err);
     /* the elements go to a side buffer first: their number comes before them */
     struct kvbuf els = {0};
     struct hashenc_iter it;
@@ -616,8 +561,7 @@ static int64_t hscan_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
     if (!rc) {
         out_rc(h, kvbuf_append(out, "*2\r\n$1\r\n0\r\n", 11));
         out_rc(h, resp_add_array(out, m));
-        if (els.len) /* none matched: els.p is NULL, which memcpy must not get */
-            out_rc(h, kvbuf_append(out, els.p, els.len));
+        out_rc(h, kvbuf_append(out, els.p, els.len));
     }
     kvbuf_free(&els);
     return rc;
@@ -632,19 +576,19 @@ int c_hscan(struct cmd_client *c, const struct cmd_args *a)
     if (scan_cursor(a->argv[2], a->argl[2], &cursor))
         return cmd_reply_err(c, "ERR invalid cursor");
     struct hop h = HOP(c, a);
-    for (int i = 3; i < a->argc && !h.err; i += 2) {
+    for (int i = 3; i < a->argc && !h.opt_err; i += 2) {
         long long count;
         if (ARGIS(a, i, "COUNT") && i + 1 < a->argc) {
             if (cmd_arg_ll(a, i + 1, &count))
-                h.err = ERR_INT;
+                h.opt_err = ERR_INT;
             else if (count < 1)
-                h.err = ERR_SYNTAX;
+                h.opt_err = ERR_SYNTAX;
         } else if (ARGIS(a, i, "MATCH") && i + 1 < a->argc) {
             int all = a->argl[i + 1] == 1 && a->argv[i + 1][0] == '*';
             h.pat = all ? NULL : a->argv[i + 1];
             h.patlen = a->argl[i + 1];
         } else {
-            h.err = ERR_SYNTAX;
+            h.opt_err = ERR_SYNTAX;
         }
     }
     return run_read(&h, hscan_fn);

@@ -20,13 +20,13 @@
 """
 import random
 import struct
-import time
 
 import pytest
 import redis
 
 from helpers import faultlib as fl
 from helpers.conn import Raw, client
+from helpers.keyspace import SPILL, exchange, fill, wait_flushed
 from helpers.resp import resp_cmd as C, resp_parse
 from kvstore import Server
 from kvstore._native import ffi, lib
@@ -39,14 +39,10 @@ MIN = "-9223372036854775808"
 
 
 def replies(port, requests):
-    """One reply per request on a fresh keyspace (HELLO's, which names the server, masked)."""
-    out = []
-    with Raw(port) as r:
-        assert r.send(C("FLUSHALL")).reply() == b"+OK\r\n"
-        for req in requests:
-            reply = r.send(req).reply()
-            out.append(b"<hello>" if req == HELLO3 else reply)
-    return out
+    """The requests' replies on a fresh keyspace, then a PING's (HELLO's, which names
+    the server, masked)."""
+    out = exchange(port, b"".join(requests), len(requests))
+    return [b"<hello>" if req == HELLO3 else r for req, r in zip(requests + [b""], out)]
 
 
 def incrbyfloat(initial, incr):
@@ -123,7 +119,9 @@ CASES = {
     "hincrbyfloat-bad-value": [x for init in ("abc", "", " 1", "1 ", "nan", "1e5000", "1" * 6000, "1.5.5")
                                for x in incrbyfloat(init, "1")],
     "hincrbyfloat-inf-value": incrbyfloat("inf", "1") + incrbyfloat("-inf", "1") + incrbyfloat("1e4932", "1e4932"),
-    "hincrbyfloat-nul": incrbyfloat("1\x00x", "1") + incrbyfloat("2", "1\x00") + incrbyfloat(None, "\x00"),
+    "hincrbyfloat-nul": incrbyfloat("1\x00x", "1") + incrbyfloat("2", "1\x00") + incrbyfloat(None, "\x00")
+    # the parser INCRBYFLOAT shares: a NUL inside a number makes it no float
+    + [C("INCRBYFLOAT", "s", "1\x00"), C("SET", "s", "1\x00"), C("INCRBYFLOAT", "s", "1"), C("GET", "s")],
     "hincrbyfloat-arity": [C("HINCRBYFLOAT", "h", "f"), C("HINCRBYFLOAT", "h", "f", "1", "2")],
     # HRANDFIELD where the reply is determined: a count at least the size (the whole
     # hash, in order), count 0, absent keys, a hash of one field, and the errors
@@ -204,7 +202,7 @@ def test_same_replies_as_redis(redis_server, kv, name):
     want = replies(redis_server.port, CASES[name])
     got = replies(kv.port, CASES[name])
     diffs = [f"{req[:120]!r}: kvstore {g[:300]!r}, redis {w[:300]!r}"
-             for req, g, w in zip(CASES[name], got, want) if g != w]
+             for req, g, w in zip(CASES[name] + [C("PING")], got, want) if g != w]
     assert got == want, "\n".join(diffs)
 
 
@@ -416,22 +414,6 @@ def test_hashes_survive_kill9_with_durability_disk(tmp_path):
         n.stop()
 
 
-def persistence(port):
-    with client(port) as c:
-        return c.info("persistence")
-
-
-def wait_flushed(port, timeout=30.0):
-    """Until the data file holds all the log made durable; INFO persistence then."""
-    deadline = time.monotonic() + timeout
-    while True:
-        i = persistence(port)
-        if i["datafile_flushed_lsn"] == i["log_durable_lsn"] == i["log_appended_lsn"]:
-            return i
-        assert time.monotonic() < deadline, f"data file not flushed: {i}"
-        time.sleep(0.05)
-
-
 def test_hashes_leave_memory_read_changed_and_deleted_while_evicted(tmp_path):
     """A data file and 256 KiB of memory: hashes are evicted by filler strings, then
     read whole, changed, emptied and expired while out of memory (each loaded
@@ -439,22 +421,21 @@ def test_hashes_leave_memory_read_changed_and_deleted_while_evicted(tmp_path):
     rng = random.Random(2)
     keys = [b"dev:%04d" % i for i in range(400)]
     model = {}
-    s = dict(data_file=True, max_memory="256kb", flush_interval_ms=100, data_buckets=256)
     filler = 3000
     with fl.started_nodes() as start:
-        n = start(tmp_path, **s)
+        n = start(tmp_path, **SPILL)
         apply_ops(n.port, [("HSET", k, *[x for j in range(6) for x in (b"f%d" % j, b"%s-%d" % (k, j))])
                            for k in keys])
         model.update({k: {b"f%d" % j: b"%s-%d" % (k, j) for j in range(6)} for k in keys})
         with client(n.port) as c:
             assert c.expire(keys[-1], 1000) is True
-        apply_ops(n.port, [("SET", b"fill:%05d" % i, b"x" * 80) for i in range(filler)])
+        fill(n.port, b"fill", filler)
         i = wait_flushed(n.port)
         assert i["datafile_evicted_keys"] > 0 and i["memory_keys"] < len(keys) + filler, i
         loads = i["datafile_loads"]
         check_hashes(n.port, model, keys, filler)
-        assert persistence(n.port)["datafile_loads"] > loads, "no hash was read back from the data file"
-        apply_ops(n.port, [("SET", b"fill:%05d" % i, b"y" * 80) for i in range(filler)])   # evict again
+        assert fl.persistence(n.port)["datafile_loads"] > loads, "no hash was read back from the data file"
+        fill(n.port, b"fill", filler)   # evict them again
         wait_flushed(n.port)
         apply_ops(n.port, list(random_hash_ops(rng, model, keys, 1500)))
         emptied = keys[:40]
@@ -465,7 +446,7 @@ def test_hashes_leave_memory_read_changed_and_deleted_while_evicted(tmp_path):
         with client(n.port) as c:
             assert 900 < c.ttl(keys[-1]) <= 1000, "the TTL did not survive eviction"
         n.kill()
-        n = start(tmp_path, **s)
+        n = start(tmp_path, **SPILL)
         check_hashes(n.port, model, keys, filler)
         with client(n.port) as c:
             assert 900 < c.ttl(keys[-1]) <= 1000
