@@ -135,6 +135,12 @@ int64_t cmd_put_patched(struct cmd_op *op, struct kvbuf *buf, const struct kvt_s
 /* Redis's range [*start, *end] in a sequence of len: negative indexes count from the
  * end, both clamped into it. 1 if it is not empty. */
 int cmd_range(long long *start, long long *end, long long len);
+/* INCRBYFLOAT's and HINCRBYFLOAT's numbers: Redis's string2ld on bytes (1 a float,
+ * 0 not) and its human-friendly ld2string (the length written, 0 if cap is too
+ * small); CMD_LD_CHARS (Redis's MAX_LONG_DOUBLE_CHARS) bounds both. */
+#define CMD_LD_CHARS (5 * 1024)
+int cmd_str2ld(const char *s, size_t n, long double *out);
+size_t cmd_ld2str(char *buf, size_t cap, long double v);
 int c_setnx(struct cmd_client *c, const struct cmd_args *a);
 int c_setex(struct cmd_client *c, const struct cmd_args *a);
 int c_psetex(struct cmd_client *c, const struct cmd_args *a);
@@ -180,6 +186,22 @@ int c_scan(struct cmd_client *c, const struct cmd_args *a);
 int c_keys(struct cmd_client *c, const struct cmd_args *a);
 int c_randomkey(struct cmd_client *c, const struct cmd_args *a);
 /* hash.c */
+int c_hset(struct cmd_client *c, const struct cmd_args *a);
+int c_hsetnx(struct cmd_client *c, const struct cmd_args *a);
+int c_hmset(struct cmd_client *c, const struct cmd_args *a);
+int c_hget(struct cmd_client *c, const struct cmd_args *a);
+int c_hmget(struct cmd_client *c, const struct cmd_args *a);
+int c_hgetall(struct cmd_client *c, const struct cmd_args *a);
+int c_hkeys(struct cmd_client *c, const struct cmd_args *a);
+int c_hvals(struct cmd_client *c, const struct cmd_args *a);
+int c_hdel(struct cmd_client *c, const struct cmd_args *a);
+int c_hexists(struct cmd_client *c, const struct cmd_args *a);
+int c_hlen(struct cmd_client *c, const struct cmd_args *a);
+int c_hstrlen(struct cmd_client *c, const struct cmd_args *a);
+int c_hincrby(struct cmd_client *c, const struct cmd_args *a);
+int c_hincrbyfloat(struct cmd_client *c, const struct cmd_args *a);
+int c_hrandfield(struct cmd_client *c, const struct cmd_args *a);
+int c_hscan(struct cmd_client *c, const struct cmd_args *a);
 /* multi.c (MULTI, EXEC, DISCARD, WATCH, UNWATCH) */
 int c_multi(struct cmd_client *c, const struct cmd_args *a);
 int c_exec(struct cmd_client *c, const struct cmd_args *a);

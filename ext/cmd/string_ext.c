@@ -328,13 +328,11 @@ int c_setrange(struct cmd_client *c, const struct cmd_args *a)
 
 /* ---- INCRBYFLOAT */
 
-#define LD_CHARS (5 * 1024) /* Redis's MAX_LONG_DOUBLE_CHARS: the longest number it parses or prints */
-
-/* Redis's string2ld: what strtold takes, whole, without leading space, not NaN,
- * not an overflow nor an underflow to zero. */
-static int parse_ld(const char *s, size_t n, long double *out)
+/* Redis's string2ld: what strtold takes, whole (an embedded NUL too), without
+ * leading space, not NaN, not an overflow nor an underflow to zero. */
+int cmd_str2ld(const char *s, size_t n, long double *out)
 {
-    char buf[LD_CHARS];
+    char buf[CMD_LD_CHARS];
     if (n == 0 || n >= sizeof buf)
         return 0;
     memcpy(buf, s, n);
@@ -342,7 +340,7 @@ static int parse_ld(const char *s, size_t n, long double *out)
     char *end;
     errno = 0;
     long double v = strtold(buf, &end);
-    if (isspace((unsigned char)buf[0]) || *end || errno == EINVAL || isnan(v) ||
+    if (isspace((unsigned char)buf[0]) || end != buf + n || errno == EINVAL || isnan(v) ||
         (errno == ERANGE && (v == HUGE_VAL || v == -HUGE_VAL || fpclassify(v) == FP_ZERO)))
         return 0;
     *out = v;
@@ -351,7 +349,7 @@ static int parse_ld(const char *s, size_t n, long double *out)
 
 /* Redis's ld2string in LD_STR_HUMAN mode: %.17Lf, trailing zeros (and a bare
  * '.') dropped, "-0" as "0". Returns the length, 0 if it does not fit. */
-static size_t format_ld(char *buf, size_t cap, long double v)
+size_t cmd_ld2str(char *buf, size_t cap, long double v)
 {
     int n = snprintf(buf, cap, "%.17Lf", v);
     if (n < 0 || (size_t)n + 1 > cap)
@@ -374,7 +372,7 @@ struct incrf_op {
     struct cmd_op op;
     long double incr;
     int incr_ok;
-    char out[LD_CHARS];
+    char out[CMD_LD_CHARS];
     size_t len;
 };
 
@@ -384,7 +382,7 @@ static int64_t incrf_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
     long double v = 0;
     if (cur->exists && cur->type != KVT_STRING)
         return KVT_WRONGTYPE;
-    if ((cur->exists && !parse_ld(cur->val, cur->vlen, &v)) || !f->incr_ok) {
+    if ((cur->exists && !cmd_str2ld(cur->val, cur->vlen, &v)) || !f->incr_ok) {
         f->op.err = "ERR value is not a valid float";
         return CMD_OP_ERR;
     }
@@ -393,7 +391,7 @@ static int64_t incrf_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
         f->op.err = "ERR increment would produce NaN or Infinity";
         return CMD_OP_ERR;
     }
-    f->len = format_ld(f->out, sizeof f->out, v);
+    f->len = cmd_ld2str(f->out, sizeof f->out, v);
     ch->action = KVT_PUT; /* the expire time stays, as Redis's dbOverwrite */
     ch->type = KVT_STRING;
     ch->val = f->out;
@@ -404,7 +402,7 @@ static int64_t incrf_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
 int c_incrbyfloat(struct cmd_client *c, const struct cmd_args *a)
 {
     struct incrf_op f = {{c, NULL}, 0, 0, "", 0};
-    f.incr_ok = parse_ld(a->argv[2], a->argl[2], &f.incr);
+    f.incr_ok = cmd_str2ld(a->argv[2], a->argl[2], &f.incr);
     int64_t rc;
     if (!cmd_apply_key(c, a, incrf_fn, &f.op, a->argl[1] + 64, &rc))
         return 0;

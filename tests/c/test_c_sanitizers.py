@@ -15,6 +15,10 @@
                   consumer applies concurrently (claim/release/second claim), then a
                   drain; checks the applied state, that no node is lost or doubled,
                   and that absorbing and reuse happen; built with each sanitizer
+  hashenc_fuzz.c  ext/core/hashenc.c, the encoding of a hash: random HSET/HDEL batches
+                  against a model (fields in Redis's listpack order), then the decoder and
+                  the writers fed damaged encodings and random bytes, each in a buffer of
+                  exactly its size; -fsanitize=address,undefined
   bosc_stress.c   the table with a BOSC data file behind it (spill mode): concurrent
                   workers checked against per-thread models while the flusher evicts
                   and keys are loaded back, then DBSIZE, a restart on the same file and
@@ -94,6 +98,7 @@ BUILDS = {
     "table_ops_stress_tsan": (["table_ops_stress.c", *TABLE], TSAN),
     "table_ops_stress_asan": (["table_ops_stress.c", *TABLE], ASAN_UBSAN),
     "resp_fuzz_asan": (["resp_fuzz.c", *_ext("proto/resp.c")], ASAN_UBSAN),
+    "hashenc_fuzz_asan": (["hashenc_fuzz.c", *_ext("core/hashenc.c", "core/siphash.c")], ASAN_UBSAN),
     "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN),
     "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN),
     "ldu_stress_tsan": (["ldu_stress.c", *_ext("core/ldu.c")], TSAN),
@@ -175,6 +180,12 @@ def test_table_ops_stress(binaries, build, mode):
 def test_resp_fuzz_asan_ubsan(binaries, seed_offset):
     out = _run(binaries("resp_fuzz_asan"), SEED + seed_offset, FUZZ_ITERATIONS)
     assert "requests parsed" in out
+
+
+@pytest.mark.parametrize("seed_offset", [0, 1])
+def test_hashenc_fuzz_asan_ubsan(binaries, seed_offset):
+    out = _run(binaries("hashenc_fuzz_asan"), SEED + seed_offset, FUZZ_ITERATIONS)
+    assert "values" in out and "valid" in out
 
 
 @pytest.mark.parametrize("build", ["wal_stress_tsan", "wal_stress_asan"])
