@@ -60,7 +60,9 @@ TSAN = ["-fsanitize=thread"]
 ASAN_UBSAN = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 
 ENV = {
-    "TSAN_OPTIONS": "halt_on_error=1:handle_abort=1:second_deadlock_stack=1",
+    # detect_deadlocks=0: a transaction and FLUSHALL hold all 256 shard locks at once,
+    # and TSan's lock-order checker tracks at most 64 per thread (races still count).
+    "TSAN_OPTIONS": "halt_on_error=1:handle_abort=1:detect_deadlocks=0",
     "ASAN_OPTIONS": "abort_on_error=1:detect_leaks=1:handle_abort=1",
     "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
 }
@@ -138,11 +140,10 @@ def binaries():
     return get
 
 
-def _run(binary, *args, env_extra=None):
+def _run(binary, *args):
     cmd = [str(binary), *map(str, args)]
-    run_env = {**ENV, **(env_extra or {})}
-    env = {**os.environ, **run_env}
-    shown = " ".join(f"{k}={v}" for k, v in run_env.items()) + " " + shlex.join(cmd)
+    env = {**os.environ, **ENV}
+    shown = " ".join(f"{k}={v}" for k, v in ENV.items()) + " " + shlex.join(cmd)
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env=env,
                            timeout=RUN_TIMEOUT, cwd=ROOT)
@@ -170,10 +171,7 @@ def test_table_stress_asan_ubsan(binaries, mode):
 @pytest.mark.parametrize("build", ["tsan", "asan"])
 @pytest.mark.parametrize("mode", ["scan", "apply", "tx"])
 def test_table_ops_stress(binaries, build, mode):
-    # A transaction holds all 256 shard locks at once; TSan's lock-order checker
-    # tracks at most 64 per thread, so it is off for this run (races still count).
-    extra = {"TSAN_OPTIONS": ENV["TSAN_OPTIONS"] + ":detect_deadlocks=0"} if mode == "tx" else None
-    _run(binaries(f"table_ops_stress_{build}"), SEED, mode, TABLE_OPS_ROUNDS, env_extra=extra)
+    _run(binaries(f"table_ops_stress_{build}"), SEED, mode, TABLE_OPS_ROUNDS)
 
 
 @pytest.mark.parametrize("seed_offset", [0, 1])
@@ -190,9 +188,7 @@ def test_hashenc_fuzz_asan_ubsan(binaries, seed_offset):
 
 @pytest.mark.parametrize("build", ["wal_stress_tsan", "wal_stress_asan"])
 def test_wal_stress(binaries, build, tmp_path):
-    # Its transactions hold all 256 shard locks: TSan's lock-order checker is off (as above).
-    extra = {"TSAN_OPTIONS": ENV["TSAN_OPTIONS"] + ":detect_deadlocks=0"}
-    out = _run(binaries(build), SEED, 20_000, tmp_path / "log", env_extra=extra)
+    out = _run(binaries(build), SEED, 20_000, tmp_path / "log")
     assert "recovered the same table" in out and "none inside a unit" in out
 
 
