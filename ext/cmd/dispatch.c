@@ -34,7 +34,7 @@ int cmd_arg_ll(const struct cmd_args *a, int i, long long *v)
     char *end;
     errno = 0;
     long long x = strtoll(tmp, &end, 10);
-    if (errno || *end)
+    if (errno || end != tmp + n) /* also a NUL inside the argument */
         return -EINVAL;
     *v = x;
     return 0;

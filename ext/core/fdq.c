@@ -53,9 +53,11 @@ int fdq_take(struct fdq *q, int *fds, int max)
 {
     pthread_mutex_lock(&q->lock);
     int n = q->len < max ? q->len : max;
-    memcpy(fds, q->fds, (size_t)n * sizeof *fds);
-    memmove(q->fds, q->fds + n, (size_t)(q->len - n) * sizeof *fds);
-    q->len -= n;
+    if (n) { /* an empty queue may have no array yet */
+        memcpy(fds, q->fds, (size_t)n * sizeof *fds);
+        memmove(q->fds, q->fds + n, (size_t)(q->len - n) * sizeof *fds);
+        q->len -= n;
+    }
     int more = q->len > 0;
     pthread_mutex_unlock(&q->lock);
     if (more)

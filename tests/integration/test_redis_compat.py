@@ -71,6 +71,8 @@ REPLY_CASES = [
     ("mget", C("MSET", "a", "1", "b", "2") + C("MGET", "a", "nope", "b"), 2),
     ("append-strlen", C("APPEND", "s", "abc") + C("APPEND", "s", "de") + C("STRLEN", "s")
      + C("STRLEN", "none") + C("GET", "s"), 5),
+    ("nul-in-number", C("INCRBY", "k", "1\0") + C("EXPIRE", "k", "1\0") + C("HINCRBY", "h", "f", "2\0")
+     + C("SET", "k", "v", "EX", "5\0"), 4),
     ("dbsize", C("DBSIZE") + C("SET", "a", "1") + C("DBSIZE") + C("FLUSHALL") + C("DBSIZE"), 5),
     ("flushall-args", C("FLUSHALL", "ASYNC") + C("FLUSHALL", "SYNC") + C("FLUSHALL", "FOO"), 3),
     ("case-insensitive", C("sEt", "k", "v", "nX") + C("gEt", "k"), 2),
