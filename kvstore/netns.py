@@ -1,33 +1,34 @@
 """Test hosts in network namespaces: a namespace joined to this host by a veth pair,
 both ends addressed in 198.18.0.0/15 (the benchmarking range, RFC 2544), so that
 traffic between kvstore nodes crosses a (virtual) network instead of loopback.
-The only module that touches pyroute2. Needs root (CAP_NET_ADMIN).
+Driven with iproute2's `ip` command (one short process per step; a netlink library
+that forks into the namespace from a threaded process can hang in the child). Needs
+root (CAP_NET_ADMIN).
 
     with netns.TestHost("kvpeer", index=0) as host:     # host.addr, host.local_addr
         node = Node(netns=host.name, bind=host.addr, ...)
 """
-import concurrent.futures
-import errno
+import json
 import os
+import shutil
 import subprocess
-
-
-def _off_loop(fn):
-    """Run fn in a thread of its own: pyroute2's synchronous API drives an asyncio loop,
-    which fails inside a running one (a Jupyter kernel, an asyncio program)."""
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        return ex.submit(fn).result()
 
 
 def available():
     """(True, "") if namespaces can be made here, else (False, why)."""
     if os.geteuid() != 0:
         return False, "network namespaces need root"
-    try:
-        import pyroute2  # noqa: F401
-    except ImportError:
-        return False, "pyroute2 is not installed (pip install pyroute2)"
+    if shutil.which("ip") is None:
+        return False, "the ip command (iproute2) is not installed"
     return True, ""
+
+
+def _ip(*args, check=True):
+    """Run `ip ARGS`; its stdout. Raises OSError with ip's own message on failure."""
+    r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and r.returncode != 0:
+        raise OSError(f"ip {' '.join(args)} failed: {r.stderr.strip()}")
+    return r.stdout
 
 
 class TestHost:
@@ -52,53 +53,38 @@ class TestHost:
         self.close()
 
     def create(self):
-        return _off_loop(self._create)
-
-    def close(self):
-        _off_loop(self._close)
-
-    def _create(self):
-        from pyroute2 import IPRoute, NetNS, netns
         self._close()  # a leftover of a killed run
-        netns.create(self.name)
+        _ip("netns", "add", self.name)
         self._up = True
         try:
-            with IPRoute() as ipr:
-                ipr.link("add", ifname=self.host_if, kind="veth", peer=self.ns_if)
-                peer = ipr.link_lookup(ifname=self.ns_if)[0]
-                ipr.link("set", index=peer, net_ns_fd=self.name)
-                mine = ipr.link_lookup(ifname=self.host_if)[0]
-                ipr.addr("add", index=mine, address=self.local_addr, prefixlen=30)
-                ipr.link("set", index=mine, state="up")
-            with NetNS(self.name) as ns:
-                idx = ns.link_lookup(ifname=self.ns_if)[0]
-                ns.addr("add", index=idx, address=self.addr, prefixlen=30)
-                ns.link("set", index=idx, state="up")
-                ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+            _ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
+            _ip("link", "set", self.ns_if, "netns", self.name)
+            _ip("addr", "add", f"{self.local_addr}/30", "dev", self.host_if)
+            _ip("link", "set", self.host_if, "up")
+            _ip("-n", self.name, "addr", "add", f"{self.addr}/30", "dev", self.ns_if)
+            _ip("-n", self.name, "link", "set", self.ns_if, "up")
+            _ip("-n", self.name, "link", "set", "lo", "up")
         except BaseException:
             self._close()
             raise
         return self
 
+    def close(self):
+        self._close()
+
+    def _where(self, inside):
+        return (["-n", self.name], self.ns_if) if inside else ([], self.host_if)
+
     def mac(self, inside=False):
         """MAC address of this side's veth end (or of the namespace's, inside=True)."""
-        return _off_loop(lambda: self._mac(inside))
-
-    def _mac(self, inside):
-        from pyroute2 import IPRoute, NetNS
-        with (NetNS(self.name) if inside else IPRoute()) as ipr:
-            link = ipr.get_links(ifname=self.ns_if if inside else self.host_if)[0]
-            return link.get_attr("IFLA_ADDRESS")
+        ns, ifname = self._where(inside)
+        return json.loads(_ip(*ns, "-j", "link", "show", "dev", ifname))[0]["address"]
 
     def set_neighbour(self, addr, lladdr, inside=True):
         """Static (permanent) neighbour entry addr -> lladdr on the namespace's veth end (or
         this side's): needed towards a kernel-bypass peer, which does not answer ARP."""
-        def go():
-            from pyroute2 import IPRoute, NetNS
-            with (NetNS(self.name) if inside else IPRoute()) as ipr:
-                idx = ipr.link_lookup(ifname=self.ns_if if inside else self.host_if)[0]
-                ipr.neigh("replace", dst=addr, lladdr=lladdr, ifindex=idx, state="permanent")
-        _off_loop(go)
+        ns, ifname = self._where(inside)
+        _ip(*ns, "neigh", "replace", addr, "lladdr", lladdr, "dev", ifname, "nud", "permanent")
 
     def tx_checksum_offload_off(self):
         """`ethtool -K <if> tx off` on both veth ends. Frames a veth sends with TX checksum
@@ -119,15 +105,9 @@ class TestHost:
         return subprocess.run(self.exec_prefix() + list(cmd), **kw)
 
     def _close(self):
-        from pyroute2 import IPRoute, netns
-        if self.name in netns.listnetns():
-            netns.remove(self.name)
-        from pyroute2.netlink.exceptions import NetlinkError
-        with IPRoute() as ipr:  # the host side, if the namespace was already gone
-            for idx in ipr.link_lookup(ifname=self.host_if):
-                try:
-                    ipr.link("del", index=idx)
-                except NetlinkError as e:
-                    if e.code != errno.ENODEV:  # the namespace's removal took the pair meanwhile
-                        raise
+        if self.name in _ip("netns", "list").split():
+            _ip("netns", "del", self.name)
+        # The host side, if the namespace was already gone (deleting it takes the pair).
+        if _ip("link", "show", "dev", self.host_if, check=False):
+            _ip("link", "del", self.host_if, check=False)
         self._up = False

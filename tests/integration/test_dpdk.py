@@ -30,11 +30,9 @@ def _why_not():
         socket.socket(44, socket.SOCK_RAW).close()  # AF_XDP
     except OSError as e:
         return f"AF_XDP sockets unavailable in this kernel: {e}"
-    try:
-        import pyroute2  # noqa: F401
-    except ImportError:
-        return "pyroute2 is not installed"
-    return ""
+    from kvstore import netns
+    ok, why = netns.available()
+    return "" if ok else why
 
 
 needs_dpdk = pytest.mark.skipif(bool(_why_not()), reason=_why_not() or "runs")
