@@ -25,18 +25,16 @@ int64_t kvt_apply(struct kv_table *t, const void *key, size_t klen, kvt_apply_fn
     }
     struct kvt_entry *e = st == LK_LIVE ? *ref : NULL;
     struct kvt_state cur = {0};
-    if (e) {
+    if (e)
         cur = (struct kvt_state){1, entry_type(e), entry_val(e), e->vlen, e->expire_ms};
-        cnt_add(&s->hits, 1);
-    } else {
-        cnt_add(&s->misses, 1);
-    }
     /* Whatever fn decides, its result reveals the key's state (or absence). */
     kvt_lsn_touch(e ? e->lsn : s->del_lsn);
     struct kvt_change ch = {.action = KVT_KEEP, .type = cur.type, .expire_ms = cur.expire_ms};
     rc = fn(arg, &cur, &ch);
-    if (rc < 0 || ch.action == KVT_KEEP)
+    if (rc < 0 || ch.action == KVT_KEEP) {
+        cnt_add(e ? &s->hits : &s->misses, 1); /* a read: keyspace_hits/misses, as Redis counts them */
         goto out;
+    }
     if (ch.action == KVT_DELETE) {
         if (e) {
             int d = kvt_del_live(t, s, ref, key, klen);

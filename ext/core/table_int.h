@@ -206,8 +206,6 @@ enum { LK_LIVE, LK_ABSENT, LK_NOTRES };
 /* Each documented at its definition. */
 struct kvt_entry *kvt_entry_new_b(struct kv_table *t, uint64_t h, const void *key, size_t klen,
                               const void *val, size_t vlen, size_t extra, int bounded);
-struct kvt_entry *kvt_entry_new(struct kv_table *t, uint64_t h, const void *key, size_t klen,
-                            const void *val, size_t vlen, size_t extra);
 void kvt_entry_free(struct kv_table *t, struct kvt_entry *e);
 struct kvt_entry **kvt_buckets_new(struct kv_table *t, uint64_t n);
 void kvt_buckets_free(struct kv_table *t, struct kvt_entry **b);

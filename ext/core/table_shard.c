@@ -59,12 +59,6 @@ struct kvt_entry *kvt_entry_new_b(struct kv_table *t, uint64_t h, const void *ke
     return e;
 }
 
-struct kvt_entry *kvt_entry_new(struct kv_table *t, uint64_t h, const void *key, size_t klen,
-                            const void *val, size_t vlen, size_t extra)
-{
-    return kvt_entry_new_b(t, h, key, klen, val, vlen, extra, 1);
-}
-
 void kvt_entry_free(struct kv_table *t, struct kvt_entry *e)
 {
     mem_uncharge(t, malloc_usable_size(e));
