@@ -230,24 +230,33 @@ static int key_range(const struct queued *q, int *first, int *last)
     return *last >= *first;
 }
 
+/* Stall for key if it left memory (returns 1); when it cannot be loaded (no
+ * data file, or a damaged one) the error is EXEC's reply and the transaction
+ * ends. */
+static int need_load(struct cmd_client *c, struct cmd_tx *t, const char *key, size_t klen)
+{
+    if (kvt_exists(c->table, key, klen) != -ENODATA)
+        return 0;
+    cmd_need_load(c, key, klen);
+    if (!c->stall)
+        discard(t);
+    return 1;
+}
+
 /* Every key of the queue and every watched key in memory? If not, stall for
  * the first one that is not (returns 1). */
 static int need_loads(struct cmd_client *c, struct cmd_tx *t)
 {
     for (int i = 0; i < t->nw; i++)
-        if (kvt_exists(c->table, t->w[i].key, t->w[i].klen) == -ENODATA) {
-            cmd_need_load(c, t->w[i].key, t->w[i].klen);
+        if (need_load(c, t, t->w[i].key, t->w[i].klen))
             return 1;
-        }
     for (int i = 0; i < t->nq; i++) {
         int first, last;
         if (!key_range(&t->q[i], &first, &last))
             continue;
         for (int k = first; k <= last; k += t->q[i].def->step > 0 ? t->q[i].def->step : 1)
-            if (kvt_exists(c->table, t->q[i].argv[k], t->q[i].argl[k]) == -ENODATA) {
-                cmd_need_load(c, t->q[i].argv[k], t->q[i].argl[k]);
+            if (need_load(c, t, t->q[i].argv[k], t->q[i].argl[k]))
                 return 1;
-            }
     }
     return 0;
 }
@@ -274,7 +283,7 @@ int c_exec(struct cmd_client *c, const struct cmd_args *a)
         return cmd_reply_err(c, "EXECABORT Transaction discarded because of previous errors.");
     }
     if (need_loads(c, t))
-        return c->stall ? 0 : (discard(t), 0); /* no data file to load from: the error is the reply */
+        return 0;
     int rc = kvt_tx_begin(c->table);
     if (rc < 0) {
         discard(t);
@@ -282,8 +291,6 @@ int c_exec(struct cmd_client *c, const struct cmd_args *a)
     }
     if (need_loads(c, t)) { /* evicted between the check and the locks */
         kvt_tx_end(c->table);
-        if (!c->stall)
-            discard(t);
         return 0;
     }
     if (watch_broken(c, t)) {

@@ -572,12 +572,10 @@ int kvt_flush(struct kv_table *t)
     if (t->sp.queue)
         t->sp.flushall(t->sp.arg, KVT_FLUSH_BEGIN);
     if (!kvt_tx_held)
-        for (int i = 0; i < KVT_SHARDS; i++)
-            pthread_mutex_lock(&t->shards[i].lock);
+        lock_all(t);
     int64_t f = t->log ? kvt_do_log(t, NULL, KVT_LOG_FLUSH, NULL, 0, NULL, 0, NULL, 0, 0) : 0;
     if (!kvt_tx_held)
-        for (int i = KVT_SHARDS - 1; i >= 0; i--)
-            pthread_mutex_unlock(&t->shards[i].lock);
+        unlock_all(t);
     if (t->sp.queue)
         t->sp.flushall(t->sp.arg, f < 0 ? KVT_FLUSH_ABORT : KVT_FLUSH_COMMIT);
     if (f < 0)

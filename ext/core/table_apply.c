@@ -79,9 +79,7 @@ int kvt_tx_begin(struct kv_table *t)
         if (rc < 0)
             return (int)rc;
     }
-    /* In shard order, the only order any thread takes more than one. */
-    for (int i = 0; i < KVT_SHARDS; i++)
-        pthread_mutex_lock(&t->shards[i].lock);
+    lock_all(t);
     kvt_tx_held = 1;
     return 0;
 }
@@ -97,7 +95,6 @@ int64_t kvt_tx_end(struct kv_table *t)
             kvt_lsn_touch((uint64_t)lsn);
     }
     kvt_tx_held = 0;
-    for (int i = KVT_SHARDS - 1; i >= 0; i--)
-        pthread_mutex_unlock(&t->shards[i].lock);
+    unlock_all(t);
     return lsn;
 }

@@ -118,6 +118,20 @@ static inline void shard_unlock(struct shard *s)
         pthread_mutex_unlock(&s->lock);
 }
 
+/* Every shard lock, in shard order (the only order any thread takes more than
+ * one in): a transaction's, and FLUSHALL's around its record. */
+static inline void lock_all(struct kv_table *t)
+{
+    for (int i = 0; i < KVT_SHARDS; i++)
+        pthread_mutex_lock(&t->shards[i].lock);
+}
+
+static inline void unlock_all(struct kv_table *t)
+{
+    for (int i = KVT_SHARDS - 1; i >= 0; i--)
+        pthread_mutex_unlock(&t->shards[i].lock);
+}
+
 /* Log a mutation of a key in shard s (caller holds its lock; NULL for
  * FLUSHALL; in table.c). Returns the LSN, or -errno. Without a logger it
  * returns the shard's next write number instead (0 for FLUSHALL): entries then
