@@ -186,6 +186,9 @@ class ServerConfig:
                           "wholly below the flushed LSN are deleted (disk mode).", SIZE, min=4096, shown="64mb")
     tcp_backlog: int = setting(
         511, "listen() backlog: connections the kernel queues before they are accepted.", min=1, c="tcp_backlog")
+    # ---- logging
+    # ---- metrics
+    # ---- slow log and latency monitor
     config_file: str = setting(
         "", "the TOML file the settings came from (INFO shows it)", shown=None, cli=None, c="config_file")
 

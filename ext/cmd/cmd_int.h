@@ -215,6 +215,8 @@ void cmd_multi_flag(struct cmd_client *c);
 /* End the transaction, if one is open, and forget the watched keys. */
 void cmd_multi_discard(struct cmd_client *c);
 int cmd_multi_queue(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv, const size_t *argl);
+/* client.c (CLIENT, MONITOR) */
+/* ops.c (SLOWLOG, LATENCY, MEMORY) */
 /* config.c */
 int c_config(struct cmd_client *c, const struct cmd_args *a);
 /* dispatch.c */

@@ -207,6 +207,8 @@ static const struct cmd_def commands[] = {
     {"config", -2, 0, 0, 0, 0, c_config, "server", "A container for server configuration commands.", "2.0.0"},
     {"command", -1, 0, 0, 0, 0, c_command, "server", "Returns detailed information about all commands.", "2.8.13"},
     {"time", 1, F_FAST, 0, 0, 0, c_time, "server", "Returns the server time.", "2.6.0"},
+    /* client.c (CLIENT, MONITOR) */
+    /* ops.c (SLOWLOG, LATENCY, MEMORY) */
 };
 
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])

@@ -54,6 +54,8 @@ struct kv_config {
     int udp_workers;         /* arch udp/dpdk: UDP worker threads (dpdk: lcores), >= 1 */
     const char *dpdk_iface;  /* arch dpdk: interface of the AF_XDP port, e.g. a veth end */
     const char *dpdk_eal_args; /* arch dpdk: extra EAL arguments, space separated, or NULL */
+    /* ---- clients (cmd/client.c) */
+    /* ---- command statistics, slow log, latency monitor */
 };
 
 /* An INFO provider appends "field:value\r\n" lines of its section to out; reset
@@ -80,6 +82,8 @@ struct kv_engine {
     _Atomic uint64_t next_client_id;
     struct eng_info info[ENG_INFO_MAX];
     int ninfo;
+    /* ---- clients (cmd/client.c) */
+    /* ---- command statistics, slow log, latency monitor */
 };
 
 /* Copy cfg (its strings too) into a new engine over table t (not owned) and register
