@@ -190,11 +190,11 @@ def test_disk_mode_scrape(kv_node_factory):
     build = dict(next(iter(after["kvstore_build_info"])))
     assert build["kvstore_version"] == kvstore.__version__ and build["durability"] == "disk"
 
-    # the log's sync histogram: as many observations as syncs, more after the writes
+    # the log's sync histogram: one observation per sync, more after the writes
     count0 = histogram_ok(before, "kvstore_log_sync_duration_seconds")
     count1 = histogram_ok(after, "kvstore_log_sync_duration_seconds")
     assert count1 > count0
-    assert count1 == value(after, "kvstore_log_syncs_total")
+    assert count1 >= value(after, "kvstore_log_syncs_total")  # the histogram is read just after INFO
 
     # per poller (threads=2): every syscall counter labelled poller="0" and "1"
     for name in ("kvstore_poller_epoll_wait_calls_total", "kvstore_poller_epoll_ctl_calls_total",
