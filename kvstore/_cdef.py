@@ -64,6 +64,8 @@ def _struct(stmts, name):
             # nested definitions and atomic pointers (cffi's layout check would take a
             # plain pointer to them) are left to the C compiler, behind "...;"
             kept = [_unatomic(x) for x in members if "{" not in x and "_Atomic(" not in x.replace(" ", "")]
+            # an array sized by a macro: cffi takes its length from the compiler too
+            kept = [re.sub(r"\[\s*[A-Za-z_]\w*\s*\]", "[...]", x) for x in kept]
             return "struct %s {\n    %s\n    ...;\n};" % (name, "\n    ".join(kept))
     raise LookupError(f"struct {name}")
 

@@ -188,6 +188,13 @@ class ServerConfig:
         511, "listen() backlog: connections the kernel queues before they are accepted.", min=1, c="tcp_backlog")
     # ---- logging
     # ---- metrics
+    metrics_port: int = setting(
+        -1, "Serve Prometheus metrics (text format) over HTTP at http://<metrics-bind>:<port>/metrics; read from "
+            "the server's counters when scraped, never on a request's path (0 = any free port).", min=-1,
+        max=65535, accepts="-1 (off) or a port from 0 to 65535 (0 = any free port)", shown="off")
+    metrics_bind: str = setting(
+        "127.0.0.1", "IPv4 address the metrics endpoint listens on (it has no authentication: 0.0.0.0 exposes it "
+                     "on every interface).", IPV4)
     # ---- slow log and latency monitor
     config_file: str = setting(
         "", "the TOML file the settings came from (INFO shows it)", shown=None, cli=None, c="config_file")

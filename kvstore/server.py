@@ -1,11 +1,11 @@
 """Run the C RESP server in this process over a Store. Python only starts and stops it
-(settings into the C config, durability opened before and closed after); the C threads
-serve every request."""
+(settings into the C config, durability opened before and closed after) and reads its
+counters (info(), stats(), the metrics endpoint); the C threads serve every request."""
 import resource
 import signal
 import threading
 
-from kvstore import __version__, errors
+from kvstore import __version__, errors, metrics
 from kvstore._cstruct import as_dict, split_prefix
 from kvstore._native import ffi, lib
 from kvstore.config import ServerConfig
@@ -44,6 +44,10 @@ class Server:
         self._keep = []
         self._durability = None
         self._warnings = []
+        self._metrics = None  # kvstore.metrics.Endpoint while serving metrics
+        # Held while the C objects are read from another thread (a metrics scrape) and
+        # while stop() frees them: a scrape never reads a destroyed server.
+        self._guard = threading.Lock()
 
     def _raise_fd_limit(self):
         """Like Redis: make room for maxclients connections (+ a margin for our own fds).
@@ -82,12 +86,21 @@ class Server:
             self._durability.close()
             errors.raise_for(rc, ffi.string(err).decode(errors="replace"))
         self._srv = out[0]
+        if c.metrics_port >= 0:  # after the start: a scrape never sees a server half made
+            try:
+                self._metrics = metrics.Endpoint(c.metrics_bind, c.metrics_port, self._read_counters)
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def startup_report(self):
         """What start-up did and found, one line each: fd-limit warning, log fetched from
         the peer, LOCAL-COMPLETE start, log receiver port, data file and recovery summaries."""
-        return self._warnings + (self._durability.report() if self._durability else [])
+        lines = self._warnings + (self._durability.report() if self._durability else [])
+        if self._metrics is not None:
+            lines.append(f"metrics on http://{self.config.metrics_bind}:{self._metrics.port}/metrics")
+        return lines
 
     @property
     def durability(self):
@@ -104,6 +117,50 @@ class Server:
         """arch udp/dpdk: the UDP front end's port (the one bound when udp_port was 0)."""
         return lib.srv_udp_port(self._srv) if self._srv is not None else self.config.udp_port
 
+    @property
+    def metrics_port(self):
+        """The metrics endpoint's port (the one bound when metrics_port was 0), or None when off."""
+        return self._metrics.port if self._metrics is not None else None
+
+    def info(self, section="default"):
+        """What INFO <section> shows, read without a connection, as redis-py's info() gives it:
+        {field: value}, numbers as int or float, k=v lists (cmdstat_<cmd>, db0, poller0, ...) as
+        dicts. section: INFO's arguments, space separated ("persistence replication", "all",
+        "everything"; "default" or "" the default set). Any thread; ServerError when stopped."""
+        with self._guard:
+            return metrics.parse_info(self._info_text(section))
+
+    def _info_text(self, section):
+        """INFO's text (caller holds _guard)."""
+        if self._srv is None:
+            raise errors.ServerError("the server is not running")
+        words = str(section).split()
+        if (len(words) > lib.SRV_INFO_MAX_SECTIONS or any(len(w) > lib.SRV_INFO_MAX_NAME for w in words)
+                or not str(section).isascii()):
+            raise errors.ConfigError(f"info: expected at most {lib.SRV_INFO_MAX_SECTIONS} section names of at "
+                                     f"most {lib.SRV_INFO_MAX_NAME} ASCII characters, got {section!r}")
+        arg = " ".join(words).encode()
+        cap = 1 << 16
+        while True:  # the text grows between two calls only by a few counters' digits
+            buf = ffi.new("char[]", cap)
+            n = errors.raise_for(lib.srv_info(self._srv, arg, buf, cap))
+            if n < cap:
+                return ffi.string(buf, n).decode(errors="replace")
+            cap = n + 4096
+
+    def _read_counters(self):
+        """What a metrics scrape reads (kvstore.metrics.Collector): None once stopped."""
+        with self._guard:
+            if self._srv is None:
+                return None
+            snap = {"info": metrics.parse_info(self._info_text("everything")), "sync": None}
+            log = self._durability.log if self._durability else None
+            if log is not None:
+                st = log.stats()
+                bounds = [lib.wal_sync_bound_us(i) / 1e6 for i in range(lib.WAL_SYNC_BUCKETS - 1)]
+                snap["sync"] = (bounds, st["sync_buckets"], st["sync_ns_total"] / 1e9)
+            return snap
+
     def stats(self):
         st = ffi.new("struct fe_stats *")
         lib.srv_get_stats(self._srv, st)
@@ -119,6 +176,13 @@ class Server:
         return d
 
     def stop(self):
+        if self._metrics is not None:  # first: no scrape starts once the server is going
+            self._metrics.close()
+            self._metrics = None
+        with self._guard:  # a scrape in flight finishes reading first
+            self._stop()
+
+    def _stop(self):
         if self._srv is not None:
             lib.srv_stop(self._srv)  # pollers joined: nothing appends any more
         # The log wakes the pollers through their eventfds: close it while those

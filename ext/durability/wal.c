@@ -66,7 +66,23 @@ struct wal {
     pthread_mutex_t notify_lock;
     int notify[MAX_NOTIFY], nnotify;
     _Atomic uint64_t groups, records, bytes, syncs, sync_ns_total, sync_ns_max, max_group;
+    _Atomic uint64_t sync_hist[WAL_SYNC_BUCKETS]; /* written by the log thread only */
 };
+
+static const uint32_t sync_bounds_us[] = WAL_SYNC_BOUNDS_US;
+_Static_assert(sizeof sync_bounds_us / sizeof *sync_bounds_us == WAL_SYNC_BUCKETS - 1,
+               "WAL_SYNC_BUCKETS is the number of WAL_SYNC_BOUNDS_US plus one");
+
+uint32_t wal_sync_bound_us(int i) { return i >= 0 && i < WAL_SYNC_BUCKETS - 1 ? sync_bounds_us[i] : 0; }
+
+/* The histogram bucket of a sync that took ns nanoseconds (14 bounds: a linear scan). */
+static int sync_bucket(uint64_t ns)
+{
+    int i = 0;
+    while (i < WAL_SYNC_BUCKETS - 1 && ns > (uint64_t)sync_bounds_us[i] * 1000)
+        i++;
+    return i;
+}
 
 static uint64_t now_ns(void)
 {
@@ -480,6 +496,7 @@ static void *log_thread(void *arg)
             atomic_fetch_add_explicit(&w->sync_ns_total, dt, memory_order_relaxed);
             if (dt > atomic_load_explicit(&w->sync_ns_max, memory_order_relaxed))
                 atomic_store_explicit(&w->sync_ns_max, dt, memory_order_relaxed);
+            atomic_fetch_add_explicit(&w->sync_hist[sync_bucket(dt)], 1, memory_order_relaxed);
         }
         atomic_fetch_add_explicit(&w->groups, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&w->records, nrec, memory_order_relaxed);
@@ -638,5 +655,7 @@ void wal_get_stats(struct wal *w, struct wal_stats *st)
     st->sync_ns_total = atomic_load_explicit(&w->sync_ns_total, memory_order_relaxed);
     st->sync_ns_max = atomic_load_explicit(&w->sync_ns_max, memory_order_relaxed);
     st->max_group_records = atomic_load_explicit(&w->max_group, memory_order_relaxed);
+    for (int i = 0; i < WAL_SYNC_BUCKETS; i++)
+        st->sync_buckets[i] = atomic_load_explicit(&w->sync_hist[i], memory_order_relaxed);
     st->failed = wal_failed(w);
 }

@@ -79,11 +79,25 @@ struct wal_config {
     int ship;                /* keep a copy of each record for a log sender (wal_take_ship) */
 };
 
+/* The sync-latency histogram: bucket i of wal_stats.sync_buckets counts the log
+ * thread's fdatasync calls that took more than bound i-1 and at most bound i
+ * (microseconds, below); the last bucket, those slower than every bound. Fixed
+ * bounds, so that every node's histogram has the same buckets and they add up
+ * across nodes (Prometheus's le label): from a write-cached NVMe's 50 us to a
+ * stalled disk's second. */
+#define WAL_SYNC_BOUNDS_US {50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 500000, 1000000}
+#define WAL_SYNC_BUCKETS 15  /* the bounds and one past the last */
+
 struct wal_stats {
     uint64_t appended_lsn, durable_lsn, groups, records, bytes, syncs;
     uint64_t sync_ns_total, sync_ns_max, max_group_records;
+    uint64_t sync_buckets[WAL_SYNC_BUCKETS]; /* per bucket, not cumulative */
     int failed;              /* an I/O error stopped the log; see wal_error */
 };
+
+/* Upper bound (microseconds) of sync bucket i; 0 for the last bucket (no bound)
+ * and for i out of range. */
+uint32_t wal_sync_bound_us(int i);
 
 /* Open a new segment in cfg->dir and prepare the log thread (not started). */
 int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t errlen);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 
 #include "core/table.h"
@@ -34,6 +35,36 @@ int eng_info_add(struct kv_engine *e, const char *section, eng_info_fn fn, eng_r
         return -ENOSPC;
     e->info[e->ninfo++] = (struct eng_info){s, fn, reset, arg};
     return 0;
+}
+
+static int want_section(int argc, const char **argv, const size_t *argl, const char *name)
+{
+    if (argc == 0)
+        return 1; /* default: every section we have */
+    for (int i = 0; i < argc; i++) {
+        if (argl[i] == strlen(name) && strncasecmp(argv[i], name, argl[i]) == 0)
+            return 1;
+        if ((argl[i] == 3 && strncasecmp(argv[i], "all", 3) == 0) ||
+            (argl[i] == 7 && strncasecmp(argv[i], "default", 7) == 0) ||
+            (argl[i] == 10 && strncasecmp(argv[i], "everything", 10) == 0))
+            return 1;
+    }
+    return 0;
+}
+
+void eng_info_render(struct kv_engine *e, int argc, const char **argv, const size_t *argl, struct kvbuf *out)
+{
+    int first = 1;
+    const char *sec;
+    for (int si = 0; (sec = eng_info_section(si)); si++) {
+        if (!want_section(argc, argv, argl, sec))
+            continue;
+        kvbuf_printf(out, "%s# %c%s\r\n", first ? "" : "\r\n", sec[0] - 32, sec + 1);
+        first = 0;
+        for (int i = 0; i < e->ninfo; i++)
+            if (e->info[i].section == si)
+                e->info[i].fn(e->info[i].arg, out);
+    }
 }
 
 void eng_reset_stats(struct kv_engine *e)

@@ -98,6 +98,14 @@ void eng_destroy(struct kv_engine *e);
 int eng_info_add(struct kv_engine *e, const char *section, eng_info_fn fn, eng_reset_fn reset, void *arg);
 /* Name of INFO section i in Redis's order, lower case; NULL past the last. */
 const char *eng_info_section(int i);
+/* Append to out the INFO text of the sections named by argv[0..argc) (INFO's
+ * arguments, any case: section names, "all", "default", "everything"; none = the
+ * default set): each wanted section's "# Name" header and its providers' lines,
+ * in Redis's order, sections separated by an empty line. The one renderer of
+ * INFO: the command (cmd/info.c) and srv_info (the control plane's read, without
+ * a connection) both call it. Any thread (providers read counters relaxed or
+ * under their components' locks). */
+void eng_info_render(struct kv_engine *e, int argc, const char **argv, const size_t *argl, struct kvbuf *out);
 /* CONFIG RESETSTAT: every provider's reset. Any thread. */
 void eng_reset_stats(struct kv_engine *e);
 

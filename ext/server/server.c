@@ -1,5 +1,6 @@
-/* server.c - lifecycle over the registered front ends (see server.h), and the
- * INFO lines that describe the whole server (server, clients, stats totals).
+/* server.c - lifecycle over the registered front ends (see server.h), the
+ * INFO lines that describe the whole server (server, clients, stats totals) and
+ * srv_info, INFO's text for the control plane.
  * Control thread, except the INFO providers and stats getters (any thread: they
  * read the front ends' counters through add_stats, relaxed). */
 #define _GNU_SOURCE
@@ -173,4 +174,32 @@ int srv_get_poller_stats(struct srv *s, int i, struct fe_thread_stats *st)
     if (!s->nfe || !s->ops[0]->thread_stats)
         return -EINVAL;
     return s->ops[0]->thread_stats(s->fe[0], i, st);
+}
+
+long srv_info(struct srv *s, const char *sections, char *buf, size_t cap)
+{
+    const char *argv[SRV_INFO_MAX_SECTIONS];
+    size_t argl[SRV_INFO_MAX_SECTIONS];
+    int argc = 0;
+    if (cap == 0)
+        return -EINVAL;
+    for (const char *p = sections ? sections : ""; *p;) {
+        size_t n = strcspn(p, " ");
+        if (n) {
+            if (argc == SRV_INFO_MAX_SECTIONS || n > SRV_INFO_MAX_NAME)
+                return -EINVAL;
+            argv[argc] = p;
+            argl[argc++] = n;
+        }
+        p += n + (p[n] == ' ');
+    }
+    struct kvbuf b = {0};
+    eng_info_render(s->eng, argc, argv, argl, &b);
+    long len = (long)b.len;
+    size_t n = b.len < cap ? b.len : cap - 1;
+    if (n)
+        memcpy(buf, b.p, n);
+    buf[n] = '\0';
+    kvbuf_free(&b);
+    return len;
 }

@@ -39,4 +39,17 @@ void srv_get_stats(struct srv *s, struct fe_stats *st);
 /* Counters of TCP thread i (poller or pool worker): 0, or -EINVAL past the last. */
 int srv_get_poller_stats(struct srv *s, int i, struct fe_thread_stats *st);
 
+#define SRV_INFO_MAX_SECTIONS 16  /* section names srv_info takes at most */
+#define SRV_INFO_MAX_NAME 32      /* bytes of one section name at most */
+
+/* What INFO shows, without a connection (the control plane's read: the metrics
+ * endpoint): the text of the sections named in `sections` (space-separated, as
+ * INFO's arguments: "persistence replication", "everything", ...; NULL or "" =
+ * the default set), rendered by the engine's INFO registry like the command.
+ * Writes at most cap - 1 bytes and a NUL into buf and returns the whole text's
+ * length: a result >= cap means buf was too small (call again with length + 1).
+ * -EINVAL for cap 0, more than SRV_INFO_MAX_SECTIONS names or a name longer
+ * than SRV_INFO_MAX_NAME. Any thread while the server exists. */
+long srv_info(struct srv *s, const char *sections, char *buf, size_t cap);
+
 #endif
