@@ -80,15 +80,15 @@ def serve(config_file, from_peer, **opts):
             udp = f"udp port {cfg.udp_port} on {cfg.dpdk_iface} ({cfg.udp_workers} DPDK lcores, AF_XDP), "
         elif cfg.arch == "udp":
             udp = f"udp port {srv.udp_port} ({cfg.udp_workers} workers, kernel sockets), "
-        line = (f"listening on {cfg.bind}:{srv.port} "
-                f"({udp}{cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
-                f"accept {cfg.accept}, policy {cfg.poll_policy}, durability {cfg.durability}, "
-                f"max-memory {cfg.max_memory or 'unbounded'}, data-dir {os.path.abspath(cfg.data_dir)})")
+        where = (f"{cfg.bind}:{srv.port} "
+                 f"({udp}{cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
+                 f"accept {cfg.accept}, policy {cfg.poll_policy}, durability {cfg.durability}, "
+                 f"max-memory {cfg.max_memory or 'unbounded'}, data-dir {os.path.abspath(cfg.data_dir)})")
         level, text = _durability_line(cfg)
         log.logger.log(level, "%s", text)
-        log.logger.info("ready to accept connections: %s", line)
-        # stdout: one line for scripts and kvstore.Node to wait on (the log may be in a file)
-        click.echo(f"kvstore {kvstore.__version__} {line}")
+        log.logger.info("ready to accept connections on %s", where)
+        # stdout: the one line scripts and kvstore.Node wait for (the log may be in a file)
+        click.echo(f"kvstore {kvstore.__version__} listening on {where}")
         sys.stdout.flush()
 
     try:

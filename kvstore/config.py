@@ -189,9 +189,10 @@ class ServerConfig:
         511, "listen() backlog: connections the kernel queues before they are accepted.", min=1, c="tcp_backlog")
     # ---- logging
     log_level: str = setting(
-        "notice", "What the log says: debug (everything), verbose (also per-connection and per-segment detail), "
-                  "notice (start, stop, configuration, peer lost/back/caught up, recovery, stalls, refused "
-                  "clients, failed AUTH) or warning (problems only).", choices=LOG_LEVELS)
+        "notice", "The least important lines written: notice = start, stop, configuration, peer lost/back/caught "
+                  "up, recovery and its progress, writer stalls, refused clients, failed AUTH; verbose adds each "
+                  "log segment replayed; debug adds every flusher sweep; warning = problems only.",
+        choices=LOG_LEVELS)
     log_file: str = setting(
         "", "Append the log to this file instead of stderr; SIGHUP reopens it (for logrotate).", shown="stderr")
     # ---- metrics

@@ -422,22 +422,35 @@ static int expire_pass(struct bosc *b, struct sweep_ctx *c, char *err, size_t er
     return 0;
 }
 
-/* A run of forced sweeps (writers waiting for room) past a second: say so
- * once, and again when writers no longer wait. started: when this sweep began. */
-static void note_stall(struct bosc *b, int forced, uint64_t started, uint64_t *since, int *noted)
+/* Writers waiting for room: each forced sweep is one of them asking, and a
+ * writer woken without enough room asks again at once. A run of forced sweeps
+ * (none more than STALL_GAP_NS after the last) longer than a second is a stall:
+ * say so once, and again when it is over. started: when this sweep began. */
+struct stall_note {
+    uint64_t since, last;        /* the run's first and latest forced sweep; since 0: no run */
+    int noted;
+};
+
+#define STALL_GAP_NS 500000000u
+
+static void note_stall(struct bosc *b, struct stall_note *s, int forced, uint64_t started)
 {
-    if (forced && !*since)
-        *since = started;
-    double waited = *since ? (double)(now_ns() - *since) / 1e9 : 0;
-    if (forced && !*noted && waited > 1.0) {
-        kvlog(KVLOG_WARNING, "writers have waited %.1f s for memory (used %llu of max-memory %llu): the flusher is "
-              "behind", waited, (unsigned long long)kvt_used_memory(b->t), (unsigned long long)kvt_max_memory(b->t));
-        *noted = 1;
-    } else if (!forced && *since) {
-        if (*noted)
-            kvlog(KVLOG_NOTICE, "writers no longer wait for memory (after %.1f s)", waited);
-        *since = 0;
-        *noted = 0;
+    uint64_t now = now_ns();
+    if (s->since && now - s->last > STALL_GAP_NS) { /* writers stopped asking: the run is over */
+        if (s->noted)
+            kvlog(KVLOG_NOTICE, "writers no longer wait for memory (after %.1f s)", (double)(s->last - s->since) / 1e9);
+        *s = (struct stall_note){0};
+    }
+    if (!forced)
+        return;
+    if (!s->since)
+        s->since = started;
+    s->last = now;
+    if (!s->noted && now - s->since > 1000000000u) {
+        kvlog(KVLOG_WARNING, "writers have been waiting for memory for %.1f s (%llu bytes used, max-memory %llu): "
+              "the flusher is behind", (double)(now - s->since) / 1e9, (unsigned long long)kvt_used_memory(b->t),
+              (unsigned long long)kvt_max_memory(b->t));
+        s->noted = 1;
     }
 }
 
@@ -474,8 +487,7 @@ void *bosc_flusher_main(void *arg)
     struct sweep_ctx c = {0};
     char err[256];
     uint64_t last = now_ns(), last_pass = last;
-    uint64_t stall_since = 0; /* note_stall's state */
-    int stall_noted = 0;
+    struct stall_note stall = {0};
     uint64_t interval_ns = (uint64_t)b->interval_ms * 1000000u;
     pthread_mutex_lock(&b->lock);
     while (!b->stop) {
@@ -500,7 +512,7 @@ void *bosc_flusher_main(void *arg)
         int dirty = atomic_load_explicit(&b->q.head, memory_order_relaxed) != NULL;
         int behind = b->wal && wal_durable_lsn(b->wal) > atomic_load(&b->flushed_lsn);
         if (!(b->kick || b->sync_req > b->sync_done || pressure || (due && (dirty || behind)))) {
-            note_stall(b, 0, 0, &stall_since, &stall_noted); /* nobody waits */
+            note_stall(b, &stall, 0, 0); /* nobody asks now: has the run ended? */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 10 * 1000000; /* look at memory pressure every 10 ms */
@@ -530,7 +542,7 @@ void *bosc_flusher_main(void *arg)
         else
             kvt_set_spill_stuck(b->t, 1); /* writes get an error instead of waiting forever */
         last = now_ns();
-        note_stall(b, forced, started, &stall_since, &stall_noted);
+        note_stall(b, &stall, forced, started);
         bosc_wake_all(b);
         pthread_mutex_lock(&b->lock);
         b->sync_done = req;
