@@ -1,5 +1,6 @@
 """`kvstore` command: serve, bench, stats."""
 import json
+import logging
 import os
 import sys
 
@@ -7,6 +8,7 @@ import click
 
 import kvstore
 from kvstore import bench as benchmod
+from kvstore import log
 from kvstore.config import PATH, SIZE, ServerConfig, parse_address, parse_size
 from kvstore.errors import KVError
 
@@ -58,36 +60,79 @@ def _setting_options(f):
                                   "with its --peer.")
 def serve(config_file, from_peer, **opts):
     """Run a kvstore server until Ctrl-C or SIGTERM."""
+    cfg = None
     try:
         for field in ServerConfig.settings():  # sizes parsed here, so that a refusal names the flag
             if field.metadata["type"] is SIZE and opts.get(field.name) is not None:
                 opts[field.name] = parse_size(opts[field.name], "--" + field.name.replace("_", "-"))
         cfg = ServerConfig.load(config_file, **opts)
+        log.configure(cfg.log_level, cfg.log_file)
+        log.logger.info("kvstore %s starting, pid %d", kvstore.__version__, os.getpid())
+        log.logger.info("configuration: %s", _config_line(cfg))
         os.makedirs(cfg.data_dir, exist_ok=True)
         server = kvstore.Server(config=cfg, from_peer=from_peer)
     except (KVError, OSError) as e:
-        _fail(e)
+        _fail_logged(cfg, e)
 
     def ready(srv):
-        for line in srv.startup_report():
-            click.echo(f"kvstore: {line}", err=True)
-        mm = cfg.max_memory or "unbounded"
         udp = ""
         if cfg.arch == "dpdk":
             udp = f"udp port {cfg.udp_port} on {cfg.dpdk_iface} ({cfg.udp_workers} DPDK lcores, AF_XDP), "
         elif cfg.arch == "udp":
             udp = f"udp port {srv.udp_port} ({cfg.udp_workers} workers, kernel sockets), "
-        click.echo(f"kvstore {kvstore.__version__} listening on {cfg.bind}:{srv.port} "
-                   f"({udp}{cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
-                   f"accept {cfg.accept}, policy {cfg.poll_policy}, "
-                   f"durability {cfg.durability}, max-memory {mm}, data-dir {os.path.abspath(cfg.data_dir)})")
+        where = (f"{cfg.bind}:{srv.port} "
+                 f"({udp}{cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
+                 f"accept {cfg.accept}, policy {cfg.poll_policy}, durability {cfg.durability}, "
+                 f"max-memory {cfg.max_memory or 'unbounded'}, data-dir {os.path.abspath(cfg.data_dir)})")
+        level, text = _durability_line(cfg)
+        log.logger.log(level, "%s", text)
+        log.logger.info("ready to accept connections on %s", where)
+        # stdout: the one line scripts and kvstore.Node wait for (the log may be in a file)
+        click.echo(f"kvstore {kvstore.__version__} listening on {where}")
         sys.stdout.flush()
 
     try:
         server.serve_forever(on_ready=ready)
     except KVError as e:
-        _fail(e)
-    click.echo("kvstore stopped", err=True)
+        _fail_logged(cfg, e)
+    log.logger.info("kvstore stopped")
+
+
+def _fail_logged(cfg, e):
+    """Refuse to start: the reason on stderr (click's "Error: ...") and, when the log
+    goes to a file, there too (stderr has it already otherwise)."""
+    if cfg is not None and cfg.log_file and log.logger.handlers:
+        log.logger.warning("cannot start: %s", e)
+    _fail(e)
+
+
+def _config_line(cfg):
+    """The effective configuration on one line, `name=value` as in the TOML file
+    (requirepass hidden)."""
+    out = []
+    for field in ServerConfig.settings():
+        v = getattr(cfg, field.name)
+        if field.name == "requirepass" and v:
+            v = "(set)"
+        if field.name == "threads":
+            v = cfg.effective_threads
+        out.append(f"{field.name}=" + (json.dumps(v) if isinstance(v, (str, bool)) else str(v)))
+    return " ".join(out)
+
+
+def _durability_line(cfg):
+    """(logging level, text): what a write's acknowledgement means with this configuration."""
+    log_dir = os.path.join(os.path.abspath(cfg.data_dir), "log")
+    if cfg.durability == "disk":
+        return logging.INFO, (f"durability disk: a write is acknowledged once its log record is synced to "
+                              f"{log_dir}; the log is replayed at start")
+    if cfg.durability == "remote":
+        return logging.INFO, (f"durability remote: a write is acknowledged once it is in this node's memory and "
+                              f"in its peer's ({cfg.peer}); the local log ({log_dir}) is synced every "
+                              f"{cfg.disk_log_interval_ms} ms, and every write while the peer is lost")
+    spill = " (the data file only spills memory to disk; it is not recovered)" if cfg.data_file else ""
+    return logging.WARNING, ("durability none: NOTHING WRITTEN WILL SURVIVE A RESTART: data is kept in memory "
+                             f"only{spill}. Use --durability disk to keep it.")
 
 
 @main.command()

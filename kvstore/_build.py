@@ -67,6 +67,7 @@ SPEC = [
                           "wal_subscribe", "wal_recover", "wal_truncate", "wal_sync_bound_us",
                           "#define WAL_SYNC_BUCKETS"]),
     ("core/crc32c.h", ["crc32c"]),
+    ("core/log.h", ["kvlog_open", "kvlog_reopen", "kvlog_raw", "kvlog_write_errors"]),
     ("durability/replog.h", ["struct rl_sender_config", "struct rl_sender_stats", "struct rl_receiver_stats",
                              "rl_sender_start", "rl_sender_stop", "rl_sender_get_stats", "rl_receiver_start",
                              "rl_receiver_port", "rl_receiver_stop", "rl_receiver_get_stats", "rl_fetch"]),

@@ -44,6 +44,7 @@ def parse_address(text, what):
 
 DURABILITY_MODES = ("none", "disk", "remote")
 ARCHS = ("poller", "threadpool", "udp", "dpdk")
+LOG_LEVELS = ("debug", "verbose", "notice", "warning")  # Redis's; the index is ext/core/log.h's level
 
 SIZE, IPV4, PATH = "size", "ipv4", "path"  # types beyond int, str, bool
 
@@ -187,6 +188,13 @@ class ServerConfig:
     tcp_backlog: int = setting(
         511, "listen() backlog: connections the kernel queues before they are accepted.", min=1, c="tcp_backlog")
     # ---- logging
+    log_level: str = setting(
+        "notice", "The least important lines written: notice = start, stop, configuration, peer lost/back/caught "
+                  "up, recovery and its progress, writer stalls, refused clients, failed AUTH; verbose adds each "
+                  "log segment replayed; debug adds every flusher sweep; warning = problems only.",
+        choices=LOG_LEVELS)
+    log_file: str = setting(
+        "", "Append the log to this file instead of stderr; SIGHUP reopens it (for logrotate).", shown="stderr")
     # ---- metrics
     metrics_port: int = setting(
         -1, "Serve Prometheus metrics (text format) over HTTP at http://<metrics-bind>:<port>/metrics; read from "

@@ -2,6 +2,7 @@
 mode's sender and receiver, and Durability, which opens and closes them in order for a server."""
 import dataclasses
 import errno
+import logging
 import os
 import time
 
@@ -9,6 +10,7 @@ from kvstore import errors
 from kvstore._cstruct import as_dict
 from kvstore._native import ffi, lib
 from kvstore.config import parse_address
+from kvstore.log import logger
 
 
 @dataclasses.dataclass
@@ -300,6 +302,7 @@ class Durability:
         self.sender = None
         self.fetched = None  # (peer LSN, local LSN, replaced) after a fetch
         self.local_complete = False  # remote mode started without its peer, on a complete local log
+        self._lines = []  # what start-up found, as logged (report())
 
     def open(self):
         """Open everything the config asks for; on failure close what was opened and raise."""
@@ -310,16 +313,23 @@ class Durability:
             raise
         return self
 
+    def _say(self, line, level=logging.INFO):
+        """One start-up finding: logged when it happens (the log's timestamp says when) and kept for report()."""
+        self._lines.append(line)
+        logger.log(level, "%s", line)
+
     def _open(self):
         c = self.config
         if c.repl_port >= 0:
             os.makedirs(c.data_dir, exist_ok=True)
             self.receiver = Receiver(c.data_dir, c.bind, c.repl_port)
+            self._say(f"log receiver on {c.bind}:{self.receiver.port}")
         if c.durability == "none":
             if c.data_file:  # a spilling cache: bounded memory, nothing durable
                 os.makedirs(c.data_dir, exist_ok=True)
                 self.datafile = DataFile(self.store, c.data_dir, c.data_buckets, c.flush_interval_ms,
                                          truncate_log=False, dirty_queue=c.dirty_queue)
+                self._say(self.datafile.summary())
                 self.datafile.start(None)
             return
         os.makedirs(c.data_dir, exist_ok=True)
@@ -332,10 +342,19 @@ class Durability:
                                                c.peer_startup_wait_ms)
         elif self.from_peer:
             self.fetched = fetch_from_peer(c.data_dir, *parse_address(self.from_peer, "from_peer"))
+        if self.fetched is not None:
+            peer_lsn, local_lsn, replaced = self.fetched
+            self._say(f"fetched the log from {self.from_peer or c.peer} up to LSN {peer_lsn} (local log ended "
+                      f"at {local_lsn}); " + ("it replaces the local log" if replaced else "local log kept"))
+        if self.local_complete:
+            self._say(f"peer {c.peer} unreachable; this node last ran without it, syncing every acknowledged "
+                      f"write locally (LOCAL-COMPLETE), so it starts from its own log", logging.WARNING)
         if c.data_file:
             self.datafile = DataFile(self.store, c.data_dir, c.data_buckets, c.flush_interval_ms,
                                      truncate_log=c.durability == "disk", dirty_queue=c.dirty_queue)
+            self._say(self.datafile.summary())
         self.recovery = recover(self.store, c.data_dir, after_lsn=self.datafile.flushed_lsn if self.datafile else 0)
+        self._say(self.recovery.summary(), logging.WARNING if self.recovery.problem else logging.INFO)
         remote = c.durability == "remote"
         self.log = Log(self.store, c.data_dir, self.recovery.last_lsn + 1, sync=not remote, ship=remote,
                        batch_ms=c.disk_log_interval_ms, segment_bytes=c.log_segment_size)
@@ -384,33 +403,27 @@ class Durability:
                 "bosc": self.datafile._b if self.datafile else ffi.NULL}
 
     def report(self):
-        """What start-up found, one line each (as `kvstore serve` prints them after "kvstore: ")."""
-        c, lines = self.config, []
-        if self.fetched is not None:
-            peer_lsn, local_lsn, replaced = self.fetched
-            lines.append(f"fetched the log from {self.from_peer or c.peer} up to LSN {peer_lsn} (local log ended "
-                         f"at {local_lsn}); " + ("it replaces the local log" if replaced else "local log kept"))
-        if self.local_complete:
-            lines.append(f"peer {c.peer} unreachable; this node last ran without it, syncing every acknowledged "
-                         f"write locally (LOCAL-COMPLETE), so it starts from its own log")
-        if self.receiver is not None:
-            lines.append(f"log receiver on {c.bind}:{self.receiver.port}")
-        if self.datafile is not None:
-            lines.append(self.datafile.summary())
-        if self.recovery is not None:
-            lines.append(self.recovery.summary())
-        return lines
+        """What start-up found, one line each, in order (each was logged when it happened):
+        log receiver port, log fetched from the peer, LOCAL-COMPLETE start, data file and
+        recovery summaries."""
+        return list(self._lines)
 
     def close(self):
         if self.datafile is not None:  # its flusher reads the log's durable LSN and the sender's
+            flushed = self.datafile.stats()["flushed_lsn"]
             self.datafile.close()
             self.datafile = None
+            logger.info("data file closed: it holds the changes up to LSN %d (the log has the rest)", flushed)
         if self.sender is not None:
             self.sender.close()
             self.sender = None
+            logger.info("log sender stopped")
         if self.log is not None:
+            st = self.log.stats()
             self.log.close()
             self.log = None
+            logger.info("log closed: written and synced up to LSN %d", st.get("appended_lsn", 0))
         if self.receiver is not None:
             self.receiver.close()
             self.receiver = None
+            logger.info("log receiver stopped")

@@ -5,7 +5,7 @@ import resource
 import signal
 import threading
 
-from kvstore import __version__, errors, metrics
+from kvstore import __version__, errors, log, metrics
 from kvstore._cstruct import as_dict, split_prefix
 from kvstore._native import ffi, lib
 from kvstore.config import ServerConfig
@@ -72,7 +72,10 @@ class Server:
         c = self.config
         if c.arch == "dpdk" and not have_dpdk():
             raise errors.ConfigError("kvstore was built without DPDK (libdpdk-dev not found at build time)")
+        log.configure(c.log_level, c.log_file)  # first: what start-up finds goes to the configured log
         self._warnings = [w for w in (self._raise_fd_limit(),) if w]
+        for w in self._warnings:
+            log.logger.warning("%s", w)
         self._durability = Durability(self.store, c, self.from_peer).open()
         cfg, self._keep = c_config(c, version=__version__, **self._durability.c_handles())
         err = ffi.new("char[256]")
@@ -92,6 +95,7 @@ class Server:
             except BaseException:
                 self.stop()
                 raise
+            log.logger.info("metrics on http://%s:%d/metrics", c.metrics_bind, self._metrics.port)
         return self
 
     def startup_report(self):
@@ -200,9 +204,23 @@ class Server:
         self.stop()
 
     def serve_forever(self, on_ready=None):
-        """Start, block until SIGINT or SIGTERM, stop cleanly. For the main thread."""
+        """Start, block until SIGINT or SIGTERM, stop cleanly; SIGHUP reopens the log file
+        (after logrotate moved it). For the main thread."""
         stop = threading.Event()
-        old = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def on_stop(signum, _):
+            log.logger.warning("received %s, shutting down", signal.Signals(signum).name)
+            stop.set()
+
+        def on_hup(*_):
+            try:
+                log.reopen()
+                log.logger.info("log file reopened (SIGHUP)")
+            except errors.KVError:
+                pass  # the old file keeps the log, and says why the new one could not be opened
+
+        old = {s: signal.signal(s, on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        old[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
         try:
             self.start()
             if on_ready:

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/time.h>
 
+#include "core/log.h"
 #include "core/table.h"
 #include "engine/engine.h"
 
@@ -62,6 +63,8 @@ static int do_auth(struct cmd_client *c, const char *user, size_t ul, const char
         c->authenticated = 1;
         return 1;
     }
+    static struct kvlog_rate failures = KVLOG_RATE_INIT(5);
+    kvlog_rated(&failures, KVLOG_WARNING, "AUTH failed for client %s (id %llu)", c->addr, (unsigned long long)c->id);
     cmd_reply_err(c, "WRONGPASS invalid username-password pair or user is disabled.");
     return 0;
 }

@@ -20,6 +20,7 @@
 
 #include "core/kvbuf.h"
 #include "core/ldu.h"
+#include "core/log.h"
 #include "core/table.h"
 #include "durability/bosc.h"
 
@@ -150,6 +151,7 @@ static inline void fail(struct bosc *b, const char *msg)
     if (!atomic_load(&b->failed)) {
         snprintf(b->error, sizeof b->error, "%s", msg);
         atomic_store(&b->failed, 1);
+        kvlog(KVLOG_WARNING, "data file failed (%s): no longer read or written until a restart", msg);
     }
     pthread_mutex_unlock(&b->lock);
 }

@@ -357,8 +357,11 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
             return rc;
         }
     }
+    uint64_t took = now_ns() - t0;
     add(&b->st.sweeps, 1);
-    add(&b->st.sweep_ns, now_ns() - t0);
+    add(&b->st.sweep_ns, took);
+    kvlog(took > 2000000000u ? KVLOG_NOTICE : KVLOG_DEBUG, "data file sweep: %zu keys in %.3f s%s", c->n,
+          (double)took / 1e9, took > 2000000000u ? " (slow: the disk is behind)" : "");
     return 0;
 }
 
@@ -419,6 +422,38 @@ static int expire_pass(struct bosc *b, struct sweep_ctx *c, char *err, size_t er
     return 0;
 }
 
+/* Writers waiting for room: each forced sweep is one of them asking, and a
+ * writer woken without enough room asks again at once. A run of forced sweeps
+ * (none more than STALL_GAP_NS after the last) longer than a second is a stall:
+ * say so once, and again when it is over. started: when this sweep began. */
+struct stall_note {
+    uint64_t since, last;        /* the run's first and latest forced sweep; since 0: no run */
+    int noted;
+};
+
+#define STALL_GAP_NS 500000000u
+
+static void note_stall(struct bosc *b, struct stall_note *s, int forced, uint64_t started)
+{
+    uint64_t now = now_ns();
+    if (s->since && now - s->last > STALL_GAP_NS) { /* writers stopped asking: the run is over */
+        if (s->noted)
+            kvlog(KVLOG_NOTICE, "writers no longer wait for memory (after %.1f s)", (double)(s->last - s->since) / 1e9);
+        *s = (struct stall_note){0};
+    }
+    if (!forced)
+        return;
+    if (!s->since)
+        s->since = started;
+    s->last = now;
+    if (!s->noted && now - s->since > 1000000000u) {
+        kvlog(KVLOG_WARNING, "writers have been waiting for memory for %.1f s (%llu bytes used, max-memory %llu): "
+              "the flusher is behind", (double)(now - s->since) / 1e9, (unsigned long long)kvt_used_memory(b->t),
+              (unsigned long long)kvt_max_memory(b->t));
+        s->noted = 1;
+    }
+}
+
 /* Evict clean keys down to LOW_PCT of the bound: when memory passes HIGH_PCT,
  * or at once when a writer waits for room (force: it may need more than the
  * room below HIGH_PCT). "Stuck" = a writer could wait forever: memory is full,
@@ -452,6 +487,7 @@ void *bosc_flusher_main(void *arg)
     struct sweep_ctx c = {0};
     char err[256];
     uint64_t last = now_ns(), last_pass = last;
+    struct stall_note stall = {0};
     uint64_t interval_ns = (uint64_t)b->interval_ms * 1000000u;
     pthread_mutex_lock(&b->lock);
     while (!b->stop) {
@@ -476,6 +512,7 @@ void *bosc_flusher_main(void *arg)
         int dirty = atomic_load_explicit(&b->q.head, memory_order_relaxed) != NULL;
         int behind = b->wal && wal_durable_lsn(b->wal) > atomic_load(&b->flushed_lsn);
         if (!(b->kick || b->sync_req > b->sync_done || pressure || (due && (dirty || behind)))) {
+            note_stall(b, &stall, 0, 0); /* nobody asks now: has the run ended? */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 10 * 1000000; /* look at memory pressure every 10 ms */
@@ -490,6 +527,7 @@ void *bosc_flusher_main(void *arg)
         int forced = b->kick; /* a writer waits for room */
         b->kick = 0;
         pthread_mutex_unlock(&b->lock);
+        uint64_t started = now_ns();
         /* Evict before the sweep too: the clean keys of the last sweep make room for
          * the writers while this one runs (it may take a while), not only after. */
         if (!atomic_load(&b->failed))
@@ -504,6 +542,7 @@ void *bosc_flusher_main(void *arg)
         else
             kvt_set_spill_stuck(b->t, 1); /* writes get an error instead of waiting forever */
         last = now_ns();
+        note_stall(b, &stall, forced, started);
         bosc_wake_all(b);
         pthread_mutex_lock(&b->lock);
         b->sync_done = req;

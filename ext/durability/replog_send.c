@@ -29,6 +29,7 @@
 #include "core/bytes.h"
 #include "core/crc32c.h"
 #include "core/kvbuf.h"
+#include "core/log.h"
 #include "durability/wal.h"
 #include "durability/replog_frame.h"
 
@@ -109,10 +110,17 @@ static void s_set(struct rl_sender *s, int connected, int degraded)
         s->st.disconnects++;
     if (!s->st.connected && connected)
         s->st.connects++;
+    int was_connected = s->st.connected, was = s->st.degraded, first = s->st.connects == 1;
     s->st.connected = connected;
-    int was = s->st.degraded;
     s->st.degraded = degraded;
     pthread_mutex_unlock(&s->stat_lock);
+    if (connected && !was_connected)
+        kvlog(KVLOG_NOTICE, "peer %s:%d %s: catching it up", s->host, s->cfg.port, first ? "connected" : "back");
+    if (!connected && was_connected) /* (last_error: written by this thread only) */
+        kvlog(KVLOG_WARNING, "peer %s:%d lost (%s): falling back to disk mode, every write synced locally",
+              s->host, s->cfg.port, s->st.last_error);
+    if (was && !degraded)
+        kvlog(KVLOG_NOTICE, "peer %s:%d caught up: writes acknowledged from its memory again", s->host, s->cfg.port);
     if (!connected && degraded) /* every loss of the peer: the marker must cover all appended */
         s->degraded_at = wal_appended_lsn(s->w) ? wal_appended_lsn(s->w) : 1;
     if (was != degraded) {
@@ -365,6 +373,7 @@ int rl_sender_start(struct rl_sender **out, struct wal *w, const struct rl_sende
         return -rc;
     }
     pthread_setname_np(s->th, "kv-logsend");
+    kvlog(KVLOG_NOTICE, "replicating the log to peer %s:%d (disk mode until it has caught up)", s->host, s->cfg.port);
     *out = s;
     return 0;
 }

@@ -24,6 +24,7 @@
 #include "core/bytes.h"
 #include "core/crc32c.h"
 #include "core/kvbuf.h"
+#include "core/log.h"
 #include "core/table.h"
 
 #define MAX_NOTIFY 1024
@@ -411,6 +412,7 @@ static void fail(struct wal *w, const char *what, int e)
         return;
     snprintf(w->error, sizeof w->error, "%s: %s", what, strerror(e));
     atomic_store_explicit(&w->failed, 1, memory_order_release);
+    kvlog(KVLOG_WARNING, "durability log failed (%s): writes are refused until a restart", w->error);
     notify_all(w);
 }
 
@@ -471,6 +473,7 @@ static void *log_thread(void *arg)
                 if (!atomic_exchange_explicit(&w->failing, 1, memory_order_relaxed)) {
                     snprintf(w->error, sizeof w->error, "%s", err);
                     atomic_store_explicit(&w->failed, 1, memory_order_release);
+                    kvlog(KVLOG_WARNING, "durability log failed (%s): writes are refused until a restart", err);
                     notify_all(w);
                 }
                 break;

@@ -15,11 +15,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/bytes.h"
 #include "core/crc32c.h"
 #include "core/kvbuf.h"
+#include "core/log.h"
 #include "core/table.h"
 
 /* ---- recovery */
@@ -345,6 +347,9 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
     struct replay r = {.t = t, .after = after_lsn, .rec = rec};
     uint64_t prev = 0;
     rc = 0;
+    if (t && nseg) /* a replay (not a scan): a long one reports its progress, below */
+        kvlog(KVLOG_NOTICE, "replaying the log in %s: %d segment(s), after LSN %" PRIu64, dir, nseg, after_lsn);
+    time_t noted = time(NULL);
     for (int si = 0; si < nseg && !rc; si++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, segs[si].name);
@@ -456,6 +461,11 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
         if (!rc && repair)
             rc = sync_path(path, dir, err, errlen);
         free(d);
+        int due = t && time(NULL) - noted >= 5; /* progress every 5 s at notice, every segment at verbose */
+        if (t && !rc)
+            kvlog(due ? KVLOG_NOTICE : KVLOG_VERBOSE, "replaying the log: %" PRIu64 " records so far, segment %d of "
+                  "%d done (LSN %" PRIu64 ")", rec->records, si + 1, nseg, rec->last_lsn);
+        noted = due ? time(NULL) : noted;
     }
     if (!rc && r.uopen)
         rc = drop_unit(&r, dir, segs, nseg, repair, err, errlen);

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "core/counter.h"
+#include "core/log.h"
 #include "core/net.h"
 #include "core/table.h"
 #include "engine/engine.h"
@@ -123,6 +124,12 @@ int tcp_admit(struct tcp_front *f, int fd)
     atomic_fetch_add_explicit(&f->total_conns, 1, memory_order_relaxed);
     if (n >= (uint64_t)f->eng->cfg.maxclients) {
         static const char msg[] = "-ERR max number of clients reached\r\n";
+        static struct kvlog_rate refusals = KVLOG_RATE_INIT(5);
+        char addr[64] = "?";
+        if (kvlog_on(KVLOG_WARNING))
+            net_peer_addr(fd, addr, sizeof addr);
+        kvlog_rated(&refusals, KVLOG_WARNING, "refused connection from %s: maxclients (%d) reached", addr,
+                    f->eng->cfg.maxclients);
         ssize_t w = send(fd, msg, sizeof msg - 1, MSG_NOSIGNAL);
         (void)w;
         close(fd);

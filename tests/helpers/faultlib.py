@@ -5,7 +5,7 @@ tests/faults/conftest.py).
   - start_disk_node: a kvstore.Node on a data dir (a fresh Node object each time)
   - run_serve / run_recover: `kvstore serve` / `kvstore recover` as plain processes,
     for the cases where the server must refuse to start
-  - parse_recovery: the "kvstore: recovered N records ..." line
+  - parse_recovery: the "recovered N records ..." line
   - recovery_of, persistence, mget_all, write_keys: a served node's recovery line,
     INFO persistence, and keys read or written with redis-py
 """

@@ -330,11 +330,11 @@ def kill_at_random_moment(rng, writers, min_acked=200, low=0.1, high=1.2):
     time.sleep(rng.uniform(low, high))
 
 
-FETCHED = re.compile(r"kvstore: fetched the log from (\S+) up to LSN (\d+) \(local log ended at (\d+)\); "
+FETCHED = re.compile(r"fetched the log from (\S+) up to LSN (\d+) \(local log ended at (\d+)\); "
                      r"(it replaces the local log|local log kept)")
 
 
-RECOVERED = re.compile(r"kvstore: (?:recovered ([\d,]+) records \((?:LSN (\d+)\.\.(\d+)|up to LSN (\d+))\)"
+RECOVERED = re.compile(r"(?:recovered ([\d,]+) records \((?:LSN (\d+)\.\.(\d+)|up to LSN (\d+))\)"
                        r"|no log found: starting empty)")
 
 
