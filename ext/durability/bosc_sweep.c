@@ -21,6 +21,7 @@
 #include "core/bytes.h"
 #include "core/crc32c.h"
 #include "core/kvbuf.h"
+#include "core/latmon.h"
 #include "core/ldu.h"
 #include "core/table.h"
 #include "durability/bosc_int.h"
@@ -358,7 +359,9 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         }
     }
     add(&b->st.sweeps, 1);
-    add(&b->st.sweep_ns, now_ns() - t0);
+    uint64_t dt = now_ns() - t0;
+    add(&b->st.sweep_ns, dt);
+    latmon_add(atomic_load_explicit(&b->latmon, memory_order_acquire), LM_FLUSHER_SWEEP, dt);
     return 0;
 }
 

@@ -24,6 +24,7 @@
 #include "core/bytes.h"
 #include "core/crc32c.h"
 #include "core/kvbuf.h"
+#include "core/latmon.h"
 #include "core/table.h"
 
 #define MAX_NOTIFY 1024
@@ -66,6 +67,7 @@ struct wal {
     pthread_mutex_t notify_lock;
     int notify[MAX_NOTIFY], nnotify;
     _Atomic uint64_t groups, records, bytes, syncs, sync_ns_total, sync_ns_max, max_group;
+    struct latmon *_Atomic latmon; /* LATENCY's monitor (set by the engine while running) */
 };
 
 static uint64_t now_ns(void)
@@ -476,6 +478,7 @@ static void *log_thread(void *arg)
                 break;
             }
             uint64_t dt = now_ns() - t0;
+            latmon_add(atomic_load_explicit(&w->latmon, memory_order_acquire), LM_LOG_SYNC, dt);
             atomic_fetch_add_explicit(&w->syncs, 1, memory_order_relaxed);
             atomic_fetch_add_explicit(&w->sync_ns_total, dt, memory_order_relaxed);
             if (dt > atomic_load_explicit(&w->sync_ns_max, memory_order_relaxed))
@@ -623,6 +626,11 @@ int wal_subscribe(struct wal *w, int evfd)
     }
     pthread_mutex_unlock(&w->notify_lock);
     return rc;
+}
+
+void wal_set_latmon(struct wal *w, struct latmon *lm)
+{
+    atomic_store_explicit(&w->latmon, lm, memory_order_release);
 }
 
 void wal_get_stats(struct wal *w, struct wal_stats *st)

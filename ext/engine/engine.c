@@ -10,13 +10,16 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "core/latmon.h"
 #include "core/table.h"
 #include "durability/bosc.h"
 #include "durability/replog.h"
 #include "durability/wal.h"
+#include "engine/cmdstats.h"
 
-static const char *const sections[] = {"server", "clients",  "memory", "persistence", "replication",
-                                       "stats",  "pollers", "cpu",    "keyspace",    NULL};
+static const char *const sections[] = {"server",       "clients",    "memory",       "persistence", "replication",
+                                       "stats",        "pollers",    "cpu",          "commandstats", "errorstats",
+                                       "latencystats", "keyspace",   NULL};
 
 const char *eng_info_section(int i)
 {
@@ -41,6 +44,7 @@ void eng_reset_stats(struct kv_engine *e)
     for (int i = 0; i < e->ninfo; i++)
         if (e->info[i].reset)
             e->info[i].reset(e->info[i].arg);
+    cst_reset(e->stats);
 }
 
 uint64_t eng_client_id(struct kv_engine *e)
@@ -211,6 +215,18 @@ int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_confi
     e->bosc = cfg->bosc;
     e->port = cfg->port;
     e->start_time = time(NULL);
+    /* statistics: the log and the data file report to the latency monitor; they
+     * are closed before the engine is destroyed (kvstore/server.py's stop) */
+    if (cst_create(&e->stats, cfg->slowlog_log_slower_than, cfg->slowlog_max_len) ||
+        latmon_create(&e->latmon, (uint32_t)cfg->latency_monitor_threshold)) {
+        eng_destroy(e);
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    if (e->wal)
+        wal_set_latmon(e->wal, e->latmon);
+    if (e->bosc)
+        bosc_set_latmon(e->bosc, e->latmon);
     /* the engine's sections; the server and the front ends add theirs */
     eng_info_add(e, "memory", info_memory, NULL, e);
     eng_info_add(e, "persistence", info_persistence, NULL, e);
@@ -228,5 +244,7 @@ void eng_destroy(struct kv_engine *e)
 #define FREE(f, d) free((char *)e->cfg.f);
     CFG_STRINGS(FREE)
 #undef FREE
+    cst_destroy(e->stats);
+    latmon_destroy(e->latmon);
     free(e);
 }
