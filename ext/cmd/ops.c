@@ -82,8 +82,8 @@ int c_slowlog(struct cmd_client *c, const struct cmd_args *a)
     }
     if (ARGIS(a, 1, "GET")) {
         if (a->argc > 3) /* Redis: arity -2 passes, the handler refuses */
-            return cmd_reply_err(c, "ERR unknown subcommand or wrong number of arguments for 'get'. "
-                                    "Try SLOWLOG HELP.");
+            return resp_add_errorf(c->out, "ERR unknown subcommand or wrong number of arguments for '%.*s'. "
+                                           "Try SLOWLOG HELP.", (int)a->argl[1], a->argv[1]);
         return slowlog_get(c, a);
     }
     return cmd_unknown_sub(c, a, "SLOWLOG");
