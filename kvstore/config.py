@@ -204,6 +204,19 @@ class ServerConfig:
         "127.0.0.1", "IPv4 address the metrics endpoint listens on (it has no authentication: 0.0.0.0 exposes it "
                      "on every interface).", IPV4)
     # ---- slow log and latency monitor
+    slowlog_log_slower_than: int = setting(
+        10000, "SLOWLOG keeps requests that took at least this many microseconds to run (0: every request, "
+        "-1: none), as Redis's slowlog-log-slower-than; CONFIG SET changes it at run time.",
+        min=-1, accepts="an integer of microseconds, -1 or more", c="slowlog_log_slower_than")
+    slowlog_max_len: int = setting(
+        128, "SLOWLOG keeps the newest this many entries (each at most 32 arguments of 128 bytes), as Redis's "
+        "slowlog-max-len; CONFIG SET changes it at run time.", min=0, max=10000,
+        accepts="an integer from 0 to 10000", c="slowlog_max_len")
+    latency_monitor_threshold: int = setting(
+        100, "LATENCY records an event (log-sync, flusher-sweep, command) that took at least this many "
+        "milliseconds (0: off). Redis's default is off; kvstore's is 100 ms because its events are few (one per "
+        "log sync or sweep, not per request) and a sync or sweep that slow delays every held reply.",
+        min=0, max=2**31 - 1, accepts="an integer of milliseconds, 0 (off) or more", c="latency_monitor_threshold")
     config_file: str = setting(
         "", "the TOML file the settings came from (INFO shows it)", shown=None, cli=None, c="config_file")
 

@@ -35,6 +35,9 @@ struct cmd_client {
     int stall;
     const char *stall_key;
     size_t stall_klen;
+    uint64_t stall_ns;       /* time the runs of a stalled request took so far: statistics
+                                count a request once, with all its runs (dispatch.c) */
+    int blocked;             /* counted in blocked_clients (its request waits for the data file) */
     uint64_t sync_ticket;    /* CMD_STALL_SYNC: the sweep DBSIZE waits for */
     int64_t keys_ticket;     /* CMD_STALL_KEYS: the data file's key listing SCAN/KEYS wait for
                                 (bosc_keys_request) */
@@ -67,6 +70,14 @@ void cmd_tx_free(struct cmd_client *c);
 /* The connection is closing: release what its commands keep between the runs of
  * a request (a pending key listing, KEYS's keys so far). */
 void cmd_client_release(struct cmd_client *c);
+/* The request no longer waits (done, or the connection closes): blocked_clients
+ * stops counting it. Idempotent; cmd_client_release calls it. */
+void cmd_stats_unblock(struct cmd_client *c);
+
+/* Register the command layer's INFO lines (blocked_clients, total_error_replies,
+ * commandstats, errorstats, latencystats) with e's INFO registry, after the
+ * server's own. Control thread. 0 or eng_info_add's error. */
+int cmd_stats_register(struct kv_engine *e);
 
 /* Number of top-level commands in the table (COMMAND COUNT). */
 int cmd_count(void);

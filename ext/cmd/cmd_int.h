@@ -217,6 +217,24 @@ void cmd_multi_discard(struct cmd_client *c);
 int cmd_multi_queue(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv, const size_t *argl);
 /* client.c (CLIENT, MONITOR) */
 /* ops.c (SLOWLOG, LATENCY, MEMORY) */
+int c_slowlog(struct cmd_client *c, const struct cmd_args *a);
+int c_latency(struct cmd_client *c, const struct cmd_args *a);
+int c_memory(struct cmd_client *c, const struct cmd_args *a);
+/* stats.c (the statistics every request feeds, and their INFO lines) */
+/* The command table's entry i, NULL past the last (dispatch.c). */
+const struct cmd_def *cmd_def_at(int i);
+/* The clock requests are timed with (ns, monotonic). */
+uint64_t cmd_stats_clock(void);
+/* Command cmd (its table index) ran for ns and its reply starts at out offset at:
+ * count it (or, stalled, remember its time until it runs again), its error,
+ * and put it in the slow log and the latency monitor if it was that slow. */
+void cmd_stats_ran(struct cmd_client *c, int cmd, uint64_t ns, size_t at, int argc, const char **argv,
+                   const size_t *argl);
+/* A request answered without running (cmd -1: unknown; rejected: refused for arity or
+ * AUTH, counted on the command; else queued by MULTI): count its error, if any. */
+void cmd_stats_refused(struct cmd_client *c, int cmd, int rejected, size_t at, int argc, const char **argv,
+                       const size_t *argl);
+/* INFO lines the command layer adds to a section (after the engine's providers). */
 /* config.c */
 int c_config(struct cmd_client *c, const struct cmd_args *a);
 /* dispatch.c */

@@ -8,7 +8,9 @@
 #include <string.h>
 
 #include "core/glob.h"
+#include "core/latmon.h"
 #include "core/table.h"
+#include "engine/cmdstats.h"
 #include "engine/engine.h"
 
 /* Redis's memtoull: digits then an optional unit b, k, kb, m, mb, g, gb
@@ -59,6 +61,11 @@ PARAM_INT(p_threads, c->eng->cfg.threads)
 PARAM_INT(p_max_bulk, RESP_MAX_BULK)
 PARAM_INT(p_backlog, c->eng->cfg.tcp_backlog > 0 ? c->eng->cfg.tcp_backlog : 511)
 PARAM_STR(p_poll_policy, c->eng->cfg.poll_policy)
+PARAM_INT(p_slower_than, cst_slowlog_slower_than(c->eng->stats))
+PARAM_INT(p_slow_max_len, cst_slowlog_max_len(c->eng->stats))
+PARAM_INT(p_latency_threshold, latmon_threshold(c->eng->latmon))
+PARAM_STR(p_latency_percentiles, "50 99 99.9")
+PARAM_STR(p_yes, "yes")
 
 static const struct param {
     const char *name;
@@ -69,7 +76,44 @@ static const struct param {
     {"save", p_empty},          {"appendonly", p_no},     {"databases", p_one},
     {"timeout", p_zero},        {"io-threads", p_threads}, {"proto-max-bulk-len", p_max_bulk},
     {"tcp-backlog", p_backlog}, {"poll-policy", p_poll_policy}, {"threads", p_threads},
+    {"slowlog-log-slower-than", p_slower_than}, {"slowlog-max-len", p_slow_max_len},
+    {"latency-monitor-threshold", p_latency_threshold}, {"latency-tracking", p_yes},
+    {"latency-tracking-info-percentiles", p_latency_percentiles},
 };
+
+/* CONFIG SET of the statistics' integer parameters: Redis's messages for a value
+ * that is not an integer or out of [lo, hi]. 1 if name was one of them (answered). */
+static int set_stat_param(struct cmd_client *c, const struct cmd_args *a, int *rc)
+{
+    static const struct { const char *name; long long lo, hi; } ints[] = {
+        {"slowlog-log-slower-than", -1, 9223372036854775807LL},
+        {"slowlog-max-len", 0, 10000}, /* (bounded: each entry may hold 4 KB of arguments) */
+        {"latency-monitor-threshold", 0, 2147483647LL},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+        if (a->argl[2] != strlen(ints[i].name) || strncasecmp(a->argv[2], ints[i].name, a->argl[2]))
+            continue;
+        long long v;
+        if (cmd_arg_ll(a, 3, &v))
+            *rc = resp_add_errorf(c->out, "ERR CONFIG SET failed (possibly related to argument '%s') - argument "
+                                          "couldn't be parsed into an integer", ints[i].name);
+        else if (v < ints[i].lo || v > ints[i].hi)
+            *rc = resp_add_errorf(c->out, "ERR CONFIG SET failed (possibly related to argument '%s') - argument "
+                                          "must be between %lld and %lld inclusive", ints[i].name, ints[i].lo,
+                                  ints[i].hi);
+        else {
+            if (i == 0)
+                cst_slowlog_set_slower_than(c->eng->stats, v);
+            else if (i == 1)
+                cst_slowlog_set_max_len(c->eng->stats, v);
+            else
+                latmon_set_threshold(c->eng->latmon, (uint32_t)v);
+            *rc = cmd_reply_ok(c);
+        }
+        return 1;
+    }
+    return 0;
+}
 #define NPARAMS (int)(sizeof params / sizeof params[0])
 
 int c_config(struct cmd_client *c, const struct cmd_args *a)
@@ -126,6 +170,9 @@ int c_config(struct cmd_client *c, const struct cmd_args *a)
             kvt_set_max_memory(c->table, v);
             return cmd_reply_ok(c);
         }
+        int rc;
+        if (a->argc == 4 && set_stat_param(c, a, &rc))
+            return rc;
         return resp_add_errorf(c->out, "ERR Unknown option or number of arguments for CONFIG SET - '%.*s'",
                                (int)(a->argl[2] > 128 ? 128 : a->argl[2]), a->argv[2]);
     }
@@ -137,7 +184,8 @@ int c_config(struct cmd_client *c, const struct cmd_args *a)
         resp_add_array(c->out, 4);
         resp_add_status(c->out, "CONFIG <subcommand> [<arg> ...]. Subcommands are:");
         resp_add_status(c->out, "GET <pattern>");
-        resp_add_status(c->out, "SET maxmemory <bytes>");
+        resp_add_status(c->out, "SET maxmemory|slowlog-log-slower-than|slowlog-max-len|latency-monitor-threshold "
+                                "<value>");
         return resp_add_status(c->out, "RESETSTAT");
     }
     return cmd_unknown_sub(c, a, "CONFIG");

@@ -209,6 +209,9 @@ static const struct cmd_def commands[] = {
     {"time", 1, F_FAST, 0, 0, 0, c_time, "server", "Returns the server time.", "2.6.0"},
     /* client.c (CLIENT, MONITOR) */
     /* ops.c (SLOWLOG, LATENCY, MEMORY) */
+    {"slowlog", -2, 0, 0, 0, 0, c_slowlog, "server", "A container for slow log commands.", "2.2.12"},
+    {"latency", -2, 0, 0, 0, 0, c_latency, "server", "A container for latency diagnostics commands.", "2.8.13"},
+    {"memory", -2, 0, 0, 0, 0, c_memory, "server", "A container for memory diagnostics commands.", "4.0.0"},
 };
 
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
@@ -321,10 +324,14 @@ int c_command(struct cmd_client *c, const struct cmd_args *a)
     return cmd_unknown_sub(c, a, "COMMAND");
 }
 
-int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t *argl)
+const struct cmd_def *cmd_def_at(int i) { return i >= 0 && i < NCOMMANDS ? &commands[i] : NULL; }
+
+/* What comes before a handler: 1 to run d; 0 when the request is answered
+ * already (*rc): an unknown command, one refused (*rejected: arity, NOAUTH), or
+ * queued by MULTI. */
+static int admit(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv, const size_t *argl,
+                 int *rejected, int *rc)
 {
-    const struct cmd_def *d = lookup(argv[0], argl[0]);
-    struct cmd_args a = {argc, argv, argl};
     if (!d) {
         /* Redis: "unknown command '<name>', with args beginning with: '<a1>' '<a2>' "
          * where the argument list stops once it reaches 128 bytes. */
@@ -340,23 +347,51 @@ int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t
             len += (size_t)n;
         }
         cmd_multi_flag(c);
-        return resp_add_errorf(c->out, "ERR unknown command '%.*s', with args beginning with: %s",
-                               (int)(argl[0] > 128 ? 128 : argl[0]), argv[0], args);
+        *rc = resp_add_errorf(c->out, "ERR unknown command '%.*s', with args beginning with: %s",
+                              (int)(argl[0] > 128 ? 128 : argl[0]), argv[0], args);
+        return 0;
     }
+    *rejected = 1;
     if ((d->arity > 0 && argc != d->arity) || (d->arity < 0 && argc < -d->arity)) {
         if (d->fn == c_exec) { /* as Redis: a refused EXEC ends the transaction */
             cmd_multi_discard(c);
-            return cmd_reply_err(c, "EXECABORT Transaction discarded because of: wrong number of arguments "
-                                    "for 'exec' command");
+            *rc = cmd_reply_err(c, "EXECABORT Transaction discarded because of: wrong number of arguments "
+                                   "for 'exec' command");
+            return 0;
         }
         cmd_multi_flag(c);
-        return resp_add_errorf(c->out, "ERR wrong number of arguments for '%s' command", d->name);
+        *rc = resp_add_errorf(c->out, "ERR wrong number of arguments for '%s' command", d->name);
+        return 0;
     }
-    if (!c->authenticated && !(d->flags & F_NOAUTH))
-        return cmd_reply_err(c, "NOAUTH Authentication required.");
+    if (!c->authenticated && !(d->flags & F_NOAUTH)) {
+        *rc = cmd_reply_err(c, "NOAUTH Authentication required.");
+        return 0;
+    }
+    *rejected = 0;
     /* As Redis: inside MULTI everything queues but the transaction's own commands and QUIT. */
     if (cmd_in_multi(c) && d->fn != c_exec && d->fn != c_discard && d->fn != c_multi && d->fn != c_watch &&
-        d->fn != c_quit)
-        return cmd_multi_queue(c, d, argc, argv, argl);
-    return d->fn(c, &a);
+        d->fn != c_quit) {
+        *rc = cmd_multi_queue(c, d, argc, argv, argl);
+        return 0;
+    }
+    return 1;
+}
+
+/* Statistics (cmd/stats.c) see every request: its time is the handler's alone
+ * (two reads of the monotonic clock), so parsing, queueing and waiting for the
+ * log are not in it, as in Redis's call(). */
+int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t *argl)
+{
+    const struct cmd_def *d = lookup(argv[0], argl[0]);
+    size_t at = c->out->len;
+    int rejected = 0, rc = 0;
+    if (!admit(c, d, argc, argv, argl, &rejected, &rc)) {
+        cmd_stats_refused(c, d ? (int)(d - commands) : -1, rejected, at, argc, argv, argl);
+        return rc;
+    }
+    struct cmd_args a = {argc, argv, argl};
+    uint64_t t0 = cmd_stats_clock();
+    rc = d->fn(c, &a);
+    cmd_stats_ran(c, (int)(d - commands), cmd_stats_clock() - t0, at, argc, argv, argl);
+    return rc;
 }

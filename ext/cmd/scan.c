@@ -170,6 +170,7 @@ static void free_state(struct cmd_client *c)
 
 void cmd_client_release(struct cmd_client *c)
 {
+    cmd_stats_unblock(c);
     drop_ticket(c);
     free_state(c);
 }

@@ -325,6 +325,19 @@ int kvt_exists(struct kv_table *t, const void *key, size_t klen)
     shard_unlock(s);
     return st == LK_NOTRES ? -ENODATA : e != NULL;
 }
+
+int64_t kvt_key_memory(struct kv_table *t, const void *key, size_t klen)
+{
+    uint64_t h = kvt_hash(key, klen);
+    struct shard *s = kvt_lock_shard(t, h);
+    int st;
+    struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
+    int64_t n = e ? (int64_t)(malloc_usable_size(e) + sizeof(struct kvt_entry *)) : 0;
+    if (e && e->dn)
+        n += (int64_t)malloc_usable_size(e->dn);
+    shard_unlock(s);
+    return st == LK_NOTRES ? -ENODATA : n;
+}
 /* Redis's string2ll rules: optional '-', no '+', no leading zeros, no spaces. */
 static int parse_ll(const char *p, size_t n, int64_t *out)
 {

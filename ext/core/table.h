@@ -169,6 +169,11 @@ int kvt_del_blind(struct kv_table *t, const void *key, size_t klen);
 /* Returns 1 if the key exists and is live. */
 int kvt_exists(struct kv_table *t, const void *key, size_t klen);
 
+/* MEMORY USAGE: the bytes the table charges for a live key (its entry as
+ * allocated, key and value inside, its dirty-queue node if it has one) plus its
+ * bucket slot. 0 absent, -ENODATA in its data-file block only (load it first). */
+int64_t kvt_key_memory(struct kv_table *t, const void *key, size_t klen);
+
 /* Add delta to the decimal integer stored at key (absent = 0), store it back.
  * Returns 0 with *result set; -EINVAL value is not an integer; -ERANGE overflow;
  * -ENOMEM over the memory bound; KVT_WRONGTYPE. (kvt_append and kvt_strlen

@@ -149,5 +149,8 @@ uint32_t bosc_buckets(struct bosc *b);
 int bosc_failed(struct bosc *b);
 const char *bosc_error(struct bosc *b);
 void bosc_get_stats(struct bosc *b, struct bosc_stats *st);
+struct latmon;
+/* Report each sweep's duration to lm (core/latmon.h, event flusher-sweep), NULL: none. Any thread. */
+void bosc_set_latmon(struct bosc *b, struct latmon *lm);
 
 #endif

@@ -104,6 +104,7 @@ struct bosc {
     pthread_mutex_t qlock;        /* the simple queue's lock (cfg->locked_queue) */
     int locked_queue;
     struct wal *wal;
+    struct latmon *_Atomic latmon; /* LATENCY's monitor, for the sweeps (set by the engine) */
     pthread_t flusher, loader;
     int started;
     pthread_mutex_t lock;         /* guards the fields below */

@@ -314,6 +314,11 @@ void bosc_close(struct bosc *b)
 int bosc_failed(struct bosc *b) { return atomic_load(&b->failed); }
 const char *bosc_error(struct bosc *b) { return b->error; }
 
+void bosc_set_latmon(struct bosc *b, struct latmon *lm)
+{
+    atomic_store_explicit(&b->latmon, lm, memory_order_release);
+}
+
 void bosc_get_stats(struct bosc *b, struct bosc_stats *st)
 {
     memset(st, 0, sizeof *st);

@@ -21,6 +21,7 @@
 #include "core/bytes.h"
 #include "core/crc32c.h"
 #include "core/kvbuf.h"
+#include "core/latmon.h"
 #include "core/ldu.h"
 #include "core/table.h"
 #include "durability/bosc_int.h"
@@ -360,6 +361,7 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     uint64_t took = now_ns() - t0;
     add(&b->st.sweeps, 1);
     add(&b->st.sweep_ns, took);
+    latmon_add(atomic_load_explicit(&b->latmon, memory_order_acquire), LM_FLUSHER_SWEEP, took);
     kvlog(took > 2000000000u ? KVLOG_NOTICE : KVLOG_DEBUG, "data file sweep: %zu keys in %.3f s%s", c->n,
           (double)took / 1e9, took > 2000000000u ? " (slow: the disk is behind)" : "");
     return 0;

@@ -24,6 +24,7 @@
 #include "core/bytes.h"
 #include "core/crc32c.h"
 #include "core/kvbuf.h"
+#include "core/latmon.h"
 #include "core/log.h"
 #include "core/table.h"
 
@@ -68,6 +69,7 @@ struct wal {
     int notify[MAX_NOTIFY], nnotify;
     _Atomic uint64_t groups, records, bytes, syncs, sync_ns_total, sync_ns_max, max_group;
     _Atomic uint64_t sync_hist[WAL_SYNC_BUCKETS]; /* written by the log thread only */
+    struct latmon *_Atomic latmon; /* LATENCY's monitor (set by the engine while running) */
 };
 
 static const uint32_t sync_bounds_us[] = WAL_SYNC_BOUNDS_US;
@@ -495,6 +497,7 @@ static void *log_thread(void *arg)
                 break;
             }
             uint64_t dt = now_ns() - t0;
+            latmon_add(atomic_load_explicit(&w->latmon, memory_order_acquire), LM_LOG_SYNC, dt);
             atomic_fetch_add_explicit(&w->syncs, 1, memory_order_relaxed);
             atomic_fetch_add_explicit(&w->sync_ns_total, dt, memory_order_relaxed);
             if (dt > atomic_load_explicit(&w->sync_ns_max, memory_order_relaxed))
@@ -643,6 +646,11 @@ int wal_subscribe(struct wal *w, int evfd)
     }
     pthread_mutex_unlock(&w->notify_lock);
     return rc;
+}
+
+void wal_set_latmon(struct wal *w, struct latmon *lm)
+{
+    atomic_store_explicit(&w->latmon, lm, memory_order_release);
 }
 
 void wal_get_stats(struct wal *w, struct wal_stats *st)

@@ -154,6 +154,9 @@ const char *wal_error(struct wal *w);
 /* After every group the log thread writes 1 to each subscribed eventfd. */
 int wal_subscribe(struct wal *w, int evfd);
 void wal_get_stats(struct wal *w, struct wal_stats *st);
+struct latmon;
+/* Report each sync's duration to lm (core/latmon.h, event log-sync), NULL: none. Any thread. */
+void wal_set_latmon(struct wal *w, struct latmon *lm);
 
 /* A logger for kvt_set_log (table.h): arg is the struct wal *. KVT_LOG_SET
  * (| KVT_LOG_HASH), KVT_LOG_DEL and KVT_LOG_FLUSH append; KVT_LOG_UNIT_BEGIN and

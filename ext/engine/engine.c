@@ -11,13 +11,16 @@
 #include <strings.h>
 #include <sys/resource.h>
 
+#include "core/latmon.h"
 #include "core/table.h"
 #include "durability/bosc.h"
 #include "durability/replog.h"
 #include "durability/wal.h"
+#include "engine/cmdstats.h"
 
-static const char *const sections[] = {"server", "clients",  "memory", "persistence", "replication",
-                                       "stats",  "pollers", "cpu",    "keyspace",    NULL};
+static const char *const sections[] = {"server",       "clients",    "memory",       "persistence", "replication",
+                                       "stats",        "pollers",    "cpu",          "commandstats", "errorstats",
+                                       "latencystats", "keyspace",   NULL};
 
 const char *eng_info_section(int i)
 {
@@ -37,15 +40,18 @@ int eng_info_add(struct kv_engine *e, const char *section, eng_info_fn fn, eng_r
     return 0;
 }
 
+/* As Redis: no argument or "default" is every section but commandstats and
+ * latencystats (long, and costly to make); "all" and "everything" are all. */
 static int want_section(int argc, const char **argv, const size_t *argl, const char *name)
 {
+    int in_default = strcmp(name, "commandstats") && strcmp(name, "latencystats");
     if (argc == 0)
-        return 1; /* default: every section we have */
+        return in_default;
     for (int i = 0; i < argc; i++) {
         if (argl[i] == strlen(name) && strncasecmp(argv[i], name, argl[i]) == 0)
             return 1;
         if ((argl[i] == 3 && strncasecmp(argv[i], "all", 3) == 0) ||
-            (argl[i] == 7 && strncasecmp(argv[i], "default", 7) == 0) ||
+            (argl[i] == 7 && strncasecmp(argv[i], "default", 7) == 0 && in_default) ||
             (argl[i] == 10 && strncasecmp(argv[i], "everything", 10) == 0))
             return 1;
     }
@@ -72,6 +78,7 @@ void eng_reset_stats(struct kv_engine *e)
     for (int i = 0; i < e->ninfo; i++)
         if (e->info[i].reset)
             e->info[i].reset(e->info[i].arg);
+    cst_reset(e->stats);
 }
 
 uint64_t eng_client_id(struct kv_engine *e)
@@ -242,6 +249,18 @@ int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_confi
     e->bosc = cfg->bosc;
     e->port = cfg->port;
     e->start_time = time(NULL);
+    /* statistics: the log and the data file report to the latency monitor; they
+     * are closed before the engine is destroyed (kvstore/server.py's stop) */
+    if (cst_create(&e->stats, cfg->slowlog_log_slower_than, cfg->slowlog_max_len) ||
+        latmon_create(&e->latmon, (uint32_t)cfg->latency_monitor_threshold)) {
+        eng_destroy(e);
+        snprintf(err, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    if (e->wal)
+        wal_set_latmon(e->wal, e->latmon);
+    if (e->bosc)
+        bosc_set_latmon(e->bosc, e->latmon);
     /* the engine's sections; the server and the front ends add theirs */
     eng_info_add(e, "memory", info_memory, NULL, e);
     eng_info_add(e, "persistence", info_persistence, NULL, e);
@@ -259,5 +278,7 @@ void eng_destroy(struct kv_engine *e)
 #define FREE(f, d) free((char *)e->cfg.f);
     CFG_STRINGS(FREE)
 #undef FREE
+    cst_destroy(e->stats);
+    latmon_destroy(e->latmon);
     free(e);
 }

@@ -24,6 +24,8 @@ struct wal;
 struct bosc;
 struct rl_sender;
 struct rl_receiver;
+struct cst;
+struct latmon;
 
 /* A node's settings, as the control plane (Python) fills them. */
 struct kv_config {
@@ -56,6 +58,10 @@ struct kv_config {
     const char *dpdk_eal_args; /* arch dpdk: extra EAL arguments, space separated, or NULL */
     /* ---- clients (cmd/client.c) */
     /* ---- command statistics, slow log, latency monitor */
+    long long slowlog_log_slower_than; /* us; a request at least this slow enters SLOWLOG
+                                          (0: every one, -1: none) */
+    long long slowlog_max_len;         /* SLOWLOG keeps the newest this many */
+    int latency_monitor_threshold;     /* ms; LATENCY keeps events at least this slow (0: off) */
 };
 
 /* An INFO provider appends "field:value\r\n" lines of its section to out; reset
@@ -84,6 +90,8 @@ struct kv_engine {
     int ninfo;
     /* ---- clients (cmd/client.c) */
     /* ---- command statistics, slow log, latency monitor */
+    struct cst *stats;       /* engine/cmdstats.h: per-thread counters, error kinds, slow log */
+    struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */
 };
 
 /* Copy cfg (its strings too) into a new engine over table t (not owned) and register

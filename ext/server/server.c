@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cmd/cmd.h"
 #include "core/table.h"
 
 #define MAX_FRONTENDS 2
@@ -109,6 +110,7 @@ int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg
     eng_info_add(s->eng, "server", info_server, NULL, s);
     eng_info_add(s->eng, "clients", info_clients, NULL, s);
     eng_info_add(s->eng, "stats", info_stats, NULL, s);
+    cmd_stats_register(s->eng);
     for (int i = 0; i < MAX_FRONTENDS && a->fe[i]; i++) {
         const struct kv_frontend_ops *ops = fe_find(a->fe[i]);
         if (!ops) { /* only dpdk can be missing: it is built only with libdpdk */

@@ -19,16 +19,17 @@ def _raw_info(port, *sections):
 INFO_FIELDS = {
     "server": ["redis_version", "process_id", "tcp_port", "uptime_in_seconds", "poll_policy",
                "accept_mode", "pollers"],
-    "clients": ["connected_clients", "maxclients"],
+    "clients": ["connected_clients", "maxclients", "blocked_clients"],
     "memory": ["used_memory", "used_memory_human", "maxmemory", "maxmemory_policy"],
     "persistence": ["loading", "durability"],
     "replication": ["role"],
     "stats": ["total_connections_received", "total_commands_processed", "instantaneous_ops_per_sec",
               "rejected_connections", "expired_keys", "keyspace_hits", "keyspace_misses",
-              "total_error_replies_protocol"],
+              "total_error_replies_protocol", "total_error_replies"],
     "pollers": ["poller0", "poller1", "total_epoll_wait_calls", "total_epoll_ctl_calls",
                 "total_read_calls", "total_write_calls"],
     "cpu": ["used_cpu_sys", "used_cpu_user"],
+    "errorstats": [],
     "keyspace": ["db0"],
 }
 
@@ -84,22 +85,25 @@ def test_info_counters_move(c):
 
 # ------------------------------------------------------------------ the text of today's INFO, exactly
 
-SECTIONS = ["Server", "Clients", "Memory", "Persistence", "Replication", "Stats", "Pollers", "Cpu", "Keyspace"]
+SECTIONS = ["Server", "Clients", "Memory", "Persistence", "Replication", "Stats", "Pollers", "Cpu", "Errorstats",
+            "Keyspace"]
 FIELDS = {  # every field of each section, in order, in the default mode (--arch poller, 2 pollers, no log)
     "Server": ["kvstore_version", "redis_version", "redis_mode", "os", "arch_bits", "multiplexing_api", "arch",
                "poll_policy", "accept_mode", "pollers", "process_id", "tcp_port", "uptime_in_seconds",
                "config_file"],
-    "Clients": ["connected_clients", "maxclients"],
+    "Clients": ["connected_clients", "maxclients", "blocked_clients"],
     "Memory": ["used_memory", "used_memory_human", "maxmemory", "maxmemory_human", "maxmemory_policy",
                "table_buckets", "table_rehashing_shards", "mem_allocator"],
     "Persistence": ["loading", "durability", "aof_enabled", "rdb_changes_since_last_save"],
     "Replication": ["role", "connected_slaves"],
     "Stats": ["total_connections_received", "total_commands_processed", "instantaneous_ops_per_sec",
               "total_net_input_bytes", "total_net_output_bytes", "rejected_connections", "expired_keys",
-              "evicted_keys", "keyspace_hits", "keyspace_misses", "oom_rejections", "total_error_replies_protocol"],
+              "evicted_keys", "keyspace_hits", "keyspace_misses", "oom_rejections", "total_error_replies_protocol",
+              "total_error_replies"],
     "Pollers": ["poller0", "poller1", "total_epoll_wait_calls", "total_epoll_ctl_calls", "total_read_calls",
                 "total_write_calls"],
     "Cpu": ["used_cpu_sys", "used_cpu_user"],
+    "Errorstats": [],  # (a fresh server: no error replied yet)
     "Keyspace": ["db0"],
 }
 LOG_FIELDS = ["log_appended_lsn", "log_durable_lsn", "log_groups", "log_records", "log_bytes",
@@ -171,8 +175,15 @@ def test_sections_are_separated_by_one_empty_line(fresh):
 
 def test_default_all_and_everything_are_every_section(fresh):
     want = [(s, FIELDS[s]) for s in SECTIONS]
-    for arg in ("default", "all", "everything", "ALL", "Everything"):
+    for arg in ("default", "Default"):
         assert layout(raw(fresh.port, "INFO", arg)) == want, arg
+    # as Redis: "all" and "everything" add commandstats and latencystats (whose lines
+    # are the commands run so far), which "default" leaves out
+    every = SECTIONS[:-2] + ["Commandstats", "Errorstats", "Latencystats", "Keyspace"]
+    for arg in ("all", "everything", "ALL", "Everything"):
+        got = layout(raw(fresh.port, "INFO", arg))
+        assert [s for s, _ in got] == every, arg
+        assert [x for x in got if x[0] not in ("Commandstats", "Latencystats")] == want, arg
 
 
 @pytest.mark.parametrize("section", SECTIONS)
@@ -289,7 +300,7 @@ def test_udp_front_end_adds_its_lines(kv_node_factory):
     fields = dict(layout(text))
     assert list(fields) == SECTIONS
     assert fields["Server"] == FIELDS["Server"] + UDP_SERVER_FIELDS
-    assert fields["Stats"] == FIELDS["Stats"] + UDP_STATS_FIELDS
+    assert fields["Stats"] == FIELDS["Stats"][:-1] + UDP_STATS_FIELDS + ["total_error_replies"]
     v = values(text)
     assert v["arch"] == "udp" and int(v["udp_port"]) == n.udp_port and v["udp_workers"] == "2"
 
