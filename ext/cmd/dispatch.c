@@ -208,6 +208,7 @@ static const struct cmd_def commands[] = {
     {"command", -1, 0, 0, 0, 0, c_command, "server", "Returns detailed information about all commands.", "2.8.13"},
     {"time", 1, F_FAST, 0, 0, 0, c_time, "server", "Returns the server time.", "2.6.0"},
     /* client.c (CLIENT, MONITOR) */
+    {"monitor", 1, 0, 0, 0, 0, c_monitor, "server", "Listens for all requests received by the server in real-time.", "1.0.0"},
     /* ops.c (SLOWLOG, LATENCY, MEMORY) */
 };
 
@@ -325,6 +326,7 @@ int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t
 {
     const struct cmd_def *d = lookup(argv[0], argl[0]);
     struct cmd_args a = {argc, argv, argl};
+    cmd_client_note(c, d, argc, argv, argl); /* CLIENT LIST's cmd (client.c) */
     if (!d) {
         /* Redis: "unknown command '<name>', with args beginning with: '<a1>' '<a2>' "
          * where the argument list stops once it reaches 128 bytes. */
@@ -358,5 +360,7 @@ int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t
     if (cmd_in_multi(c) && d->fn != c_exec && d->fn != c_discard && d->fn != c_multi && d->fn != c_watch &&
         d->fn != c_quit)
         return cmd_multi_queue(c, d, argc, argv, argl);
-    return d->fn(c, &a);
+    int rc = d->fn(c, &a);
+    CMD_MONITOR_FEED(c, d, argc, argv, argl); /* MONITOR (monitor.c): one relaxed load while nobody monitors */
+    return rc;
 }

@@ -211,6 +211,9 @@ int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_confi
     e->bosc = cfg->bosc;
     e->port = cfg->port;
     e->start_time = time(NULL);
+    pthread_mutex_init(&e->clients_lock, NULL);
+    list_init(&e->clients);
+    list_init(&e->monitors);
     /* the engine's sections; the server and the front ends add theirs */
     eng_info_add(e, "memory", info_memory, NULL, e);
     eng_info_add(e, "persistence", info_persistence, NULL, e);
@@ -228,5 +231,7 @@ void eng_destroy(struct kv_engine *e)
 #define FREE(f, d) free((char *)e->cfg.f);
     CFG_STRINGS(FREE)
 #undef FREE
+    if (e->clients.next) /* not when eng_create failed before it */
+        pthread_mutex_destroy(&e->clients_lock);
     free(e);
 }
