@@ -112,12 +112,16 @@ int cmd_client_is_admin(const char *full)
     return 0;
 }
 
-static int is_container(const char *name)
+/* The commands with subcommands (a switch: cmd_client_note asks it for DEL and MGET too). */
+static int is_container(const char *n)
 {
-    size_t n = strlen(name);
-    for (int i = 0; subcommands[i]; i++)
-        if (!strncmp(subcommands[i], name, n) && subcommands[i][n] == '|')
-            return 1;
+    switch (n[0]) {
+    case 'c': return !strcmp(n, "client") || !strcmp(n, "config") || !strcmp(n, "command");
+    case 'o': return !strcmp(n, "object");
+    case 'm': return !strcmp(n, "memory");
+    case 's': return !strcmp(n, "slowlog");
+    case 'l': return !strcmp(n, "latency");
+    }
     return 0;
 }
 
@@ -135,12 +139,6 @@ const char *cmd_client_full_name(const struct cmd_def *d, int argc, const char *
             return s;
     }
     return NULL;
-}
-
-void cmd_client_note_cmd(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv,
-                         const size_t *argl)
-{
-    atomic_store_explicit(&c->lastcmd, d ? cmd_client_full_name(d, argc, argv, argl) : NULL, memory_order_relaxed);
 }
 
 void cmd_client_after(struct cmd_client *c, size_t reply_at, int argc, const size_t *argl)

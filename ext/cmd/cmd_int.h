@@ -221,9 +221,8 @@ int c_monitor(struct cmd_client *c, const struct cmd_args *a);
 /* Disconnect c (another client): shutdown() its socket; its owner sees end of
  * stream, leaves the registry and closes it. The lock keeps the fd c's meanwhile. */
 void cmd_client_drop_locked(struct cmd_client *c);
-/* Redis's name of command d as run with argv ("client|list"); NULL for a
- * container's unknown subcommand. */
-const char *cmd_client_full_name(const struct cmd_def *d, int argc, const char **argv, const size_t *argl);
+/* cmd_client_full_name: Redis's name of command d as run with argv ("client|list");
+ * NULL for a container's unknown subcommand. */
 int cmd_client_is_admin(const char *full_name);
 /* monitor.c: c leaves MONITOR mode; bytes queued to c's monitor not yet taken. */
 void cmd_monitor_end_locked(struct cmd_client *c);
@@ -231,18 +230,22 @@ size_t cmd_monitor_queued_locked(const struct cmd_client *c);
 /* CLIENT SETNAME and HELLO SETNAME: 1, or 0 with the error replied. */
 int cmd_client_setname(struct cmd_client *c, const char *s, size_t n);
 /* cmd_dispatch, right after the lookup: the request's command (d NULL: unknown) for
- * CLIENT LIST's cmd field; not for the commands EXEC runs (Redis shows "exec"). */
-void cmd_client_note_cmd(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv,
-                         const size_t *argl);
+ * CLIENT LIST's cmd field; not for the commands EXEC runs (Redis shows "exec").
+ * Inline and a handful of instructions: only a possible container command (arity
+ * -1 or -2 with a subcommand) looks its full name up. */
+const char *cmd_client_full_name(const struct cmd_def *d, int argc, const char **argv, const size_t *argl);
 static inline void cmd_client_note(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv,
                                    const size_t *argl)
 {
-    if (c->top == CMD_TOP_NEXT) {
-        cmd_client_note_cmd(c, d, argc, argv, argl);
-        c->top = CMD_TOP_RUNNING;
-    } else {
+    if (c->top != CMD_TOP_NEXT) {
         c->top = CMD_TOP_NESTED; /* EXEC runs it (or a caller other than ses_run) */
+        return;
     }
+    c->top = CMD_TOP_RUNNING;
+    const char *full = d ? d->name : NULL;
+    if (d && argc >= 2 && (d->arity == -2 || d->arity == -1))
+        full = cmd_client_full_name(d, argc, argv, argl);
+    atomic_store_explicit(&c->lastcmd, full, memory_order_relaxed);
 }
 /* cmd_dispatch, after the handler ran d: MONITOR's feed. Zero cost while nobody
  * monitors: one relaxed load of e->nmonitors (engine/engine.h); a monitor that
