@@ -7,14 +7,17 @@
 #ifndef KV_CMD_H
 #define KV_CMD_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "core/kvbuf.h"
+#include "core/list.h"
 
 struct kv_engine;
 struct kv_table;
 struct cmd_tx;
+struct cmd_monitor;
 
 /* Per-connection state that commands read and change. */
 struct cmd_client {
@@ -53,7 +56,29 @@ struct cmd_client {
     long long resume_n;
     int datagram;            /* a UDP front end's session: no connection, so no MULTI/WATCH */
     struct cmd_tx *tx;       /* MULTI's queue and WATCH's keys (multi.c), NULL until used */
+    /* CLIENT LIST/KILL and MONITOR (client.c). A TCP connection is on the engine's
+     * registry (reg) from cmd_client_register to cmd_client_unregister, which its
+     * owner calls before it closes fd: a killer, holding the registry's lock, may
+     * shutdown() fd but never sees it reused. The atomics are written (relaxed) by
+     * the owner thread and read by any thread listing clients: a moment stale at most. */
+    struct list reg;
+    int fd;                  /* the socket while registered, else -1 */
+    int top;                 /* CMD_TOP_*: ses_run sets NEXT, so the request's own command (not the
+                                ones EXEC runs, NESTED) is the one CLIENT LIST shows */
+    int64_t ctime_ms;        /* connected at (CLOCK_MONOTONIC_COARSE ms) */
+    char laddr[64];          /* local "ip:port" */
+    struct cmd_monitor *mon; /* MONITOR mode's queue (guarded by the registry's lock), NULL otherwise */
+    int killed;              /* CLIENT KILL shut it down: no longer listed (the registry's lock) */
+    _Atomic(const char *) lastcmd; /* full name ("client|list") of the last command, NULL: unknown */
+    _Atomic int64_t last_ms;       /* last read or write (same clock as ctime_ms) */
+    _Atomic int multi;             /* commands queued since MULTI, -1 outside MULTI */
+    _Atomic uint64_t multi_mem;    /* their argument bytes */
+    _Atomic uint32_t qbuf, qbuf_free, obl, rbs, rbp; /* input and output buffers (cmd_client_io) */
+    _Atomic int events;            /* CMD_EV_READ | CMD_EV_WRITE: what the front end waits for */
 };
+
+enum { CMD_EV_READ = 1, CMD_EV_WRITE = 2 };
+enum { CMD_TOP_NONE, CMD_TOP_NEXT, CMD_TOP_RUNNING, CMD_TOP_NESTED };
 
 /* CMD_STALL_SYNC: for a sweep of the flusher (DBSIZE counts exactly only when
  * every key's presence in its block is known); CMD_STALL_KEYS: for a listing of
@@ -78,6 +103,43 @@ void cmd_stats_unblock(struct cmd_client *c);
  * commandstats, errorstats, latencystats) with e's INFO registry, after the
  * server's own. Control thread. 0 or eng_info_add's error. */
 int cmd_stats_register(struct kv_engine *e);
+
+/* ---- the client registry and MONITOR (client.c) */
+/* Put a TCP connection's client on the registry (CLIENT LIST, KILL). fd: its socket;
+ * now_ms: CLOCK_MONOTONIC_COARSE. Owner thread; takes the registry's lock. */
+void cmd_client_register(struct cmd_client *c, int fd, int64_t now_ms);
+/* Take it off (and out of MONITOR mode) before its fd is closed. Idempotent. */
+void cmd_client_unregister(struct cmd_client *c);
+/* The front end's buffers, for CLIENT LIST: bytes of input not yet run (qbuf), room
+ * left (qfree), replies not yet sent (obl), the output buffer's size (rbs); now_ms
+ * is the last interaction. Owner thread; relaxed stores only. */
+static inline void cmd_client_io(struct cmd_client *c, int64_t now_ms, size_t qbuf, size_t qfree, size_t obl,
+                                 size_t rbs)
+{
+    atomic_store_explicit(&c->last_ms, now_ms, memory_order_relaxed);
+    atomic_store_explicit(&c->qbuf, (uint32_t)(qbuf > UINT32_MAX ? UINT32_MAX : qbuf), memory_order_relaxed);
+    atomic_store_explicit(&c->qbuf_free, (uint32_t)(qfree > UINT32_MAX ? UINT32_MAX : qfree), memory_order_relaxed);
+    atomic_store_explicit(&c->obl, (uint32_t)(obl > UINT32_MAX ? UINT32_MAX : obl), memory_order_relaxed);
+    atomic_store_explicit(&c->rbs, (uint32_t)(rbs > UINT32_MAX ? UINT32_MAX : rbs), memory_order_relaxed);
+    if (obl > atomic_load_explicit(&c->rbp, memory_order_relaxed))
+        atomic_store_explicit(&c->rbp, (uint32_t)(obl > UINT32_MAX ? UINT32_MAX : obl), memory_order_relaxed);
+}
+/* After ses_run's cmd_dispatch of a client that used MULTI (c->tx): publish
+ * CLIENT LIST's multi and multi-mem. reply_at: where the request's reply began. */
+void cmd_client_after(struct cmd_client *c, size_t reply_at, int argc, const size_t *argl);
+/* A thread that owns monitors woken through evfd (a poller): move their queued
+ * lines into their output buffers (while those hold less than CMD_MONITOR_MAX) and
+ * call ready(arg, c) for each that got some, for the front end to send them.
+ * Cheap when nobody monitors. */
+void cmd_monitor_take(struct kv_engine *e, int evfd, void (*ready)(void *arg, struct cmd_client *c), void *arg);
+/* Monitors without an owner thread to wake (thread pool: evfd -1) are written by
+ * whichever thread queues to them; what the socket did not take then goes now.
+ * Any thread, from its periodic housekeeping. */
+void cmd_monitor_flush(struct kv_engine *e);
+/* Such a monitor's own replies: c->out goes through its queue (so they never
+ * interleave with lines other threads write), and c->out is emptied. Owner thread. */
+int cmd_monitor_reply(struct cmd_client *c);
+#define CMD_MONITOR_MAX (16u << 20) /* a monitor this far behind is disconnected (output buffer limit) */
 
 /* Number of top-level commands in the table (COMMAND COUNT). */
 int cmd_count(void);

@@ -75,7 +75,6 @@ int c_echo(struct cmd_client *c, const struct cmd_args *a);
 int c_quit(struct cmd_client *c, const struct cmd_args *a);
 int c_auth(struct cmd_client *c, const struct cmd_args *a);
 int c_hello(struct cmd_client *c, const struct cmd_args *a);
-int c_client(struct cmd_client *c, const struct cmd_args *a);
 int c_select(struct cmd_client *c, const struct cmd_args *a);
 int c_time(struct cmd_client *c, const struct cmd_args *a);
 int c_info(struct cmd_client *c, const struct cmd_args *a);
@@ -216,6 +215,47 @@ void cmd_multi_flag(struct cmd_client *c);
 void cmd_multi_discard(struct cmd_client *c);
 int cmd_multi_queue(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv, const size_t *argl);
 /* client.c (CLIENT, MONITOR) */
+int c_client(struct cmd_client *c, const struct cmd_args *a);
+int c_monitor(struct cmd_client *c, const struct cmd_args *a);
+/* Callers of these *_locked hold the engine's clients_lock. */
+/* Disconnect c (another client): shutdown() its socket; its owner sees end of
+ * stream, leaves the registry and closes it. The lock keeps the fd c's meanwhile. */
+void cmd_client_drop_locked(struct cmd_client *c);
+/* cmd_client_full_name: Redis's name of command d as run with argv ("client|list");
+ * NULL for a container's unknown subcommand. */
+int cmd_client_is_admin(const char *full_name);
+/* monitor.c: c leaves MONITOR mode; bytes queued to c's monitor not yet taken. */
+void cmd_monitor_end_locked(struct cmd_client *c);
+size_t cmd_monitor_queued_locked(const struct cmd_client *c);
+/* CLIENT SETNAME and HELLO SETNAME: 1, or 0 with the error replied. */
+int cmd_client_setname(struct cmd_client *c, const char *s, size_t n);
+/* cmd_dispatch, right after the lookup: the request's command (d NULL: unknown) for
+ * CLIENT LIST's cmd field; not for the commands EXEC runs (Redis shows "exec").
+ * Inline and a handful of instructions: only a possible container command (arity
+ * -1 or -2 with a subcommand) looks its full name up. */
+const char *cmd_client_full_name(const struct cmd_def *d, int argc, const char **argv, const size_t *argl);
+static inline void cmd_client_note(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv,
+                                   const size_t *argl)
+{
+    if (c->top != CMD_TOP_NEXT) {
+        c->top = CMD_TOP_NESTED; /* EXEC runs it (or a caller other than ses_run) */
+        return;
+    }
+    c->top = CMD_TOP_RUNNING;
+    const char *full = d ? d->name : NULL;
+    if (d && argc >= 2 && (d->arity == -2 || d->arity == -1))
+        full = cmd_client_full_name(d, argc, argv, argl);
+    atomic_store_explicit(&c->lastcmd, full, memory_order_relaxed);
+}
+/* cmd_dispatch, after the handler ran d: MONITOR's feed. Zero cost while nobody
+ * monitors: one relaxed load of e->nmonitors (engine/engine.h); a monitor that
+ * attaches meanwhile misses at most the commands running as it does. */
+void cmd_monitor_feed(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv, const size_t *argl);
+#define CMD_MONITOR_FEED(c, d, argc, argv, argl)                                                                  \
+    do {                                                                                                          \
+        if (__builtin_expect(atomic_load_explicit(&(c)->eng->nmonitors, memory_order_relaxed) != 0, 0))           \
+            cmd_monitor_feed(c, d, argc, argv, argl);                                                             \
+    } while (0)
 /* ops.c (SLOWLOG, LATENCY, MEMORY) */
 int c_slowlog(struct cmd_client *c, const struct cmd_args *a);
 int c_latency(struct cmd_client *c, const struct cmd_args *a);

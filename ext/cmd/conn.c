@@ -1,5 +1,5 @@
-/* conn.c - connection and server commands: PING, ECHO, QUIT, AUTH, HELLO, CLIENT,
- * SELECT, TIME, INFO. Runs on front-end threads; arguments are untrusted. */
+/* conn.c - connection and server commands: PING, ECHO, QUIT, AUTH, HELLO,
+ * SELECT, TIME, INFO (CLIENT is client.c). Runs on front-end threads; arguments are untrusted. */
 #define _GNU_SOURCE
 #include "cmd/cmd_int.h"
 
@@ -78,32 +78,6 @@ int c_auth(struct cmd_client *c, const struct cmd_args *a)
     return ok ? cmd_reply_ok(c) : 0;
 }
 
-static int valid_client_name(const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        if (s[i] < '!' || s[i] > '~')
-            return 0;
-    return 1;
-}
-
-static int set_name(struct cmd_client *c, const char *s, size_t n)
-{
-    if (!valid_client_name(s, n)) {
-        cmd_reply_err(c, "ERR Client names cannot contain spaces, newlines or special characters.");
-        return 0;
-    }
-    free(c->name);
-    c->name = NULL;
-    if (n) {
-        c->name = malloc(n + 1);
-        if (c->name) {
-            memcpy(c->name, s, n);
-            c->name[n] = 0;
-        }
-    }
-    return 1;
-}
-
 int c_hello(struct cmd_client *c, const struct cmd_args *a)
 {
     int i = 1, proto = c->resp;
@@ -141,7 +115,7 @@ int c_hello(struct cmd_client *c, const struct cmd_args *a)
                             "otherwise the HELLO AUTH <user> <pass> option can be used to "
                             "authenticate the client and select the RESP protocol version at the "
                             "same time");
-    if (name && !set_name(c, name, namel))
+    if (name && !cmd_client_setname(c, name, namel))
         return 0;
     c->resp = proto;
     resp_add_map(c->out, c->resp, 7);
@@ -159,42 +133,6 @@ int c_hello(struct cmd_client *c, const struct cmd_args *a)
     resp_add_bulk_str(c->out, "master");
     resp_add_bulk_str(c->out, "modules");
     return resp_add_array(c->out, 0);
-}
-
-int c_client(struct cmd_client *c, const struct cmd_args *a)
-{
-    if (ARGIS(a, 1, "ID"))
-        return cmd_sub_arity(c, a, 2, "client|id") ? resp_add_int(c->out, (long long)c->id) : 0;
-    if (ARGIS(a, 1, "SETNAME")) {
-        if (!cmd_sub_arity(c, a, 3, "client|setname"))
-            return 0;
-        return set_name(c, a->argv[2], a->argl[2]) ? cmd_reply_ok(c) : 0;
-    }
-    if (ARGIS(a, 1, "GETNAME")) {
-        if (!cmd_sub_arity(c, a, 2, "client|getname"))
-            return 0;
-        return c->name ? resp_add_bulk_str(c->out, c->name) : resp_add_null(c->out, c->resp);
-    }
-    if (ARGIS(a, 1, "SETINFO")) /* redis-py >= 5 sends its name/version; accepted, not kept */
-        return cmd_sub_arity(c, a, 4, "client|setinfo") ? cmd_reply_ok(c) : 0;
-    if (ARGIS(a, 1, "INFO")) {
-        char line[256];
-        snprintf(line, sizeof line, "id=%llu addr=%s name=%s poller=%d\n", (unsigned long long)c->id,
-                 c->addr, c->name ? c->name : "", c->poller);
-        return resp_add_verbatim(c->out, c->resp, line, strlen(line));
-    }
-    if (ARGIS(a, 1, "HELP")) {
-        static const char *help[] = {"CLIENT <subcommand> [<arg> ...]. Subcommands are:",
-                                     "ID", "    Return the ID of the current connection.",
-                                     "GETNAME", "    Return the name of the current connection.",
-                                     "SETNAME <name>", "    Assign the name <name> to the current connection.",
-                                     "INFO", "    Return information about the current connection."};
-        resp_add_array(c->out, sizeof help / sizeof *help);
-        for (size_t i = 0; i < sizeof help / sizeof *help; i++)
-            resp_add_status(c->out, help[i]);
-        return 0;
-    }
-    return cmd_unknown_sub(c, a, "CLIENT");
 }
 
 int c_select(struct cmd_client *c, const struct cmd_args *a)

@@ -208,6 +208,7 @@ static const struct cmd_def commands[] = {
     {"command", -1, 0, 0, 0, 0, c_command, "server", "Returns detailed information about all commands.", "2.8.13"},
     {"time", 1, F_FAST, 0, 0, 0, c_time, "server", "Returns the server time.", "2.6.0"},
     /* client.c (CLIENT, MONITOR) */
+    {"monitor", 1, 0, 0, 0, 0, c_monitor, "server", "Listens for all requests received by the server in real-time.", "1.0.0"},
     /* ops.c (SLOWLOG, LATENCY, MEMORY) */
     {"slowlog", -2, 0, 0, 0, 0, c_slowlog, "server", "A container for slow log commands.", "2.2.12"},
     {"latency", -2, 0, 0, 0, 0, c_latency, "server", "A container for latency diagnostics commands.", "2.8.13"},
@@ -332,6 +333,7 @@ const struct cmd_def *cmd_def_at(int i) { return i >= 0 && i < NCOMMANDS ? &comm
 static int admit(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv, const size_t *argl,
                  int *rejected, int *rc)
 {
+    cmd_client_note(c, d, argc, argv, argl); /* CLIENT LIST's cmd (client.c) */
     if (!d) {
         /* Redis: "unknown command '<name>', with args beginning with: '<a1>' '<a2>' "
          * where the argument list stops once it reaches 128 bytes. */
@@ -393,5 +395,6 @@ int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t
     uint64_t t0 = cmd_stats_clock();
     rc = d->fn(c, &a);
     cmd_stats_ran(c, (int)(d - commands), cmd_stats_clock() - t0, at, argc, argv, argl);
+    CMD_MONITOR_FEED(c, d, argc, argv, argl); /* MONITOR (monitor.c): one relaxed load while nobody monitors */
     return rc;
 }

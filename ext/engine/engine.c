@@ -249,6 +249,9 @@ int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_confi
     e->bosc = cfg->bosc;
     e->port = cfg->port;
     e->start_time = time(NULL);
+    pthread_mutex_init(&e->clients_lock, NULL);
+    list_init(&e->clients);
+    list_init(&e->monitors);
     /* statistics: the log and the data file report to the latency monitor; they
      * are closed before the engine is destroyed (kvstore/server.py's stop) */
     if (cst_create(&e->stats, cfg->slowlog_log_slower_than, cfg->slowlog_max_len) ||
@@ -280,5 +283,7 @@ void eng_destroy(struct kv_engine *e)
 #undef FREE
     cst_destroy(e->stats);
     latmon_destroy(e->latmon);
+    if (e->clients.next) /* not when eng_create failed before it */
+        pthread_mutex_destroy(&e->clients_lock);
     free(e);
 }

@@ -12,12 +12,14 @@
 #ifndef KV_ENGINE_H
 #define KV_ENGINE_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
 #include "core/kvbuf.h"
+#include "core/list.h"
 
 struct kv_table;
 struct wal;
@@ -89,6 +91,15 @@ struct kv_engine {
     struct eng_info info[ENG_INFO_MAX];
     int ninfo;
     /* ---- clients (cmd/client.c) */
+    /* The client registry: every TCP connection of every front end (UDP sessions
+     * are not clients), for CLIENT LIST/KILL and MONITOR. clients_lock guards both
+     * lists, each listed client's name, fd and monitor queue; nothing else is
+     * taken while it is held except the kernel's (send, shutdown, eventfd write). */
+    pthread_mutex_t clients_lock;
+    struct list clients;        /* struct cmd_client.reg, oldest first */
+    struct list monitors;       /* struct cmd_monitor.node, in MONITOR order */
+    _Atomic int nmonitors;      /* length of monitors: the one relaxed load per command
+                                   that makes MONITOR free while nobody monitors */
     /* ---- command statistics, slow log, latency monitor */
     struct cst *stats;       /* engine/cmdstats.h: per-thread counters, error kinds, slow log */
     struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */

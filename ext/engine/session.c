@@ -27,10 +27,18 @@ void ses_init(struct session *s, struct kv_engine *eng, struct kvbuf *out, const
     s->cl.poller = index;
     s->cl.evfd = evfd;
     snprintf(s->cl.addr, sizeof s->cl.addr, "%s", addr);
+    s->cl.fd = -1;
+    list_init(&s->cl.reg);
+    atomic_store_explicit(&s->cl.multi, -1, memory_order_relaxed);
 }
+
+void ses_connect(struct session *s, int fd, int64_t now_ms) { cmd_client_register(&s->cl, fd, now_ms); }
+
+void ses_disconnect(struct session *s) { cmd_client_unregister(&s->cl); }
 
 void ses_free(struct session *s)
 {
+    cmd_client_unregister(&s->cl);
     cmd_client_release(&s->cl);
     free(s->cl.name);
     s->cl.name = NULL;
@@ -46,8 +54,11 @@ int ses_run(struct session *s, int argc, const char **argv, const size_t *argl)
         s->need = 0;
     size_t reply_at = c->out->len;
     kvt_lsn_reset();
+    c->top = CMD_TOP_NEXT; /* CLIENT LIST shows this request's command, not those EXEC runs */
     if (cmd_dispatch(c, argc, argv, argl))
         return -ENOMEM;
+    if (c->tx) /* it used MULTI or WATCH: CLIENT LIST's multi fields */
+        cmd_client_after(c, reply_at, argc, argl);
     uint64_t touched = kvt_lsn_touched(); /* 0 without a log */
     if (touched > s->need)
         s->need = touched;

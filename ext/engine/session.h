@@ -51,6 +51,18 @@ struct session {
  * replies appended to out. addr names the peer (CLIENT INFO), index the thread. */
 void ses_init(struct session *s, struct kv_engine *eng, struct kvbuf *out, const char *addr, int index, int evfd);
 void ses_free(struct session *s);
+/* A TCP connection's session: listed by CLIENT LIST (and reachable by CLIENT KILL)
+ * from ses_connect until ses_disconnect, which the front end calls before it
+ * closes fd (ses_free does too). A killed connection's socket is shut down: the
+ * front end sees end of stream. now_ms: CLOCK_MONOTONIC_COARSE (tcp_mono_ms). */
+void ses_connect(struct session *s, int fd, int64_t now_ms);
+void ses_disconnect(struct session *s);
+/* CLIENT LIST's view of the front end's buffers and last interaction (relaxed
+ * stores; see cmd_client_io). */
+static inline void ses_io(struct session *s, int64_t now_ms, size_t qbuf, size_t qfree, size_t obl, size_t rbs)
+{
+    cmd_client_io(&s->cl, now_ms, qbuf, qfree, obl, rbs);
+}
 
 /* Run one request (argc >= 1; argv stays valid until the request is done, also
  * across a stall). Returns SES_DONE, SES_HOLD or SES_STALL (see above), or

@@ -68,13 +68,14 @@ struct poller {
     struct conn *pending;        /* connections with replies queued this round */
     struct fdq handed;           /* connections poller 0 accepted for this one (handoff mode) */
     int64_t last_cron;
+    int64_t now;                 /* tcp_mono_ms() when this round's events arrived */
     /* scratch for the batch being run (process_input): requests and their arguments */
     struct batch_req batch[BATCH];
     struct resp_args args;
 } __attribute__((aligned(64)));
 
 struct poller_server {
-    struct tcp_front tcp;
+    struct tcp_front tcp;        /* first: the tcp_fe_* callbacks take the state as one */
     struct kv_engine *eng;
     const struct pp_policy *policy;
     int handoff;                 /* accept mode handoff: poller 0 accepts, hands round-robin */
@@ -148,6 +149,7 @@ static void conn_close(struct conn *c)
      * this freed connection would keep arriving. */
     epoll_ctl(c->p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     st_inc(&c->p->st->epoll_ctl, 1);
+    ses_disconnect(&c->ses); /* before close: a CLIENT KILL must never see the fd reused */
     close(c->fd);
     tcp_closed(&c->p->ps->tcp);
     st_inc(&c->p->st->clients, (uint64_t)-1);
@@ -186,6 +188,14 @@ static void rearm_input(struct conn *c)
     set_interest(c, ev);
 }
 
+/* CLIENT LIST's view of the connection (relaxed stores). */
+static void publish(struct conn *c)
+{
+    ses_io(&c->ses, c->p->now, c->in.len - c->in_off, c->in.cap - c->in.len, c->out.len - c->out_off, c->out.cap);
+    atomic_store_explicit(&c->ses.cl.events, (c->interest & EPOLLIN ? CMD_EV_READ : 0) |
+                          (c->interest & EPOLLOUT ? CMD_EV_WRITE : 0), memory_order_relaxed);
+}
+
 static void update_interest(struct conn *c, int spurious)
 {
     size_t end = sendable_end(c);
@@ -215,6 +225,7 @@ static void update_interest(struct conn *c, int spurious)
      * after this round's write) go out at the round's end, or never. */
     if (pol->edge && pending && c->writable && (c->interest & EPOLLOUT) && !c->closed)
         list_pending(c);
+    publish(c);
 }
 
 static void list_pending(struct conn *c)
@@ -458,6 +469,7 @@ static void conn_readable(struct conn *c)
         rearm_input(c);
     if (c->out.len > c->out_off || c->ses.cl.close_after_reply)
         list_pending(c);
+    publish(c);
 }
 
 static void conn_new(struct poller *p, int fd)
@@ -492,6 +504,7 @@ static void conn_new(struct poller *p, int fd)
     list_init(&c->wait_node);
     list_init(&c->stall_node);
     list_add(&p->all, &c->node);
+    ses_connect(&c->ses, fd, p->now);
     st_inc(&p->st->accepted, 1);
     st_inc(&p->st->clients, 1);
 }
@@ -500,22 +513,9 @@ static void do_accept(struct poller *p)
 {
     struct poller_server *ps = p->ps;
     for (int i = 0; i < 64; i++) {
-        int fd = accept4(p->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) {
-            if ((errno == EMFILE || errno == ENFILE) && p->spare_fd >= 0) {
-                /* Out of descriptors: the pending connection would keep the
-                 * level-triggered listener readable forever (a busy loop). Spend
-                 * the spare descriptor to accept it and close it at once. */
-                close(p->spare_fd);
-                fd = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
-                if (fd >= 0)
-                    close(fd);
-                atomic_fetch_add_explicit(&ps->tcp.rejected, 1, memory_order_relaxed);
-                p->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-                continue;
-            }
-            return; /* EAGAIN: nothing more to accept */
-        }
+        int fd = tcp_accept(&ps->tcp, p->lfd, &p->spare_fd);
+        if (fd < 0)
+            return; /* -EAGAIN: nothing more to accept */
         if (ps->handoff) {
             uint64_t i2 = atomic_fetch_add_explicit(&ps->handoff_rr, 1, memory_order_relaxed);
             struct poller *to = &ps->pollers[i2 % (uint64_t)ps->npollers];
@@ -561,6 +561,13 @@ static void retry_stalled(struct poller *p)
     }
 }
 
+/* A monitor's lines were moved into its output: send them this round. */
+static void monitor_ready(void *arg, struct cmd_client *cl)
+{
+    (void)arg;
+    list_pending(list_entry(cl, struct conn, ses.cl));
+}
+
 static void drain_event(struct poller *p)
 {
     uint64_t v;
@@ -572,6 +579,7 @@ static void drain_event(struct poller *p)
         conn_new(p, fds[i]);
     release_waiting(p);
     retry_stalled(p);
+    cmd_monitor_take(p->ps->eng, p->evfd, monitor_ready, p); /* lines other threads queued */
 }
 
 static void flush_round(struct poller *p)
@@ -604,6 +612,7 @@ static void *poller_main(void *arg)
     while (!atomic_load_explicit(&ps->stopping, memory_order_acquire)) {
         int n = epoll_wait(p->epfd, ev, MAX_EVENTS, TCP_CRON_MS);
         st_inc(&p->st->epoll_wait, 1);
+        p->now = tcp_mono_ms();
         for (int i = 0; i < n; i++) {
             int *tag = ev[i].data.ptr;
             if (*tag == TAG_LISTENER) {
@@ -632,12 +641,12 @@ static void *poller_main(void *arg)
             }
         }
         flush_round(p);
-        int64_t now = tcp_mono_ms();
-        if (now - p->last_cron >= TCP_CRON_MS) {
-            p->last_cron = now;
+        if (p->now - p->last_cron >= TCP_CRON_MS) {
+            p->last_cron = p->now;
             if (!list_empty(&p->stalled))
                 retry_stalled(p); /* a wakeup may be lost (a load request refused for memory) */
-            tcp_cron(&ps->tcp, p->idx, now);
+            cmd_monitor_take(ps->eng, p->evfd, monitor_ready, p); /* a full monitor's rest */
+            tcp_cron(&ps->tcp, p->idx, p->now);
         }
     }
     for (struct list *n = p->all.next; n != &p->all; n = n->next)
@@ -786,14 +795,6 @@ static void poller_destroy(void *st)
     free(ps);
 }
 
-static int poller_port(const void *st) { return ((const struct poller_server *)st)->eng->port; }
-
-static void poller_add_stats(void *st, struct fe_stats *out) { tcp_add_stats(&((struct poller_server *)st)->tcp, out); }
-
-static int poller_thread_stats(void *st, int i, struct fe_thread_stats *out)
-{
-    return tcp_thread_stats(&((struct poller_server *)st)->tcp, i, out);
-}
-
+/* tcp_fe_*: the state begins with its struct tcp_front */
 const struct kv_frontend_ops fe_poller = {"poller", poller_create, poller_start, poller_stop, poller_destroy,
-                                          poller_port, poller_add_stats, poller_thread_stats};
+                                          tcp_fe_port, tcp_fe_add_stats, tcp_fe_thread_stats};

@@ -3,6 +3,7 @@
 #include "frontend/tcp.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include "core/log.h"
 #include "core/net.h"
 #include "core/table.h"
+#include "cmd/cmd.h"
 #include "engine/engine.h"
 
 #define HOUSEKEEP_BUDGET 64
@@ -142,6 +144,26 @@ int tcp_admit(struct tcp_front *f, int fd)
     return 1;
 }
 
+int tcp_accept(struct tcp_front *f, int lfd, int *spare_fd)
+{
+    for (;;) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0)
+            return fd;
+        if ((errno != EMFILE && errno != ENFILE) || *spare_fd < 0)
+            return -errno;
+        /* Out of descriptors: the pending connection would keep the level-triggered
+         * listener readable forever (a busy loop). Spend the spare descriptor to
+         * accept it and close it at once. */
+        close(*spare_fd);
+        fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd >= 0)
+            close(fd);
+        atomic_fetch_add_explicit(&f->rejected, 1, memory_order_relaxed);
+        *spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
+}
+
 void tcp_closed(struct tcp_front *f) { atomic_fetch_sub_explicit(&f->clients, 1, memory_order_relaxed); }
 
 void tcp_cron(struct tcp_front *f, int idx, int64_t now)
@@ -149,6 +171,7 @@ void tcp_cron(struct tcp_front *f, int idx, int64_t now)
     /* each thread keeps its own slice of the shards rehashed and expired */
     unsigned per = (KVT_SHARDS + (unsigned)f->nthreads - 1) / (unsigned)f->nthreads;
     kvt_housekeep(f->eng->table, (unsigned)idx * per, per, HOUSEKEEP_BUDGET);
+    cmd_monitor_flush(f->eng); /* a thread pool's monitors: what their sockets did not take */
     if (idx != 0)
         return;
     uint64_t total = 0;
@@ -197,3 +220,7 @@ int tcp_thread_stats(struct tcp_front *f, int i, struct fe_thread_stats *st)
     st->bytes_out = st_get(&t->bytes_out);
     return 0;
 }
+
+int tcp_fe_port(const void *state) { return ((const struct tcp_front *)state)->eng->port; }
+void tcp_fe_add_stats(void *state, struct fe_stats *st) { tcp_add_stats(state, st); }
+int tcp_fe_thread_stats(void *state, int i, struct fe_thread_stats *st) { return tcp_thread_stats(state, i, st); }

@@ -56,6 +56,10 @@ int tcp_listen(struct tcp_front *f, int reuseport, char *err, size_t errlen);
 /* A connection just accepted: counted, and refused with Redis's error past
  * maxclients (returns 0, fd closed); else TCP_NODELAY set, returns 1. */
 int tcp_admit(struct tcp_front *f, int fd);
+/* accept4 on the listener lfd (non-blocking, close-on-exec): the fd, or -errno
+ * (-EAGAIN: none pending). Out of descriptors, *spare_fd is spent to accept the
+ * pending connection and drop it (counted rejected), then reserved again. */
+int tcp_accept(struct tcp_front *f, int lfd, int *spare_fd);
 /* A connection admitted by tcp_admit is gone (its fd closed by the caller). */
 void tcp_closed(struct tcp_front *f);
 
@@ -66,5 +70,10 @@ int64_t tcp_mono_ms(void);
 
 void tcp_add_stats(struct tcp_front *f, struct fe_stats *st);
 int tcp_thread_stats(struct tcp_front *f, int i, struct fe_thread_stats *st);
+/* The same as kv_frontend_ops callbacks (port, add_stats, thread_stats) of a front
+ * end whose state begins with its struct tcp_front. */
+int tcp_fe_port(const void *state);
+void tcp_fe_add_stats(void *state, struct fe_stats *st);
+int tcp_fe_thread_stats(void *state, int i, struct fe_thread_stats *st);
 
 #endif

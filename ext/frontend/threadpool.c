@@ -47,7 +47,7 @@ struct tp_worker {
 } __attribute__((aligned(64)));
 
 struct tp_server {
-    struct tcp_front tcp;
+    struct tcp_front tcp;    /* first: the tcp_fe_* callbacks take the state as one */
     struct kv_engine *eng;
     int lfd;                 /* the listener, EPOLLONESHOT in epfd */
     int epfd;                /* the workers' shared epoll set (connections EPOLLONESHOT) */
@@ -75,6 +75,7 @@ static void tp_close(struct tp_server *tp, struct tp_conn *c)
     pthread_mutex_lock(&tp->lock);
     list_del(&c->node);
     pthread_mutex_unlock(&tp->lock);
+    ses_disconnect(&c->ses); /* before close: a CLIENT KILL must never see the fd reused */
     close(c->fd); /* also leaves the epoll set */
     tcp_closed(&tp->tcp);
     kvbuf_free(&c->in);
@@ -108,6 +109,7 @@ static void tp_accept(struct tp_worker *w)
         pthread_mutex_lock(&tp->lock);
         list_add(&tp->conns, &c->node);
         pthread_mutex_unlock(&tp->lock);
+        ses_connect(&c->ses, fd, tcp_mono_ms());
         struct epoll_event e = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
         st_inc(&w->st->epoll_ctl, 1);
         if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, fd, &e)) {
@@ -161,6 +163,8 @@ static ssize_t tp_read(struct tp_worker *w, struct tp_conn *c, int block)
 
 static int tp_send(struct tp_worker *w, struct tp_conn *c)
 {
+    if (c->ses.cl.mon) /* other threads write its lines: its socket is written under their lock */
+        return cmd_monitor_reply(&c->ses.cl);
     size_t off = 0;
     while (off < c->out.len) {
         ssize_t n = send(c->fd, c->out.p + off, c->out.len - off, MSG_NOSIGNAL);
@@ -227,6 +231,7 @@ static int tp_serve(struct tp_worker *w, struct tp_conn *c)
         if (c->in_off == c->in.len) {
             c->in.len = c->in_off = 0;
             kvbuf_shrink(&c->in, TCP_BUF_KEEP);
+            ses_io(&c->ses, tcp_mono_ms(), 0, c->in.cap, c->out.len, c->out.cap); /* CLIENT LIST */
             return 0; /* all served: wait for the next request */
         }
         c->rp.unauth = !c->ses.cl.authenticated;
@@ -425,12 +430,5 @@ static void tp_destroy(void *st)
     free(tp);
 }
 
-static int tp_port(const void *st) { return ((const struct tp_server *)st)->eng->port; }
-static void tp_add_stats(void *st, struct fe_stats *out) { tcp_add_stats(&((struct tp_server *)st)->tcp, out); }
-static int tp_thread_stats(void *st, int i, struct fe_thread_stats *out)
-{
-    return tcp_thread_stats(&((struct tp_server *)st)->tcp, i, out);
-}
-
 const struct kv_frontend_ops fe_threadpool = {"threadpool", tp_create, tp_start, tp_stop, tp_destroy,
-                                              tp_port, tp_add_stats, tp_thread_stats};
+                                              tcp_fe_port, tcp_fe_add_stats, tcp_fe_thread_stats};

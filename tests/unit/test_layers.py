@@ -119,7 +119,9 @@ def test_the_check_finds_an_upward_include_and_a_cycle():
     cyc = dict(srcs)
     cyc["core/list.h"] = srcs["core/list.h"] + '\n#include "core/fdq.h"\n'
     cyc["core/fdq.h"] = srcs["core/fdq.h"] + '\n#include "core/list.h"\n'
-    assert any(p.startswith("include cycle: core/fdq -> core/list -> core/fdq") for p in check(cyc, layers))
+    # the cycle is reported from whichever of its files the walk reaches first
+    assert any(p in ("include cycle: core/fdq -> core/list -> core/fdq", "include cycle: core/list -> core/fdq -> core/list")
+               for p in check(cyc, layers))
 
 
 @pytest.mark.parametrize("path,layer", [("core/table.c", "core"), ("engine/engine.h", "engine"),
