@@ -56,13 +56,19 @@ def _setting_options(f):
 @click.option("--from-peer", help="Before recovery, fetch this node's log from the peer at HOST:PORT "
                                   "(when the local disk is gone or behind). Remote mode always does this "
                                   "with its --peer.")
-def serve(config_file, from_peer, **opts):
+@click.option("--check-config", is_flag=True,
+              help="Load and check the settings (config file and options), print the effective configuration "
+                   "as TOML and exit: 0 if valid, 1 with the error. Binds no port, touches no data dir.")
+def serve(config_file, from_peer, check_config, **opts):
     """Run a kvstore server until Ctrl-C or SIGTERM."""
     try:
         for field in ServerConfig.settings():  # sizes parsed here, so that a refusal names the flag
             if field.metadata["type"] is SIZE and opts.get(field.name) is not None:
                 opts[field.name] = parse_size(opts[field.name], "--" + field.name.replace("_", "-"))
         cfg = ServerConfig.load(config_file, **opts)
+        if check_config:
+            click.echo(cfg.to_toml(), nl=False)
+            return
         os.makedirs(cfg.data_dir, exist_ok=True)
         server = kvstore.Server(config=cfg, from_peer=from_peer)
     except (KVError, OSError) as e:
