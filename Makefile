@@ -87,16 +87,18 @@ venv: $(VENV)/bin/python
 
 $(INSTALLED): pyproject.toml setup.py | $(VENV)/bin/python
 	$(PY) -m pip install -q $(call toml_list,d["build-system"]["requires"])
-	$(PY) -m pip install -q --no-build-isolation -e .
+	@# setuptools' notice about folders named like the package is what FIRST_PTH settles
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q --no-build-isolation -e .
 	@echo '# kvstore (its Makefile): setuptools'"'"' editable finder first, see FIRST_PTH there' \
 		> $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/$(FIRST_PTH)
 	@echo 'import sys; sys.meta_path.sort(key=lambda f: not getattr(f, "__module__", "").startswith("__editable___kvstore_"))' \
 		>> $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/$(FIRST_PTH)
 	@touch $@
 
-# The install built the compiled modules; afterwards a change rebuilds them as `make ext` does.
+# The install builds the compiled modules; a source changed since rebuilds them as `make ext` does.
 $(BUILT): $(EXT_SOURCES) $(BUILD_CONFIG) $(INSTALLED)
-	@if [ -e $@ ] && [ $@ -nt $(INSTALLED) ]; then $(MAKE) --no-print-directory ext; fi
+	@if [ -n "$$(find $(EXT_SOURCES) $(BUILD_CONFIG) -newer $(INSTALLED) | head -1)" ]; then \
+		$(MAKE) --no-print-directory ext; fi
 	@touch $@
 
 # What the build found (libdpdk), rewritten only when it differs: installing DPDK
