@@ -36,16 +36,16 @@ endif
 # comes first on sys.path and, lacking cli/, `python -m kvstore.cli` (kvstore.Node's
 # command) failed there; a non-editable install fails there the same way.
 FIRST_PTH := kvstore-editable-first.pth
-# The install is redone when these change; the compiled modules are rebuilt (as `make ext`)
-# when the C, the cffi/Cython sources or the build configuration change. Python modules are
-# used in place and need neither.
+# Stamps: the install is redone when pyproject.toml or setup.py change; the compiled modules
+# are rebuilt (as `make ext`) when the C, the cffi/Cython sources or the build configuration
+# change. Python modules are used in place and need neither; nothing changed, nothing runs.
 INSTALLED := $(VENV)/.kvstore-installed
 BUILT := build/.kvstore-built
 BUILD_CONFIG := build/config.txt
 EXT_SOURCES := $(shell find ext -name '*.[ch]') $(wildcard kvstore/*.pyx kvstore/*.pxd) \
 	kvstore/_build.py kvstore/_build_bench.py kvstore/_cdef.py
 EXTRAS := $(VENV)/.kvstore-extras
-# pyproject.toml's lists, read with tomllib: "key" names a list under [project...] or [build-system]
+# A list from pyproject.toml: $(1) is a Python expression over d, the parsed file.
 toml_list = $$($(PY) -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb")); print(" ".join($(1)))')
 
 .PHONY: run test deps deps-test apt-install venv dev ext clean FORCE
