@@ -1,31 +1,76 @@
-# kvstore: `make run` sets everything up and serves on 127.0.0.1:6380;
-# `make test` sets everything up and runs the whole test suite (what CI runs).
+# kvstore: `make run` builds what changed and serves on 127.0.0.1:6380, its data in ./data
+# (durability disk, the default: the keys are there after a restart);
+# `make test` installs everything the suite drives and runs the whole suite (what CI runs).
+#   make run PORT=7000 DATA_DIR=/srv/kv      make run ARGS="--durability none --threads 2"
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 6380
 DATA_DIR ?= data
-APT_PACKAGES := gcc make libffi-dev redis-server redis-tools memcached iproute2
-# DPDK 22.11 for --arch dpdk (built only when pkg-config finds libdpdk) and ethtool (its
-# test turns veth checksum offload off) are installed too, so CI runs that test;
-# `make dev DPDK=0` leaves them out: everything else builds and runs, and --arch dpdk
-# then says it is missing.
+ARGS ?=
+
+# Serving needs only a C compiler, libffi (cffi) and Python's headers and venv (checked below).
+RUN_APT := gcc libffi-dev
+# The suite and the benchmarks drive these besides: redis-server, redis-cli and redis-benchmark
+# as the reference, memcached, ip (network namespaces), promtool (the metrics tests).
+TEST_APT := $(RUN_APT) redis-server redis-tools memcached iproute2 prometheus
+# DPDK 22.11 for --arch dpdk (built in only when pkg-config finds libdpdk) and ethtool (its
+# test turns veth checksum offload off), so CI runs that test; `make test DPDK=0` leaves
+# them out: everything else builds and runs, and --arch dpdk then says it is missing.
 DPDK ?= 1
 ifeq ($(DPDK),1)
-APT_PACKAGES += libdpdk-dev pkg-config ethtool
+TEST_APT += libdpdk-dev pkg-config ethtool
 endif
 
-.PHONY: run test deps venv dev ext clean
+# How kvstore is installed into the venv: `pip install -e` without build isolation (the
+# build requirements live in the venv, so nothing is downloaded again), which builds the
+# compiled modules in place in kvstore/ and maps kvstore.cli -> cli/ and
+# kvstore.experiments -> experiments/ through setuptools' editable finder, so an edited .py
+# counts at once and `make ext` rebuilds the C. That finder sits at the end of
+# sys.meta_path, after the path finder; seen from the clone's parent directory the clone
+# itself (a folder named kvstore, no __init__.py) is a namespace package the path finder
+# returns first, and `import kvstore` got that empty folder. $(FIRST_PTH) puts the
+# finder first, so every directory -- the parent, the repo root, anywhere -- imports this
+# build (tests/integration/test_install.py checks it). setuptools' strict editable mode
+# (a link tree on sys.path) was not chosen: from the repo root the source folder kvstore/
+# comes first on sys.path and, lacking cli/, `python -m kvstore.cli` (kvstore.Node's
+# command) failed there; a non-editable install fails there the same way.
+FIRST_PTH := kvstore-editable-first.pth
+# Stamps: the install is redone when pyproject.toml or setup.py change; the compiled modules
+# are rebuilt (as `make ext`) when the C, the cffi/Cython sources or the build configuration
+# change. Python modules are used in place and need neither; nothing changed, nothing runs.
+INSTALLED := $(VENV)/.kvstore-installed
+BUILT := build/.kvstore-built
+BUILD_CONFIG := build/config.txt
+EXT_SOURCES := $(shell find ext -name '*.[ch]') $(wildcard kvstore/*.pyx kvstore/*.pxd) \
+	kvstore/_build.py kvstore/_build_bench.py kvstore/_cdef.py
+EXTRAS := $(VENV)/.kvstore-extras
+# A list from pyproject.toml: $(1) is a Python expression over d, the parsed file.
+toml_list = $$($(PY) -c 'import tomllib; d = tomllib.load(open("pyproject.toml", "rb")); print(" ".join($(1)))')
 
-run: dev
-	$(VENV)/bin/kvstore serve --port $(PORT) --data-dir $(DATA_DIR)
+.PHONY: run test deps deps-test apt-install venv dev ext clean FORCE
 
-test: dev
+run: deps
+	@$(MAKE) --no-print-directory $(BUILT)
+	$(VENV)/bin/kvstore serve --port $(PORT) --data-dir $(DATA_DIR) $(ARGS)
+
+test: deps-test
+	@$(MAKE) --no-print-directory $(BUILT) $(EXTRAS)
 	$(PY) -m pytest tests
+
+# What helpers and developers use: everything `make test` needs, built and installed.
+dev: deps-test
+	@$(MAKE) --no-print-directory $(BUILT) $(EXTRAS)
 
 # System packages, only those missing (apt-get update first, as apt needs fresh lists).
 deps:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(RUN_APT)"
+
+deps-test:
+	@$(MAKE) --no-print-directory apt-install PACKAGES="$(TEST_APT)"
+
+apt-install:
+	@missing=""; for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if ! $(PYTHON) -c 'import sysconfig, os, ensurepip; assert os.path.exists(sysconfig.get_paths()["include"] + "/Python.h")' 2>/dev/null; then \
 		missing="$$missing python3-dev python3-venv"; fi; \
 	if [ -n "$$missing" ]; then \
@@ -40,19 +85,46 @@ $(VENV)/bin/python:
 
 venv: $(VENV)/bin/python
 
-# The package in editable mode (builds the C extension in place) with test and plot extras.
-dev: deps venv
-	$(PY) -m pip install -q -e '.[test,bench]'
+$(INSTALLED): pyproject.toml setup.py | $(VENV)/bin/python
+	$(PY) -m pip install -q $(call toml_list,d["build-system"]["requires"])
+	@# setuptools' notice about folders named like the package is what FIRST_PTH settles
+	PYTHONWARNINGS="ignore:Editable installation" $(PY) -m pip install -q --no-build-isolation -e .
+	@echo '# kvstore (its Makefile): setuptools'"'"' editable finder first, see FIRST_PTH there' \
+		> $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/$(FIRST_PTH)
+	@echo 'import sys; sys.meta_path.sort(key=lambda f: not getattr(f, "__module__", "").startswith("__editable___kvstore_"))' \
+		>> $$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/$(FIRST_PTH)
+	@touch $@
+
+# The install builds the compiled modules; a source changed since rebuilds them as `make ext` does.
+$(BUILT): $(EXT_SOURCES) $(BUILD_CONFIG) $(INSTALLED)
+	@if [ -n "$$(find $(EXT_SOURCES) $(BUILD_CONFIG) -newer $(INSTALLED) | head -1)" ]; then \
+		$(MAKE) --no-print-directory ext; fi
+	@touch $@
+
+# What the build found (libdpdk), rewritten only when it differs: installing DPDK
+# (make test) rebuilds with --arch dpdk.
+$(BUILD_CONFIG): FORCE
+	@mkdir -p build
+	@c="libdpdk $$(pkg-config --modversion libdpdk 2>/dev/null || echo none) KVSTORE_NO_DPDK=$(KVSTORE_NO_DPDK)"; \
+	[ "$$(cat $@ 2>/dev/null)" = "$$c" ] || echo "$$c" > $@
+
+# The test and benchmark extras' packages (the package itself is installed above).
+$(EXTRAS): pyproject.toml $(INSTALLED)
+	$(PY) -m pip install -q $(call toml_list,d["project"]["optional-dependencies"]["test"] + d["project"]["optional-dependencies"]["bench"])
+	@touch $@
+
+# notebooks (deploy helper)
 
 # Rebuild only the compiled modules (kvstore._ext and kvstore._bench from ext/*.c,
 # kvstore._ext_store from kvstore/_ext_store.pyx) after editing them. setup.py runs in the
 # venv here, not in pip's isolated build environment: install the build requirements
 # (pyproject.toml's list, Cython among them) into the venv first.
 ext:
-	$(PY) -m pip install -q $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["build-system"]["requires"]))')
+	$(PY) -m pip install -q $(call toml_list,d["build-system"]["requires"])
 	$(PY) setup.py -q build_ext -b build/ext
 	@# replace by rename: running processes keep the old mapping instead of crashing
 	for f in build/ext/kvstore/_ext*.so build/ext/kvstore/_bench*.so; do cp $$f kvstore/.ext.tmp && mv kvstore/.ext.tmp kvstore/$$(basename $$f); done
 
 clean:
-	rm -rf build *.egg-info kvstore/_ext*.so kvstore/_ext.c kvstore/_bench*.so kvstore/_bench.c tests/c/bin
+	rm -rf build *.egg-info kvstore/_ext*.so kvstore/_ext.c kvstore/_bench*.so kvstore/_bench.c tests/c/bin \
+		$(INSTALLED) $(EXTRAS)

@@ -58,7 +58,10 @@ def _setting_options(f):
 @click.option("--from-peer", help="Before recovery, fetch this node's log from the peer at HOST:PORT "
                                   "(when the local disk is gone or behind). Remote mode always does this "
                                   "with its --peer.")
-def serve(config_file, from_peer, **opts):
+@click.option("--check-config", is_flag=True,
+              help="Load and check the settings (config file and options), print the effective configuration "
+                   "as TOML and exit: 0 if valid, 1 with the error. Binds no port, touches no data dir.")
+def serve(config_file, from_peer, check_config, **opts):
     """Run a kvstore server until Ctrl-C or SIGTERM."""
     cfg = None
     try:
@@ -66,6 +69,9 @@ def serve(config_file, from_peer, **opts):
             if field.metadata["type"] is SIZE and opts.get(field.name) is not None:
                 opts[field.name] = parse_size(opts[field.name], "--" + field.name.replace("_", "-"))
         cfg = ServerConfig.load(config_file, **opts)
+        if check_config:
+            click.echo(cfg.to_toml(), nl=False)
+            return
         log.configure(cfg.log_level, cfg.log_file)
         log.logger.info("kvstore %s starting, pid %d", kvstore.__version__, os.getpid())
         log.logger.info("configuration: %s", _config_line(cfg))

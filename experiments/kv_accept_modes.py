@@ -39,7 +39,7 @@ def measure(args):
     rows = []
     for rnd in range(args.rounds):
         for mode in MODES:
-            with Node(port=0, threads=args.threads, accept=mode) as node:
+            with Node(port=0, threads=args.threads, accept=mode, durability="none") as node:
                 for p in (1, 16):
                     before = poller_commands(node)
                     cpu0 = common.cpu_seconds(node.pid)

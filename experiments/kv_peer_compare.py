@@ -27,7 +27,8 @@ class KvNode:
 
     def __init__(self, threads):
         self.name = f"kvstore-{threads}p"
-        self.node = Node(port=0, threads=threads)
+        # memory only, as the Redis (persistence off) and memcached beside it
+        self.node = Node(port=0, threads=threads, durability="none")
 
     def start(self):
         self.node.start()

@@ -33,7 +33,8 @@ def one_point(max_batch, logs, record_bytes, interval_us):
     peer_dir = tempfile.mkdtemp(prefix="kv-fig4-peer-")
     local_dir = tempfile.mkdtemp(prefix="kv-fig4-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     repl_port = common.free_port()
-    peer = Node(port=0, threads=1, repl_port=repl_port, data_dir=peer_dir).start()
+    # the peer only receives the log: no log of its own
+    peer = Node(port=0, threads=1, repl_port=repl_port, data_dir=peer_dir, durability="none").start()
     log = sender = None
     try:
         log = durability.Log(None, local_dir, first_lsn=1, sync=False, ship=True, batch_ms=1000)

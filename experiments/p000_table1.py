@@ -52,7 +52,7 @@ PAPER = {"LinuxTCP thread pool": [799_706, 540_093, 417_006, 300_796, 250_405],
 
 
 def settings_for(row, arch, args, peer_addr, hosts):
-    s = {}
+    s = {"durability": "none"}  # memory only unless the row has the remote log (L)
     if arch == "threadpool":
         s.update(arch="threadpool", threads=args.workers)
     elif arch.startswith("poller"):
@@ -125,10 +125,10 @@ def start_peer(hosts, d):
     repl = common.free_port()
     if hosts:
         h = hosts["peer"]
-        peer = Node(netns=h.name, bind=h.addr, port=0, threads=1, repl_port=repl, data_dir=d)
+        peer = Node(netns=h.name, bind=h.addr, port=0, threads=1, repl_port=repl, data_dir=d, durability="none")
         addr = f"{h.addr}:{repl}"
     else:
-        peer = Node(port=0, threads=1, repl_port=repl, data_dir=d)
+        peer = Node(port=0, threads=1, repl_port=repl, data_dir=d, durability="none")
         addr = f"127.0.0.1:{repl}"
     return peer.start(timeout=30), addr
 

@@ -68,7 +68,8 @@ def measure(args):
         for pol in POLICIES:
             d = tempfile.mkdtemp(prefix=f"kv-flex-{pol}-")
             dirs.append(d)
-            nodes[pol] = Node(port=0, threads=args.threads, data_dir=d, poll_policy=pol, maxclients=4000).start()
+            nodes[pol] = Node(port=0, threads=args.threads, data_dir=d, poll_policy=pol, maxclients=4000,
+                              durability="none").start()
             if args.pin:  # every thread of the server on CPU 1, the client on CPU 0
                 subprocess.run(["taskset", "-a", "-p", "-c", "1", str(nodes[pol].pid)], check=True,
                                capture_output=True)

@@ -3,6 +3,7 @@ default, choices or bounds, command-line form, C config field) is the single sou
 the `kvstore serve` options, the TOML checks, validate()'s messages and the C config.
 Cross-field rules (remote needs a peer, udp/dpdk limits) are explicit code in validate()."""
 import dataclasses
+import json
 import os
 import re
 import tomllib
@@ -145,11 +146,13 @@ class ServerConfig:
     data_dir: str = setting(
         "data", "Directory for this node's files; the durability log is <data-dir>/log.", PATH, shown="./data")
     durability: str = setting(
-        "none", "none: memory only. disk: a write is acknowledged once its log record is on disk (group commit: "
-                "one write + one fdatasync for every record gathered meanwhile). remote: acknowledged once the "
-                "record is in this node's memory and in its peer's (--peer); the local log is written in large "
-                "batches; if the peer is lost (--peer-timeout-ms) writes are synced to the local disk instead. "
-                "The log is replayed at start.", choices=DURABILITY_MODES, c="durability")
+        "disk", "disk (the default): a write is acknowledged once its log record is on disk (group commit: one "
+                "write + one fdatasync for every record gathered meanwhile), so nothing acknowledged is lost by a "
+                "crash or a restart. none: memory only, an explicit opt-in: every key is gone when the server "
+                "stops. remote: acknowledged once the record is in this node's memory and in its peer's (--peer); "
+                "the local log is written in large batches; if the peer is lost (--peer-timeout-ms) writes are "
+                "synced to the local disk instead. The log is replayed at start.", choices=DURABILITY_MODES,
+        c="durability")
     peer: str = setting(
         "", "remote mode: HOST:PORT of the peer's log receiver (the peer's --repl-port).", shown=None)
     repl_port: int = setting(
@@ -271,6 +274,19 @@ class ServerConfig:
             return self.threads or 1
         return self.threads or os.cpu_count() or 1
 
+    def to_toml(self):
+        """The effective settings as a TOML file `load` reads back (`kvstore serve --check-config`
+        prints it): one `key = value` line per setting, sizes in bytes; a password is left out."""
+        lines = [f"# kvstore {'settings from ' + self.config_file if self.config_file else 'default settings'}"
+                 " with the command line's overrides", "[server]"]
+        for f in self.settings():
+            value = getattr(self, f.name)
+            if f.name == "requirepass" and value:  # output that may land in a CI log keeps no password
+                lines.append("# requirepass is set (not shown)")
+            else:
+                lines.append(f"{f.name} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
     @classmethod
     def load(cls, path=None, **overrides):
         """Defaults, then the TOML file (if any), then overrides (None values ignored)."""
@@ -311,6 +327,15 @@ def check(field, value):
     if not ok:
         raise ConfigError(f"{name}: expected {m['accepts']}, got {value!r}")
     return value
+
+
+def _toml_value(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    # a TOML basic string: JSON's escapes are TOML's, and non-ASCII text may stay as it is
+    return json.dumps(str(value), ensure_ascii=False)
 
 
 def _is_ipv4(text):

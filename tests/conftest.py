@@ -7,6 +7,9 @@ Servers under test:
   redis_auth / kv_auth - the same two with requirepass set (module)
   c             - a redis-py client (str replies) on kv, its keyspace emptied first
 
+The kvstore servers run with --durability none (memory only) unless a test passes
+durability=...: `kvstore serve` defaults to disk, the tests here check commands and
+protocol. Each has a fresh temporary data dir; nothing is written into the repository.
 Every server listens on 127.0.0.1 on a port the OS picked. redis-server is
 started with --save '' --appendonly no (no files), and --databases 1, as kvstore
 has a single database (its CONFIG GET databases says 1), so that SELECT 1 means

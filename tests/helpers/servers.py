@@ -86,7 +86,11 @@ def need(binary):
 
 
 def start_node(**settings):
-    """A started kvstore Node on port 0 and a fresh temporary data dir."""
+    """A started kvstore Node on port 0 and a fresh temporary data dir. Durability none unless
+    the settings say otherwise: these servers check the protocol and the commands (no fsync per
+    write, and --max-memory answers -OOM instead of waiting for a data file's flusher);
+    `kvstore serve`'s own default is disk."""
+    settings.setdefault("durability", "none")
     n = Node(port=0, data_dir=tempfile.mkdtemp(prefix="kvstore-test-"), **settings)
     n.start()
     return n

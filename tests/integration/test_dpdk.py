@@ -102,7 +102,7 @@ def test_udp_front_end_settings_are_checked():
 def test_dpdk_cli_message_when_built_without(monkeypatch):
     monkeypatch.setattr(server_mod, "have_dpdk", lambda: False)
     with pytest.raises(ConfigError, match=r"^kvstore was built without DPDK \(libdpdk-dev not found at build time\)$"):
-        Server(port=0, arch="dpdk", dpdk_iface="veth0").start()
+        Server(port=0, arch="dpdk", dpdk_iface="veth0", durability="none").start()
 
 
 def test_udp_bench_rejects_what_it_cannot_do():

@@ -129,7 +129,7 @@ class ExpiryMachine(RuleBasedStateMachine):
 
 
 def test_expiry_state_machine():
-    with Server(port=0, threads=2) as srv:
+    with Server(port=0, threads=2, durability="none") as srv:
         ExpiryMachine.port = srv.port
         run = ExpiryMachine.TestCase
         run.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)

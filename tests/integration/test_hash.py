@@ -483,7 +483,7 @@ WRITES = [("HSET", "k", "n", "1", "new", "2"), ("HSETNX", "k", "new2", "v"), ("H
 
 def test_stored_encoding_and_damaged_values():
     rng = random.Random(3)
-    with Server(port=0, threads=1) as srv:
+    with Server(port=0, threads=1, durability="none") as srv:
         def put(v):
             assert lib.kvt_set(srv.store._t, b"k", 1, v, len(v), KVT_TYPE_HASH, 0, ffi.NULL, ffi.NULL) == 1
 

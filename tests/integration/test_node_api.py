@@ -12,7 +12,7 @@ from kvstore import Node, Server, Store
 
 def test_store_and_server_share_one_table():
     store = Store(max_memory=8 << 20)
-    with Server(store, port=0, threads=2) as srv:
+    with Server(store, port=0, threads=2, durability="none") as srv:
         r = redis.Redis(port=srv.port)
         store.set("from-python", b"\x00py\r\n")
         assert r.get("from-python") == b"\x00py\r\n"
@@ -32,7 +32,7 @@ def test_store_and_server_share_one_table():
 
 def test_server_stop_closes_connections_and_frees_port():
     store = Store()
-    srv = Server(store, port=0, threads=1).start()
+    srv = Server(store, port=0, threads=1, durability="none").start()
     port = srv.port
     r = redis.Redis(port=port, socket_timeout=2)
     assert r.ping()
@@ -40,15 +40,15 @@ def test_server_stop_closes_connections_and_frees_port():
     with pytest.raises(redis.ConnectionError):
         r.ping()
     # the port can be bound again at once (SO_REUSEADDR, listener closed)
-    srv2 = Server(store, port=port, threads=1).start()
+    srv2 = Server(store, port=port, threads=1, durability="none").start()
     assert redis.Redis(port=port).get("x") is None
     srv2.stop()
 
 
 def test_server_reports_bind_errors_clearly():
-    with Server(Store(), port=0, threads=1) as srv:
+    with Server(Store(), port=0, threads=1, durability="none") as srv:
         with pytest.raises(kvstore.ServerError, match=r"cannot listen on 127\.0\.0\.1:\d+"):
-            Server(Store(), port=srv.port, threads=1, accept="handoff").start()
+            Server(Store(), port=srv.port, threads=1, accept="handoff", durability="none").start()
     with pytest.raises(kvstore.ConfigError, match="bind: expected an IPv4 address"):
         Server(Store(), bind="localhost:1")
 
@@ -90,7 +90,7 @@ def test_node_start_failure_has_the_reason(tmp_path):
 
 
 def test_client_kvstore_stats_counts_syscalls():
-    with Server(Store(), port=0, threads=1) as srv:
+    with Server(Store(), port=0, threads=1, durability="none") as srv:
         c = kvstore.Client(port=srv.port)
         before = c.kvstore_stats()
         p = c.pipeline(transaction=False)
@@ -110,7 +110,7 @@ def test_client_kvstore_stats_counts_syscalls():
 
 def test_python_threads_and_server_concurrently():
     store = Store()
-    with Server(store, port=0, threads=2) as srv:
+    with Server(store, port=0, threads=2, durability="none") as srv:
         errors = []
 
         def py_writer(t):

@@ -108,7 +108,7 @@ def test_closed_connection_gets_no_events_after_fork(tmp_path):
 
     from kvstore import Server, Store
 
-    with Server(Store(), port=0, threads=1) as srv:
+    with Server(Store(), port=0, threads=1, durability="none") as srv:
         s = socket.create_connection(("127.0.0.1", srv.port))
         s.sendall(C("PING"))
         assert s.recv(100) == b"+PONG\r\n"

@@ -49,7 +49,7 @@ class Served:
 
     def __init__(self):
         self.store = Store()
-        self.srv = Server(self.store, port=0, threads=2).start()
+        self.srv = Server(self.store, port=0, threads=2, durability="none").start()
         self.port = self.srv.port
         with Raw(self.port) as r:  # TTL and PTTL come with the expiry commands (expire.c)
             self.has_ttl = not r.send(C("PTTL", "probe")).reply().startswith(b"-ERR unknown command")

@@ -23,6 +23,7 @@ CLI = [sys.executable, "-m", "kvstore.cli"]
 
 
 def udp_node(tmp_path, **settings):
+    settings.setdefault("durability", "none")  # memory only unless a test asks for the log
     return Node(port=0, data_dir=tmp_path / "node", arch="udp", udp_port=0, **settings)
 
 
@@ -61,7 +62,8 @@ UDP_CASES = [(name, reqs) for name, b, n in REPLY_CASES if (reqs := one_per_data
 
 @pytest.fixture(scope="module")
 def udp_plain(tmp_path_factory):
-    n = Node(port=0, data_dir=tmp_path_factory.mktemp("udp"), arch="udp", udp_port=0, udp_workers=2).start()
+    n = Node(port=0, data_dir=tmp_path_factory.mktemp("udp"), arch="udp", udp_port=0, udp_workers=2,
+             durability="none").start()
     yield n
     n.stop()
 

@@ -37,7 +37,7 @@ def test_c_fields_exist_in_the_c_struct():
 
 def test_serve_options_are_exactly_the_settings():
     params = {p.name: p for p in serve.params}
-    assert set(params) == {f.name for f in SETTINGS} | {"config_file", "from_peer"}
+    assert set(params) == {f.name for f in SETTINGS} | {"config_file", "from_peer", "check_config"}
     assert params["config_file"].opts == ["-c", "--config"]
     for f in SETTINGS:
         p = params[f.name]

@@ -167,7 +167,7 @@ def test_threads_batching_on_one_store():
 
 def test_a_served_store_and_redis_py_see_the_same_keys():
     s = Store()
-    with Server(s, port=0, bind="127.0.0.1") as srv:
+    with Server(s, port=0, bind="127.0.0.1", durability="none") as srv:
         r = redis.Redis(port=srv.port)
         s.mset({b"py:%d" % i: b"v%d" % i for i in range(100)})
         s.set(b"py:one", b"1")
@@ -185,7 +185,7 @@ def test_a_served_store_and_redis_py_see_the_same_keys():
 def test_batches_and_single_calls_load_evicted_keys_back(tmp_path):
     """Spill mode: with a data file and a small bound, writes wait for the flusher and
     read keys that left memory are loaded back (the -ENODATA and -ENOMEM retries)."""
-    with Server(port=0, bind="127.0.0.1", data_dir=str(tmp_path), data_file=True, max_memory="256kb",
+    with Server(port=0, bind="127.0.0.1", data_dir=str(tmp_path), durability="none", data_file=True, max_memory="256kb",
                 flush_interval_ms=50, data_buckets=1024) as srv:
         s = srv.store
         n = 3000
