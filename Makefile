@@ -56,3 +56,18 @@ ext:
 
 clean:
 	rm -rf build *.egg-info kvstore/_ext*.so kvstore/_ext.c kvstore/_bench*.so kvstore/_bench.c tests/c/bin
+
+# notebooks (deploy helper)
+.PHONY: notebooks example-config
+NOTEBOOK_PORT ?= 8888
+
+# JupyterLab on 127.0.0.1 over notebooks/ (the `notebook` extra: JupyterLab, ipywidgets for the
+# progress bars). The notebooks run the experiments at their small scale; see notebooks/README.md.
+notebooks: dev
+	$(PY) -m pip install -q $$($(PY) -c 'import shlex, tomllib; print(shlex.join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["notebook"]))')
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --port $(NOTEBOOK_PORT) --no-browser --notebook-dir notebooks
+
+# kvstore.example.toml from the settings' declarations (kvstore/config.py); run after adding or
+# changing a setting (tests/integration/test_deploy.py fails until the committed file matches).
+example-config: dev
+	$(VENV)/bin/kvstore config example -o kvstore.example.toml
