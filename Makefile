@@ -64,8 +64,10 @@ NOTEBOOK_PORT ?= 8888
 # JupyterLab on 127.0.0.1 over notebooks/ (the `notebook` extra: JupyterLab, ipywidgets for the
 # progress bars). The notebooks run the experiments at their small scale; see notebooks/README.md.
 notebooks: dev
-	$(PY) -m pip install -q $$($(PY) -c 'import shlex, tomllib; print(shlex.join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["notebook"]))')
-	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --port $(NOTEBOOK_PORT) --no-browser --notebook-dir notebooks
+	$(PY) -m pip install -q $$($(PY) -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["notebook"]))')
+	@# --allow-root: JupyterLab refuses to run as root otherwise (containers, CI machines)
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --port $(NOTEBOOK_PORT) --no-browser --notebook-dir notebooks \
+		$$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 # kvstore.example.toml from the settings' declarations (kvstore/config.py); run after adding or
 # changing a setting (tests/integration/test_deploy.py fails until the committed file matches).
