@@ -113,8 +113,6 @@ $(EXTRAS): pyproject.toml $(INSTALLED)
 	$(PY) -m pip install -q $(call toml_list,d["project"]["optional-dependencies"]["test"] + d["project"]["optional-dependencies"]["bench"])
 	@touch $@
 
-# notebooks (deploy helper)
-
 # Rebuild only the compiled modules (kvstore._ext and kvstore._bench from ext/*.c,
 # kvstore._ext_store from kvstore/_ext_store.pyx) after editing them. setup.py runs in the
 # venv here, not in pip's isolated build environment: install the build requirements
@@ -128,3 +126,20 @@ ext:
 clean:
 	rm -rf build *.egg-info kvstore/_ext*.so kvstore/_ext.c kvstore/_bench*.so kvstore/_bench.c tests/c/bin \
 		$(INSTALLED) $(EXTRAS)
+
+.PHONY: notebooks example-config
+NOTEBOOK_PORT ?= 8888
+
+# JupyterLab on 127.0.0.1 over notebooks/ (the `notebook` extra: JupyterLab, ipywidgets for the
+# progress bars). The notebooks run the experiments at their small scale; see notebooks/README.md.
+notebooks: dev
+	$(PY) -m pip install -q $(call toml_list,d["project"]["optional-dependencies"]["notebook"])
+	@# --allow-root: JupyterLab refuses to run as root otherwise (containers, CI machines)
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --port $(NOTEBOOK_PORT) --no-browser --notebook-dir notebooks \
+		$$([ "$$(id -u)" = 0 ] && echo --allow-root)
+
+# kvstore.example.toml from the settings' declarations (kvstore/config.py); run after adding or
+# changing a setting (tests/integration/test_deploy.py fails until the committed file matches).
+example-config: deps
+	@$(MAKE) --no-print-directory $(BUILT)
+	$(VENV)/bin/kvstore config example -o kvstore.example.toml

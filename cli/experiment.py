@@ -26,8 +26,10 @@ def experiment():
     """The experiments that reproduce the papers' tables and figures (pNNN_: paper NNN of
     shared/papers) and kvstore's own measurements (kv_).
 
-    Each writes its CSV first, as points finish, then draws the PNG from it, under
-    results/ (or $KVSTORE_RESULTS)."""
+    Each writes its CSV first, as points finish, then draws the PNG from it, into a
+    fresh directory ./kvstore-results/NAME-<date>-<time> (--out DIR to choose one,
+    $KVSTORE_RESULTS likewise). Only --update-results writes into the repository's
+    results/ (the committed files the README quotes)."""
 
 
 @experiment.command("list")
@@ -40,20 +42,23 @@ def list_():
 @experiment.command(context_settings=PASS_THROUGH)
 @click.argument("name")
 @click.option("--quick", is_flag=True,
-              help="smoke scale (seconds to a minute), into a temporary directory unless $KVSTORE_RESULTS "
-                   "is set: never over the full-scale files in results/")
+              help="smoke scale (seconds to a minute): the experiment's QUICK options, before ARGS")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(name, quick, args):
     """Run experiment NAME; ARGS go to the experiment.
 
-    Without --quick it runs at full scale (minutes; the README's numbers) and writes
-    results/NAME.csv and .png. Options after NAME (put them after `--` if one of them
-    is --quick or --help) are the experiment's own and override the --quick ones;
-    `kvstore experiment run NAME -- --help` lists them."""
+    Without --quick it runs at full scale (minutes; the README's numbers). Results go to
+    a new ./kvstore-results/NAME-<date>-<time>; ARGS `--out DIR` chooses the directory,
+    `--update-results` replaces the committed results/NAME.csv and .png (not with --quick:
+    smoke-scale numbers must not replace them). Options after NAME (put them after `--` if
+    one of them is --quick or --help) are the experiment's own and override the --quick
+    ones; `kvstore experiment run NAME -- --help` lists them with their defaults."""
     mod = _find(name).module()
     argv = list(args)
     if quick:
-        click.echo(f"quick run: results go to {common.quick_results_dir(name)}", err=True)
+        if "--update-results" in argv:
+            raise click.UsageError("--quick with --update-results would replace the full-scale results in "
+                                   "results/ with smoke-scale ones: give --out DIR, or run without --quick")
         argv = list(mod.QUICK) + argv
     common.main(mod, argv, prog=_prog("run", name))
 
@@ -64,6 +69,9 @@ def run(name, quick, args):
 def plot(name, args):
     """Redraw experiment NAME's PNG from its CSV (and print its summary); nothing is measured.
 
-    ARGS go to the experiment, e.g. `--tag p16` for results/NAME_p16.csv."""
+    The CSV is read from ARGS' `--out DIR` (the PNG is written beside it), by default from
+    the committed results/ (the PNG then goes to a new ./kvstore-results/NAME-<date>-<time>;
+    `--update-results` redraws results/NAME.png itself). ARGS go to the experiment, e.g.
+    `--tag p16` for NAME_p16.csv."""
     mod = _find(name).module()
     common.main(mod, ["--plot-only", *args], prog=_prog("plot", name))

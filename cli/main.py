@@ -252,6 +252,8 @@ def stats(host, port, password):
 
 from kvstore.cli.experiment import experiment  # noqa: E402  (registered last: a group of its own)
 main.add_command(experiment)
+from kvstore.cli.configfile import config  # noqa: E402  (`kvstore config example`)
+main.add_command(config)
 
 
 if __name__ == "__main__":

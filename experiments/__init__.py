@@ -2,7 +2,8 @@
 of shared/papers) and kvstore's own (kv_), one module each, listed in EXPERIMENTS.
 
 Every experiment module has the same small interface, driven by common.main:
-  NAME              its name, and the base name of its result files (results/NAME[_TAG].{csv,png})
+  NAME              its name, and the base name of its result files (OUT/NAME[_TAG].{csv,png}:
+                    --out DIR, a new ./kvstore-results/NAME-<time> by default, or --update-results)
   QUICK             the arguments of a smoke-scale run (seconds to a minute; notebooks and tests)
   add_args(ap)      its own options, added to the parser common.parser builds
   check_args(args)  optional: adjusts or refuses the parsed options before a run

@@ -10,31 +10,38 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 from kvstore import bench as kvbench
 from kvstore.process import Process
 
-DEFAULT_RESULTS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "results"))
+# where `--update-results` writes: the committed results/ of the clone these sources are in
+# (realpath: an editable install may reach them through links)
+REPO_RESULTS = os.path.normpath(os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "results"))
+OUT_BASE = "kvstore-results"  # runs go to ./kvstore-results/NAME-<time> by default
 
 
-def results_dir():
-    """Where CSV + PNG go: results/, or KVSTORE_RESULTS (the notebooks' and `--quick` runs'
-    small runs must not overwrite the full-scale results the README quotes). Read at each
-    call, so a process may set it after importing the experiments."""
-    return os.environ.get("KVSTORE_RESULTS") or DEFAULT_RESULTS
+def repo_results_dir():
+    """The clone's results/ (the README's full-scale files), or SystemExit when these
+    sources are not in a clone (an installed package has no results/ to refresh)."""
+    if not os.path.isdir(REPO_RESULTS):
+        raise SystemExit(f"--update-results writes into the repository's results/, but {REPO_RESULTS} does not "
+                         "exist: run it from a clone (make dev), or give --out DIR")
+    return REPO_RESULTS
 
 
-def result_path(name):
-    """results_dir()/name, e.g. result_path("p000_fig4.png")."""
-    return os.path.join(results_dir(), name)
-
-
-def quick_results_dir(name):
-    """For a smoke-scale run: KVSTORE_RESULTS, set to a new temporary directory unless the
-    user chose one, so that small runs never overwrite the committed full-scale files."""
-    if not os.environ.get("KVSTORE_RESULTS"):
-        os.environ["KVSTORE_RESULTS"] = tempfile.mkdtemp(prefix=f"kv-{name}-")
-    return os.environ["KVSTORE_RESULTS"]
+def fresh_out_dir(name):
+    """A directory that does not exist yet under the working directory: $KVSTORE_RESULTS if
+    set (the tests' and notebooks' choice), else ./kvstore-results/NAME-YYYYmmdd-HHMMSS
+    (with -2, -3 ... when a run started in the same second). Not created here."""
+    if os.environ.get("KVSTORE_RESULTS"):
+        return os.environ["KVSTORE_RESULTS"]
+    base = os.path.join(OUT_BASE, f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    path, n = base, 1
+    while os.path.exists(path):
+        n += 1
+        path = f"{base}-{n}"
+    return path
 
 
 def log(msg):
@@ -42,24 +49,55 @@ def log(msg):
     print(msg, file=sys.stderr, flush=True)
 
 
+OUT_HELP = """\
+Results (NAME.csv, then NAME.png drawn from it) go to a fresh directory
+./kvstore-results/NAME-<date>-<time> (or $KVSTORE_RESULTS), never over the committed
+results/ unless --update-results is given. --plot-only reads the CSV from --out DIR
+(by default the committed results/NAME.csv) and writes the PNG beside the new run's."""
+
+
 def parser(mod, prog=None):
-    """The experiment's argparse parser: its docstring as help, --plot-only and --tag for
-    all, then the experiment's own options (mod.add_args)."""
-    ap = argparse.ArgumentParser(prog=prog, description=mod.__doc__,
+    """The experiment's argparse parser: its docstring as help, --out, --update-results,
+    --plot-only and --tag for all, then the experiment's own options (mod.add_args); every
+    option's help ends with its default."""
+    ap = argparse.ArgumentParser(prog=prog, description=mod.__doc__, epilog=OUT_HELP.replace("NAME", mod.NAME),
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = ap.add_mutually_exclusive_group()
+    where.add_argument("--out", metavar="DIR",
+                       help=f"directory for the result files (default: a new ./{OUT_BASE}/{mod.NAME}-<date>-<time>, "
+                            "or $KVSTORE_RESULTS)")
+    where.add_argument("--update-results", action="store_true",
+                       help=f"write into the repository's results/ ({REPO_RESULTS}), replacing the committed "
+                            "files the README quotes")
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the CSV, measure nothing")
     ap.add_argument("--tag", default="", help=f"suffix of the result files: {mod.NAME}_TAG.csv/.png "
                                               "(another setup, kept beside the default one)")
     mod.add_args(ap)
+    for a in ap._actions:  # argparse shows no default by itself (and none for an option without help)
+        if a.default not in (None, False, "", argparse.SUPPRESS) and "(default" not in (a.help or ""):
+            shown = " ".join(map(str, a.default)) if isinstance(a.default, list) else a.default
+            a.help = ((a.help or "") + f" (default: {shown})").strip().replace("%", "%%")
     return ap
 
 
 def parse_args(mod, argv=None, prog=None):
-    """argv (a list; None: sys.argv) parsed for experiment module mod; args.csv and args.png
-    are its result files, and mod.check_args(args), if any, may adjust or refuse the rest."""
-    args = parser(mod, prog).parse_args(argv)
+    """argv (a list; None: sys.argv) parsed for experiment module mod. args.out is the
+    result directory (not created yet: main does), args.csv and args.png the result files
+    (args.csv is read from the committed results/ for --plot-only without --out), and
+    mod.check_args(args), if any, may adjust or refuse the rest."""
+    ap = parser(mod, prog)
+    args = ap.parse_args(argv)
+    explicit = args.out or os.environ.get("KVSTORE_RESULTS")
+    if (getattr(args, "resume", False) or getattr(args, "rerun", False)) and not (explicit or args.update_results):
+        ap.error("--resume and --rerun continue an earlier run: give its --out DIR (or --update-results)")
+    if args.update_results:
+        args.out = repo_results_dir()
+    elif not args.out:
+        args.out = fresh_out_dir(mod.NAME)
     base = mod.NAME + (f"_{args.tag}" if args.tag else "")
-    args.csv, args.png = result_path(base + ".csv"), result_path(base + ".png")
+    args.csv, args.png = os.path.join(args.out, base + ".csv"), os.path.join(args.out, base + ".png")
+    if args.plot_only and not (explicit or args.update_results):
+        args.csv = os.path.join(REPO_RESULTS, base + ".csv")  # the committed CSV, only read
     if hasattr(mod, "check_args"):
         mod.check_args(args)
     return args
@@ -73,7 +111,9 @@ def main(mod, argv=None, prog=None):
         if not os.path.exists(args.csv):
             raise SystemExit(f"{mod.NAME}: no {args.csv} to plot; run the experiment first")
         rows = read_csv(args.csv)
-    else:
+    os.makedirs(args.out, exist_ok=True)
+    log(f"{mod.NAME}: results go to {args.out}")
+    if not args.plot_only:
         rows = mod.measure(args)
     if hasattr(mod, "report"):
         mod.report(rows)
@@ -82,16 +122,33 @@ def main(mod, argv=None, prog=None):
 
 
 def notebook_run(mod):
-    """A notebook cell's run of experiment mod: at its QUICK scale into quick_results_dir(),
-    or at the README's scale with KVSTORE_NOTEBOOK_SCALE=full; returns its plot (an
-    IPython Image) to display."""
+    """A notebook cell's run of experiment mod: at its QUICK scale, or at the README's scale
+    with KVSTORE_NOTEBOOK_SCALE=full, into fresh_out_dir() (under the notebook's directory,
+    or $KVSTORE_RESULTS), never into results/; returns its plot (an IPython Image) to display."""
     from IPython.display import Image
-    if os.environ.get("KVSTORE_NOTEBOOK_SCALE", "small") == "small":
-        quick_results_dir("notebook")
-        main(mod, list(mod.QUICK))
-    else:
-        main(mod, [])
-    return Image(result_path(mod.NAME + ".png"))
+    out = fresh_out_dir(mod.NAME)
+    quick = os.environ.get("KVSTORE_NOTEBOOK_SCALE", "small") == "small"
+    main(mod, (list(mod.QUICK) if quick else []) + ["--out", out])
+    return Image(os.path.join(out, mod.NAME + ".png"))
+
+
+class Progress:
+    """A progress bar over total points: a widget in a notebook (tqdm.auto), a line on stderr
+    in a terminal; notes about finished points print above it, on stderr."""
+
+    def __init__(self, total, desc="points", initial=0):
+        from tqdm import auto, std
+        std.tqdm.monitor_interval = 0  # no monitor thread: nothing may fork while it holds a lock
+        self.bar = auto.tqdm(total=total, initial=initial, desc=desc, unit="pt", file=sys.stderr,
+                             dynamic_ncols=True)
+
+    def step(self, note=""):
+        self.bar.update(1)
+        if note:
+            self.bar.write(note, file=sys.stderr)
+
+    def close(self):
+        self.bar.close()
 
 
 def pyplot():
@@ -211,8 +268,6 @@ class Sweep:
     except the selected ones (selected(row) is true), which are measured anew."""
 
     def __init__(self, path, key, total, args, selected=lambda r: True, desc="points"):
-        import tqdm
-        tqdm.tqdm.monitor_interval = 0  # no monitor thread: a fork (pyroute2's netns) must not inherit its lock
         self.path, self.key = path, key
         old = read_csv(path) if (args.resume or args.rerun) and os.path.exists(path) else []
         if args.rerun:
@@ -220,7 +275,7 @@ class Sweep:
         self.rows = old
         self.done = {self._k(r) for r in old}
         todo_done = sum(1 for r in old if selected(r))
-        self.bar = tqdm.tqdm(total=total, initial=todo_done, desc=desc, unit="pt", file=sys.stderr, dynamic_ncols=True)
+        self.bar = Progress(total, desc, initial=todo_done)
 
     def _k(self, r):
         return tuple(str(r[k]) for k in self.key)
@@ -232,9 +287,7 @@ class Sweep:
         self.rows.append(row)
         self.done.add(self._k(row))
         write_csv(self.path, self.rows)
-        self.bar.update(1)
-        if note:
-            self.bar.write(note)
+        self.bar.step(note)
 
     def close(self):
         self.bar.close()

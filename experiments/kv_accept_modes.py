@@ -9,7 +9,7 @@ wake-up per connection). Measured, alternating A B A B:
   - connection churn: redis-benchmark -k 0 (a new connection per request);
   - balance: commands served per poller (INFO pollers).
 
-    kvstore experiment run kv_accept_modes [-- --rounds 3]   -> results/kv_accept_modes.{csv,png}
+    kvstore experiment run kv_accept_modes [-- --rounds 3]   -> OUT/kv_accept_modes.{csv,png}
 """
 import subprocess
 import sys

@@ -25,7 +25,7 @@ ratios). Who else used the cores is measured too: /proc/stat minus this run's pr
 other processes that used the most CPU over the run.
 
     kvstore experiment run kv_active_expiry [-- --rounds 5 --modes none disk redis]
-        -> results/kv_active_expiry.{csv,png}
+        -> OUT/kv_active_expiry.{csv,png}
 """
 import os
 import shutil

@@ -8,7 +8,7 @@ The baseline is another checkout's venv, e.g. the commit before a change:
 
     git worktree add ../kv-before <commit> && make -C ../kv-before dev
     kvstore experiment run kv_build_compare -- --baseline ../kv-before/.venv/bin/python
-        [--durability disk] [--rounds 10]          -> results/kv_build_compare[_TAG].{csv,png}
+        [--durability disk] [--rounds 10]          -> OUT/kv_build_compare[_TAG].{csv,png}
 """
 import os
 import statistics

@@ -6,7 +6,7 @@ generator; memcached through its text protocol). Each round runs every server on
 per load, A B C A B C ..., so drift on this shared machine hits all alike; medians
 are reported. Server CPU seconds come from /proc for each run.
 
-    kvstore experiment run kv_peer_compare            # full run -> results/kv_peer_compare.{csv,png}
+    kvstore experiment run kv_peer_compare            # full run -> OUT/kv_peer_compare.{csv,png}
     kvstore experiment run kv_peer_compare --quick    # smoke scale, into a temporary directory
     kvstore experiment plot kv_peer_compare
 """
@@ -155,7 +155,7 @@ def draw(rows, path):
 
 
 def add_args(ap):
-    ap.add_argument("--rounds", type=int, default=3, help="A B C rounds per load (default 3)")
+    ap.add_argument("--rounds", type=int, default=3, help="A B C rounds per load")
     ap.add_argument("--requests", type=int, default=1_000_000, help="requests per P16 run (P1 runs use a quarter)")
     ap.add_argument("--preload", type=int, default=3_000_000, help="random SETs before measuring")
     ap.add_argument("--keyspace", type=int, default=1_000_000)
@@ -163,7 +163,7 @@ def add_args(ap):
     ap.add_argument("--conns", type=int, default=50)
     ap.add_argument("--pipelines", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--kv-threads", type=int, nargs="+", default=[2, 1],
-                    help="kvstore poller counts to measure, each as its own server (default: 2 1)")
+                    help="kvstore poller counts to measure, each as its own server")
     ap.add_argument("--memcached-threads", type=int, default=2)
     ap.add_argument("--client-threads", type=int, default=2, help="kvstore bench client threads")
 

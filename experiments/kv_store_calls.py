@@ -11,7 +11,7 @@ the baseline; cython is today's Store. The two alternate (A B, B A, ...) for eve
 op in every round; medians with min-max over --rounds; os.getloadavg() is recorded
 with every run (the machine may be shared).
 
-    kvstore experiment run kv_store_calls           -> results/kv_store_calls.{csv,png}
+    kvstore experiment run kv_store_calls           -> OUT/kv_store_calls.{csv,png}
     kvstore experiment run kv_store_calls --quick   (3 rounds of 100,000 keys)
 """
 import errno

@@ -19,7 +19,7 @@ in the server) on a data file on this machine's disk:
 Updates/s = records written / seconds the flusher spent sweeping (its I/O and
 syncs included); the writers' own time is not counted (they run in memory).
 
-    kvstore experiment run p000_bosc_sweep   -> results/p000_bosc_sweep.{csv,png}
+    kvstore experiment run p000_bosc_sweep   -> OUT/p000_bosc_sweep.{csv,png}
     kvstore experiment run p000_bosc_sweep -- --memory-mb 2 8 32 --rates 10000 100000 --seconds 3
 """
 import os
@@ -113,11 +113,11 @@ def measure(args):
     workdir = tempfile.mkdtemp(prefix="kv-bosc-", dir=args.dir)
     points = ([("naive", 0, 0)] + [("memory", m, 0) for m in args.memory_mb] + [("rate", 0, r) for r in args.rates])
     results = {p: [] for p in points}
+    bar = common.Progress(args.rounds * len(points), "points")
     try:
         for rnd in range(args.rounds):
             for p in points:
                 kind, mem, rate = p
-                common.log(f"[round {rnd + 1}/{args.rounds}] {kind} memory={mem} MB rate={rate:g}/s ...")
                 if kind == "naive":
                     r = naive_point(workdir, args.buckets, args.naive_updates, seed=rnd + 1)
                 elif kind == "memory":
@@ -126,10 +126,12 @@ def measure(args):
                 else:
                     r = run_point(workdir, args.buckets, args.keys, args.seconds, args.interval_ms, rate=rate,
                                   seed=rnd + 1)
-                common.log(f"    {r['updates_per_s']:,.0f} effective updates/s, {r['records_per_block']:.2f} "
-                           f"records per block written, {r['sweeps']} sweeps")
+                bar.step(f"[round {rnd + 1}/{args.rounds}] {kind} memory={mem} MB rate={rate:g}/s: "
+                          f"{r['updates_per_s']:,.0f} effective updates/s, {r['records_per_block']:.2f} records "
+                          f"per block written, {r['sweeps']} sweeps")
                 results[p].append(r)
     finally:
+        bar.close()
         shutil.rmtree(workdir, ignore_errors=True)
     naive = statistics.median(r["updates_per_s"] for r in results[("naive", 0, 0)])
     rows = []

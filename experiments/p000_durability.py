@@ -14,7 +14,7 @@ logging keeps most of the in-memory speed (NHL/NH = 0.82 in the paper; NHD/NH
 always. Every server is warmed up first with one pass of the load, so the -full
 ones start with memory full.
 
-    kvstore experiment run p000_durability      -> results/p000_durability.{csv,png}
+    kvstore experiment run p000_durability      -> OUT/p000_durability.{csv,png}
 """
 import shutil
 import statistics

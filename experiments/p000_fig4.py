@@ -8,7 +8,7 @@ The local copy of the log goes to /dev/shm so the local disk is not what is
 measured. CPU: this process (generator + sender + local log) and the peer, in
 CPU-seconds per second of the run (1.0 = one core busy).
 
-    kvstore experiment run p000_fig4      -> results/p000_fig4.{csv,png}
+    kvstore experiment run p000_fig4      -> OUT/p000_fig4.{csv,png}
     kvstore experiment run p000_fig4 -- --logs 500000 --batches 1 16 256 4096
 """
 import os
@@ -118,7 +118,7 @@ def add_args(ap):
 
 def measure(args):
     rows = []
-    total = args.rounds * len(args.batches)
+    bar = common.Progress(args.rounds * len(args.batches), "points")
     for rnd in range(args.rounds):
         for b in args.batches:
             n = args.logs if b >= 64 else max(50_000, args.logs // (64 // b))  # small batches are slow
@@ -126,9 +126,9 @@ def measure(args):
             r["round"] = rnd
             rows.append(r)
             common.write_csv(args.csv, rows)
-            common.log(f"[{len(rows)}/{total}] max batch {b:>6}: {r['logs_per_s']:>12,} logs/s "
-                       f"({r['avg_records_per_batch']:>8} per batch), node cpu {r['node_cpu_per_s']:.2f}, "
-                       f"peer cpu {r['peer_cpu_per_s']:.2f}")
+            bar.step(f"max batch {b:>6}: {r['logs_per_s']:>12,} logs/s ({r['avg_records_per_batch']:>8} per batch), "
+                      f"node cpu {r['node_cpu_per_s']:.2f}, peer cpu {r['peer_cpu_per_s']:.2f}")
+    bar.close()
     return rows
 
 

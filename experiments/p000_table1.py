@@ -27,7 +27,7 @@ reversed), medians of --rounds; server CPU time is recorded too (a dpdk lcore bu
 its CPU time is its whole run). Needs root for the namespaces; without root everything
 runs on loopback and dpdk is left out (and it says so).
 
-    kvstore experiment run p000_table1        -> results/p000_table1.{csv,png}
+    kvstore experiment run p000_table1        -> OUT/p000_table1.{csv,png}
 """
 import json
 import os

@@ -16,7 +16,7 @@ connections are idle between readings), which is where keeping or dropping
 EPOLLOUT per connection matters. Servers alternate per load (A B C, C B A, ...);
 medians of --rounds; syscalls per request from INFO pollers; server CPU per request.
 
-    kvstore experiment run p002_flexpoll    -> results/p002_flexpoll.{csv,png}
+    kvstore experiment run p002_flexpoll    -> OUT/p002_flexpoll.{csv,png}
 """
 import json
 import shutil

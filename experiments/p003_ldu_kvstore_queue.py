@@ -9,7 +9,7 @@ alternation (A B A B ...) with kvstore bench (SET, 85-byte values, 50 connection
 throughput and server CPU per request; medians. Memory is unbounded and the log is
 off (--durability none --data-file) so that what differs is the queue, not the disk.
 
-    kvstore experiment run p003_ldu_kvstore_queue      -> results/p003_ldu_kvstore_queue.{csv,png}
+    kvstore experiment run p003_ldu_kvstore_queue      -> OUT/p003_ldu_kvstore_queue.{csv,png}
 """
 import shutil
 import statistics

@@ -6,8 +6,8 @@ before every read, so its advantage should shrink as reads grow. Rounds are inte
 benchmark for both experiments.
 
     kvstore experiment run p003_ldu_rw_ratio
-        -> results/p003_ldu_rw_ratio.csv (medians), results/p003_ldu_rw_ratio_runs.csv,
-           results/p003_ldu_rw_ratio.png
+        -> OUT/p003_ldu_rw_ratio.csv (medians), OUT/p003_ldu_rw_ratio_runs.csv,
+           OUT/p003_ldu_rw_ratio.png
     kvstore experiment run p003_ldu_rw_ratio -- --threads 120 --ratios 50,30,10,1
 """
 import sys

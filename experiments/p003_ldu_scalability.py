@@ -11,8 +11,8 @@ machine used meanwhile (noise); a run with other_cpu above --max-other-cpu is ru
 more at the end and the quieter of the two kept.
 
     kvstore experiment run p003_ldu_scalability
-        -> results/p003_ldu_scalability.csv (medians), results/p003_ldu_scalability_runs.csv
-           (every run), results/p003_ldu_scalability.png
+        -> OUT/p003_ldu_scalability.csv (medians), OUT/p003_ldu_scalability_runs.csv
+           (every run), OUT/p003_ldu_scalability.png
     kvstore experiment run p003_ldu_scalability -- --threads 1,2,4,8,15,30,60,120 --duration-ms 2000
     kvstore experiment run p003_ldu_scalability -- --read-pct 0 --tag read0
 """

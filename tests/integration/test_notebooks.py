@@ -28,3 +28,16 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
 def test_every_reproduced_paper_has_a_notebook():
     names = {p.name.split("_")[0] for p in NOTEBOOKS}
     assert {"000", "002"} <= names
+
+
+def test_notebooks_are_committed_with_outputs():
+    """Each experiment cell keeps the plot of the run it was committed with (readable
+    without running anything)."""
+    nbformat = pytest.importorskip("nbformat")
+    for path in NOTEBOOKS:
+        nb = nbformat.read(path, as_version=4)
+        runs = [c for c in nb.cells if c.cell_type == "code" and "notebook_run(" in c.source]
+        assert runs, f"{path.name} runs no experiment"
+        for c in runs:
+            assert any("image/png" in o.get("data", {}) for o in c.outputs), \
+                f"{path.name}: a cell has no plot: execute and save it (see notebooks/README.md)"
