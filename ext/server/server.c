@@ -7,6 +7,7 @@
 #include "server/server.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,11 +31,21 @@ static const struct arch {
     {"dpdk", {"poller", "dpdk"}},
 };
 
+/* The totals INFO stats shows count from the last CONFIG RESETSTAT, as Redis's do:
+ * what the counters held then is kept here and subtracted (the counters themselves
+ * belong to the front ends' threads and the table, which only ever add). */
+struct totals {
+    uint64_t connections, commands, bytes_in, bytes_out, rejected, protocol_errors;
+    uint64_t expired, hits, misses, oom;
+};
+
 struct srv {
     struct kv_engine *eng;
     int nfe;
     const struct kv_frontend_ops *ops[MAX_FRONTENDS];
     void *fe[MAX_FRONTENDS];
+    pthread_mutex_t base_lock;
+    struct totals base;
 };
 
 static void info_server(void *arg, struct kvbuf *b)
@@ -64,13 +75,40 @@ static void info_clients(void *arg, struct kvbuf *b)
                  s->eng->cfg.maxclients);
 }
 
-static void info_stats(void *arg, struct kvbuf *b)
+static void totals_now(struct srv *s, struct totals *t, uint64_t *ops_per_sec)
 {
-    struct srv *s = arg;
     struct fe_stats st;
     struct kvt_stats ts;
     srv_get_stats(s, &st);
     kvt_get_stats(s->eng->table, &ts);
+    *t = (struct totals){st.total_connections, st.total_commands, st.bytes_in, st.bytes_out,
+                         st.rejected_connections, st.protocol_errors, ts.expired_keys, ts.hits, ts.misses,
+                         ts.oom_rejections};
+    if (ops_per_sec)
+        *ops_per_sec = st.ops_per_sec;
+}
+
+static void reset_stats(void *arg)
+{
+    struct srv *s = arg;
+    struct totals t;
+    totals_now(s, &t, NULL);
+    pthread_mutex_lock(&s->base_lock);
+    s->base = t;
+    pthread_mutex_unlock(&s->base_lock);
+}
+
+static void info_stats(void *arg, struct kvbuf *b)
+{
+    struct srv *s = arg;
+    struct totals t, base;
+    uint64_t ops;
+    totals_now(s, &t, &ops);
+    pthread_mutex_lock(&s->base_lock);
+    base = s->base;
+    pthread_mutex_unlock(&s->base_lock);
+    /* a counter read a moment before the reset's own read could be below it */
+#define SINCE(f) (unsigned long long)(t.f > base.f ? t.f - base.f : 0)
     kvbuf_printf(b,
                  "total_connections_received:%llu\r\ntotal_commands_processed:%llu\r\n"
                  "instantaneous_ops_per_sec:%llu\r\ntotal_net_input_bytes:%llu\r\n"
@@ -78,11 +116,9 @@ static void info_stats(void *arg, struct kvbuf *b)
                  "expired_keys:%llu\r\nevicted_keys:0\r\nkeyspace_hits:%llu\r\n"
                  "keyspace_misses:%llu\r\noom_rejections:%llu\r\n"
                  "total_error_replies_protocol:%llu\r\n",
-                 (unsigned long long)st.total_connections, (unsigned long long)st.total_commands,
-                 (unsigned long long)st.ops_per_sec, (unsigned long long)st.bytes_in,
-                 (unsigned long long)st.bytes_out, (unsigned long long)st.rejected_connections,
-                 (unsigned long long)ts.expired_keys, (unsigned long long)ts.hits, (unsigned long long)ts.misses,
-                 (unsigned long long)ts.oom_rejections, (unsigned long long)st.protocol_errors);
+                 SINCE(connections), SINCE(commands), (unsigned long long)ops, SINCE(bytes_in), SINCE(bytes_out),
+                 SINCE(rejected), SINCE(expired), SINCE(hits), SINCE(misses), SINCE(oom), SINCE(protocol_errors));
+#undef SINCE
 }
 
 int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg, char *err, size_t errlen)
@@ -101,6 +137,7 @@ int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
+    s->base_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* static-style: nothing to destroy */
     int rc = eng_create(&s->eng, t, cfg, err, errlen);
     if (rc < 0) {
         free(s);
@@ -109,7 +146,7 @@ int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg
     /* the server's INFO lines come before the front ends' in their sections */
     eng_info_add(s->eng, "server", info_server, NULL, s);
     eng_info_add(s->eng, "clients", info_clients, NULL, s);
-    eng_info_add(s->eng, "stats", info_stats, NULL, s);
+    eng_info_add(s->eng, "stats", info_stats, reset_stats, s);
     cmd_stats_register(s->eng);
     for (int i = 0; i < MAX_FRONTENDS && a->fe[i]; i++) {
         const struct kv_frontend_ops *ops = fe_find(a->fe[i]);

@@ -237,7 +237,7 @@ def test_keyspace_counts_keys_and_expires(kv_node_factory):
 
 def test_config_resetstat_zeroes_the_syscall_counters(kv_node_factory):
     """CONFIG RESETSTAT zeroes each poller's epoll_wait/epoll_ctl/read/write counts (and
-    so the totals); the command and keyspace counters keep counting (today's behaviour)."""
+    so the totals), and the command and keyspace totals count from it, as Redis's do."""
     n = kv_node_factory(threads=1)
     with Raw(n.port) as r:
         for _ in range(50):
@@ -254,8 +254,8 @@ def test_config_resetstat_zeroes_the_syscall_counters(kv_node_factory):
         assert int(after[f]) < int(before[f]) or int(before[f]) <= 2, (f, before[f], after[f])
     p0 = dict(kv.split("=") for kv in after["poller0"].split(","))
     assert [p0[k] for k in ("read", "write")] == [after["total_read_calls"], after["total_write_calls"]]
-    assert int(after["total_commands_processed"]) == int(before["total_commands_processed"]) + 2
-    assert int(after["keyspace_misses"]) == int(before["keyspace_misses"]) == 50
+    assert int(before["total_commands_processed"]) >= 50 and int(after["total_commands_processed"]) <= 2
+    assert int(before["keyspace_misses"]) == 50 and int(after["keyspace_misses"]) == 0
 
 
 def test_persistence_in_disk_mode_has_the_log_lines(kv_node_factory):

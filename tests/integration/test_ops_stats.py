@@ -152,15 +152,27 @@ def test_commandstats_errorstats_move(kv):
 
 
 def test_resetstat_resets_all(kv_fresh):
+    for _ in range(3):  # connections, commands, hits and misses the reset must forget
+        with Raw(kv_fresh.port) as r:
+            r.call("SET", "a", "1")
+            r.call("GET", "a")
+            r.call("GET", "missing")
     with Raw(kv_fresh.port) as r:
-        r.call("SET", "a", "1")
         r.send(C("INCR", "a", "b")).reply()
         r.send(C("NOSUCHCOMMAND")).reply()
+        before = info_dict(r.call("INFO", "stats"))
         assert r.call("CONFIG", "RESETSTAT") == b"OK"
         info = info_dict(r.call("INFO", "everything"))
     assert not [k for k in info if k.startswith(("cmdstat_", "errorstat_", "latency_percentiles_usec_"))
                 and k != "cmdstat_config|resetstat" and k != "latency_percentiles_usec_config|resetstat"]
     assert info["total_error_replies"] == "0"
+    # Redis's resetServerStats: the totals count from the reset (this connection's own
+    # commands since: CONFIG RESETSTAT's reply round and INFO at most)
+    assert int(before["total_connections_received"]) >= 4 and int(info["total_connections_received"]) == 0
+    assert int(before["keyspace_hits"]) >= 3 and int(before["keyspace_misses"]) >= 3
+    assert info["keyspace_hits"] == "0" and info["keyspace_misses"] == "0"
+    assert int(before["total_commands_processed"]) >= 11 and int(info["total_commands_processed"]) <= 2
+    assert int(info["total_net_input_bytes"]) < int(before["total_net_input_bytes"])
 
 
 def test_memory_usage(kv):
