@@ -154,13 +154,21 @@ int tcp_accept(struct tcp_front *f, int lfd, int *spare_fd)
             return -errno;
         /* Out of descriptors: the pending connection would keep the level-triggered
          * listener readable forever (a busy loop). Spend the spare descriptor to
-         * accept it and close it at once. */
+         * accept it and close it at once. accept4 says EMFILE before it looks at
+         * the queue, so the queue may be empty: then the round is over. */
         close(*spare_fd);
         fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd >= 0)
+        int empty = fd < 0;
+        if (fd >= 0) {
             close(fd);
-        atomic_fetch_add_explicit(&f->rejected, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&f->rejected, 1, memory_order_relaxed);
+            static struct kvlog_rate shed = KVLOG_RATE_INIT(5);
+            kvlog_rated(&shed, KVLOG_WARNING, "refused a connection: out of file descriptors (raise the open-file "
+                                              "limit, e.g. LimitNOFILE, or lower --maxclients)");
+        }
         *spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (empty)
+            return -EAGAIN;
     }
 }
 

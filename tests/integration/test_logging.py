@@ -246,3 +246,35 @@ def test_writers_stalled_for_memory_are_logged(tmp_path):
             bench.kill()
             bench.wait()
         wait_logged(log, r"^writers no longer wait for memory \(after \d+\.\d s\)$", timeout=30)
+
+
+def test_out_of_file_descriptors_is_logged_and_the_server_keeps_serving(tmp_path):
+    """A server whose open-file limit cannot be raised (hard limit 96) sheds connections past it
+    through its spare descriptor (no busy loop), says why in the log, and serves the rest."""
+    import socket
+    from helpers.servers import free_port
+    port, log = free_port(), str(tmp_path / "fd.log")
+    p = subprocess.Popen(["prlimit", "--nofile=96:96", sys.executable, "-m", "kvstore.cli", "serve", "--port", str(port),
+                          "--durability", "none", "--threads", "1", "--log-file", log],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    socks = []
+    try:
+        wait_logged(log, r"^ready to accept connections")
+        assert find(log, r"open-file limit 96 is below maxclients", level="#")
+        for _ in range(120):  # more than the server has descriptors for
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            socks.append(s)
+        wait_logged(log, r"^refused a connection: out of file descriptors", level="#")
+        ok = 0
+        for s in socks:  # the connections it accepted still work
+            try:
+                s.sendall(b"PING\r\n")
+                ok += s.recv(16) == b"+PONG\r\n"
+            except OSError:
+                pass
+        assert 10 < ok < 120
+    finally:
+        for s in socks:
+            s.close()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(30) == 0
