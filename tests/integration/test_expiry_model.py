@@ -7,7 +7,8 @@ SCANs while the test jumps the clock forward by whole seconds; a model of
 Redis's semantics predicts every reply. TTLs and jumps are whole seconds, so
 the real milliseconds that pass between requests never move a key across its
 expiry (a key whose TTL equals the time jumped is already expired on both
-sides); PTTL is compared within a second.
+sides); PTTL is compared within a second, TTL with PTTL's rounding. (Real time
+adds up within an example only: each starts at offset 0 with an empty keyspace.)
 """
 import pytest
 import redis
@@ -112,7 +113,9 @@ class ExpiryMachine(RuleBasedStateMachine):
             assert (got, pgot) == (want, want)
         else:
             left = cur[1] - self.offset
-            assert got == round(left / 1000)
+            # TTL is PTTL rounded half up (Redis); the real ms passed since the SET (more of them
+            # on a loaded machine) may round it down, never up, and TTL is asked just before PTTL
+            assert (pgot + 500) // 1000 <= got <= left // 1000, (got, pgot, left)
             assert left - 1000 < pgot <= left
 
     @rule(jump=secs)

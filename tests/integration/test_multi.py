@@ -82,10 +82,10 @@ def test_watch_sees_another_clients_write(kv):
 def test_watch_sees_expiry(kv):
     with client(kv.port) as a:
         a.flushall()
-        a.set("e", "1", px=50)
+        a.set("e", "1", px=500)  # long enough to be still there when WATCH comes on a loaded machine
         p = a.pipeline(transaction=True)
         p.watch("e")
-        time.sleep(0.3)  # the key expires while watched (later is only more expired)
+        time.sleep(0.8)  # the key expires while watched (later is only more expired)
         p.multi()
         p.set("e", "2")
         with pytest.raises(redis.WatchError):
