@@ -12,7 +12,7 @@ adds up within an example only: each starts at offset 0 with an empty keyspace.)
 """
 import pytest
 import redis
-from hypothesis import settings, strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from helpers.conn import client
@@ -135,7 +135,8 @@ def test_expiry_state_machine():
     with Server(port=0, threads=2) as srv:
         ExpiryMachine.port = srv.port
         run = ExpiryMachine.TestCase
-        run.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
+        run.settings = settings(max_examples=120, stateful_step_count=40, deadline=None,
+                                suppress_health_check=[HealthCheck.too_slow])  # a loaded machine
         try:
             run().runTest()
         finally:

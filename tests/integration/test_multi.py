@@ -14,7 +14,7 @@ import time
 
 import pytest
 import redis
-from hypothesis import settings, strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from helpers.conn import Raw, client
@@ -324,5 +324,6 @@ class TxMachine(RuleBasedStateMachine):
 def test_state_machine(kv):
     TxMachine.port = kv.port
     run = TxMachine.TestCase
-    run.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+    run.settings = settings(max_examples=200, stateful_step_count=40, deadline=None,
+                            suppress_health_check=[HealthCheck.too_slow])  # a loaded machine
     run().runTest()
