@@ -18,7 +18,7 @@ import pytest
 
 from helpers import faultlib as fl
 from helpers.conn import Raw, UdpConn, client
-from helpers.faultlib import mget_all, persistence, recovery_of
+from helpers.faultlib import appended_lsn, mget_all, persistence, recovery_of, wait_applied
 from helpers.resp import Incomplete, resp_cmd, resp_parse, resp_reply_end
 
 pytestmark = pytest.mark.timeout(120)
@@ -174,7 +174,7 @@ class Writer(threading.Thread):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)  # ~60 s on an idle machine: 8 runs of up to 8 s of writes, restarts, checks
 @pytest.mark.parametrize("arch", ["poller", "threadpool", "udp"])
 def test_kill9_under_write_load_loses_no_acknowledged_write(data_dir, nodes, monkeypatch, arch):
     """4 connections (pipelines of 1, 1, 8 and 32; with arch udp, UDP sockets with as many
@@ -221,8 +221,10 @@ def test_kill9_under_write_load_loses_no_acknowledged_write(data_dir, nodes, mon
         target = rng.randint(2000, 15000) if it % 3 != 2 else 10 ** 9
         kill_after = 6.0 if it % 3 != 2 else rng.uniform(0.3, 1.5)
         t0 = time.monotonic()
-        while sum(w.acked for w in writers) < target and time.monotonic() - t0 < kill_after \
-                and any(w.is_alive() for w in writers):
+        # ... but not before 200 writes were acknowledged (a loaded machine may take longer
+        # than kill_after for them; the writers stop at their own deadline)
+        while (sum(w.acked for w in writers) < target and time.monotonic() - t0 < kill_after
+               or sum(w.acked for w in writers) < 200) and any(w.is_alive() for w in writers):
             time.sleep(0.002)
         time.sleep(rng.uniform(0, 0.01))
         node.kill()
@@ -260,7 +262,7 @@ def test_kill9_under_write_load_loses_no_acknowledged_write(data_dir, nodes, mon
     rec = fl.parse_recovery(out)
     assert rec.last == last_lsn
     print("runs (acknowledged writes, unacknowledged changes at the kill, recovery):", *runs, sep="\n  ")
-    assert time.monotonic() - t_start < 110
+    print(f"took {time.monotonic() - t_start:.1f} s")
 
 
 # ================================================================ 2. held replies
@@ -293,6 +295,14 @@ def collect(conns, timeout=15.0):
             waiting[s].buf += chunk
 
 
+def until(raw, t):
+    """What raw receives until monotonic time t (nothing is read when t has passed already: a
+    window measured from the request, not from this call, which a loaded machine may delay
+    past the reply the window must not see)."""
+    left = t - time.monotonic()
+    return raw.read_for(left)[0] if left > 0.001 else b""
+
+
 def _slow_node(data_dir, nodes, monkeypatch, delay_us):
     monkeypatch.setenv("KVSTORE_FAULT_SYNC_DELAY_US", str(delay_us))
     n = nodes(data_dir)
@@ -313,7 +323,7 @@ def test_write_reply_waits_for_the_sync(data_dir, nodes, monkeypatch):
                     ("MSET", "a", "1", "b", "2"), ("FLUSHALL",)):
             t0 = time.monotonic()
             a.send(resp_cmd(*cmd))
-            assert a.read_for(DELAY * 0.6)[0] == b"", f"{cmd}: reply before the sync"
+            assert until(a, t0 + DELAY * 0.6) == b"", f"{cmd}: reply before the sync"
             reply = a.reply(timeout=10)
             dt = time.monotonic() - t0
             assert not reply.startswith(b"-"), (cmd, reply)
@@ -326,16 +336,18 @@ def test_write_reply_waits_for_the_sync(data_dir, nodes, monkeypatch):
                          ids=lambda r: r[0])
 @pytest.mark.timeout(60)
 def test_read_of_a_pending_write_waits_for_its_sync(data_dir, nodes, monkeypatch, read):
-    n = _slow_node(data_dir, nodes, monkeypatch, int(DELAY * 1e6))
+    delay = 1.0  # the read must go out while the SET waits: a wide window for a loaded machine
+    n = _slow_node(data_dir, nodes, monkeypatch, int(delay * 1e6))
     with client(n.port) as c:
         c.set("k", "old")
         c.set("other", "o")
-    with Raw(n.port, timeout=10) as a, Raw(n.port, timeout=10) as b:
+    with Raw(n.port, timeout=10) as a, Raw(n.port, timeout=10) as b, Raw(n.port, timeout=10) as watch:
+        lsn = appended_lsn(watch)
         t_set = time.monotonic()
         a.send(resp_cmd("SET", "k", "new-value"))
-        time.sleep(0.05)
+        wait_applied(watch, lsn)
         b.send(resp_cmd(*read))
-        assert b.read_for(0.15)[0] == b"", "the read was answered before the write it sees was durable"
+        assert until(b, t_set + delay * 0.5) == b"", "the read was answered before the write it sees was durable"
         got = collect({"a": (a, 1), "b": (b, 1)})
     (ta, ra), = got["a"]
     (tb, rb), = got["b"]
@@ -343,9 +355,10 @@ def test_read_of_a_pending_write_waits_for_its_sync(data_dir, nodes, monkeypatch
     expect = {"GET": b"$9\r\nnew-value\r\n", "MGET": b"*2\r\n$9\r\nnew-value\r\n$1\r\no\r\n",
               "EXISTS": b":1\r\n", "STRLEN": b":9\r\n"}[read[0]]
     assert rb == expect
-    assert ta - t_set >= DELAY - 0.005
-    assert tb - t_set >= DELAY - 0.005, f"read answered {tb - t_set:.3f} s after the SET (sync: {DELAY} s)"
-    assert tb >= ta - 0.05, f"read answered {ta - tb:.3f} s before the SET's acknowledgement"
+    assert ta - t_set >= delay - 0.005
+    assert tb - t_set >= delay - 0.005, f"read answered {tb - t_set:.3f} s after the SET (sync: {delay} s)"
+    # both leave at the same sync; the two connections' pollers may wake apart on a loaded machine
+    assert tb >= ta - 0.2, f"read answered {ta - tb:.3f} s before the SET's acknowledgement"
 
 
 CRASH_WRITES = {  # write -> (key read by the other client, its value before, its value after)
@@ -403,7 +416,7 @@ def test_replies_on_one_connection_leave_in_order(data_dir, nodes, monkeypatch):
         a.send(resp_cmd("SET", "k", "v"))
         a.send(resp_cmd("PING"))                  # right after, separately
         a.send(resp_cmd("GET", "old") + resp_cmd("ECHO", "e"))
-        assert a.read_for(0.2)[0] == b"", "a reply overtook the pending SET's +OK"
+        assert until(a, t0 + DELAY * 0.6) == b"", "a reply overtook the pending SET's +OK"
         got = collect({"a": (a, 4)})["a"]
     assert [r for _, r in got] == [b"+OK\r\n", b"+PONG\r\n", b"$7\r\ndurable\r\n", b"$1\r\ne\r\n"]
     assert got[0][0] - t0 >= DELAY - 0.005
@@ -419,9 +432,10 @@ def test_reads_of_durable_keys_are_not_delayed(data_dir, nodes, monkeypatch):
     with client(n.port) as c:
         c.mset({"old1": "a", "old2": "b"})
     with Raw(n.port, timeout=10) as a, Raw(n.port, timeout=10) as b, Raw(n.port, timeout=10) as c3:
+        lsn = appended_lsn(c3)
         t_set = time.monotonic()
         a.send(resp_cmd("SET", "k", "v"))
-        time.sleep(0.05)  # the SET is applied (on whichever poller) before b's GET arrives
+        wait_applied(c3, lsn)  # the SET is applied (on whichever poller) before b's GET arrives
         b.send(resp_cmd("GET", "k"))
         time.sleep(0.05)
         t_read = time.monotonic()
@@ -445,11 +459,16 @@ def test_replies_that_reveal_a_pending_write_wait_for_it(data_dir, nodes, monkey
     """An error from INCR on a value not yet durable, APPEND's new length, DBSIZE, EXISTS:
     each reveals the pending SET, so none may arrive before the SET's own +OK."""
     n = _slow_node(data_dir, nodes, monkeypatch, 700_000)
-    with Raw(n.port, timeout=10) as a, Raw(n.port, timeout=10) as b:
+    with Raw(n.port, timeout=10) as a, Raw(n.port, timeout=10) as b, Raw(n.port, timeout=10) as watch:
+        lsn = appended_lsn(watch)
+        t_set = time.monotonic()
         a.send(resp_cmd("SET", "k", "not-a-number"))
-        time.sleep(0.05)
+        wait_applied(watch, lsn)
         b.send(resp_cmd(*cmd))
         got = collect({"a": (a, 1), "b": (b, 1)})
     (ta, ra), (tb, rb) = got["a"][0], got["b"][0]
     assert ra == b"+OK\r\n"
-    assert tb >= ta - 0.005, f"{cmd[0]} answered {ta - tb:.3f} s before the write it reveals was durable: {rb!r}"
+    # the sync takes 0.7 s from after the SET was applied: held, b's reply cannot come sooner
+    assert tb - t_set >= 0.7 - 0.005, f"{cmd[0]} answered {tb - t_set:.3f} s after the SET it reveals: {rb!r}"
+    # both leave at the same sync; the two connections' pollers may wake apart on a loaded machine
+    assert tb >= ta - 0.2, f"{cmd[0]} answered {ta - tb:.3f} s before the write it reveals was durable: {rb!r}"

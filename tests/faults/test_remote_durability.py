@@ -123,7 +123,7 @@ def test_loss_of_either_machine_of_a_pair_writing_on_both_sides(pair):
     time.sleep(rng.uniform(0.1, 0.5))
     wa.stop()
     assert not any(wa.errors), f"writes to A failed while its peer was lost: {wa.errors}"
-    iw, ip, ir = pair.wait_in_sync("a", timeout=20)
+    iw, ip, ir = pair.wait_in_sync("a")
     assert iw["log_peer_catchup_records"] > 0, iw
     pair.wait_in_sync("b")
     wa.verify(a.port, "A, after its peer was lost and rebuilt")

@@ -20,6 +20,21 @@ from kvstore import Node
 pytestmark = pytest.mark.timeout(120)
 
 
+def degraded_writes(c, prefix, n, expect):
+    """n SETs one by one in degraded mode (added to expect): most must not wait for the peer.
+    Each one waiting out the peer timeout is the bug; a loaded machine slows some of them, so
+    the check is on the fast half, not on a total time."""
+    lat = []
+    for i in range(n):
+        t0 = time.monotonic()
+        assert c.set(f"{prefix}{i}", f"v{i}") is True
+        lat.append(time.monotonic() - t0)
+        expect[f"{prefix}{i}".encode()] = f"v{i}".encode()
+    fast = sum(dt < PEER_TIMEOUT_MS / 1000 for dt in lat)
+    assert fast >= n // 2, f"degraded-mode writes kept waiting for the peer: {sorted(lat)}"
+    return lat
+
+
 # ---------------------------------------------------------------- 3. peer down
 
 @pytest.mark.timeout(120)
@@ -28,11 +43,13 @@ def test_peer_down_writes_fall_back_to_local_sync_and_peer_catches_up(pair, tmp_
     a = pair.nodes["a"]
     w = Writers("d:", nwriters=2, keys_per_writer=500)
     w.start(a.port)
-    wait_for("writes acknowledged", lambda: w.total_acked() >= 200 or any(w.errors), timeout=20)
+    wait_for("writes acknowledged", lambda: w.total_acked() >= 200 or any(w.errors), timeout=60)
     t_kill = time.monotonic()
     pair.kill("b")
-    time.sleep(1.5)  # writers keep going on A meanwhile
-    acked_at_kill = sum(1 for lw in w.lat for t0, _ in lw if t0 >= t_kill)
+    time.sleep(1.5)  # writers keep going on A meanwhile (at least that long: longer on a loaded machine)
+    wait_for("a write acknowledged after the kill",
+             lambda: any(t0 >= t_kill for lw in w.lat for t0, _ in list(lw)) or any(w.errors))
+    acked_at_kill = sum(1 for lw in w.lat for t0, _ in list(lw) if t0 >= t_kill)
     w.stop()
     assert not any(w.errors), f"writes to A failed while B was down: {w.errors}"
     after = [dt for lw in w.lat for t0, dt in lw if t0 >= t_kill]
@@ -41,17 +58,13 @@ def test_peer_down_writes_fall_back_to_local_sync_and_peer_catches_up(pair, tmp_
     assert acked_at_kill > 0
     rep = wait_for("A to report the peer lost",
                    lambda: (lambda r: r if r["log_peer_degraded"] == 1 and r["log_peer_connected"] == 0 else None)(
-                       info(a, "replication")), timeout=5)
+                       info(a, "replication")))
     assert rep["log_peer_last_error"], rep
     # Further writes in degraded mode are acknowledged quickly, one by one.
     c = kv(a.port)
-    t0 = time.monotonic()
     extra = {}
-    for i in range(30):
-        assert c.set(f"deg:{i}", f"v{i}") is True
-        extra[f"deg:{i}".encode()] = f"v{i}".encode()
+    degraded_writes(c, "deg:", 30, extra)
     c.close()
-    assert time.monotonic() - t0 < 10.0
     assert info(a, "persistence")["log_syncs"] > 0
     # Those writes are on A's disk: SIGKILL A and recover locally (B is still down).
     pair.kill("a")
@@ -68,7 +81,7 @@ def test_peer_down_writes_fall_back_to_local_sync_and_peer_catches_up(pair, tmp_
     catchup_before = info(a, "replication")["log_peer_catchup_records"]
     # B comes back: A reconnects, catches it up from its segment files, leaves degraded mode.
     pair.start("b")
-    iw, ip, ir = pair.wait_in_sync("a", timeout=20)
+    iw, ip, ir = pair.wait_in_sync("a")
     assert iw["log_peer_catchup_records"] > catchup_before, iw
     assert ir["log_receiver_held_lsn"] == ip["log_appended_lsn"]
     # And B's copy is complete: it rebuilds A's data set.
@@ -130,16 +143,12 @@ def test_stopped_peer_times_out_into_degraded_mode_and_catches_up_after(pair, tm
         assert rep["log_peer_degraded"] == 1, rep
         # "did not acknowledge LSN ..." (or, once it retried, a failed handshake with the stopped peer)
         assert pair.addr("b") in rep["log_peer_last_error"], rep
-        t0 = time.monotonic()
-        for i in range(50):
-            assert c.set(f"s2:{i}", f"w{i}") is True
-            expect[f"s2:{i}".encode()] = f"w{i}".encode()
-        assert time.monotonic() - t0 < 10.0, "degraded-mode writes kept waiting for the stopped peer"
+        degraded_writes(c, "s2:", 50, expect)
         time.sleep(1.0)  # the sender keeps trying the stopped peer meanwhile
         assert info(a, "replication")["log_peer_degraded"] == 1
     finally:
         os.kill(b.pid, signal.SIGCONT)
-    iw, ip, ir = pair.wait_in_sync("a", timeout=20)
+    iw, ip, ir = pair.wait_in_sync("a")
     assert iw["log_peer_degraded"] == 0 and iw["log_peer_connected"] == 1
     for i in range(20):  # back in remote mode
         assert c.set(f"s3:{i}", f"z{i}") is True
@@ -162,13 +171,13 @@ def test_stopped_peer_times_out_into_degraded_mode_and_catches_up_after(pair, tm
 
 # ---------------------------------------------------------------- 5. the peer holds A's log
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)  # 1,500 writes, each waiting for the peer: ~5 s idle, several times that under load
 def test_peer_holds_the_log_and_recover_from_peer_rebuilds_the_data(pair, tmp_path):
     pair.start_both()
     a = pair.nodes["a"]
     w = Writers("h:", nwriters=2, keys_per_writer=400)
     w.start(a.port, max_ops=1500)
-    w.join(timeout=30)
+    w.join(timeout=120)
     assert not any(w.errors), w.errors
     w.verify(a.port, "A itself")
     iw, ip, ir = pair.wait_in_sync("a")
@@ -252,7 +261,7 @@ def test_lost_log_with_identity_kept_never_loses_acknowledged_writes(pair, new_w
     check("restart with --from-peer", a.port, a.log())
     # (b) Then machine A is lost and rebuilt from B's copy.
     wait_for("A's sender to settle", lambda: info(a, "replication")["log_peer_last_error"] != ""
-             or info(a, "replication")["log_peer_degraded"] == 0, timeout=10)
+             or info(a, "replication")["log_peer_degraded"] == 0)
     pair.kill("a")
     shutil.rmtree(pair.dirs["a"])
     a = pair.start("a", from_peer=True)
@@ -293,7 +302,7 @@ def test_a_ghost_connection_does_not_lock_the_node_out(pair):
     c = kv(a.port)
     c.set("after", "2")
     c.close()
-    _, ip, ir = pair.wait_in_sync("a", timeout=20)
+    _, ip, ir = pair.wait_in_sync("a")
     assert ir["log_receiver_held_lsn"] == ip["log_appended_lsn"]
     # the replaced ghost was closed by the receiver
     ghost.settimeout(5)

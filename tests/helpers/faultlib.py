@@ -181,6 +181,25 @@ def persistence(port):
         return c.info("persistence")
 
 
+def appended_lsn(raw):
+    """log_appended_lsn from INFO persistence over an open Raw connection (cheaper than a new
+    client per look, which matters when a test races a slow sync)."""
+    text = raw.call("INFO", "persistence").decode()
+    return int(re.search(r"^log_appended_lsn:(\d+)\r$", text, re.M).group(1))
+
+
+def wait_applied(raw, after, timeout=30.0):
+    """Until the node's log has a record past LSN `after` (appended_lsn(raw), taken before a
+    write was sent): the write is applied, its record waits for its sync. Records are appended
+    under the key's shard lock, so a read of that key sent after this sees the write. (A
+    sleep instead is a guess that a loaded machine gets wrong.)"""
+    deadline = time.monotonic() + timeout
+    while (lsn := appended_lsn(raw)) <= after:
+        assert time.monotonic() < deadline, f"no record past LSN {after} after {timeout} s"
+        time.sleep(0.002)
+    return lsn
+
+
 def mget_all(port, keys, chunk=500):
     """{key: value or None} for every key, read with MGETs of `chunk` keys."""
     out = {}

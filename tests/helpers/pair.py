@@ -48,8 +48,9 @@ def info(node, section):
     return {k: int(v) if re.fullmatch(r"-?\d+", v) else v for k, v in d.items()}
 
 
-def wait_for(what, probe, timeout=10.0, interval=0.05):
-    """Poll probe() until it returns a truthy value; fail with the last value seen."""
+def wait_for(what, probe, timeout=30.0, interval=0.05):
+    """Poll probe() until it returns a truthy value; fail with the last value seen. The
+    deadline is generous (a loaded machine): it only bounds how long a failure takes."""
     deadline = time.monotonic() + timeout
     last = None
     while True:
@@ -150,7 +151,7 @@ class Pair:
                         pass
                 n.kill()
 
-    def wait_in_sync(self, writer="a", timeout=15.0):
+    def wait_in_sync(self, writer="a", timeout=60.0):
         """writer's sender is connected, not degraded, and its peer holds its whole log."""
         w, r = self.nodes[writer], self.nodes[self.peer_of(writer)]
 
@@ -252,7 +253,7 @@ class Writers:
         self.stop_ev.set()
         self.join()
 
-    def join(self, timeout=20.0):
+    def join(self, timeout=60.0):
         deadline = time.monotonic() + timeout
         for t in self.threads:
             t.join(max(0.1, deadline - time.monotonic()))
@@ -325,7 +326,7 @@ class UdpKv:
 def kill_at_random_moment(rng, writers, min_acked=200, low=0.1, high=1.2):
     """Wait until the writers have some acknowledged writes, then a random extra delay."""
     wait_for(f"{min_acked} acknowledged writes", lambda: writers.total_acked() >= min_acked
-             or any(writers.errors), timeout=20)
+             or any(writers.errors), timeout=60)
     assert not any(writers.errors), f"writers failed before the fault: {writers.errors}"
     time.sleep(rng.uniform(low, high))
 

@@ -7,11 +7,12 @@ SCANs while the test jumps the clock forward by whole seconds; a model of
 Redis's semantics predicts every reply. TTLs and jumps are whole seconds, so
 the real milliseconds that pass between requests never move a key across its
 expiry (a key whose TTL equals the time jumped is already expired on both
-sides); PTTL is compared within a second.
+sides); PTTL is compared within a second, TTL with PTTL's rounding. (Real time
+adds up within an example only: each starts at offset 0 with an empty keyspace.)
 """
 import pytest
 import redis
-from hypothesis import settings, strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from helpers.conn import client
@@ -112,7 +113,9 @@ class ExpiryMachine(RuleBasedStateMachine):
             assert (got, pgot) == (want, want)
         else:
             left = cur[1] - self.offset
-            assert got == round(left / 1000)
+            # TTL is PTTL rounded half up (Redis); the real ms passed since the SET (more of them
+            # on a loaded machine) may round it down, never up, and TTL is asked just before PTTL
+            assert (pgot + 500) // 1000 <= got <= left // 1000, (got, pgot, left)
             assert left - 1000 < pgot <= left
 
     @rule(jump=secs)
@@ -132,7 +135,8 @@ def test_expiry_state_machine():
     with Server(port=0, threads=2, durability="none") as srv:
         ExpiryMachine.port = srv.port
         run = ExpiryMachine.TestCase
-        run.settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
+        run.settings = settings(max_examples=120, stateful_step_count=40, deadline=None,
+                                suppress_health_check=[HealthCheck.too_slow])  # a loaded machine
         try:
             run().runTest()
         finally:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 import redis
-from hypothesis import settings, strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from helpers.conn import Raw, client
@@ -82,10 +82,10 @@ def test_watch_sees_another_clients_write(kv):
 def test_watch_sees_expiry(kv):
     with client(kv.port) as a:
         a.flushall()
-        a.set("e", "1", px=50)
+        a.set("e", "1", px=500)  # long enough to be still there when WATCH comes on a loaded machine
         p = a.pipeline(transaction=True)
         p.watch("e")
-        time.sleep(0.3)  # the key expires while watched (later is only more expired)
+        time.sleep(0.8)  # the key expires while watched (later is only more expired)
         p.multi()
         p.set("e", "2")
         with pytest.raises(redis.WatchError):
@@ -324,5 +324,6 @@ class TxMachine(RuleBasedStateMachine):
 def test_state_machine(kv):
     TxMachine.port = kv.port
     run = TxMachine.TestCase
-    run.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+    run.settings = settings(max_examples=200, stateful_step_count=40, deadline=None,
+                            suppress_health_check=[HealthCheck.too_slow])  # a loaded machine
     run().runTest()

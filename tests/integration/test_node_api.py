@@ -34,7 +34,7 @@ def test_server_stop_closes_connections_and_frees_port():
     store = Store()
     srv = Server(store, port=0, threads=1, durability="none").start()
     port = srv.port
-    r = redis.Redis(port=port, socket_timeout=2)
+    r = redis.Redis(port=port, socket_timeout=10)
     assert r.ping()
     srv.stop()
     with pytest.raises(redis.ConnectionError):

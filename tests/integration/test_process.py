@@ -64,7 +64,7 @@ def test_ready_line_match_and_log(tmp_path):
     p = Process(IGNORES_TERM, ready_line=rb"ready on (\d+)", log_path=tmp_path / "log")
     with p:
         assert p.running and p.match.group(1) == b"4242"
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while "err line" not in p.log() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert "err line" in p.log()  # stderr goes to the log file

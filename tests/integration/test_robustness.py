@@ -179,7 +179,7 @@ def test_pipelining_client_that_never_reads(node):
         # replies owed: sent_reqs x 256 KB (gigabytes); the server must hold only a bounded part
         assert grown < 256 * MB, f"RSS grew {grown / MB:.0f} MB while {sent_reqs} GETs of 256 KB were owed"
         # others are still served meanwhile
-        with client(node.port, socket_timeout=5) as other:
+        with client(node.port, socket_timeout=30) as other:
             assert other.ping()
             assert other.set("while-hog", "1") and other.get("while-hog") == b"1"
             assert len(other.get("big")) == 256 * 1024
@@ -238,7 +238,7 @@ def test_1000_concurrent_connections(node):
         loop.run_until_complete(asyncio.sleep(0.1))
     finally:
         loop.close()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # a wait: generous for a loaded machine
     while stat(node, "connected_clients") > 5 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert stat(node, "connected_clients") <= 5
@@ -263,7 +263,7 @@ def test_maxclients(kv_node_factory):
         assert "\r\nconnected_clients:5\r\n" in info
         # a slot freed is a slot usable again
         first.pop().close()
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30  # a wait: generous for a loaded machine
         while True:
             with Raw(n.port) as again:
                 rep = again.send(C("PING")).read_for(1)[0]

@@ -84,8 +84,12 @@ def _as_bytes(cmd):
     return tuple(a if isinstance(a, bytes) else str(a).encode() for a in cmd)
 
 
+# A reply's timeout: SETRANGE/BITCOUNT over 512 MB take seconds, far more on a loaded machine
+REPLY_TIMEOUT = 60
+
+
 def run_redis(port, cmds, hashes=(), resp3=False):
-    with Raw(port) as r:
+    with Raw(port, timeout=REPLY_TIMEOUT) as r:
         assert r.send(C("FLUSHALL")).reply() == b"+OK\r\n"
         for h in hashes:
             assert r.send(C("HSET", h, "f", "v")).reply() == b":1\r\n"
@@ -93,7 +97,7 @@ def run_redis(port, cmds, hashes=(), resp3=False):
 
 
 def run_kv(served, cmds, hashes=(), resp3=False):
-    with Raw(served.port) as r:
+    with Raw(served.port, timeout=REPLY_TIMEOUT) as r:
         assert r.send(C("FLUSHALL")).reply() == b"+OK\r\n"
         for h in hashes:
             served.make_hash(h)

@@ -265,7 +265,7 @@ def test_generated_stream_random_splits(s, data_st):
     assert feed(split_at(data, cuts)) == (expected, ("again", b""))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream(), st.data())
 def test_unauth_does_not_change_small_requests(s, data_st):
     data, expected = s
@@ -274,7 +274,7 @@ def test_unauth_does_not_change_small_requests(s, data_st):
     assert feed(split_at(data, cuts), unauth=True) == (expected, ("again", b""))
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream(), st.data())
 def test_truncated_stream_waits(s, data_st):
     """A stream cut anywhere parses the complete requests before the cut and then

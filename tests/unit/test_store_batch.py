@@ -8,7 +8,7 @@ import threading
 
 import pytest
 import redis
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvstore import NotAnIntegerError, OutOfMemoryError, Server, Store
@@ -27,7 +27,7 @@ keys = st.one_of(st.binary(max_size=12), st.text(max_size=6), st.integers(-1000,
 values = st.one_of(st.binary(max_size=600), st.text(max_size=40), st.integers())
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pairs=st.lists(st.tuples(keys, values), max_size=40), extra=st.lists(keys, max_size=10),
        as_dict=st.booleans())
 def test_mset_then_mget_matches_single_calls_and_a_dict(pairs, extra, as_dict):
