@@ -545,10 +545,12 @@ void *bosc_flusher_main(void *arg)
             kvt_set_spill_stuck(b->t, 1); /* writes get an error instead of waiting forever */
         last = now_ns();
         note_stall(b, &stall, forced, started);
-        bosc_wake_all(b);
         pthread_mutex_lock(&b->lock);
         b->sync_done = req;
         pthread_cond_broadcast(&b->done);
+        /* after sync_done: a DBSIZE woken here finds its sweep done (before, it slept
+         * again until the next cron tick) */
+        bosc_wake_all(b);
         if (rc) /* a failed data file: stay idle until stopped */
             while (!b->stop && b->sync_req == b->sync_done)
                 pthread_cond_wait(&b->cond, &b->lock);

@@ -169,9 +169,9 @@ def test_client_kill_every_filter(kv_node_factory, arch):
         v, cid, addr = victim()
         other, _, _ = victim()
     assert killer.ping()  # SKIPME yes (the default) spared the killer
-    time.sleep(1.1)
+    time.sleep(3.1)  # (3 s: young stays younger than that on a loaded machine)
     young, _, _ = victim()
-    assert killer.execute_command("CLIENT", "KILL", "MAXAGE", "1") >= 2  # v and other, not young
+    assert killer.execute_command("CLIENT", "KILL", "MAXAGE", "3") >= 2  # v and other, not young
     assert closed_by_server(v) and closed_by_server(other)
     assert young.call("PING") == b"PONG"
     # SKIPME no: the killer goes too, after its reply

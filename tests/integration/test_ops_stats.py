@@ -6,6 +6,7 @@ Counts are checked as relations or on commands only the test sends, never as
 totals a retry could change."""
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -225,11 +226,19 @@ def test_redis_cli_tools(kv_fresh):
     scan = sorted(cli(kv_fresh.port, "--scan", "--pattern", "cli:s:1*").split())
     assert scan == sorted([f"cli:s:{i}" for i in [1] + list(range(10, 20))])
     # --stat: the columns redis-cli reads (keys, mem, clients, blocked, requests, connections)
+    # (read until the first row arrives: how long that takes depends on the machine's load)
+    p = subprocess.Popen(["stdbuf", "-o0", "redis-cli", "-p", str(kv_fresh.port), "--stat", "-i", "0.2"],
+                         stdout=subprocess.PIPE, text=True)
+    out, deadline = "", time.monotonic() + 60
     try:
-        out = subprocess.run(["stdbuf", "-o0", "redis-cli", "-p", str(kv_fresh.port), "--stat", "-i", "0.2"],
-                             capture_output=True, text=True, timeout=1.5).stdout
-    except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode()
+        while time.monotonic() < deadline and not re.search(r"^\d", out, re.M):
+            line = p.stdout.readline()
+            if not line:
+                break
+            out += line
+    finally:
+        p.kill()
+        p.wait()
     rows = [ln.split() for ln in out.splitlines() if re.match(r"^\d", ln)]
     assert rows, out
     keys, mem, clients, blocked, requests = rows[0][:5]
