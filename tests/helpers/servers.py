@@ -92,12 +92,12 @@ def start_node(**settings):
     `kvstore serve`'s own default is disk."""
     settings.setdefault("durability", "none")
     n = Node(port=0, data_dir=tempfile.mkdtemp(prefix="kvstore-test-"), **settings)
-    n.start()
+    n.start(timeout=60)  # (a loaded machine: only a failure waits this long)
     return n
 
 
 def stop_node(n):
     """Stop a start_node() Node and remove its data dir; the server's exit code."""
-    rc = n.stop()
+    rc = n.stop(timeout=60)
     shutil.rmtree(n.data_dir, ignore_errors=True)
     return rc
