@@ -393,7 +393,7 @@ int cmd_client_setname(struct cmd_client *c, const char *s, size_t n)
 
 static int client_help(struct cmd_client *c)
 {
-    static const char *help[] = {
+    static const char *const help[] = {
         "CLIENT <subcommand> [<arg> [value] [opt] ...]. Subcommands are:",
         "GETNAME", "    Return the name of the current connection.",
         "ID", "    Return the ID of the current connection.",
@@ -413,10 +413,7 @@ static int client_help(struct cmd_client *c)
         "SETINFO <option> <value>", "    Accepted for clients that send their name and version; not kept.",
         "SETNAME <name>", "    Assign the name <name> to the current connection.",
         "HELP", "    Prints this help."};
-    resp_add_array(c->out, sizeof help / sizeof *help);
-    for (size_t i = 0; i < sizeof help / sizeof *help; i++)
-        resp_add_status(c->out, help[i]);
-    return 0;
+    return CMD_REPLY_HELP(c, help);
 }
 
 int c_client(struct cmd_client *c, const struct cmd_args *a)

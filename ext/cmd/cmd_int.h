@@ -59,6 +59,9 @@ int64_t cmd_unix_ms(void);
 /* kvt_read_fn that appends the value as a bulk string to the client's replies. */
 void cmd_add_bulk_cb(void *arg, const char *v, size_t n);
 int cmd_unknown_sub(struct cmd_client *c, const struct cmd_args *a, const char *cmd);
+/* A HELP subcommand's reply: the lines of a static array, each a status reply. */
+int cmd_reply_help(struct cmd_client *c, const char *const *lines, int n);
+#define CMD_REPLY_HELP(c, lines) cmd_reply_help(c, lines, (int)(sizeof lines / sizeof *lines))
 /* 1 if argc fits want (> 0 exact, < 0 at least -want), else replies Redis's arity error, 0. */
 int cmd_sub_arity(struct cmd_client *c, const struct cmd_args *a, int want, const char *full);
 /* key left memory for its data-file block: stall until it is loaded (or say why it cannot be). */

@@ -181,12 +181,10 @@ int c_config(struct cmd_client *c, const struct cmd_args *a)
         return cmd_reply_ok(c);
     }
     if (ARGIS(a, 1, "HELP")) {
-        resp_add_array(c->out, 4);
-        resp_add_status(c->out, "CONFIG <subcommand> [<arg> ...]. Subcommands are:");
-        resp_add_status(c->out, "GET <pattern>");
-        resp_add_status(c->out, "SET maxmemory|slowlog-log-slower-than|slowlog-max-len|latency-monitor-threshold "
-                                "<value>");
-        return resp_add_status(c->out, "RESETSTAT");
+        static const char *const help[] = {
+            "CONFIG <subcommand> [<arg> ...]. Subcommands are:", "GET <pattern>",
+            "SET maxmemory|slowlog-log-slower-than|slowlog-max-len|latency-monitor-threshold <value>", "RESETSTAT"};
+        return CMD_REPLY_HELP(c, help);
     }
     return cmd_unknown_sub(c, a, "CONFIG");
 }

@@ -55,6 +55,14 @@ int cmd_unknown_sub(struct cmd_client *c, const struct cmd_args *a, const char *
                            (int)(a->argl[1] > 128 ? 128 : a->argl[1]), a->argv[1], cmd);
 }
 
+int cmd_reply_help(struct cmd_client *c, const char *const *lines, int n)
+{
+    int rc = resp_add_array(c->out, n);
+    for (int i = 0; i < n && !rc; i++)
+        rc = resp_add_status(c->out, lines[i]);
+    return rc;
+}
+
 int cmd_sub_arity(struct cmd_client *c, const struct cmd_args *a, int want, const char *full)
 {
     if ((want > 0 && a->argc != want) || (want < 0 && a->argc < -want)) {

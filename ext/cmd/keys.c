@@ -279,11 +279,7 @@ int c_object(struct cmd_client *c, const struct cmd_args *a)
     if (ARGIS(a, 1, "HELP")) {
         if (!cmd_sub_arity(c, a, 2, "object|help"))
             return 0;
-        int n = (int)(sizeof object_help / sizeof object_help[0]);
-        int rc = resp_add_array(c->out, n);
-        for (int i = 0; i < n && !rc; i++)
-            rc = resp_add_status(c->out, object_help[i]);
-        return rc;
+        return CMD_REPLY_HELP(c, object_help);
     }
     if (ARGIS(a, 1, "ENCODING"))
         return object_key(c, a, "object|encoding");

@@ -15,14 +15,6 @@
 #include "engine/cmdstats.h"
 #include "engine/engine.h"
 
-static int reply_help(struct cmd_client *c, const char *const *lines, int n)
-{
-    int rc = resp_add_array(c->out, n);
-    for (int i = 0; i < n && !rc; i++)
-        rc = resp_add_status(c->out, lines[i]);
-    return rc;
-}
-
 /* ---- SLOWLOG */
 
 static const char *const slowlog_help[] = {
@@ -70,7 +62,7 @@ int c_slowlog(struct cmd_client *c, const struct cmd_args *a)
     struct cst *st = c->eng->stats;
     if (ARGIS(a, 1, "HELP"))
         return cmd_sub_arity(c, a, 2, "slowlog|help")
-                   ? reply_help(c, slowlog_help, (int)(sizeof slowlog_help / sizeof *slowlog_help))
+                   ? CMD_REPLY_HELP(c, slowlog_help)
                    : 0;
     if (ARGIS(a, 1, "LEN"))
         return cmd_sub_arity(c, a, 2, "slowlog|len") ? resp_add_int(c->out, cst_slowlog_len(st)) : 0;
@@ -167,7 +159,7 @@ static int latency_sub(struct cmd_client *c, const struct cmd_args *a, struct la
     struct latmon *lm = c->eng->latmon;
     if (ARGIS(a, 1, "HELP"))
         return cmd_sub_arity(c, a, 2, "latency|help")
-                   ? reply_help(c, latency_help, (int)(sizeof latency_help / sizeof *latency_help))
+                   ? CMD_REPLY_HELP(c, latency_help)
                    : 0;
     if (ARGIS(a, 1, "LATEST"))
         return cmd_sub_arity(c, a, 2, "latency|latest") ? latency_latest(c, s) : 0;
@@ -269,7 +261,7 @@ int c_memory(struct cmd_client *c, const struct cmd_args *a)
 {
     if (ARGIS(a, 1, "HELP"))
         return cmd_sub_arity(c, a, 2, "memory|help")
-                   ? reply_help(c, memory_help, (int)(sizeof memory_help / sizeof *memory_help))
+                   ? CMD_REPLY_HELP(c, memory_help)
                    : 0;
     if (ARGIS(a, 1, "USAGE"))
         return cmd_sub_arity(c, a, -3, "memory|usage") ? memory_usage(c, a) : 0;

@@ -6,6 +6,7 @@ stalled for memory), level filtering, and SIGHUP reopening the file after logrot
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ from kvstore import Node
 
 from helpers.conn import Raw, client
 from helpers.pair import Pair, wait_for
+from helpers.servers import free_port
 
 # <pid>:M 24 Nov 2026 10:00:00.123 * message  (Redis's serverLogRaw; . debug, - verbose, * notice, # warning)
 LINE = re.compile(r"^(\d+):M (\d{2}) (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) (\d{4}) "
@@ -251,8 +253,6 @@ def test_writers_stalled_for_memory_are_logged(tmp_path):
 def test_out_of_file_descriptors_is_logged_and_the_server_keeps_serving(tmp_path):
     """A server whose open-file limit cannot be raised (hard limit 96) sheds connections past it
     through its spare descriptor (no busy loop), says why in the log, and serves the rest."""
-    import socket
-    from helpers.servers import free_port
     port, log = free_port(), str(tmp_path / "fd.log")
     p = subprocess.Popen(["prlimit", "--nofile=96:96", sys.executable, "-m", "kvstore.cli", "serve", "--port", str(port),
                           "--durability", "none", "--threads", "1", "--log-file", log],
