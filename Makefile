@@ -10,7 +10,7 @@ DATA_DIR ?= data
 ARGS ?=
 
 # Serving needs only a C compiler, libffi (cffi) and Python's headers and venv (checked below).
-RUN_APT := gcc libffi-dev
+RUN_APT := gcc libffi-dev libssl-dev
 # The suite and the benchmarks drive these besides: redis-server, redis-cli and redis-benchmark
 # as the reference, memcached, ip (network namespaces), promtool (the metrics tests).
 TEST_APT := $(RUN_APT) redis-server redis-tools memcached iproute2 prometheus

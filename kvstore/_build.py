@@ -96,6 +96,8 @@ ffibuilder.set_source(
     extra_compile_args=["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wno-unused-parameter",
                         "-Wno-format-truncation",
                         "-fvisibility=hidden"] + EXTRA_CFLAGS,
+    # OpenSSL: TLS on the RESP port and the replication link, HMAC for the link's authentication
+    libraries=["ssl", "crypto"],
     extra_link_args=["-pthread"] + EXTRA_LIBS,
 )
 

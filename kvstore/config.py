@@ -220,6 +220,13 @@ class ServerConfig:
         "milliseconds (0: off). Redis's default is off; kvstore's is 100 ms because its events are few (one per "
         "log sync or sweep, not per request) and a sync or sweep that slow delays every held reply.",
         min=0, max=2**31 - 1, accepts="an integer of milliseconds, 0 (off) or more", c="latency_monitor_threshold")
+    # ---- replication link: authentication, bind (repl)
+    # ---- TLS (tls)
+    # ---- node identity and empty starts (identity)
+    # ---- client limits: timeouts, file descriptors (limits)
+    # ---- client memory (clientmem)
+    # ---- disk errors (diskfull)
+    # ---- data-file integrity (integrity)
     config_file: str = setting(
         "", "the TOML file the settings came from (INFO shows it)", shown=None, cli=None, c="config_file")
 

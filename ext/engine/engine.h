@@ -63,7 +63,11 @@ struct kv_config {
     long long slowlog_log_slower_than; /* us; a request at least this slow enters SLOWLOG
                                           (0: every one, -1: none) */
     long long slowlog_max_len;         /* SLOWLOG keeps the newest this many */
-    int latency_monitor_threshold;     /* ms; LATENCY keeps events at least this slow (0: off) */
+    int latency_monitor_threshold;     /* ms; LATENCY keeps events at least this slow (0: off) */    /* ---- TLS (tls) */
+    /* ---- node identity and empty starts (identity) */
+    /* ---- client limits: timeouts, file descriptors (limits) */
+    /* ---- client memory (clientmem) */
+    /* ---- disk errors (diskfull) */
 };
 
 /* An INFO provider appends "field:value\r\n" lines of its section to out; reset
@@ -102,7 +106,11 @@ struct kv_engine {
                                    that makes MONITOR free while nobody monitors */
     /* ---- command statistics, slow log, latency monitor */
     struct cst *stats;       /* engine/cmdstats.h: per-thread counters, error kinds, slow log */
-    struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */
+    struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */    /* ---- TLS (tls) */
+    /* ---- node identity and empty starts (identity) */
+    /* ---- client limits: timeouts, file descriptors (limits) */
+    /* ---- client memory (clientmem) */
+    /* ---- disk errors (diskfull) */
 };
 
 /* Copy cfg (its strings too) into a new engine over table t (not owned) and register
