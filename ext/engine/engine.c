@@ -17,6 +17,7 @@
 #include "durability/replog.h"
 #include "durability/wal.h"
 #include "engine/cmdstats.h"
+#include "engine/loading.h"
 
 static const char *const sections[] = {"server",       "clients",    "memory",       "persistence", "replication",
                                        "stats",        "pollers",    "cpu",          "commandstats", "errorstats",
@@ -122,8 +123,8 @@ static void info_memory(void *arg, struct kvbuf *b)
 static void info_persistence(void *arg, struct kvbuf *b)
 {
     struct kv_engine *e = arg;
-    kvbuf_printf(b, "loading:0\r\ndurability:%s\r\naof_enabled:0\r\nrdb_changes_since_last_save:0\r\n",
-                 e->cfg.durability);
+    kvbuf_printf(b, "loading:%d\r\ndurability:%s\r\naof_enabled:0\r\nrdb_changes_since_last_save:0\r\n",
+                 atomic_load_explicit(&e->loading, memory_order_acquire), e->cfg.durability);
     if (e->wal) {
         struct wal_stats ws;
         wal_get_stats(e->wal, &ws);
@@ -267,6 +268,11 @@ int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_confi
     /* the engine's sections; the server and the front ends add theirs */
     eng_info_add(e, "memory", info_memory, NULL, e);
     eng_info_add(e, "persistence", info_persistence, NULL, e);
+    if ((rc = eng_loading_init(e)) < 0) { /* after persistence's provider: its lines follow "loading:" */
+        eng_destroy(e);
+        snprintf(err, errlen, "cannot set up the engine's loading state: %s", strerror(-rc));
+        return rc;
+    }
     eng_info_add(e, "replication", info_replication, NULL, e);
     eng_info_add(e, "cpu", info_cpu, NULL, e);
     eng_info_add(e, "keyspace", info_keyspace, NULL, e);
@@ -281,6 +287,7 @@ void eng_destroy(struct kv_engine *e)
 #define FREE(f, d) free((char *)e->cfg.f);
     CFG_STRINGS(FREE)
 #undef FREE
+    eng_loading_free(e);
     cst_destroy(e->stats);
     latmon_destroy(e->latmon);
     if (e->clients.next) /* not when eng_create failed before it */

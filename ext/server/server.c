@@ -17,6 +17,7 @@
 
 #include "cmd/cmd.h"
 #include "core/table.h"
+#include "engine/loading.h"
 
 #define MAX_FRONTENDS 2
 
@@ -193,6 +194,17 @@ void srv_destroy(struct srv *s)
         s->ops[i]->destroy(s->fe[i]);
     eng_destroy(s->eng);
     free(s);
+}
+
+void srv_set_loading(struct srv *s, const char *waiting_for, const char *last_error, uint64_t attempts,
+                     const char *node_id)
+{
+    eng_loading_set(s->eng, waiting_for, last_error, attempts, node_id);
+}
+
+int srv_attach(struct srv *s, struct wal *w, struct bosc *b, struct rl_sender *sender, char *err, size_t errlen)
+{
+    return eng_attach(s->eng, w, b, sender, err, errlen);
 }
 
 int srv_port(const struct srv *s) { return s->eng->port; }
