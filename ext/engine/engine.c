@@ -17,7 +17,6 @@
 #include "durability/replog.h"
 #include "durability/wal.h"
 #include "engine/cmdstats.h"
-#include "engine/loading.h"
 
 static const char *const sections[] = {"server",       "clients",    "memory",       "persistence", "replication",
                                        "stats",        "pollers",    "cpu",          "commandstats", "errorstats",
@@ -268,11 +267,6 @@ int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_confi
     /* the engine's sections; the server and the front ends add theirs */
     eng_info_add(e, "memory", info_memory, NULL, e);
     eng_info_add(e, "persistence", info_persistence, NULL, e);
-    if ((rc = eng_loading_init(e)) < 0) { /* after persistence's provider: its lines follow "loading:" */
-        eng_destroy(e);
-        snprintf(err, errlen, "cannot set up the engine's loading state: %s", strerror(-rc));
-        return rc;
-    }
     eng_info_add(e, "replication", info_replication, NULL, e);
     eng_info_add(e, "cpu", info_cpu, NULL, e);
     eng_info_add(e, "keyspace", info_keyspace, NULL, e);
@@ -287,7 +281,6 @@ void eng_destroy(struct kv_engine *e)
 #define FREE(f, d) free((char *)e->cfg.f);
     CFG_STRINGS(FREE)
 #undef FREE
-    eng_loading_free(e);
     cst_destroy(e->stats);
     latmon_destroy(e->latmon);
     if (e->clients.next) /* not when eng_create failed before it */

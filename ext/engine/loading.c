@@ -99,6 +99,8 @@ void eng_loading_set(struct kv_engine *e, const char *waiting_for, const char *l
 int eng_note_evfd(struct kv_engine *e, int evfd)
 {
     struct eng_loading *l = e->ld;
+    if (!l) /* an engine that never waits (no eng_loading_init): nothing attaches later */
+        return 0;
     if (l->nevfds == MAX_EVFDS)
         return -ENOSPC;
     l->evfds[l->nevfds++] = evfd;
@@ -109,7 +111,7 @@ int eng_attach(struct kv_engine *e, struct wal *w, struct bosc *b, struct rl_sen
                size_t errlen)
 {
     struct eng_loading *l = e->ld;
-    if (!atomic_load_explicit(&e->loading, memory_order_relaxed) || e->wal || e->bosc) {
+    if (!l || !atomic_load_explicit(&e->loading, memory_order_relaxed) || e->wal || e->bosc) {
         snprintf(err, errlen, "the node is not waiting for its state");
         return -EALREADY;
     }

@@ -26,8 +26,9 @@ struct rl_sender;
 #define ENG_LOADING_TEXT 512 /* bytes kept of each text (longer ones are cut) */
 
 /* Allocate the engine's loading state (e->ld), set the flag from e->cfg.loading
- * and register the kvstore lines of INFO persistence. Control thread, from
- * eng_create. 0 or -ENOMEM. */
+ * and register the kvstore lines of INFO persistence. Control thread, right after
+ * eng_create (server/server.c; an engine without it never waits: e->ld NULL).
+ * 0, -ENOMEM or -ENOSPC (INFO registry full). */
 int eng_loading_init(struct kv_engine *e);
 void eng_loading_free(struct kv_engine *e);
 

@@ -144,6 +144,11 @@ int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg
         free(s);
         return rc;
     }
+    /* after the engine's persistence lines: kvstore's loading fields follow "loading:" */
+    if ((rc = eng_loading_init(s->eng)) < 0) {
+        snprintf(err, errlen, "cannot set up the engine's loading state: %s", strerror(-rc));
+        goto fail;
+    }
     /* the server's INFO lines come before the front ends' in their sections */
     eng_info_add(s->eng, "server", info_server, NULL, s);
     eng_info_add(s->eng, "clients", info_clients, NULL, s);
@@ -192,6 +197,7 @@ void srv_destroy(struct srv *s)
         return;
     for (int i = s->nfe - 1; i >= 0; i--)
         s->ops[i]->destroy(s->fe[i]);
+    eng_loading_free(s->eng);
     eng_destroy(s->eng);
     free(s);
 }
