@@ -18,9 +18,10 @@ import random
 import shutil
 
 import pytest
+import redis
 
 from helpers.conn import Raw
-from helpers.pair import SEED, Writers, info, kill_at_random_moment, read_node_id, wait_for
+from helpers.pair import SEED, Writers, info, kill_at_random_moment, kv, read_node_id, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -41,19 +42,23 @@ def refusal(node, timeout=60):
 
 
 @pytest.mark.timeout(240)
-def test_lost_disk_with_peer_down_refuses_then_recovers_every_acknowledged_write(pair):
+@pytest.mark.parametrize("arch", ["poller", "threadpool"])
+def test_lost_disk_with_peer_down_refuses_then_recovers_every_acknowledged_write(pair, arch):
     rng = random.Random(SEED)
+    if arch == "threadpool":  # the log attached later must wake the pool's workers too
+        pair.extra = dict(arch="threadpool", threads=8)
     pair.start_both()
     a_id = read_node_id(pair.dirs["a"])
     w = Writers("id:", nwriters=4, keys_per_writer=500)
-    w.start(pair.nodes["a"].port, max_ops=20000, max_seconds=20)
-    kill_at_random_moment(rng, w, min_acked=2000, low=0.5, high=1.5)
+    w.start(pair.nodes["a"].port, max_ops=40000, max_seconds=40)
+    kill_at_random_moment(rng, w, min_acked=10000, low=0.2, high=1.0)
     pair.kill("a")
     w.join()
     pair.kill("b")  # the peer is down too
     shutil.rmtree(pair.dirs["a"])  # A's disk is lost, identity included
     acked = w.total_acked()
-    assert acked >= 2000
+    assert acked >= 10000
+    print(f"{arch}: {acked} acknowledged writes before the loss")
 
     a = pair.start("a", peer_startup_wait_ms=200)  # listens although it cannot reach its peer
     assert call(a, "PING") == b"PONG"
@@ -61,6 +66,12 @@ def test_lost_disk_with_peer_down_refuses_then_recovers_every_acknowledged_write
         err = call(a, *cmd)
         assert isinstance(err, tuple) and err[1].startswith(b"LOADING "), (cmd, err)
         assert b"from the peer " + pair.addr("b").encode() in err[1], err
+    c = kv(a.port)
+    try:  # a real client sees Redis's loading error
+        with pytest.raises(redis.BusyLoadingError):
+            c.get("id:0:1")
+    finally:
+        c.close()
     ip = info(a, "persistence")
     assert ip["loading"] == 1, ip
     assert pair.addr("b") in ip["loading_waiting_for"], ip
@@ -119,3 +130,14 @@ def test_node_id_contradicting_the_data_dir_is_refused(pair):
     a = pair.start("a", wait=False, node_id=other)
     rc, log = refusal(a)
     assert rc != 0 and f"--node-id {other}" in log and a_id in log, log
+
+
+def test_waiting_node_stops_when_the_returning_peer_holds_nothing_for_it(pair):
+    """No --init, peer down: A waits (-LOADING); the peer comes back new and empty: A's state
+    is nowhere, so A stops with the reason instead of serving empty."""
+    a = pair.start("a", init=False, peer_startup_wait_ms=200)
+    assert info(a, "persistence")["loading"] == 1
+    pair.start("b")  # new (--init): A's receiver holds nothing of it either
+    rc, log = refusal(a)
+    assert rc != 0, log
+    assert "cannot recover its state" in log and "--init" in log, log
