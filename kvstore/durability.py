@@ -423,7 +423,7 @@ class Durability:
         while not self._attempt(host, port):
             if time.monotonic() >= deadline:
                 nid = node_id(self.config.data_dir, create=False)
-                who = f"node {nid.hex()}" if nid else "this node (identity unknown: the peer's copy names it)"
+                who = f"node {nid.hex()}" if nid else "identity unknown until the peer's copy names it"
                 self.waiting = (f"the peer {host}:{port} to confirm that this is a new node (--init)" if self.config.init
                                 else f"its log from the peer {host}:{port} ({who}; the data dir holds no state)")
                 self._say(f"no local state and the peer {host}:{port} cannot be asked ({self.last_error}): waiting "
