@@ -11,8 +11,8 @@
 #include "core/table.h"
 #include "durability/bosc.h"
 #include "durability/wal.h"
-#include "engine/loading.h"
 #include "engine/engine.h"
+#include "engine/loading.h"
 
 void ses_init(struct session *s, struct kv_engine *eng, struct kvbuf *out, const char *addr, int index, int evfd)
 {
