@@ -77,6 +77,7 @@ SPEC = [
     ("frontend/pollpolicy.h", ["struct pp_conn", "struct pp_policy", "pp_find", "#define PP_FLEX_SPURIOUS"]),
     ("core/ldu.h", ["struct ldu_node", "struct ldu_obj", "struct ldu_queue", "ldu_obj_init", "ldu_queue_init",
                     "ldu_log", "ldu_defer", "ldu_take", "ldu_reverse", "ldu_claim", "ldu_release"]),
+    ("server/server.h", ["srv_set_loading", "srv_attach"]),  # a node waiting for its state (identity)
 ]
 
 

@@ -223,6 +223,17 @@ class ServerConfig:
     # ---- replication link: authentication, bind (repl)
     # ---- TLS (tls)
     # ---- node identity and empty starts (identity)
+    init: bool = setting(
+        False, "remote: create a brand-new node when the data dir holds no state. Without it a node with no state "
+               "is taken for one that lost its disk: it waits for its peer and recovers its log (and identity) from "
+               "it, refusing keyspace commands with -LOADING meanwhile. --init still asks the peer and refuses if "
+               "the peer holds a log of this pair's node; a node that has state ignores it.",
+        shown=None, cli="flag")
+    node_id: str = setting(
+        "", "This node's identity (32 hex digits), which names its log at the peer: kept in <data-dir>/node-id; "
+            "given here it survives a lost disk (a node started with it and no local state recovers that node's "
+            "log from the peer). Default: the data dir's, else the peer's copy, else a new one (--init).",
+        shown=None, accepts="32 hexadecimal digits (16 bytes), e.g. the content of <data-dir>/node-id")
     # ---- client limits: timeouts, file descriptors (limits)
     # ---- client memory (clientmem)
     # ---- disk errors (diskfull)
@@ -249,6 +260,9 @@ class ServerConfig:
             self.peer_address()
         if self.arch in ("udp", "dpdk"):
             self._validate_udp()
+        if self.node_id and not re.fullmatch(r"[0-9a-fA-F]{32}", self.node_id):
+            accepts = self.__dataclass_fields__["node_id"].metadata["accepts"]
+            raise ConfigError(f"node_id: expected {accepts}, got {self.node_id!r}")
         return self
 
     def _validate_udp(self):

@@ -122,8 +122,8 @@ static void info_memory(void *arg, struct kvbuf *b)
 static void info_persistence(void *arg, struct kvbuf *b)
 {
     struct kv_engine *e = arg;
-    kvbuf_printf(b, "loading:0\r\ndurability:%s\r\naof_enabled:0\r\nrdb_changes_since_last_save:0\r\n",
-                 e->cfg.durability);
+    kvbuf_printf(b, "loading:%d\r\ndurability:%s\r\naof_enabled:0\r\nrdb_changes_since_last_save:0\r\n",
+                 atomic_load_explicit(&e->loading, memory_order_acquire), e->cfg.durability);
     if (e->wal) {
         struct wal_stats ws;
         wal_get_stats(e->wal, &ws);

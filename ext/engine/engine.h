@@ -65,6 +65,8 @@ struct kv_config {
     long long slowlog_max_len;         /* SLOWLOG keeps the newest this many */
     int latency_monitor_threshold;     /* ms; LATENCY keeps events at least this slow (0: off) */    /* ---- TLS (tls) */
     /* ---- node identity and empty starts (identity) */
+    int loading;             /* 1: the node waits for its state (wal and bosc NULL): keyspace
+                                commands get -LOADING until eng_attach (engine/loading.h) */
     /* ---- client limits: timeouts, file descriptors (limits) */
     /* ---- client memory (clientmem) */
     /* ---- disk errors (diskfull) */
@@ -108,6 +110,9 @@ struct kv_engine {
     struct cst *stats;       /* engine/cmdstats.h: per-thread counters, error kinds, slow log */
     struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */    /* ---- TLS (tls) */
     /* ---- node identity and empty starts (identity) */
+    _Atomic int loading;     /* 1 while the node waits for its state (engine/loading.h): admit
+                                loads it (acquire) before a keyspace command reads wal/bosc */
+    struct eng_loading *ld;  /* what it waits for, for INFO and the -LOADING error */
     /* ---- client limits: timeouts, file descriptors (limits) */
     /* ---- client memory (clientmem) */
     /* ---- disk errors (diskfull) */

@@ -17,6 +17,7 @@
 
 #include "cmd/cmd.h"
 #include "core/table.h"
+#include "engine/loading.h"
 
 #define MAX_FRONTENDS 2
 
@@ -143,6 +144,11 @@ int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg
         free(s);
         return rc;
     }
+    /* after the engine's persistence lines: kvstore's loading fields follow "loading:" */
+    if ((rc = eng_loading_init(s->eng)) < 0) {
+        snprintf(err, errlen, "cannot set up the engine's loading state: %s", strerror(-rc));
+        goto fail;
+    }
     /* the server's INFO lines come before the front ends' in their sections */
     eng_info_add(s->eng, "server", info_server, NULL, s);
     eng_info_add(s->eng, "clients", info_clients, NULL, s);
@@ -191,8 +197,20 @@ void srv_destroy(struct srv *s)
         return;
     for (int i = s->nfe - 1; i >= 0; i--)
         s->ops[i]->destroy(s->fe[i]);
+    eng_loading_free(s->eng);
     eng_destroy(s->eng);
     free(s);
+}
+
+void srv_set_loading(struct srv *s, const char *waiting_for, const char *last_error, uint64_t attempts,
+                     const char *node_id)
+{
+    eng_loading_set(s->eng, waiting_for, last_error, attempts, node_id);
+}
+
+int srv_attach(struct srv *s, struct wal *w, struct bosc *b, struct rl_sender *sender, char *err, size_t errlen)
+{
+    return eng_attach(s->eng, w, b, sender, err, errlen);
 }
 
 int srv_port(const struct srv *s) { return s->eng->port; }

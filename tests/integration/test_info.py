@@ -2,6 +2,8 @@
 fields of each, section selection (one, several, all/default/everything, unknown), RESP3,
 the mode-dependent lines (log_*, datafile_*, log_peer_*, udp_*) and CONFIG RESETSTAT.
 The exact text today is pinned here: it is the reference for a redesign of info.c."""
+import os
+
 import pytest
 
 from helpers.conn import Raw
@@ -288,10 +290,11 @@ def test_replication_in_remote_mode_has_the_peer_lines(tmp_path):
         text = raw(p.nodes["a"].port, "INFO", "persistence", "replication")
     finally:
         p.close()
-    assert layout(text) == [("Persistence", FIELDS["Persistence"] + LOG_FIELDS + DATAFILE_FIELDS),
+    assert layout(text) == [("Persistence", FIELDS["Persistence"] + LOG_FIELDS + DATAFILE_FIELDS + ["node_id"]),
                             ("Replication", FIELDS["Replication"] + PEER_FIELDS)]
     v = values(text)
     assert v["durability"] == "remote" and int(v["log_receiver_port"]) == p.rport["a"]
+    assert v["node_id"] == open(os.path.join(p.dirs["a"], "node-id")).read().strip()
 
 
 def test_udp_front_end_adds_its_lines(kv_node_factory):
