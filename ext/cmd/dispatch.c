@@ -338,11 +338,11 @@ const struct cmd_def *cmd_def_at(int i) { return i >= 0 && i < NCOMMANDS ? &comm
 
 /* While the node waits for its state (engine/loading.h): the commands Redis 7
  * flags "loading" (connection, introspection, configuration, transactions'
- * framing) and PING, so that health checks see a live node; every command that
- * reads or writes keys is refused. */
+ * framing); every command that reads or writes keys is refused, and so is PING,
+ * as Redis does: a health check sees a node that is up but not ready. */
 static int allowed_while_loading(const struct cmd_def *d)
 {
-    static const cmd_fn ok[] = {c_ping, c_quit, c_auth, c_hello, c_select, c_client, c_info, c_config, c_command,
+    static const cmd_fn ok[] = {c_quit, c_auth, c_hello, c_select, c_client, c_info, c_config, c_command,
                                 c_time, c_monitor, c_slowlog, c_latency, c_multi, c_exec, c_discard, c_unwatch};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
         if (d->fn == ok[i])
