@@ -64,6 +64,11 @@ struct kv_config {
                                           (0: every one, -1: none) */
     long long slowlog_max_len;         /* SLOWLOG keeps the newest this many */
     int latency_monitor_threshold;     /* ms; LATENCY keeps events at least this slow (0: off) */    /* ---- TLS (tls) */
+    int tls_port;                      /* RESP over TLS on bind:tls_port (0: any free port, -1: off) */
+    const char *tls_cert_file;         /* PEM certificate chain and key of the server (the four */
+    const char *tls_key_file;          /* strings are read while the front end is created only) */
+    const char *tls_ca_cert_file;      /* PEM CA that client certificates must chain to */
+    const char *tls_auth_clients;      /* "yes", "no" or "optional" (core/tls.h tls_auth_parse) */
     /* ---- node identity and empty starts (identity) */
     /* ---- client limits: timeouts, file descriptors (limits) */
     /* ---- client memory (clientmem) */
@@ -107,6 +112,7 @@ struct kv_engine {
     /* ---- command statistics, slow log, latency monitor */
     struct cst *stats;       /* engine/cmdstats.h: per-thread counters, error kinds, slow log */
     struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */    /* ---- TLS (tls) */
+    int tls_port;            /* the TLS port bound (cfg.tls_port, or the one picked for 0); -1 off */
     /* ---- node identity and empty starts (identity) */
     /* ---- client limits: timeouts, file descriptors (limits) */
     /* ---- client memory (clientmem) */
