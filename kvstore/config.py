@@ -277,7 +277,8 @@ class ServerConfig:
         if self.tls_port != 0 and self.tls_port == self.port:
             raise ConfigError(f"tls_port: must differ from port ({self.port}): one port serves plain RESP, the "
                               "other TLS")
-        for name in ("tls_cert_file", "tls_key_file") + (("tls_ca_cert_file",) if self.tls_auth_clients != "no" else ()):
+        needed = ("tls_cert_file", "tls_key_file") + (("tls_ca_cert_file",) if self.tls_auth_clients != "no" else ())
+        for name in needed:
             path = getattr(self, name)
             if not path:
                 extra = " (or --tls-auth-clients no)" if name == "tls_ca_cert_file" else ""
