@@ -113,6 +113,7 @@ struct kv_engine {
     struct cst *stats;       /* engine/cmdstats.h: per-thread counters, error kinds, slow log */
     struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */    /* ---- TLS (tls) */
     int tls_port;            /* the TLS port bound (cfg.tls_port, or the one picked for 0); -1 off */
+    const char *tls_auth;    /* tls-auth-clients as a static string ("yes", "no", "optional") */
     /* ---- node identity and empty starts (identity) */
     /* ---- client limits: timeouts, file descriptors (limits) */
     /* ---- client memory (clientmem) */

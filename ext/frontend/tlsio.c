@@ -29,8 +29,7 @@ struct tlsio {
 static void info_server(void *arg, struct kvbuf *b)
 {
     struct tlsio *io = arg;
-    kvbuf_printf(b, "tls_port:%d\r\ntls_auth_clients:%s\r\n", io->eng->tls_port,
-                 io->eng->cfg.tls_auth_clients ? io->eng->cfg.tls_auth_clients : "yes");
+    kvbuf_printf(b, "tls_port:%d\r\ntls_auth_clients:%s\r\n", io->eng->tls_port, io->eng->tls_auth);
 }
 
 static void info_stats(void *arg, struct kvbuf *b)
@@ -80,6 +79,7 @@ int tlsio_create(struct tlsio **out, struct kv_engine *eng, char *err, size_t er
         return rc;
     }
     eng->tls_port = cfg->tls_port;
+    eng->tls_auth = auth == TLS_AUTH_NO ? "no" : auth == TLS_AUTH_YES ? "yes" : "optional";
     eng_info_add(eng, "server", info_server, NULL, io);
     eng_info_add(eng, "stats", info_stats, reset_stats, io);
     *out = io;

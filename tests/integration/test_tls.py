@@ -77,6 +77,8 @@ def test_redis_cli_over_tls(node, certs):
     assert node.client().get("tls:cli") == b"hello"
     info = redis_cli(node.tls_port, certs, "INFO", "server").stdout
     assert f"tls_port:{node.tls_port}" in info
+    p = redis_cli(node.tls_port, certs, "CONFIG", "GET", "tls-*")
+    assert p.stdout.split() == ["tls-port", str(node.tls_port), "tls-auth-clients", "yes"], p.stdout
 
 
 def test_redis_py_ssl(node, certs):
@@ -242,6 +244,11 @@ def test_configuration_errors(certs, tmp_path):
         start_node(**{**tls_settings(certs), "tls_key_file": certs["client_key"]})
 
 
-def test_tls_off_by_default(kv_fresh):
+def test_tls_off_by_default(kv_fresh, redis_server):
+    """No TLS port unless asked; CONFIG GET tls-port says 0, as Redis's does without one."""
     assert kv_fresh.tls_port is None
-    assert "tls_port" not in kv_fresh.client().info("server")
+    c = kv_fresh.client()
+    assert "tls_port" not in c.info("server")
+    ours = redis.Redis(port=kv_fresh.port, protocol=2, decode_responses=True)
+    ref = redis.Redis(port=redis_server.port, protocol=2, decode_responses=True)
+    assert ours.config_get("tls-port") == ref.config_get("tls-port") == {"tls-port": "0"}
