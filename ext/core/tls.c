@@ -223,23 +223,8 @@ int tls_handshake(struct tls_conn *t)
     return rc == 0 ? -ECONNRESET : rc;
 }
 
-ssize_t tls_read(struct tls_conn *t, void *buf, size_t n)
-{
-    if (!t->ready) {
-        int rc = tls_handshake(t);
-        if (rc < 0)
-            return rc == -ECONNRESET && !SSL_in_init(t->ssl) ? 0 : rc;
-    }
-    ERR_clear_error();
-    size_t got = 0;
-    int r = SSL_read_ex(t->ssl, buf, n, &got);
-    if (r == 1)
-        return (ssize_t)got;
-    int rc = outcome(t, r, "TLS read");
-    return rc == -ECONNRESET ? 0 : rc; /* an EOF without close_notify ends the stream too */
-}
-
-ssize_t tls_write(struct tls_conn *t, const void *buf, size_t n)
+/* One SSL_read_ex (out 0) or SSL_write_ex (out 1), the handshake first if not done. */
+static ssize_t transfer(struct tls_conn *t, void *buf, size_t n, int out)
 {
     if (!t->ready) {
         int rc = tls_handshake(t);
@@ -247,12 +232,21 @@ ssize_t tls_write(struct tls_conn *t, const void *buf, size_t n)
             return rc;
     }
     ERR_clear_error();
-    size_t put = 0;
-    int r = SSL_write_ex(t->ssl, buf, n, &put);
+    size_t done = 0;
+    int r = out ? SSL_write_ex(t->ssl, buf, n, &done) : SSL_read_ex(t->ssl, buf, n, &done);
     if (r == 1)
-        return (ssize_t)put;
-    int rc = outcome(t, r, "TLS write");
-    return rc == 0 ? -EPIPE : rc;
+        return (ssize_t)done;
+    int rc = outcome(t, r, out ? "TLS write" : "TLS read");
+    if (out)
+        return rc == 0 ? -EPIPE : rc;
+    return rc == -ECONNRESET ? 0 : rc; /* an EOF without close_notify ends the stream too */
+}
+
+ssize_t tls_read(struct tls_conn *t, void *buf, size_t n) { return transfer(t, buf, n, 0); }
+
+ssize_t tls_write(struct tls_conn *t, const void *buf, size_t n)
+{
+    return transfer(t, (void *)buf, n, 1); /* only read from when out */
 }
 
 /* ---- blocking */
@@ -297,42 +291,30 @@ int tls_handshake_wait(struct tls_conn *t, int timeout_ms)
     }
 }
 
-int tls_read_full(struct tls_conn *t, void *buf, size_t n, int timeout_ms)
+/* Exactly n bytes through tls_read (out 0) or tls_write (out 1), waiting as needed. */
+static int move_all(struct tls_conn *t, char *buf, size_t n, int timeout_ms, int out)
 {
     size_t off = 0;
     while (off < n) {
-        ssize_t r = tls_read(t, (char *)buf + off, n - off);
+        ssize_t r = out ? tls_write(t, buf + off, n - off) : tls_read(t, buf + off, n - off);
         if (r > 0) {
             off += (size_t)r;
-        } else if (r == 0) {
-            return -ECONNRESET;
         } else if (r == -EAGAIN || r == TLS_WANT_WRITE) {
             int rc = wait_for(t, (int)r, timeout_ms);
             if (rc < 0)
                 return rc;
         } else {
-            return (int)r;
+            return r == 0 ? (out ? -EPIPE : -ECONNRESET) : (int)r;
         }
     }
     return 0;
 }
 
+int tls_read_full(struct tls_conn *t, void *buf, size_t n, int timeout_ms) { return move_all(t, buf, n, timeout_ms, 0); }
+
 int tls_write_all(struct tls_conn *t, const void *buf, size_t n, int timeout_ms)
 {
-    size_t off = 0;
-    while (off < n) {
-        ssize_t r = tls_write(t, (const char *)buf + off, n - off);
-        if (r > 0) {
-            off += (size_t)r;
-        } else if (r == -EAGAIN || r == TLS_WANT_WRITE) {
-            int rc = wait_for(t, (int)r, timeout_ms);
-            if (rc < 0)
-                return rc;
-        } else {
-            return r == 0 ? -EPIPE : (int)r;
-        }
-    }
-    return 0;
+    return move_all(t, (char *)buf, n, timeout_ms, 1); /* only read from when out */
 }
 
 /* ---- about a connection */

@@ -252,3 +252,29 @@ def test_tls_off_by_default(kv_fresh, redis_server):
     ours = redis.Redis(port=kv_fresh.port, protocol=2, decode_responses=True)
     ref = redis.Redis(port=redis_server.port, protocol=2, decode_responses=True)
     assert ours.config_get("tls-port") == ref.config_get("tls-port") == {"tls-port": "0"}
+
+
+@pytest.mark.parametrize("policy,accept", [("direct", "handoff"), ("strict", "reuseport"),
+                                           ("flexpoll", "reuseport")])
+def test_every_poll_policy_and_accept_mode(certs, policy, accept):
+    """Edge-triggered (direct) and level-triggered (strict, flexpoll) pollers, connections
+    accepted by their own poller or handed over by poller 0: the same bytes come back."""
+    n = start_node(threads=2, poll_policy=policy, accept=accept, **tls_settings(certs))
+    try:
+        clients = [tls_client(n.tls_port, certs) for _ in range(4)]
+        value = os.urandom(100 * 1024)
+        for i, r in enumerate(clients):
+            pipe = r.pipeline(transaction=False)
+            for j in range(300):
+                pipe.set(f"tls:{i}:{j}", value[j:] + b"%d" % j)
+            pipe.execute()
+        for i, r in enumerate(clients):
+            pipe = r.pipeline(transaction=False)
+            for j in range(300):
+                pipe.get(f"tls:{i}:{j}")
+            assert pipe.execute() == [value[j:] + b"%d" % j for j in range(300)]
+            r.close()
+        if accept == "handoff":  # poller 0 handed TLS connections round-robin: both served some
+            assert all(p["commands"] > 0 for p in n.stats()["poller_stats"]), n.stats()["poller_stats"]
+    finally:
+        stop_node(n)
