@@ -99,7 +99,9 @@ class ServerConfig:
     bind: str = setting(
         "127.0.0.1", "IPv4 address to listen on.", IPV4, c="bind")
     port: int = setting(
-        6380, "TCP port (0 = any free port).", min=0, max=65535, c="port")
+        6380, "TCP port (0 = any free port; -1 = none: TLS only, with --tls-port).", min=-1, max=65535,
+        accepts="a port from 0 to 65535 (0 = any free port), or -1 (no plain port, with --tls-port)", c="port",
+        to_c=lambda v, cfg: max(v, 0))
     threads: int = setting(
         0, "Poller threads (0 = one per core).", min=0, max=1024,
         accepts="an integer from 0 (one per core) to 1024", c="threads", to_c=lambda v, cfg: cfg.effective_threads)
@@ -234,6 +236,9 @@ class ServerConfig:
     tls_ca_cert_file: str = setting(
         "", "PEM file with the CA certificate(s) a client's certificate must chain to (--tls-auth-clients "
             "yes or optional).", shown=None, c="tls_ca_cert_file")
+    tls_only: bool = setting(
+        False, "derived: --port -1 (no plain port, TLS only)", cli=None, c="tls_only",
+        to_c=lambda v, cfg: cfg.port < 0)
     tls_auth_clients: str = setting(
         "yes", "TLS clients must present a certificate signed by --tls-ca-cert-file (yes, Redis 7's default), "
                "may present one, checked if they do (optional), or are not asked for one (no). Password "
@@ -268,6 +273,9 @@ class ServerConfig:
             self._validate_udp()
         if self.tls_port >= 0:
             self._validate_tls()
+        elif self.port < 0:
+            raise ConfigError("port: -1 (no plain port) needs --tls-port; without it, expected a port from 0 to "
+                              "65535 (0 = any free port)")
         return self
 
     def _validate_tls(self):

@@ -69,6 +69,7 @@ struct kv_config {
     const char *tls_key_file;          /* strings are read while the front end is created only) */
     const char *tls_ca_cert_file;      /* PEM CA that client certificates must chain to */
     const char *tls_auth_clients;      /* "yes", "no" or "optional" (core/tls.h tls_auth_parse) */
+    int tls_only;                      /* no plain listener: RESP only over TLS (Redis's port 0) */
     /* ---- node identity and empty starts (identity) */
     /* ---- client limits: timeouts, file descriptors (limits) */
     /* ---- client memory (clientmem) */

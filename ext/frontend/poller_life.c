@@ -77,7 +77,8 @@ static int poller_create(void **out, struct kv_engine *eng, char *err, size_t er
         epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->evfd, &e);
         if ((rc = ses_subscribe(eng, p->evfd, err, errlen)) < 0)
             goto fail;
-        if (i == 0 || !ps->handoff) {
+        /* --port -1 with --tls-port: no plain listener at all (Redis's port 0) */
+        if ((i == 0 || !ps->handoff) && !(ps->tls && cfg->tls_only)) {
             p->lfd = tcp_listen(&ps->tcp, !ps->handoff, err, errlen);
             if (p->lfd < 0) {
                 rc = p->lfd;
@@ -85,15 +86,15 @@ static int poller_create(void **out, struct kv_engine *eng, char *err, size_t er
             }
             struct epoll_event le = {.events = EPOLLIN, .data.ptr = &p->listener_tag};
             epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->lfd, &le);
-            if (ps->tls) { /* the TLS port: listeners alike, connections marked TLS */
-                if ((p->tls_lfd = tlsio_listen(ps->tls, !ps->handoff, err, errlen)) < 0) {
-                    rc = p->tls_lfd;
-                    goto fail;
-                }
-                p->tls_listener_tag = TAG_TLS_LISTENER;
-                struct epoll_event te = {.events = EPOLLIN, .data.ptr = &p->tls_listener_tag};
-                epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->tls_lfd, &te);
+        }
+        if ((i == 0 || !ps->handoff) && ps->tls) { /* the TLS port: listeners alike, connections marked TLS */
+            if ((p->tls_lfd = tlsio_listen(ps->tls, !ps->handoff, err, errlen)) < 0) {
+                rc = p->tls_lfd;
+                goto fail;
             }
+            p->tls_listener_tag = TAG_TLS_LISTENER;
+            struct epoll_event te = {.events = EPOLLIN, .data.ptr = &p->tls_listener_tag};
+            epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->tls_lfd, &te);
         }
     }
     *out = ps;

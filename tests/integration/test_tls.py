@@ -9,11 +9,13 @@ import os
 import socket
 import ssl
 import subprocess
+import tempfile
 import time
 
 import pytest
 import redis
 
+from kvstore import Node
 from kvstore.config import ServerConfig
 from kvstore.errors import ConfigError, ServerError
 from kvstore.tlscerts import make_certs
@@ -278,3 +280,39 @@ def test_every_poll_policy_and_accept_mode(certs, policy, accept):
             assert all(p["commands"] > 0 for p in n.stats()["poller_stats"]), n.stats()["poller_stats"]
     finally:
         stop_node(n)
+
+
+def listening_ports(pid):
+    """TCP ports process pid listens on (its sockets' inodes matched in /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].split(":")[1], 16))
+    return ports
+
+
+def test_tls_only_has_no_plain_port(certs):
+    """--port -1 with --tls-port: nothing plain listens (Redis's `port 0`); INFO and CONFIG
+    GET say port 0, as Redis's do then."""
+    n = Node(port=-1, data_dir=tempfile.mkdtemp(prefix="kvstore-test-"), durability="none", threads=2,
+             **tls_settings(certs)).start(timeout=60)
+    try:
+        assert n.tls_port and listening_ports(n.pid) == {n.tls_port}
+        with tls_client(n.tls_port, certs, decode_responses=True) as r:
+            assert r.ping()
+            assert r.info("server")["tcp_port"] == 0
+            assert r.config_get("port") == {"port": "0"}
+    finally:
+        stop_node(n)
+    with pytest.raises(ConfigError, match="port: -1 .* needs --tls-port; without it, expected a port from 0 to 65535"):
+        ServerConfig.load(port=-1)
