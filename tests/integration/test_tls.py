@@ -20,7 +20,7 @@ from kvstore.config import ServerConfig
 from kvstore.errors import ConfigError, ServerError
 from kvstore.tlscerts import make_certs
 
-from helpers.servers import RedisServer, free_port, need, start_node, stop_node
+from helpers.servers import RedisServer, free_port, listening_ports, need, start_node, stop_node
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -280,25 +280,6 @@ def test_every_poll_policy_and_accept_mode(certs, policy, accept):
             assert all(p["commands"] > 0 for p in n.stats()["poller_stats"]), n.stats()["poller_stats"]
     finally:
         stop_node(n)
-
-
-def listening_ports(pid):
-    """TCP ports process pid listens on (its sockets' inodes matched in /proc/net/tcp)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    ports = set()
-    with open("/proc/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                ports.add(int(fields[1].split(":")[1], 16))
-    return ports
 
 
 def test_tls_only_has_no_plain_port(certs):
