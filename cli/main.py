@@ -86,8 +86,9 @@ def serve(config_file, from_peer, check_config, **opts):
             udp = f"udp port {cfg.udp_port} on {cfg.dpdk_iface} ({cfg.udp_workers} DPDK lcores, AF_XDP), "
         elif cfg.arch == "udp":
             udp = f"udp port {srv.udp_port} ({cfg.udp_workers} workers, kernel sockets), "
-        where = (f"{cfg.bind}:{srv.port} "
-                 f"({udp}{cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
+        tls = f"tls port {srv.tls_port}, " if srv.tls_port is not None else ""
+        where = (f"{cfg.bind}:{srv.port if cfg.port >= 0 else srv.tls_port} "
+                 f"({tls}{udp}{cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
                  f"accept {cfg.accept}, policy {cfg.poll_policy}, durability {cfg.durability}, "
                  f"max-memory {cfg.max_memory or 'unbounded'}, data-dir {os.path.abspath(cfg.data_dir)})")
         level, text = _durability_line(cfg)

@@ -159,6 +159,12 @@ class Server:
         return lib.srv_port(self._srv) if self._srv is not None else self.config.port
 
     @property
+    def tls_port(self):
+        """The TLS port (the one bound when tls_port was 0), or None when TLS is off."""
+        port = lib.srv_tls_port(self._srv) if self._srv is not None else self.config.tls_port
+        return port if port >= 0 else None
+
+    @property
     def udp_port(self):
         """arch udp/dpdk: the UDP front end's port (the one bound when udp_port was 0)."""
         return lib.srv_udp_port(self._srv) if self._srv is not None else self.config.udp_port

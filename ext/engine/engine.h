@@ -64,6 +64,12 @@ struct kv_config {
                                           (0: every one, -1: none) */
     long long slowlog_max_len;         /* SLOWLOG keeps the newest this many */
     int latency_monitor_threshold;     /* ms; LATENCY keeps events at least this slow (0: off) */    /* ---- TLS (tls) */
+    int tls_port;                      /* RESP over TLS on bind:tls_port (0: any free port, -1: off) */
+    const char *tls_cert_file;         /* PEM certificate chain and key of the server (the four */
+    const char *tls_key_file;          /* strings are read while the front end is created only) */
+    const char *tls_ca_cert_file;      /* PEM CA that client certificates must chain to */
+    const char *tls_auth_clients;      /* "yes", "no" or "optional" (core/tls.h tls_auth_parse) */
+    int tls_only;                      /* no plain listener: RESP only over TLS (Redis's port 0) */
     /* ---- node identity and empty starts (identity) */
     int loading;             /* 1: the node waits for its state (wal and bosc NULL): keyspace
                                 commands get -LOADING until eng_attach (engine/loading.h) */
@@ -109,6 +115,8 @@ struct kv_engine {
     /* ---- command statistics, slow log, latency monitor */
     struct cst *stats;       /* engine/cmdstats.h: per-thread counters, error kinds, slow log */
     struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */    /* ---- TLS (tls) */
+    int tls_port;            /* the TLS port bound (cfg.tls_port, or the one picked for 0); -1 off */
+    const char *tls_auth;    /* tls-auth-clients as a static string ("yes", "no", "optional") */
     /* ---- node identity and empty starts (identity) */
     _Atomic int loading;     /* 1 while the node waits for its state (engine/loading.h): admit
                                 loads it (acquire) before a keyspace command reads wal/bosc */

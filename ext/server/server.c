@@ -133,6 +133,10 @@ int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg
                  cfg->arch ? cfg->arch : "");
         return -EINVAL;
     }
+    if (cfg->tls_port >= 0 && strcmp(a->fe[0], "poller")) { /* TLS is the pollers' (frontend/tlsio.h) */
+        snprintf(err, errlen, "tls-port is not supported with arch %s: use arch poller", a->name);
+        return -EINVAL;
+    }
     struct srv *s = calloc(1, sizeof *s);
     if (!s) {
         snprintf(err, errlen, "out of memory");
@@ -214,6 +218,8 @@ int srv_attach(struct srv *s, struct wal *w, struct bosc *b, struct rl_sender *s
 }
 
 int srv_port(const struct srv *s) { return s->eng->port; }
+
+int srv_tls_port(const struct srv *s) { return s->eng->cfg.tls_port < 0 ? -1 : s->eng->tls_port; }
 
 int srv_udp_port(const struct srv *s) { return s->nfe > 1 ? s->ops[1]->port(s->fe[1]) : s->eng->cfg.udp_port; }
 

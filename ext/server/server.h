@@ -31,6 +31,8 @@ void srv_destroy(struct srv *s);
 
 /* The TCP port (the one bound when cfg->port was 0). */
 int srv_port(const struct srv *s);
+/* The TLS port (the one bound when cfg->tls_port was 0), or -1 when TLS is off. */
+int srv_tls_port(const struct srv *s);
 /* The UDP front end's port (arch udp: the one bound when udp_port was 0), else cfg's. */
 int srv_udp_port(const struct srv *s);
 /* 1 if this build has the DPDK front end (libdpdk found at build time), else 0. */
