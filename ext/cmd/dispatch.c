@@ -12,6 +12,7 @@
 
 #include "core/table.h"
 #include "durability/bosc.h"
+#include "engine/diskerr.h"
 #include "engine/engine.h"
 
 static inline int tolower_ascii(int ch) { return ch >= 'A' && ch <= 'Z' ? ch + 32 : ch; }
@@ -119,6 +120,9 @@ int cmd_reply_write_err(struct cmd_client *c, int64_t rc)
         return cmd_reply_err(c, ERR_BIG);
     if (rc == -EAGAIN)
         return cmd_reply_err(c, "ERR durability log backlog full (the disk cannot keep up), write refused: retry");
+    char msg[300];
+    if (rc == -EIO && eng_disk_refusal(c->eng, msg, sizeof msg)) /* the disk: retried, writes resume */
+        return cmd_reply_err(c, msg);
     if (rc == -EIO)
         return cmd_reply_err(c, "ERR durability log failed (I/O error, see the server's log): writes refused "
                             "until restart");
@@ -375,6 +379,16 @@ static int admit(struct cmd_client *c, const struct cmd_def *d, int argc, const 
     }
     if (!c->authenticated && !(d->flags & F_NOAUTH)) {
         *rc = cmd_reply_err(c, "NOAUTH Authentication required.");
+        return 0;
+    }
+    /* As Redis: write commands are refused while the disk refuses the log or
+     * the data file (inside MULTI too: the transaction is flagged). Unlike
+     * Redis, PING still answers: health checks should see a node that serves
+     * reads, and INFO persistence says what is wrong. */
+    char derr[300];
+    if ((d->flags & F_WRITE) && eng_disk_refusal(c->eng, derr, sizeof derr)) {
+        cmd_multi_flag(c);
+        *rc = cmd_reply_err(c, derr);
         return 0;
     }
     *rejected = 0;

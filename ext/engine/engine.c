@@ -17,6 +17,7 @@
 #include "durability/replog.h"
 #include "durability/wal.h"
 #include "engine/cmdstats.h"
+#include "engine/diskerr.h"
 
 static const char *const sections[] = {"server",       "clients",    "memory",       "persistence", "replication",
                                        "stats",        "pollers",    "cpu",          "commandstats", "errorstats",
@@ -86,7 +87,17 @@ uint64_t eng_client_id(struct kv_engine *e)
     return atomic_fetch_add_explicit(&e->next_client_id, 1, memory_order_relaxed) + 1;
 }
 
-uint64_t eng_log_appended(const struct kv_engine *e) { return e->wal ? wal_appended_lsn(e->wal) : 0; }
+uint64_t eng_log_appended(const struct kv_engine *e)
+{
+    if (!e->wal)
+        return 0;
+    /* While the disk refuses the log, the records it could not write may stay
+     * unwritten for long: an INFO or DBSIZE answers now (their counts may then
+     * include those few changes) instead of waiting for the disk. */
+    if (wal_write_error(e->wal, NULL, 0))
+        return wal_durable_lsn(e->wal);
+    return wal_appended_lsn(e->wal);
+}
 
 /* ---- the engine's own INFO sections */
 
@@ -267,6 +278,7 @@ int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_confi
     /* the engine's sections; the server and the front ends add theirs */
     eng_info_add(e, "memory", info_memory, NULL, e);
     eng_info_add(e, "persistence", info_persistence, NULL, e);
+    eng_info_add(e, "persistence", eng_disk_info, NULL, e); /* (engine/diskerr.c) */
     eng_info_add(e, "replication", info_replication, NULL, e);
     eng_info_add(e, "cpu", info_cpu, NULL, e);
     eng_info_add(e, "keyspace", info_keyspace, NULL, e);

@@ -139,7 +139,9 @@ void eng_reset_stats(struct kv_engine *e);
 /* A new client id (1, 2, ...). Any thread. */
 uint64_t eng_client_id(struct kv_engine *e);
 /* Last LSN appended to the log (0 without one): replies that summarize the whole
- * table (DBSIZE, INFO) depend on all of it. Any thread. */
+ * table (DBSIZE, INFO) depend on all of it. While the disk refuses the log
+ * (wal_write_error), its durable LSN instead: they answer without waiting for
+ * the disk. Any thread. */
 uint64_t eng_log_appended(const struct kv_engine *e);
 
 #endif
