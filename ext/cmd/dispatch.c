@@ -12,7 +12,6 @@
 
 #include "core/table.h"
 #include "durability/bosc.h"
-#include "engine/diskerr.h"
 #include "engine/engine.h"
 
 static inline int tolower_ascii(int ch) { return ch >= 'A' && ch <= 'Z' ? ch + 32 : ch; }

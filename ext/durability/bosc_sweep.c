@@ -602,7 +602,8 @@ void *bosc_flusher_main(void *arg)
         int behind = b->wal && wal_durable_lsn(b->wal) > atomic_load(&b->flushed_lsn);
         /* While the disk refuses, only a sync request (DBSIZE) tries before the backoff is out. */
         int backing_off = retry_at && now_ns() < retry_at && b->sync_req == b->sync_done;
-        if (backing_off || !(b->kick || b->sync_req > b->sync_done || pressure || (due && (dirty || behind)))) {
+        int retry = retry_at && !backing_off; /* (its keys are dirty: due or not, try again now) */
+        if (backing_off || !(retry || b->kick || b->sync_req > b->sync_done || pressure || (due && (dirty || behind)))) {
             note_stall(b, &stall, 0, 0); /* nobody asks now: has the run ended? */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
