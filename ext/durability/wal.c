@@ -521,8 +521,8 @@ static int write_group_retrying(struct wal *w, const struct kvbuf *b, uint64_t f
         int stop = w->stop;
         pthread_mutex_unlock(&w->lock);
         if (stop) {
-            kvlog(KVLOG_WARNING, "durability log closed while it could not write (%s): records up to LSN %" PRIu64
-                  " were not written (none of them was acknowledged)", err, wal_appended_lsn(w));
+            kvlog(KVLOG_WARNING, "durability log closed while it could not write (%s): the records after LSN %" PRIu64
+                  " were not written (none of them was acknowledged)", err, wal_synced_lsn(w));
             return -ECANCELED;
         }
         backoff = backoff * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : backoff * 2;
@@ -762,4 +762,5 @@ void wal_get_stats(struct wal *w, struct wal_stats *st)
         st->sync_buckets[i] = atomic_load_explicit(&w->sync_hist[i], memory_order_relaxed);
     st->failed = wal_failed(w);
     st->write_errors = atomic_load_explicit(&w->write_errors, memory_order_relaxed);
+    st->write_error = atomic_load_explicit(&w->werr, memory_order_relaxed);
 }

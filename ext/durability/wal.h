@@ -94,6 +94,7 @@ struct wal_stats {
     uint64_t sync_buckets[WAL_SYNC_BUCKETS]; /* per bucket, not cumulative */
     int failed;              /* the log stopped for good; see wal_error */
     uint64_t write_errors;   /* failed attempts to write or sync a group (each retried) */
+    int write_error;         /* wal_write_error now: the disk refuses the log (errno), 0: it does not */
 };
 
 /* Upper bound (microseconds) of sync bucket i; 0 for the last bucket (no bound)

@@ -65,10 +65,10 @@ def fill_ballast(path, leave):
             os.posix_fallocate(f.fileno(), 0, free - leave)
 
 
-def start(data_dir, log_path):
+def start(data_dir, log_path, arch="poller"):
     # flush_interval_ms: the data file is swept only when asked (DBSIZE) or when a retry is due,
     # so each test decides which file meets the full disk first.
-    n = Node(port=0, data_dir=str(data_dir), log_path=str(log_path), threads=2, durability="disk",
+    n = Node(port=0, data_dir=str(data_dir), log_path=str(log_path), threads=2, durability="disk", arch=arch,
              data_file=True, data_buckets=1024, flush_interval_ms=600000, log_segment_size="1mb")
     return n.start(timeout=60)
 
@@ -120,11 +120,12 @@ def fill_data_file(c, acked):
     return c.dbsize()
 
 
+@pytest.mark.parametrize("arch", ["poller", "threadpool"])
 @pytest.mark.parametrize("full", ["log", "datafile"])
-def test_disk_full_reads_answer_and_writes_resume(small_fs, tmp_path, full):
+def test_disk_full_reads_answer_and_writes_resume(small_fs, tmp_path, full, arch):
     data = small_fs / "data"
     log_path = tmp_path / "server.log"    # the server's log is not on the full disk
-    node = start(data, log_path)
+    node = start(data, log_path, arch)
     acked = {}
     what = {"log": "durability log", "datafile": "data file"}[full]
     try:
@@ -191,7 +192,7 @@ def test_disk_full_reads_answer_and_writes_resume(small_fs, tmp_path, full):
         node.kill()
 
     # Nothing acknowledged was lost: kill -9 above, recover from the log and the data file.
-    node = start(data, tmp_path / "server2.log")
+    node = start(data, tmp_path / "server2.log", arch)
     try:
         with client(node.port, socket_timeout=30) as c:
             keys = list(acked)
