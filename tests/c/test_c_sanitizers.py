@@ -11,6 +11,10 @@
   session_test.c  ext/engine/session.c, the request runner, on a real table, log and
                   data file with memory far below the data: DONE/HOLD/STALL, blocking and
                   eventfd waits, MGET resumed over stalls, held replies; TSan and ASan/UBSan
+  wal_diskfull_test.c  the log while RLIMIT_FSIZE (a full disk's stand-in) refuses its
+                  writes round after round: the error is reported, appends refused, the
+                  refused group kept and written once the limit is raised, recovery
+                  exact with no torn tail; built with each sanitizer
   ldu_stress.c    ext/ldu.c: producers log insert/remove on shared objects while a
                   consumer applies concurrently (claim/release/second claim), then a
                   drain; checks the applied state, that no node is lost or doubled,
@@ -104,6 +108,8 @@ BUILDS = {
     "hashenc_fuzz_asan": (["hashenc_fuzz.c", *_ext("core/hashenc.c", "core/siphash.c")], ASAN_UBSAN),
     "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN),
     "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN),
+    "wal_diskfull_test_tsan": (["wal_diskfull_test.c", *WAL, *TABLE], TSAN),
+    "wal_diskfull_test_asan": (["wal_diskfull_test.c", *WAL, *TABLE], ASAN_UBSAN),
     "ldu_stress_tsan": (["ldu_stress.c", *_ext("core/ldu.c")], TSAN),
     "ldu_stress_asan": (["ldu_stress.c", *_ext("core/ldu.c")], ASAN_UBSAN),
     "bosc_stress_tsan": (["bosc_stress.c", *BOSC, *TABLE, *WAL], TSAN),
@@ -196,6 +202,12 @@ def test_hashenc_fuzz_asan_ubsan(binaries, seed_offset):
 def test_wal_stress(binaries, build, tmp_path):
     out = _run(binaries(build), SEED, 20_000, tmp_path / "log")
     assert "recovered the same table" in out and "none inside a unit" in out
+
+
+@pytest.mark.parametrize("build", ["wal_diskfull_test_tsan", "wal_diskfull_test_asan"])
+def test_wal_disk_full(binaries, build, tmp_path):
+    out = _run(binaries(build), tmp_path / "log")
+    assert "failed writes retried" in out
 
 
 @pytest.mark.parametrize("mode", ["all", "flushall"])
