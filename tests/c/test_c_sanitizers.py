@@ -27,6 +27,10 @@
                   workers checked against per-thread models while the flusher evicts
                   and keys are loaded back, then DBSIZE, a restart on the same file and
                   FLUSHALL; built with each sanitizer
+  bosc_diskfull_test.c  the data file while RLIMIT_FSIZE (a full disk's stand-in) stops
+                  its sweeps part way, round after round: the error reported, the file
+                  not failed, every key readable (memory or its block) meanwhile, all
+                  written once the limit is raised, and again after a reopen; each sanitizer
   bosc_keys_test.c typed records through eviction, load and restart; the data file's
                   key listing (exactly once, under writes, tickets nobody takes, a damaged
                   block) and expired records reclaimed from blocks nothing writes, with
@@ -114,6 +118,8 @@ BUILDS = {
     "ldu_stress_asan": (["ldu_stress.c", *_ext("core/ldu.c")], ASAN_UBSAN),
     "bosc_stress_tsan": (["bosc_stress.c", *BOSC, *TABLE, *WAL], TSAN),
     "bosc_stress_asan": (["bosc_stress.c", *BOSC, *TABLE, *WAL], ASAN_UBSAN),
+    "bosc_diskfull_test_tsan": (["bosc_diskfull_test.c", *BOSC, *TABLE, *WAL], TSAN),
+    "bosc_diskfull_test_asan": (["bosc_diskfull_test.c", *BOSC, *TABLE, *WAL], ASAN_UBSAN),
     "bosc_keys_test_tsan": (["bosc_keys_test.c", *BOSC, *TABLE, *WAL], TSAN),
     "bosc_keys_test_asan": (["bosc_keys_test.c", *BOSC, *TABLE, *WAL], ASAN_UBSAN),
 }
@@ -219,6 +225,12 @@ def test_bosc_stress(binaries, build, mode, tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     out = _run(binaries(build), SEED, BOSC_OPS, mode)
     assert "evictions" in out
+
+
+@pytest.mark.parametrize("build", ["bosc_diskfull_test_tsan", "bosc_diskfull_test_asan"])
+def test_bosc_disk_full(binaries, build, tmp_path):
+    out = _run(binaries(build), tmp_path / "data")
+    assert "every key as last written" in out
 
 
 @pytest.mark.parametrize("build", ["bosc_keys_test_tsan", "bosc_keys_test_asan"])
