@@ -55,14 +55,6 @@ static void *appender(void *arg)
     return NULL;
 }
 
-static void set_limit(rlim_t soft)
-{
-    struct rlimit rl;
-    CHECK(getrlimit(RLIMIT_FSIZE, &rl) == 0);
-    rl.rlim_cur = soft;
-    CHECK(setrlimit(RLIMIT_FSIZE, &rl) == 0, "%s", strerror(errno));
-}
-
 /* Wait until pred() holds, at most WAIT_S seconds. */
 static int wait_until(int (*pred)(void))
 {
@@ -87,9 +79,6 @@ int main(int argc, char **argv)
         return 2;
     }
     signal(SIGXFSZ, SIG_IGN);
-    struct rlimit rl;
-    CHECK(getrlimit(RLIMIT_FSIZE, &rl) == 0);
-    CHECK(rl.rlim_max == RLIM_INFINITY, "RLIMIT_FSIZE's hard limit must be unlimited");
     char err[256];
     struct wal_config cfg = {.dir = argv[1], .sync = 1, .first_lsn = 1, .segment_bytes = 16 * 1024};
     CHECK(wal_open(&w, &cfg, err, sizeof err) == 0 && wal_start(w) == 0, "wal_open: %s", err);
@@ -104,7 +93,7 @@ int main(int argc, char **argv)
             usleep(1000);
         CHECK(wal_durable_lsn(w) >= d0 + 300, "round %d: the log does not move", round);
         /* even rounds: within a segment (16 KiB each); odd ones: below any segment's header */
-        set_limit(round % 2 ? 8 : 10 * 1024);
+        fsize_limit(round % 2 ? 8 : 10 * 1024);
         CHECK(wait_until(refusing), "round %d: the log never noticed the limit", round);
         char msg[256];
         CHECK(wal_write_error(w, msg, sizeof msg) == EFBIG && strstr(msg, "File too large"), "round %d: %s",
@@ -117,7 +106,7 @@ int main(int argc, char **argv)
         usleep(50 * 1000);
         CHECK(wal_durable_lsn(w) == d1 && d1 < atomic_load(&max_lsn), "round %d: durable %llu, appended %llu",
               round, (unsigned long long)wal_durable_lsn(w), (unsigned long long)atomic_load(&max_lsn));
-        set_limit(RLIM_INFINITY);
+        fsize_limit(RLIM_INFINITY);
         CHECK(wait_until(caught_up), "round %d: the log did not recover (durable %llu, appended %llu)", round,
               (unsigned long long)wal_durable_lsn(w), (unsigned long long)atomic_load(&max_lsn));
         struct wal_stats st;
