@@ -285,6 +285,7 @@ static void requeue(struct bosc *b, struct sweep_ctx *c, size_t reached)
 static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
 {
     uint64_t t0 = now_ns();
+    c->write_failed = 0;
     /* D and the generation together (no FLUSHALL between them), then the
      * barrier: every change with LSN <= D has queued its key. */
     pthread_mutex_lock(&b->flush_lock);
@@ -331,7 +332,6 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         qsort(c->items, c->n, sizeof *c->items, bucket_cmp); /* the sweep goes up the file */
     int rc = 0, any_skipped = 0;
     c->flushed_bound = durable;
-    c->write_failed = 0;
     size_t i = 0;
     while (i < c->n && !rc) {
         size_t j = i;
@@ -603,7 +603,8 @@ void *bosc_flusher_main(void *arg)
         /* While the disk refuses, only a sync request (DBSIZE) tries before the backoff is out. */
         int backing_off = retry_at && now_ns() < retry_at && b->sync_req == b->sync_done;
         int retry = retry_at && !backing_off; /* (its keys are dirty: due or not, try again now) */
-        if (backing_off || !(retry || b->kick || b->sync_req > b->sync_done || pressure || (due && (dirty || behind)))) {
+        int wanted = retry || b->kick || b->sync_req > b->sync_done || pressure || (due && (dirty || behind));
+        if (backing_off || !wanted) {
             note_stall(b, &stall, 0, 0); /* nobody asks now: has the run ended? */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -625,9 +626,10 @@ void *bosc_flusher_main(void *arg)
         if (!atomic_load(&b->failed))
             evict(b, forced);
         atomic_store(&b->sweeping, 1);
-        int rc = atomic_load(&b->failed) ? -EIO : sweep(b, &c, err, sizeof err);
+        int was_failed = atomic_load(&b->failed);
+        int rc = was_failed ? -EIO : sweep(b, &c, err, sizeof err);
         atomic_store(&b->sweeping, 0);
-        if (rc && c.write_failed) { /* the disk: keys stay dirty, the sweep is tried again */
+        if (rc && !was_failed && c.write_failed) { /* the disk: keys stay dirty, the sweep is tried again */
             note_write_result(b, rc, err, &werr_since);
             retry_at = now_ns() + backoff * 1000000ull;
             backoff = backoff * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : backoff * 2;

@@ -444,15 +444,17 @@ static int write_group(struct wal *w, const struct kvbuf *b, uint64_t first, cha
 {
     /* A failed attempt may have left part of the group: cut it first (no write
      * may land after a torn tail: O_APPEND would put it there). */
-    if (atomic_load_explicit(&w->werr, memory_order_relaxed) && ftruncate(w->fd, (off_t)w->seg_size)) {
-        snprintf(err, errlen, "cannot cut the log segment back after a failed write: %s", strerror(errno));
-        return -errno;
-    }
     int rc;
+    if (atomic_load_explicit(&w->werr, memory_order_relaxed) && ftruncate(w->fd, (off_t)w->seg_size)) {
+        rc = -errno;
+        snprintf(err, errlen, "cannot cut the log segment back after a failed write: %s", strerror(-rc));
+        return rc;
+    }
     if (w->seg_size >= w->seg_limit) {
         if (fdatasync(w->fd)) {
-            snprintf(err, errlen, "log sync: %s", strerror(errno));
-            return -errno;
+            rc = -errno;
+            snprintf(err, errlen, "log sync: %s", strerror(-rc));
+            return rc;
         }
         if ((rc = seg_create(w, first, err, errlen)))
             return rc;
