@@ -558,11 +558,13 @@ static void note_write_result(struct bosc *b, int rc, const char *err, uint64_t 
 
 int bosc_write_error(struct bosc *b, char *msg, size_t n, uint64_t *errors)
 {
-    pthread_mutex_lock(&b->lock);
-    int e = atomic_load_explicit(&b->werr, memory_order_acquire);
-    if (msg && n)
+    int e = atomic_load_explicit(&b->werr, memory_order_relaxed); /* (every write command asks) */
+    if (msg && n) {
+        pthread_mutex_lock(&b->lock);
+        e = atomic_load_explicit(&b->werr, memory_order_relaxed);
         snprintf(msg, n, "%s", e ? b->werr_msg : "");
-    pthread_mutex_unlock(&b->lock);
+        pthread_mutex_unlock(&b->lock);
+    }
     if (errors)
         *errors = atomic_load_explicit(&b->write_errors, memory_order_relaxed);
     return e;

@@ -156,7 +156,8 @@ int wal_failed(struct wal *w);
 const char *wal_error(struct wal *w);
 /* The disk refuses the log now (a write or sync failed: ENOSPC, EIO, ...): the
  * errno of the last failure, and what failed in msg (n bytes, may be NULL), or
- * 0 while writing works. Meanwhile the log thread retries the same group with
+ * 0 while writing works (without msg: one relaxed load, no lock, so every
+ * write command may ask). Meanwhile the log thread retries the same group with
  * backoff (10 ms doubling to 1 s; the group's replies wait), and wal_append and
  * wal_unit_begin return -EIO except inside a unit already begun; once a retry
  * succeeds this returns 0 again and appends are accepted. Any thread. */
