@@ -159,7 +159,13 @@ def test_disk_full_reads_answer_and_writes_resume(small_fs, tmp_path, full, arch
             with pytest.raises(redis.ResponseError, match="^MISCONF"):
                 c.delete("base:1")
             assert c.get("base:1") == b"v1"
-            assert c.info("errorstats")["errorstat_MISCONF"]["count"] >= 2   # as Redis counts them
+            with Raw(node.port) as r:             # in MULTI: refused when queued, EXEC aborts (as Redis)
+                assert r.call("MULTI") == b"OK"
+                r.send(resp_cmd("SET", "in:multi", "x"))
+                assert r.reply().startswith(f"-MISCONF Errors writing to the {what}".encode())
+                r.send(resp_cmd("EXEC"))
+                assert r.reply().startswith(b"-EXECABORT")
+            assert c.info("errorstats")["errorstat_MISCONF"]["count"] >= 3   # as Redis counts them
             log = wait_for(lambda: (t := log_path.read_text(errors="replace")) and
                            "No space left on device" in t and t, 10, "a log line for the write error")
             line = {"log": "durability log cannot write", "datafile": "data file cannot write"}[full]
