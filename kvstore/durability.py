@@ -565,7 +565,11 @@ class Durability:
             st = self.log.stats()
             self.log.close()
             self.log = None
-            logger.info("log closed: written and synced up to LSN %d", st.get("appended_lsn", 0))
+            if st.get("write_error"):  # (the log thread gave up on what the disk refused: never acknowledged)
+                logger.warning("log closed while the disk refused it: synced up to LSN %d only",
+                               st.get("durable_lsn", 0))
+            else:
+                logger.info("log closed: written and synced up to LSN %d", st.get("appended_lsn", 0))
         if self.receiver is not None:
             self.receiver.close()
             self.receiver = None

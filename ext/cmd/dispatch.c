@@ -120,6 +120,9 @@ int cmd_reply_write_err(struct cmd_client *c, int64_t rc)
         return cmd_reply_err(c, ERR_BIG);
     if (rc == -EAGAIN)
         return cmd_reply_err(c, "ERR durability log backlog full (the disk cannot keep up), write refused: retry");
+    char msg[300];
+    if (rc == -EIO && eng_disk_refusal(c->eng, msg, sizeof msg)) /* the disk: retried, writes resume */
+        return cmd_reply_err(c, msg);
     if (rc == -EIO)
         return cmd_reply_err(c, "ERR durability log failed (I/O error, see the server's log): writes refused "
                             "until restart");
@@ -399,6 +402,16 @@ static int admit(struct cmd_client *c, const struct cmd_def *d, int argc, const 
         eng_loading_error(c->eng, msg, sizeof msg);
         cmd_multi_flag(c); /* as Redis: a refused command inside MULTI makes EXEC fail */
         *rc = cmd_reply_err(c, msg);
+        return 0;
+    }
+    /* As Redis: write commands are refused while the disk refuses the log or
+     * the data file (inside MULTI too: the transaction is flagged), and so is
+     * PING, so that a health check sees the node cannot take writes; reads and
+     * INFO (persistence says what is wrong) still answer. */
+    char derr[300];
+    if ((d->flags & F_WRITE || d->fn == c_ping) && eng_disk_refusal(c->eng, derr, sizeof derr)) {
+        cmd_multi_flag(c);
+        *rc = cmd_reply_err(c, derr);
         return 0;
     }
     *rejected = 0;

@@ -148,6 +148,13 @@ uint32_t bosc_buckets(struct bosc *b);
 
 int bosc_failed(struct bosc *b);
 const char *bosc_error(struct bosc *b);
+/* The disk refuses the data file now (a sweep's block write, sync or
+ * superblock write failed: ENOSPC, EIO, ...): the errno of the last failure
+ * and what failed in msg (n bytes, may be NULL); 0 while writing works. The
+ * flusher keeps the keys dirty and sweeps again with backoff (10 ms doubling to
+ * 1 s; DBSIZE's sync request tries at once); reads and loads go on meanwhile
+ * (bosc_failed stays 0). *errors (may be NULL): failed sweeps so far. Any thread. */
+int bosc_write_error(struct bosc *b, char *msg, size_t n, uint64_t *errors);
 void bosc_get_stats(struct bosc *b, struct bosc_stats *st);
 struct latmon;
 /* Report each sweep's duration to lm (core/latmon.h, event flusher-sweep), NULL: none. Any thread. */

@@ -183,6 +183,7 @@ int bosc_sb_write(struct bosc *b, uint64_t flushed, uint64_t gen)
     put32(p + 28, b->nbuckets);
     put64(p + 32, flushed);
     put64(p + 40, gen);
+    uint64_t old_gen = b->sb_gen;
     b->sb_gen = gen;
     put64(p + 48, b->k0);
     put64(p + 56, b->k1);
@@ -192,6 +193,12 @@ int bosc_sb_write(struct bosc *b, uint64_t flushed, uint64_t gen)
     if (!rc && fdatasync(b->fd))
         rc = -errno;
     add(&b->st.syncs, 1);
+    if (rc) {
+        /* The slot just written may be torn: the retry writes the same slot
+         * again, never the other one, which holds the last good superblock. */
+        b->sb_seq--;
+        b->sb_gen = old_gen;
+    }
     return rc;
 }
 

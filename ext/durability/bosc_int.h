@@ -115,6 +115,13 @@ struct bosc {
     int subs[MAX_SUBS];
     _Atomic int nsubs;
     _Atomic int failed;
+    /* A sweep's write or sync failed (ENOSPC, EIO...) and is retried with
+     * backoff (bosc_sweep.c): werr its errno (0: writing works), werr_msg what
+     * failed (under lock), write_errors the failed sweeps. Unlike failed, reads
+     * go on. */
+    _Atomic int werr;
+    char werr_msg[256];
+    _Atomic uint64_t write_errors;
     _Atomic int sweeping;         /* a sweep holds keys taken off the queue */
     int evict_failed;             /* the last eviction found nothing to evict (flusher) */
     /* The expiry pass (bosc_sweep.c), flusher only after open: per bucket, the

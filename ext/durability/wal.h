@@ -92,7 +92,9 @@ struct wal_stats {
     uint64_t appended_lsn, durable_lsn, groups, records, bytes, syncs;
     uint64_t sync_ns_total, sync_ns_max, max_group_records;
     uint64_t sync_buckets[WAL_SYNC_BUCKETS]; /* per bucket, not cumulative */
-    int failed;              /* an I/O error stopped the log; see wal_error */
+    int failed;              /* the log stopped for good; see wal_error */
+    uint64_t write_errors;   /* failed attempts to write or sync a group (each retried) */
+    int write_error;         /* wal_write_error now: the disk refuses the log (errno), 0: it does not */
 };
 
 /* Upper bound (microseconds) of sync bucket i; 0 for the last bucket (no bound)
@@ -108,7 +110,8 @@ void wal_close(struct wal *w);
 /* Append a record: op is WAL_SET (| WAL_HASH), WAL_DEL or WAL_FLUSH; the value
  * is v1 followed by v2 (either may be empty), so APPEND can log old+new without
  * copying. Returns the record's LSN (> 0), -EAGAIN if the unwritten backlog is
- * over max_pending, -EIO once the log failed, -EINVAL for another op.
+ * over max_pending, -EIO once the log failed or while the disk refuses it
+ * (wal_write_error), -EINVAL for another op.
  * Thread-safe; never blocks on I/O. Inside the calling thread's unit the record
  * joins it; a record appended by another thread while a unit is open (only a
  * FLUSHALL can be: it logs without shard locks) joins that unit too, so the
@@ -151,6 +154,14 @@ const char *wal_dir(struct wal *w);
 uint64_t wal_durable_lsn(struct wal *w);
 int wal_failed(struct wal *w);
 const char *wal_error(struct wal *w);
+/* The disk refuses the log now (a write or sync failed: ENOSPC, EIO, ...): the
+ * errno of the last failure, and what failed in msg (n bytes, may be NULL), or
+ * 0 while writing works (without msg: one relaxed load, no lock, so every
+ * write command may ask). Meanwhile the log thread retries the same group with
+ * backoff (10 ms doubling to 1 s; the group's replies wait), and wal_append and
+ * wal_unit_begin return -EIO except inside a unit already begun; once a retry
+ * succeeds this returns 0 again and appends are accepted. Any thread. */
+int wal_write_error(struct wal *w, char *msg, size_t n);
 /* After every group the log thread writes 1 to each subscribed eventfd. */
 int wal_subscribe(struct wal *w, int evfd);
 void wal_get_stats(struct wal *w, struct wal_stats *st);

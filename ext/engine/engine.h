@@ -152,7 +152,23 @@ void eng_reset_stats(struct kv_engine *e);
 /* A new client id (1, 2, ...). Any thread. */
 uint64_t eng_client_id(struct kv_engine *e);
 /* Last LSN appended to the log (0 without one): replies that summarize the whole
- * table (DBSIZE, INFO) depend on all of it. Any thread. */
+ * table (DBSIZE, INFO) depend on all of it. While the disk refuses the log
+ * (wal_write_error), its durable LSN instead: they answer without waiting for
+ * the disk. Any thread. */
 uint64_t eng_log_appended(const struct kv_engine *e);
+
+/* A full or failing disk (the log's wal_write_error, the data file's
+ * bosc_write_error: each retries by itself). eng_disk_refusal: 1 if writes
+ * must be refused now, with the error reply's text (no '-', no CRLF) in msg (n
+ * bytes): Redis's "MISCONF Errors writing to the AOF file: <strerror>" naming
+ * kvstore's file ("durability log" or "data file") and saying that writes
+ * resume by themselves; 0 while the node's log and data file can be written.
+ * eng_disk_info: an eng_info_fn (arg: the engine) for INFO persistence: with a
+ * log, Redis's aof_last_write_status (ok|err: the log is kvstore's AOF) and
+ * log_write_status, log_write_error, log_write_errors; with a data file,
+ * datafile_write_status, datafile_write_error, datafile_write_errors. Any
+ * thread (atomics and short locks). */
+int eng_disk_refusal(struct kv_engine *e, char *msg, size_t n);
+void eng_disk_info(void *arg, struct kvbuf *out);
 
 #endif

@@ -11,6 +11,10 @@
   session_test.c  ext/engine/session.c, the request runner, on a real table, log and
                   data file with memory far below the data: DONE/HOLD/STALL, blocking and
                   eventfd waits, MGET resumed over stalls, held replies; TSan and ASan/UBSan
+  wal_diskfull_test.c  the log while RLIMIT_FSIZE (a full disk's stand-in) refuses its
+                  writes round after round: the error is reported, appends refused, the
+                  refused group kept and written once the limit is raised, recovery
+                  exact with no torn tail; built with each sanitizer
   ldu_stress.c    ext/ldu.c: producers log insert/remove on shared objects while a
                   consumer applies concurrently (claim/release/second claim), then a
                   drain; checks the applied state, that no node is lost or doubled,
@@ -23,6 +27,10 @@
                   workers checked against per-thread models while the flusher evicts
                   and keys are loaded back, then DBSIZE, a restart on the same file and
                   FLUSHALL; built with each sanitizer
+  bosc_diskfull_test.c  the data file while RLIMIT_FSIZE (a full disk's stand-in) stops
+                  its sweeps part way, round after round: the error reported, the file
+                  not failed, every key readable (memory or its block) meanwhile, all
+                  written once the limit is raised, and again after a reopen; each sanitizer
   bosc_keys_test.c typed records through eviction, load and restart; the data file's
                   key listing (exactly once, under writes, tickets nobody takes, a damaged
                   block) and expired records reclaimed from blocks nothing writes, with
@@ -110,10 +118,14 @@ BUILDS = {
     "hashenc_fuzz_asan": (["hashenc_fuzz.c", *_ext("core/hashenc.c", "core/siphash.c")], ASAN_UBSAN),
     "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN),
     "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN),
+    "wal_diskfull_test_tsan": (["wal_diskfull_test.c", *WAL, *TABLE], TSAN),
+    "wal_diskfull_test_asan": (["wal_diskfull_test.c", *WAL, *TABLE], ASAN_UBSAN),
     "ldu_stress_tsan": (["ldu_stress.c", *_ext("core/ldu.c")], TSAN),
     "ldu_stress_asan": (["ldu_stress.c", *_ext("core/ldu.c")], ASAN_UBSAN),
     "bosc_stress_tsan": (["bosc_stress.c", *BOSC, *TABLE, *WAL], TSAN),
     "bosc_stress_asan": (["bosc_stress.c", *BOSC, *TABLE, *WAL], ASAN_UBSAN),
+    "bosc_diskfull_test_tsan": (["bosc_diskfull_test.c", *BOSC, *TABLE, *WAL], TSAN),
+    "bosc_diskfull_test_asan": (["bosc_diskfull_test.c", *BOSC, *TABLE, *WAL], ASAN_UBSAN),
     "bosc_keys_test_tsan": (["bosc_keys_test.c", *BOSC, *TABLE, *WAL], TSAN),
     "bosc_keys_test_asan": (["bosc_keys_test.c", *BOSC, *TABLE, *WAL], ASAN_UBSAN),
 }
@@ -204,6 +216,12 @@ def test_wal_stress(binaries, build, tmp_path):
     assert "recovered the same table" in out and "none inside a unit" in out
 
 
+@pytest.mark.parametrize("build", ["wal_diskfull_test_tsan", "wal_diskfull_test_asan"])
+def test_wal_disk_full(binaries, build, tmp_path):
+    out = _run(binaries(build), tmp_path / "log")
+    assert "failed writes retried" in out
+
+
 @pytest.mark.parametrize("mode", ["all", "flushall"])
 @pytest.mark.parametrize("build", ["bosc_stress_tsan", "bosc_stress_asan"])
 def test_bosc_stress(binaries, build, mode, tmp_path, monkeypatch):
@@ -213,6 +231,12 @@ def test_bosc_stress(binaries, build, mode, tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     out = _run(binaries(build), SEED, BOSC_OPS, mode)
     assert "evictions" in out
+
+
+@pytest.mark.parametrize("build", ["bosc_diskfull_test_tsan", "bosc_diskfull_test_asan"])
+def test_bosc_disk_full(binaries, build, tmp_path):
+    out = _run(binaries(build), tmp_path / "data")
+    assert "every key as last written" in out
 
 
 @pytest.mark.parametrize("build", ["bosc_keys_test_tsan", "bosc_keys_test_asan"])

@@ -168,6 +168,7 @@ def test_disk_mode_scrape(kv_node_factory):
     assert value(after, "kvstore_memory_max_bytes") == 0
     assert value(after, "kvstore_log_durable_lsn") >= writes
     assert value(after, "kvstore_log_failed") == 0
+    assert value(after, "kvstore_log_write_error") == 0 and value(after, "kvstore_log_write_errors_total") == 0
     assert value(after, "process_resident_memory_bytes") > 0
     build = dict(next(iter(after["kvstore_build_info"])))
     assert build["kvstore_version"] == kvstore.__version__ and build["durability"] == "disk"
