@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,10 @@ int bosc_block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t nex
     put32(p + 4, crc32c(0, p + 8, BLK - 8));
     add(&b->st.blocks_written, 1);
     add(&b->st.bytes_written, BLK);
+    if (b->tear_at && no == home && ++b->home_writes == b->tear_at) {
+        pwrite_all(b->fd, p, BLK / 2, (off_t)no * BLK); /* the fault hook (bosc_int.h): a torn write */
+        kill(getpid(), SIGKILL);
+    }
     return pwrite_all(b->fd, p, BLK, (off_t)no * BLK);
 }
 

@@ -135,6 +135,10 @@ struct bosc {
         _Atomic uint64_t key_listings, key_listing_blocks, key_listings_dropped;
     } st;
     uint32_t sweep_no;
+    /* Fault hook for tests (KVSTORE_FAULT_TEAR_HOME_WRITE=n in the environment):
+     * the n-th home-block write of this process writes half the block and the
+     * process is killed, as a power cut mid-write leaves it. 0: off. Flusher only. */
+    uint64_t tear_at, home_writes;
 };
 
 static inline uint64_t now_ns(void)

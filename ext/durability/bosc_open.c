@@ -152,6 +152,8 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     pthread_mutex_init(&b->flush_lock, NULL);
     pthread_mutex_init(&b->qlock, NULL);
     b->locked_queue = cfg->locked_queue;
+    const char *tear = getenv("KVSTORE_FAULT_TEAR_HOME_WRITE"); /* tests only (bosc_int.h) */
+    b->tear_at = tear ? strtoull(tear, NULL, 10) : 0;
     pthread_cond_init(&b->cond, NULL);
     pthread_cond_init(&b->done, NULL);
     pthread_cond_init(&b->keys_cond, NULL);
