@@ -133,3 +133,86 @@ def test_torn_home_block_write_needs_no_peer(data_dir, nodes, monkeypatch):
     check_all(n.port, v2)
     wait_flushed(n.port)
     n.stop()
+
+
+# ================================================================ 2, 3. a zeroed block, an older copy
+
+def blocks_holding(path, needle):
+    """Offsets of the 4 KiB blocks of path that contain needle (a record's key + value)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    return [off for off in range(0, len(data), BLOCK) if needle in data[off:off + BLOCK]]
+
+
+def latest_block_holding(path, needle):
+    """The offset of the block that holds needle and was written last (both home copies
+    hold it when round 2 wrote the bucket in two sweeps; the header's u64 at 32 says which
+    sweep wrote a block)."""
+    offs = blocks_holding(path, needle)
+    assert offs, needle
+    data = open(path, "rb").read()
+    return max(offs, key=lambda off: struct.unpack_from("<Q", data, off + 32)[0])
+
+
+def two_rounds(data_dir, nodes, tmp_path):
+    """1,024 buckets, 3,000 keys (no overflow blocks: every record lives in a home block).
+    Round 1 writes every key twice (two sweeps), then a copy of the stopped node is kept;
+    round 2 writes every key again. Returns (the copy's data file, round 2's items)."""
+    v1, v1b, v2 = items(3000, 1), items(3000, 3), items(3000, 2)
+    s = dict(data_buckets=1024, flush_interval_ms=100)
+    n = nodes(data_dir, **s)
+    for kv in (v1, v1b):
+        set_all(n.port, kv)
+        wait_flushed(n.port)
+    assert n.stop() == 0
+    old = tmp_path / "round1.kvd"
+    old.write_bytes(open(datafile(data_dir), "rb").read())
+    n = nodes(data_dir, **s)
+    set_all(n.port, v2)
+    wait_flushed(n.port)
+    assert n.stop() == 0
+    return old, v2
+
+
+@pytest.mark.timeout(120)
+def test_zeroed_block_is_detected(data_dir, nodes, tmp_path):
+    """The block holding key 42's latest record, zeroed with the server stopped: before,
+    the bucket read as empty and its keys were silently gone."""
+    _, v2 = two_rounds(data_dir, nodes, tmp_path)
+    path = datafile(data_dir)
+    k, v = v2[42]
+    off = latest_block_holding(path, k + v)
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(bytes(BLOCK))
+    assert_refused(data_dir, f"data file {path} damaged: bucket ", "a block was zeroed", "is lost")
+
+
+@pytest.mark.timeout(120)
+def test_older_copy_of_a_block_is_detected(data_dir, nodes, tmp_path):
+    """The block holding key 42's latest record replaced by what the same place held
+    after round 1 (a valid block, checksum and all): before, 13 stale values were served."""
+    old, v2 = two_rounds(data_dir, nodes, tmp_path)
+    path = datafile(data_dir)
+    k, v = v2[42]
+    off = latest_block_holding(path, k + v)
+    prev = old.read_bytes()[off:off + BLOCK]
+    assert prev[:4] == BLK_MAGIC and prev != open(path, "rb").read()[off:off + BLOCK]
+    with open(path, "r+b") as f:
+        f.seek(off)
+        f.write(prev)
+    assert_refused(data_dir, f"data file {path} damaged: bucket ", "the bucket table records its write of sweep",
+                   "is lost")
+
+
+# ================================================================ 6. the previous format
+
+def test_previous_format_gets_a_clear_message(data_dir):
+    """A data file whose superblock says format 1 (kvstore before the bucket table)."""
+    sb = bytearray(BLOCK)
+    sb[0:8] = b"KVSBOSC1"
+    struct.pack_into("<IQIIQQQQQ", sb, 12, 1, 1, BLOCK, 16, 0, 1, 7, 9, 2 + 16)
+    struct.pack_into("<I", sb, 8, fl.crc32c(bytes(sb[12:])))
+    with open(datafile(data_dir), "wb") as f:
+        f.write(bytes(sb) + bytes(BLOCK * 17))
+    assert_refused(data_dir, "data file format version 1, this kvstore reads version 2")
