@@ -205,6 +205,38 @@ def test_older_copy_of_a_block_is_detected(data_dir, nodes, tmp_path):
                    "is lost")
 
 
+# ================================================================ 4, 5. a deleted log segment
+
+def many_segments(data_dir, nodes):
+    """1,000 acknowledged SETs in 4 KiB log segments (a new one after each group commit that passes 4 KiB), none flushed to
+    the data file (its sweep is 10 minutes away), then kill -9. Returns the segments
+    holding records, oldest first."""
+    n = nodes(data_dir, log_segment_size=4096, flush_interval_ms=600000)
+    set_all(n.port, items(1000, 1))
+    n.kill()
+    segs = [p for p in fl.segments(data_dir) if fl.parse_segment(p)[1]]
+    assert len(segs) >= 3, segs
+    return segs
+
+
+@pytest.mark.timeout(120)
+def test_deleted_last_log_segment_is_detected(data_dir, nodes):
+    """Before, the log just ended early: the keys of the last segment were gone and
+    `kvstore recover --check-only` returned 0."""
+    segs = many_segments(data_dir, nodes)
+    for p in fl.segments(data_dir):
+        if p >= segs[-1]:  # the last segment holding records (and an empty newer one, if any)
+            os.unlink(p)
+    assert_refused(data_dir, f"log {fl.log_dir(data_dir)} is missing segment", "the records from LSN")
+
+
+@pytest.mark.timeout(120)
+def test_deleted_middle_log_segment_is_detected(data_dir, nodes):
+    segs = many_segments(data_dir, nodes)
+    os.unlink(segs[len(segs) // 2])
+    assert_refused(data_dir, "a segment or records are missing")
+
+
 # ================================================================ 6. the previous format
 
 def test_previous_format_gets_a_clear_message(data_dir):
