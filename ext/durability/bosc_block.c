@@ -109,7 +109,8 @@ int bosc_push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x)
  * replaced by an older one, and the keys it held are lost. Returns the copy
  * (0, 1), 2 for an empty bucket (both copies never written), or -errno
  * (-EILSEQ with err saying which blocks and what is lost). */
-static int home_pick(struct bosc *b, uint32_t bucket, unsigned char *two, uint64_t *seq, char *err, size_t errlen)
+static int home_pick(struct bosc *b, uint32_t bucket, unsigned char *two, uint64_t *seq, int *lost, char *err,
+                     size_t errlen)
 {
     uint64_t h = home_of(b, bucket);
     int rc = pread_all(b->fd, two, 2 * BLK, (off_t)(h * BLK));
@@ -150,6 +151,7 @@ static int home_pick(struct bosc *b, uint32_t bucket, unsigned char *two, uint64
                  "or replaced by an older copy, so what sweeps %" PRIu64 "..%" PRIu64 " wrote to this bucket is lost",
                  bad >= 0 ? why[bad] : "", bad >= 0 ? "; " : "", b->path, bucket, h, h + 1, want, found,
                  *seq + 1, want);
+        *lost = 1;
         return -EILSEQ;
     }
     return best >= 0 ? best : 2;
@@ -166,13 +168,17 @@ int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf 
 {
     unsigned char two[2 * BLK], blk[BLK];
     uint64_t home = home_of(b, bucket), seq = 0;
+    struct chain_pick none;
+    if (!pick)
+        pick = &none;
+    *pick = (struct chain_pick){0};
     s->len = 0;
     *nchain = 0;
-    int c = home_pick(b, bucket, two, &seq, err, errlen);
+    int c = home_pick(b, bucket, two, &seq, &pick->lost, err, errlen);
     if (c < 0)
         return c;
-    if (pick)
-        *pick = (struct chain_pick){seq, c == 2 ? 0 : c};
+    pick->seq = seq;
+    pick->slot = c == 2 ? 0 : c;
     if (c == 2)
         return 0; /* an empty bucket */
     memcpy(blk, two + c * BLK, BLK);
@@ -215,6 +221,7 @@ int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf 
             snprintf(err, errlen, "data file %s damaged: overflow block %" PRIu32 " holds sweep %" PRIu64 ", its "
                      "chain (home block %" PRIu64 ") sweep %" PRIu64 ": an older copy of the block; the records "
                      "it held are lost", b->path, no, get64(blk + 32), home, seq);
+            pick->lost = 1;
             return -EILSEQ;
         }
     }

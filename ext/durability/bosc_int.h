@@ -231,6 +231,7 @@ static inline uint64_t home_of(const struct bosc *b, uint32_t bucket)
 struct chain_pick {
     uint64_t seq;
     int slot;
+    int lost;                    /* -EILSEQ because a block is older than recorded (writes lost) */
 };
 
 typedef void (*rec_fn)(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,

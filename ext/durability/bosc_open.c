@@ -96,6 +96,11 @@ static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char 
     int rc = used ? 0 : -ENOMEM;
     int64_t total = 0;
     uint64_t maxseq = b->done_seq;
+    /* Buckets whose latest writes are lost: all of them are reported (the first
+     * one's details, then the list), not just the first. */
+    uint32_t nlost = 0;
+    char first[512] = "", list[256] = "";
+    size_t listed = 0;
     for (uint32_t bk = 0; bk < b->nbuckets && !rc; bk++) {
         /* Skip holes cheaply: a bucket never written is a hole in the sparse
          * file. Not one the table records as written: a hole there is a lost block. */
@@ -117,6 +122,16 @@ static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char 
         }
         struct chain_pick pk;
         rc = bosc_chain_read(b, bk, gen, &s, &chain, &nchain, &capchain, &pk, err, errlen);
+        if (rc == -EILSEQ && pk.lost) {
+            if (!nlost++)
+                snprintf(first, sizeof first, "%s", err);
+            if (listed < sizeof list - 16)
+                listed += (size_t)snprintf(list + listed, sizeof list - listed, "%s%" PRIu32, listed ? ", " : "", bk);
+            else if (!strstr(list, "..."))
+                snprintf(list + listed, sizeof list - listed, ", ...");
+            rc = 0;
+            continue;
+        }
         if (rc)
             break;
         b->slot[bk] = (uint8_t)pk.slot;
@@ -140,6 +155,11 @@ static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char 
             used[chain[i] / 8] |= (uint8_t)(1u << (chain[i] % 8));
             info->overflow_blocks++;
         }
+    }
+    if (!rc && nlost) {
+        snprintf(err, errlen, "%s (%" PRIu32 " bucket(s) of %" PRIu32 " lost writes so: %s)", first, nlost,
+                 b->nbuckets, list);
+        rc = -EILSEQ;
     }
     b->wseq = maxseq + 1;
     for (uint64_t no = b->first_over; no < nb && !rc; no++)
