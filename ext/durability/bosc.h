@@ -19,7 +19,7 @@
  *                higher sequence wins): "KVSBOSC1" | u32 crc | u32 version 2 |
  *                u64 seq | u32 block size | u32 buckets | u64 flushed LSN |
  *                u64 generation | u64 hash k0 | u64 hash k1 | u64 blocks |
- *                u64 last recorded sweep | u64 log LSN synced when written
+ *                u64 last sweep the bucket table records
  *   blocks 2 ..  the bucket table: page p at blocks 2+2p and 2+2p+1 (two copies,
  *                written alternately); page p holds u64 entries for buckets
  *                [p*507, (p+1)*507): the sweep whose write of the bucket's chain

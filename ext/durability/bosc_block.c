@@ -277,7 +277,6 @@ int bosc_sb_write(struct bosc *b, uint64_t flushed, uint64_t gen)
     put64(p + 56, b->k1);
     put64(p + 64, atomic_load_explicit(&b->nblocks, memory_order_relaxed));
     put64(p + 72, b->done_seq);
-    put64(p + 80, b->wal ? wal_synced_lsn(b->wal) : 0);
     put32(p + 8, crc32c(0, p + 12, BLK - 12));
     int rc = pwrite_all(b->fd, p, BLK, (off_t)(seq % 2) * BLK);
     if (!rc && fdatasync(b->fd))
