@@ -124,13 +124,15 @@ def fetch_from_peer(data_dir, host, port, timeout_ms=5000):
 def recover(store, data_dir, repair=True, after_lsn=0):
     """Replay <data_dir>/log into store: the records after after_lsn (what the data
     file already holds). Raises errors.CorruptLogError if the log is damaged
-    anywhere but its torn tail (nothing after the damage is applied)."""
+    anywhere but its torn tail (nothing after the damage is applied) or if its newest
+    segment is missing (the segment its manifest names)."""
     rec = ffi.new("struct wal_recovery *")
     err = ffi.new("char[1024]")
     t0 = time.monotonic()
     rc = lib.wal_recover(store._t, log_dir(data_dir).encode(), after_lsn, 1 if repair else 0, rec, err, 1024)
     errors.raise_for(rc, ffi.string(err).decode(errors="replace"), damaged=errors.CorruptLogError,
-                     hint={errno.EILSEQ: "The server will not start on a damaged log: move the damaged "
+                     hint={errno.EILSEQ: "The server will not start on a damaged or incomplete log: restore "
+                                         "the segment from a backup (or the peer: --from-peer), or move a damaged "
                                          "segment away (keeping a copy) to start from what precedes it."})
     return Recovery(rec.records, rec.first_lsn, rec.last_lsn, rec.segments, rec.bytes, rec.truncated_bytes,
                     ffi.string(rec.problem).decode(errors="replace"), time.monotonic() - t0)

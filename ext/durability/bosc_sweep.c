@@ -100,16 +100,17 @@ static int chain_write(struct bosc *b, uint32_t bucket, uint64_t gen, const stru
     uint32_t *blocks = malloc(need * sizeof *blocks);
     if (!blocks)
         return -ENOMEM;
-    uint32_t home = FIRST_HOME + bucket;
+    uint32_t home = (uint32_t)home_of(b, bucket);
     int rc = 0;
-    /* Copy on write: the chain's new overflow blocks are fresh ones, never its
-     * current ones, which stay intact (and in use) until the sweep is synced. A
-     * crash before the home block is written leaves the old chain whole; one
-     * after it, the new chain whole (one block write is one page: all or
-     * nothing for a killed process). */
+    /* Copy on write, the home block too: the chain's new blocks are fresh
+     * overflow blocks and the home copy that does not hold the synced chain
+     * (b->slot), never the synced ones, which stay intact (and in use) until
+     * the sweep is synced. A crash, even one that tears a block write (a power
+     * cut), leaves the synced chain whole; the log holds what the torn sweep
+     * was writing (the flushed LSN moves only after the sweep's sync). */
     size_t nfreed = b->nfreed; /* (a failed write gives back what it took: below) */
     for (size_t i = 0; i < need; i++) {
-        blocks[i] = i == 0 ? home : bosc_blk_alloc(b);
+        blocks[i] = i == 0 ? home + (b->slot[bucket] ^ 1u) : bosc_blk_alloc(b);
         if (!blocks[i]) {
             for (size_t k = 1; k < i; k++)
                 bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, blocks[k]);
@@ -132,16 +133,17 @@ static int chain_write(struct bosc *b, uint32_t bucket, uint64_t gen, const stru
         rc = bosc_block_write(b, blk, blocks[k], k + 1 < need ? blocks[k + 1] : 0, gen, (uint32_t)n, home);
     }
     if (rc) {
-        /* A write failed (a full disk): the home block, written last, still
-         * names the old chain (a 4 KiB block write that fails for want of space
-         * writes nothing on a 4 KiB-block filesystem, and rewriting an existing
-         * home block needs no new space), so the old chain's blocks stay in
-         * use and the new ones go back to the free list. */
+        /* A write failed (a full disk): the synced home copy still names the
+         * old chain (the bucket is not marked touched, so its copies do not
+         * flip), so the old chain's blocks stay in use and the new ones go back
+         * to the free list. */
         b->nfreed = nfreed;
         for (size_t i = 1; i < need; i++)
             bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, blocks[i]);
     }
     free(blocks);
+    if (!rc && bosc_push_u32(&b->touched, &b->ntouched, &b->captouched, bucket))
+        rc = -ENOMEM;
     return rc;
 }
 
@@ -185,7 +187,7 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
     if (!live)
         return 0;
     qsort(it, n, sizeof *it, lsn_cmp); /* settled items last, updates in LSN order */
-    int rc = bosc_chain_read(b, bucket, gen, &c->stream, &c->chain, &c->nchain, &c->capchain, err, errlen);
+    int rc = bosc_chain_read(b, bucket, gen, &c->stream, &c->chain, &c->nchain, &c->capchain, NULL, err, errlen);
     if (rc)
         return rc;
     if (live > c->cappresent) {
@@ -299,6 +301,7 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     if (b->locked_queue)
         pthread_mutex_unlock(&b->qlock);
     b->sweep_no++;
+    b->ntouched = 0; /* (a sweep that failed may have written some: they are written again) */
     c->n = 0;
     for (struct ldu_node *n = list, *next; n; n = next) {
         next = n->next;
@@ -358,6 +361,14 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         add(&b->st.io_ns, now_ns() - t1);
         add(&b->st.syncs, 1);
     }
+    /* The chains written are synced: their home copies are the synced ones now,
+     * and the bucket table records them (synced with the superblock below). */
+    for (size_t k = 0; k < b->ntouched; k++)
+        b->slot[b->touched[k]] ^= 1;
+    if (b->ntouched && (rc = bosc_tab_write(b))) {
+        snprintf(err, errlen, "cannot write the bucket table of %s: %s", b->path, strerror(-rc));
+        return rc;
+    }
     /* Blocks freed by this sweep are free once the chains that dropped them are synced. */
     for (size_t k = 0; k < b->nfreed; k++)
         bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, b->freed[k]);
@@ -398,9 +409,10 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
             if (n > 0)
                 add(&b->st.truncated, (uint64_t)n);
         }
-    } else if (cur_gen != b->sb_gen) {
+    } else if (cur_gen != b->sb_gen || b->ntouched) {
         /* A FLUSHALL must reach the superblock even when the flushed LSN cannot
-         * move (no log, or blocks skipped): its generation is what empties the file. */
+         * move (no log, or blocks skipped): its generation is what empties the file.
+         * So must the bucket table's sweep (it syncs the table's pages). */
         rc = bosc_sb_write(b, flushed, cur_gen);
         if (rc) {
             snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
@@ -408,6 +420,8 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
             return rc;
         }
     }
+    if (b->ntouched)
+        bosc_tab_done(b);
     uint64_t took = now_ns() - t0;
     add(&b->st.sweeps, 1);
     add(&b->st.sweep_ns, took);
@@ -458,7 +472,8 @@ static int expire_pass(struct bosc *b, struct sweep_ctx *c, char *err, size_t er
             continue;
         struct pass_arg a = {b, atomic_load_explicit(&b->gen, memory_order_acquire), now, 0};
         if (atomic_load_explicit(&b->nkeys[bk], memory_order_relaxed)) {
-            int rc = bosc_chain_read(b, bk, a.gen, &c->stream, &c->chain, &c->nchain, &c->capchain, err, errlen);
+            int rc = bosc_chain_read(b, bk, a.gen, &c->stream, &c->chain, &c->nchain, &c->capchain, NULL, err,
+                                     errlen);
             if (rc)
                 return rc;
             add(&b->st.expire_pass_blocks, c->nchain);

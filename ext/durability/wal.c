@@ -165,6 +165,11 @@ static int seg_create(struct wal *w, uint64_t first, char *err, size_t errlen)
     int fd = wal_seg_create(w->dir, w->dirfd, first, err, errlen);
     if (fd < 0)
         return fd;
+    int rc = wal_manifest_write(w->dir, w->dirfd, first, err, errlen); /* a lost last segment shows */
+    if (rc) {
+        close(fd);
+        return rc;
+    }
     if (w->fd >= 0)
         close(w->fd);
     w->fd = fd;

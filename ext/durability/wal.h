@@ -196,6 +196,17 @@ int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t
  * acknowledges only up to the last COMMIT it holds (replog_recv.c). */
 int64_t wal_read_range(const char *dir, uint64_t from, uint64_t upto, size_t max_bytes, struct kvbuf *out);
 
+/* The log's manifest (wal_manifest.c): <dir>/wal.manifest names the newest
+ * segment the log created. wal_manifest_write records newest (synced, with
+ * dirfd); returns 0 or -errno with a message. wal_manifest_read: 1 and
+ * *newest, 0 if there is none, -EILSEQ if damaged, -errno. wal_manifest_check:
+ * 0 if a segment at least as new as the one named is present (newest_present:
+ * the newest segment's first LSN, nseg: how many there are) or there is no
+ * manifest, else -EILSEQ (or -errno) with what is missing in err. */
+int wal_manifest_write(const char *dir, int dirfd, uint64_t newest, char *err, size_t errlen);
+int wal_manifest_read(const char *dir, uint64_t *newest, char *err, size_t errlen);
+int wal_manifest_check(const char *dir, uint64_t newest_present, int nseg, char *err, size_t errlen);
+
 /* Delete the segments whose records all have LSN <= upto (never the newest):
  * called once the data file holds everything up to upto. Returns the number
  * deleted or -errno. */

@@ -94,7 +94,8 @@ def _ext(*names):
 
 # The C files each stress binary links (paths under ext/), by component.
 TABLE = [str(p) for p in sorted(EXT.glob("core/table*.c"))] + _ext("core/siphash.c", "core/ldu.c")
-WAL = _ext("durability/wal.c", "durability/wal_recover.c", "core/crc32c.c", "core/log.c", "core/latmon.c")
+WAL = _ext("durability/wal.c", "durability/wal_recover.c", "durability/wal_manifest.c", "core/crc32c.c",
+           "core/log.c", "core/latmon.c")
 BOSC = [str(p) for p in sorted(EXT.glob("durability/bosc_*.c"))]  # the data file's parts, however split
 
 def layer_sources(*layers):
