@@ -340,7 +340,7 @@ def _assert_refused(data_dir, path, off, after_lsn, why=None):
     assert rc is not None, f"kvstore serve STARTED on a corrupt log:\nstdout: {out}\nstderr: {err}"
     assert rc != 0 and "listening on" not in out, (rc, out, err)
     assert all(d in err for d in details), (details, err)
-    assert "move the damaged segment away" in err, err  # the advice
+    assert "move a damaged segment away" in err, err  # the advice
     for extra in ([], ["--check-only"]):
         rc, out, err = fl.run_recover(data_dir, *extra)
         assert rc == 1 and all(d in err for d in details), (extra, rc, out, err, details)
