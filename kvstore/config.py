@@ -33,13 +33,17 @@ def parse_size(value, what="size"):
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
-def clients_memory_bound(value, max_memory):
+IDLE_CLIENT_BYTES = 20 << 10  # a connected, idle client: its 16 KiB read buffer and its state
+
+
+def clients_memory_bound(value, max_memory, maxclients=10000):
     """maxmemory-clients in bytes and as given ("" = the default: 10% of max_memory, or of the
-    machine's RAM when max_memory is 0, at least 64 MiB). Returns (bytes, percent or -1)."""
+    machine's RAM when max_memory is 0, and at least 64 MiB more than maxclients idle clients
+    hold, so that idle clients are never evicted). Returns (bytes, percent or -1)."""
     text = str(value).strip()
     if text == "":
         base = max_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return max(base // 10, 64 << 20), -1
+        return max(base // 10, (64 << 20) + maxclients * IDLE_CLIENT_BYTES), -1
     if text.endswith("%"):
         digits = text[:-1].strip()
         if not digits.isdigit() or not 0 < int(digits) <= 100:
@@ -264,11 +268,12 @@ class ServerConfig:
             "buffers), as Redis 7's maxmemory-clients: when their sum passes it, the clients using the most memory "
             "are closed first, and no reply is built past it (a client whose one reply would pass it is closed "
             "instead). A size (256mb, 1gb), a percentage of --max-memory (10%; of the machine's RAM when "
-            "--max-memory is 0) or 0 (no bound). Default: 10% of --max-memory (of RAM when it is 0), at least "
-            "64mb: enough for a few clients sending or reading the largest bulk while thousands of idle ones "
-            "cost little, and a bound even when the table itself has none.", shown="10% (at least 64mb)",
+            "--max-memory is 0) or 0 (no bound). Default: 10% of --max-memory (of RAM when it is 0), and at "
+            "least 64mb plus 20kb per --maxclients: every allowed client may sit idle with its read buffer "
+            "without being evicted, a few may send or read large bulks, and there is a bound even when the "
+            "table has none.", shown="10% (at least 64mb + 20kb x maxclients)",
         accepts="a size such as 256mb, a percentage such as 10%, or 0 (no bound)",
-        c="maxmemory_clients", to_c=lambda v, cfg: "%d %d" % clients_memory_bound(v, cfg.max_memory))
+        c="maxmemory_clients", to_c=lambda v, cfg: "%d %d" % clients_memory_bound(v, cfg.max_memory, cfg.maxclients))
     client_output_buffer_limit: str = setting(
         "normal 0 0 0", "Output buffer limits of normal clients, as Redis's client-output-buffer-limit: "
                         "'normal HARD SOFT SECONDS' (sizes in bytes or with Redis's units): a client whose unsent "
@@ -293,7 +298,7 @@ class ServerConfig:
             self.data_file = self.durability != "none"
         for f in dataclasses.fields(self):
             setattr(self, f.name, check(f, getattr(self, f.name)))
-        clients_memory_bound(self.maxmemory_clients, self.max_memory)  # raise now, not at start
+        clients_memory_bound(self.maxmemory_clients, self.max_memory, self.maxclients)  # raise now, not at start
         parse_output_limit(self.client_output_buffer_limit)
         # rules between settings
         if self.durability == "remote":

@@ -44,7 +44,8 @@ static void relaxed_max(_Atomic uint64_t *a, uint64_t v)
 static int evict_locked(struct kv_engine *e, struct cmd_client *self, long long max)
 {
     int self_chosen = 0;
-    int64_t over = atomic_load_explicit(&e->mem_clients, memory_order_relaxed) - e->mem_dying - max;
+    int64_t over = atomic_load_explicit(&e->mem_clients, memory_order_relaxed) -
+                   atomic_load_explicit(&e->mem_dying, memory_order_relaxed) - max;
     while (over > 0) {
         struct cmd_client *big = NULL;
         uint64_t most = 0;
@@ -59,7 +60,7 @@ static int evict_locked(struct kv_engine *e, struct cmd_client *self, long long 
         if (!big)
             break;
         big->dying = (int64_t)most;
-        e->mem_dying += (int64_t)most;
+        atomic_fetch_add_explicit(&e->mem_dying, (int64_t)most, memory_order_relaxed);
         over -= (int64_t)most;
         atomic_fetch_add_explicit(&e->evicted_clients, 1, memory_order_relaxed);
         static struct kvlog_rate rate = KVLOG_RATE_INIT(10);
@@ -77,7 +78,8 @@ static int evict_locked(struct kv_engine *e, struct cmd_client *self, long long 
 static int over_bound(struct kv_engine *e, long long *max)
 {
     *max = atomic_load_explicit(&e->maxmemory_clients, memory_order_relaxed);
-    return *max > 0 && atomic_load_explicit(&e->mem_clients, memory_order_relaxed) > *max;
+    return *max > 0 && atomic_load_explicit(&e->mem_clients, memory_order_relaxed) -
+                               atomic_load_explicit(&e->mem_dying, memory_order_relaxed) > *max;
 }
 
 static int evict(struct kv_engine *e, struct cmd_client *self, long long max)
@@ -140,18 +142,33 @@ int cmd_client_mem(struct cmd_client *c, int64_t now_ms, size_t qmem, size_t in_
     return CMD_MEM_OK;
 }
 
-size_t cmd_client_reply_room(struct cmd_client *c)
+size_t cmd_client_reply_limit(struct cmd_client *c)
 {
-    long long hard = atomic_load_explicit(&c->eng->cobl_hard, memory_order_relaxed);
-    long long max = atomic_load_explicit(&c->eng->maxmemory_clients, memory_order_relaxed);
-    if (hard > 0 && (max <= 0 || hard < max))
-        max = hard;
-    return max > 0 ? (size_t)max : 0;
+    struct kv_engine *e = c->eng;
+    long long hard = atomic_load_explicit(&e->cobl_hard, memory_order_relaxed);
+    long long max = atomic_load_explicit(&e->maxmemory_clients, memory_order_relaxed);
+    size_t limit = hard > 0 ? c->out->len + (size_t)hard : 0;
+    if (max <= 0)
+        return limit;
+    if (over_bound(e, &max) && evict(e, c, max))
+        return c->out->len + 1; /* it is the one to go: nothing more is built for it */
+    int64_t own = (int64_t)atomic_load_explicit(&c->mem, memory_order_relaxed);
+    int64_t others = atomic_load_explicit(&e->mem_clients, memory_order_relaxed) -
+                     atomic_load_explicit(&e->mem_dying, memory_order_relaxed) - own;
+    /* what it may hold: the bound less the others; at least its own published memory,
+     * so a client under the bound is never refused for what others hold */
+    int64_t left = max - (others > 0 ? others : 0);
+    if (left < own)
+        left = own;
+    size_t cap = (size_t)left > c->out->len ? (size_t)left : c->out->len + 1;
+    return limit && limit < cap ? limit : cap;
 }
 
 void cmd_client_reply_over(struct cmd_client *c)
 {
     struct kv_engine *e = c->eng;
+    if (c->dying) /* evicted by cmd_client_reply_limit: counted and logged there */
+        return;
     long long hard = atomic_load_explicit(&e->cobl_hard, memory_order_relaxed);
     long long max = atomic_load_explicit(&e->maxmemory_clients, memory_order_relaxed);
     if (hard > 0 && (max <= 0 || hard <= max)) {
@@ -251,6 +268,12 @@ static void set_output_limit(struct kv_engine *e, unsigned long long hard, unsig
 
 int cmd_client_mem_register(struct kv_engine *e)
 {
+    /* glibc raises its mmap threshold each time a mapped block is freed, up to 32 MiB:
+     * after clients with large buffers leave, the next ones' buffers come from the
+     * heap, and what they free stays in the process (RSS 5x the clients' memory
+     * with evictions running). Pinned at its initial 128 KiB, a buffer that large is
+     * a mapping of its own (grown by mremap) and goes back to the system when freed. */
+    mallopt(M_MMAP_THRESHOLD, 128 * 1024);
     long long bytes = 0, hard = 0, soft = 0;
     int pct = -1, secs = 0;
     if (e->cfg.maxmemory_clients && sscanf(e->cfg.maxmemory_clients, "%lld %d", &bytes, &pct) != 2)

@@ -160,11 +160,13 @@ enum { CMD_MEM_OK, CMD_MEM_CLOSE };
  * CMD_MEM_CLOSE when this client must be closed now. Cheap when nothing is over:
  * relaxed atomics only; eviction takes the registry's lock. */
 int cmd_client_mem(struct cmd_client *c, int64_t now_ms, size_t qmem, size_t in_bytes, size_t obl, size_t out_bytes);
-/* How far a reply may grow out (bytes past its current length) while one request
- * runs: the hard output limit and maxmemory-clients, the smaller that is set; 0 =
- * no bound. ses_run sets out->limit from it, so a reply larger than what would get
- * the client closed anyway (MGET of a large key 10,000 times) is never built. */
-size_t cmd_client_reply_room(struct cmd_client *c);
+/* The length c->out may reach while one request runs (0: no bound): its current
+ * length plus the hard output limit, and no more than what maxmemory-clients leaves
+ * after every other client's memory (those past it evicted first, the largest
+ * first). ses_run sets out->limit from it, so a reply that would get its client
+ * closed anyway (MGET of a large key 10,000 times) is never built, and clients
+ * served in one poll round cannot together pass the bound by much. */
+size_t cmd_client_reply_limit(struct cmd_client *c);
 /* A reply stopped at that bound: counted and logged; the caller closes the client. */
 void cmd_client_reply_over(struct cmd_client *c);
 /* Every TCP_CRON_MS on each front-end thread: the recent-max windows of INFO, an

@@ -115,7 +115,7 @@ struct kv_engine {
     /* ---- client memory (clientmem) */
     /* Every TCP connection's memory, summed from what each owner thread publishes,
      * the bounds CONFIG SET changes, and the counters INFO shows (cmd/client_mem.c).
-     * Relaxed atomics; mem_dying (killed for memory, not yet gone) under clients_lock. */
+     * Relaxed atomics; mem_dying (killed for memory, not yet gone) written under clients_lock. */
     _Atomic int64_t mem_clients;
     _Atomic long long maxmemory_clients;   /* bytes, 0 = no bound */
     _Atomic int maxmemory_clients_pct;     /* given as a percentage of maxmemory (-1: a size) */
@@ -126,7 +126,7 @@ struct kv_engine {
                                                                              window and the last */
     _Atomic int64_t recent_window;         /* when the current window began (ms) */
     _Atomic int64_t mem_trim_peak;         /* mem_clients' peak since memory was last given back */
-    int64_t mem_dying;
+    _Atomic int64_t mem_dying;
     /* ---- disk errors (diskfull) */
 };
 

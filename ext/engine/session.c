@@ -55,10 +55,9 @@ int ses_run(struct session *s, int argc, const char **argv, const size_t *argl)
     size_t reply_at = c->out->len;
     kvt_lsn_reset();
     c->top = CMD_TOP_NEXT; /* CLIENT LIST shows this request's command, not those EXEC runs */
-    /* A reply is built under its client's bound (cmd_client_reply_room): one that
+    /* A reply is built under its client's bound (cmd_client_reply_limit): one that
      * would pass it stops there, and the client is closed, as it would be once sent. */
-    size_t room = cmd_client_reply_room(c);
-    c->out->limit = room ? c->out->len + room : 0;
+    c->out->limit = cmd_client_reply_limit(c);
     int rc = cmd_dispatch(c, argc, argv, argl);
     c->out->limit = 0;
     if (c->out->over) {
