@@ -170,19 +170,22 @@ def test_config_get_set_as_redis(node, redis_server):
 
 
 def test_output_buffer_hard_limit_closes_the_client(node):
-    """client-output-buffer-limit normal HARD: a reply past it is not built; the client is
-    closed and counted in client_output_buffer_limit_disconnections."""
+    """client-output-buffer-limit normal HARD: a reply past it (MGET's, KEYS's) is not
+    sent; the client is closed and counted in client_output_buffer_limit_disconnections."""
     with Raw(node.port) as r:
         assert r.call("SET", "v", "z" * 100_000) == b"OK"
+        for i in range(0, 20_000, 1000):
+            assert r.call("MSET", *[x for j in range(i, i + 1000) for x in (f"key:{j:060}", "1")]) == b"OK"
         assert r.call("CONFIG", "SET", "client-output-buffer-limit", "normal 1mb 0 0") == b"OK"
-    s = socket.create_connection(("127.0.0.1", node.port))
-    try:
-        s.sendall(command("MGET", *["v"] * 50))  # 5 MB
-        got, closed = read_to_close(s, timeout=10)
-    finally:
-        s.close()
-    assert closed and got < 1 * MB
-    assert int(info(node, "stats")["client_output_buffer_limit_disconnections"]) >= 1
+    for request in (command("MGET", *["v"] * 50), command("KEYS", "*")):  # 5 MB, 1.4 MB
+        s = socket.create_connection(("127.0.0.1", node.port))
+        try:
+            s.sendall(request)
+            got, closed = read_to_close(s, timeout=10)
+        finally:
+            s.close()
+        assert closed and got < 1 * MB, request[:20]
+    assert int(info(node, "stats")["client_output_buffer_limit_disconnections"]) >= 2
     with Raw(node.port) as r:  # replies under the limit are served
         assert r.call("MGET", "v", "v") == [b"z" * 100_000] * 2
 
