@@ -148,7 +148,7 @@ size_t cmd_client_reply_limit(struct cmd_client *c)
     long long hard = atomic_load_explicit(&e->cobl_hard, memory_order_relaxed);
     long long max = atomic_load_explicit(&e->maxmemory_clients, memory_order_relaxed);
     size_t limit = hard > 0 ? c->out->len + (size_t)hard : 0;
-    if (max <= 0)
+    if (max <= 0 || c->datagram) /* a UDP session is no connection: its reply is one datagram */
         return limit;
     if (over_bound(e, &max) && evict(e, c, max))
         return c->out->len + 1; /* it is the one to go: nothing more is built for it */

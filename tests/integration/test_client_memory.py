@@ -219,3 +219,29 @@ def test_half_command_clients_memory_given_back():
         stop_node(n)
     assert peak > 100 * MB, f"5,000 half commands took only {peak / MB:.0f} MB: the test measures nothing"
     assert kept < peak // 4, f"{kept / MB:.0f} MB of {peak / MB:.0f} MB kept after the clients left"
+
+
+def test_output_buffer_soft_limit_closes_a_slow_reader(node):
+    """client-output-buffer-limit normal 0 SOFT SECONDS: a client that keeps asking while
+    its unsent replies stay above SOFT for SECONDS is closed (and counted)."""
+    with Raw(node.port) as r:
+        assert r.call("SET", "v", "w" * 50_000) == b"OK"
+        assert r.call("CONFIG", "SET", "client-output-buffer-limit", "normal 0 256kb 1") == b"OK"
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", node.port))
+    closed, end = False, time.monotonic() + 8
+    try:
+        while time.monotonic() < end and not closed:
+            try:
+                s.sendall(command("GET", "v"))
+            except OSError:
+                closed = True
+            time.sleep(0.05)
+        if not closed:
+            closed = read_to_close(s, timeout=2)[1]
+    finally:
+        s.close()
+    assert closed, "a client above the soft limit for 8 s was not closed"
+    assert int(info(node, "stats").get("client_output_buffer_limit_disconnections", 0)) >= 1
+    assert serving(node)
