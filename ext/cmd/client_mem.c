@@ -167,7 +167,10 @@ size_t cmd_client_reply_limit(struct cmd_client *c)
 void cmd_client_reply_over(struct cmd_client *c)
 {
     struct kv_engine *e = c->eng;
-    if (c->dying) /* evicted by cmd_client_reply_limit: counted and logged there */
+    pthread_mutex_lock(&e->clients_lock); /* (dying is written by evicting threads) */
+    int evicted = c->dying != 0;
+    pthread_mutex_unlock(&e->clients_lock);
+    if (evicted) /* by cmd_client_reply_limit: counted and logged there */
         return;
     long long hard = atomic_load_explicit(&e->cobl_hard, memory_order_relaxed);
     long long max = atomic_load_explicit(&e->maxmemory_clients, memory_order_relaxed);
