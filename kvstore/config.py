@@ -33,6 +33,44 @@ def parse_size(value, what="size"):
     return int(m.group(1)) * _UNITS[m.group(2).lower()]
 
 
+IDLE_CLIENT_BYTES = 20 << 10  # a connected, idle client: its 16 KiB read buffer and its state
+
+
+def clients_memory_bound(value, max_memory, maxclients=10000):
+    """maxmemory-clients in bytes and as given ("" = the default: 10% of max_memory, or of the
+    machine's RAM when max_memory is 0, and at least 64 MiB more than maxclients idle clients
+    hold, so that idle clients are never evicted). Returns (bytes, percent or -1)."""
+    text = str(value).strip()
+    if text == "":
+        base = max_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return max(base // 10, (64 << 20) + maxclients * IDLE_CLIENT_BYTES), -1
+    if text.endswith("%"):
+        digits = text[:-1].strip()
+        if not digits.isdigit() or not 0 < int(digits) <= 100:
+            raise ConfigError(f"maxmemory_clients: expected a percentage from 1% to 100%, got {value!r}")
+        base = max_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return base * int(digits) // 100, int(digits)
+    try:
+        return parse_size(value if isinstance(value, int) else text, "maxmemory_clients"), -1
+    except ConfigError:
+        raise ConfigError("maxmemory_clients: expected a size such as 256mb, a percentage such as 10%, or 0 "
+                          f"(no bound), got {value!r}") from None
+
+
+def parse_output_limit(value):
+    """'normal HARD SOFT SECONDS' (Redis's client-output-buffer-limit for normal clients) as the
+    string C parses again: 'HARD SOFT SECONDS' in bytes and seconds."""
+    words = str(value).split()
+    if len(words) != 4 or words[0].lower() != "normal":
+        raise ConfigError("client_output_buffer_limit: expected 'normal HARD SOFT SECONDS', e.g. "
+                          f"'normal 32mb 8mb 60' (0 = no limit); got {value!r}")
+    hard = parse_size(words[1], "client_output_buffer_limit hard")
+    soft = parse_size(words[2], "client_output_buffer_limit soft")
+    if not words[3].isdigit():
+        raise ConfigError(f"client_output_buffer_limit: SECONDS must be a whole number, got {words[3]!r}")
+    return f"{hard} {soft} {int(words[3])}"
+
+
 def parse_address(text, what):
     """(host, port) from 'IPV4:PORT', or a ConfigError naming `what` and the form expected."""
     host, _, port = str(text).rpartition(":")
@@ -258,6 +296,24 @@ class ServerConfig:
         shown=None, accepts="32 hexadecimal digits (16 bytes), e.g. the content of <data-dir>/node-id")
     # ---- client limits: timeouts, file descriptors (limits)
     # ---- client memory (clientmem)
+    maxmemory_clients: str = setting(
+        "", "Bound on the memory of all client connections together (input buffers, argument arrays, output "
+            "buffers), as Redis 7's maxmemory-clients: when their sum passes it, the clients using the most memory "
+            "are closed first, and no reply is built past it (a client whose one reply would pass it is closed "
+            "instead). A size (256mb, 1gb), a percentage of --max-memory (10%; of the machine's RAM when "
+            "--max-memory is 0) or 0 (no bound). Default: 10% of --max-memory (of RAM when it is 0), and at "
+            "least 64mb plus 20kb per --maxclients: every allowed client may sit idle with its read buffer "
+            "without being evicted, a few may send or read large bulks, and there is a bound even when the "
+            "table has none.", shown="10% (at least 64mb + 20kb x maxclients)",
+        accepts="a size such as 256mb, a percentage such as 10%, or 0 (no bound)",
+        c="maxmemory_clients", to_c=lambda v, cfg: "%d %d" % clients_memory_bound(v, cfg.max_memory, cfg.maxclients))
+    client_output_buffer_limit: str = setting(
+        "normal 0 0 0", "Output buffer limits of normal clients, as Redis's client-output-buffer-limit: "
+                        "'normal HARD SOFT SECONDS' (sizes in bytes or with Redis's units): a client whose unsent "
+                        "replies pass HARD, or stay above SOFT for SECONDS, is closed; 0 = no such limit (the "
+                        "default, as Redis; maxmemory-clients still bounds every client).",
+        accepts="'normal HARD SOFT SECONDS', e.g. 'normal 32mb 8mb 60'",
+        c="cobl_normal", to_c=lambda v, cfg: parse_output_limit(v))
     # ---- disk errors (diskfull)
     # ---- data-file integrity (integrity)
     config_file: str = setting(
@@ -275,6 +331,8 @@ class ServerConfig:
             self.data_file = self.durability != "none"
         for f in dataclasses.fields(self):
             setattr(self, f.name, check(f, getattr(self, f.name)))
+        clients_memory_bound(self.maxmemory_clients, self.max_memory, self.maxclients)  # raise now, not at start
+        parse_output_limit(self.client_output_buffer_limit)
         # rules between settings
         if self.durability == "remote":
             if not self.peer:

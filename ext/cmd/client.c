@@ -67,6 +67,12 @@ void cmd_client_unregister(struct cmd_client *c)
     struct kv_engine *e = c->eng;
     pthread_mutex_lock(&e->clients_lock);
     list_del(&c->reg);
+    /* its memory leaves the sum now (freed right after): client_mem.c */
+    atomic_fetch_sub_explicit(&e->mem_clients, (int64_t)atomic_load_explicit(&c->mem, memory_order_relaxed),
+                              memory_order_relaxed);
+    atomic_store_explicit(&c->mem, 0, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&e->mem_dying, c->dying, memory_order_relaxed);
+    c->dying = 0;
     if (c->mon)
         cmd_monitor_end_locked(c);
     c->fd = -1;

@@ -75,6 +75,12 @@ struct cmd_client {
     _Atomic uint64_t multi_mem;    /* their argument bytes */
     _Atomic uint32_t qbuf, qbuf_free, obl, rbs, rbp; /* input and output buffers (cmd_client_io) */
     _Atomic int events;            /* CMD_EV_READ | CMD_EV_WRITE: what the front end waits for */
+    /* Memory (client_mem.c): what the owner last published (counted in the engine's
+     * mem_clients), since when its unsent replies are above the soft limit (0: they
+     * are not), and what eviction counted as soon gone (clients_lock). */
+    _Atomic uint64_t mem;
+    int64_t soft_since_ms;
+    int64_t dying;
 };
 
 enum { CMD_EV_READ = 1, CMD_EV_WRITE = 2 };
@@ -140,6 +146,39 @@ void cmd_monitor_flush(struct kv_engine *e);
  * interleave with lines other threads write), and c->out is emptied. Owner thread. */
 int cmd_monitor_reply(struct cmd_client *c);
 #define CMD_MONITOR_MAX (16u << 20) /* a monitor this far behind is disconnected (output buffer limit) */
+
+/* ---- client memory (client_mem.c): maxmemory-clients, client-output-buffer-limit */
+#define CMD_QUERYBUF_MAX (1024LL * 1024 * 1024) /* Redis's client-query-buffer-limit: unparsed input
+                                                  and its argument array, per client */
+enum { CMD_MEM_OK, CMD_MEM_CLOSE };
+/* The owner thread's account of its connection after it read or wrote: qmem, the
+ * request in part (input not yet run plus the parser's argument array); in_bytes
+ * and out_bytes, what its input and output buffers hold allocated; obl, replies
+ * not yet sent. Publishes the total (INFO mem_clients_normal, eviction), checks
+ * the query-buffer limit and client-output-buffer-limit normal (counted, logged),
+ * and past maxmemory-clients closes the clients using most memory. Returns
+ * CMD_MEM_CLOSE when this client must be closed now. Cheap when nothing is over:
+ * relaxed atomics only; eviction takes the registry's lock. */
+int cmd_client_mem(struct cmd_client *c, int64_t now_ms, size_t qmem, size_t in_bytes, size_t obl, size_t out_bytes);
+/* The length c->out may reach while one request runs (0: no bound): its current
+ * length plus the hard output limit, and no more than what maxmemory-clients leaves
+ * after every other client's memory (those past it evicted first, the largest
+ * first). ses_run sets out->limit from it, so a reply that would get its client
+ * closed anyway (MGET of a large key 10,000 times) is never built, and clients
+ * served in one poll round cannot together pass the bound by much. */
+size_t cmd_client_reply_limit(struct cmd_client *c);
+/* A reply stopped at that bound: counted and logged; the caller closes the client. */
+void cmd_client_reply_over(struct cmd_client *c);
+/* Every TCP_CRON_MS on each front-end thread: the recent-max windows of INFO, an
+ * eviction a lost race may have left undone, and memory given back to the system
+ * once clients that held much of it have left. */
+void cmd_clients_cron(struct kv_engine *e, int64_t now_ms);
+/* INFO lines (clients, memory, stats) and the bounds from e->cfg. Control thread. */
+int cmd_client_mem_register(struct kv_engine *e);
+/* CONFIG GET/SET of maxmemory-clients and client-output-buffer-limit: the value
+ * as Redis shows it; set: 1 if name is one of them (replied), else 0. */
+void cmd_client_mem_get(struct cmd_client *c, int which, char *dst, size_t n);
+int cmd_client_mem_set(struct cmd_client *c, const char *name, size_t nlen, const char *v, size_t vlen, int *rc);
 
 /* Number of top-level commands in the table (COMMAND COUNT). */
 int cmd_count(void);

@@ -56,6 +56,8 @@ int cmd_reply_write_err(struct cmd_client *c, int64_t rc);
 /* Redis's string2ll on argument i: 0, or -EINVAL if it is not a 64-bit decimal integer. */
 int cmd_arg_ll(const struct cmd_args *a, int i, long long *v);
 int64_t cmd_unix_ms(void);
+/* Redis's memtoull (config.c): digits and an optional unit b, k, kb, m, mb, g, gb. 0 or -EINVAL. */
+int cmd_parse_memory(const char *p, size_t n, unsigned long long *out);
 /* kvt_read_fn that appends the value as a bulk string to the client's replies. */
 void cmd_add_bulk_cb(void *arg, const char *v, size_t n);
 int cmd_unknown_sub(struct cmd_client *c, const struct cmd_args *a, const char *cmd);

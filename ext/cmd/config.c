@@ -15,7 +15,7 @@
 
 /* Redis's memtoull: digits then an optional unit b, k, kb, m, mb, g, gb
  * (k/m/g are powers of 1000, kb/mb/gb of 1024), case-insensitive. */
-static int parse_memory(const char *p, size_t n, unsigned long long *out)
+int cmd_parse_memory(const char *p, size_t n, unsigned long long *out)
 {
     size_t i = 0;
     unsigned long long v = 0;
@@ -68,6 +68,8 @@ PARAM_STR(p_latency_percentiles, "50 99 99.9")
 PARAM_STR(p_yes, "yes")
 PARAM_INT(p_tls_port, c->eng->tls_port > 0 ? c->eng->tls_port : 0) /* Redis: 0 = no TLS port */
 PARAM_STR(p_tls_auth, c->eng->tls_auth ? c->eng->tls_auth : "yes")
+static void p_mmc(struct cmd_client *c, char *dst, size_t n) { cmd_client_mem_get(c, 0, dst, n); }
+static void p_cobl(struct cmd_client *c, char *dst, size_t n) { cmd_client_mem_get(c, 1, dst, n); }
 
 static const struct param {
     const char *name;
@@ -82,6 +84,7 @@ static const struct param {
     {"latency-monitor-threshold", p_latency_threshold}, {"latency-tracking", p_yes},
     {"latency-tracking-info-percentiles", p_latency_percentiles},
     {"tls-port", p_tls_port}, {"tls-auth-clients", p_tls_auth},
+    {"maxmemory-clients", p_mmc}, {"client-output-buffer-limit", p_cobl},
 };
 
 /* CONFIG SET of the statistics' integer parameters: Redis's messages for a value
@@ -167,7 +170,7 @@ int c_config(struct cmd_client *c, const struct cmd_args *a)
             return 0;
         if (a->argc == 4 && ARGIS(a, 2, "maxmemory")) {
             unsigned long long v;
-            if (parse_memory(a->argv[3], a->argl[3], &v))
+            if (cmd_parse_memory(a->argv[3], a->argl[3], &v))
                 return resp_add_errorf(c->out, "ERR CONFIG SET failed (possibly related to argument "
                                                "'maxmemory') - argument must be a memory value");
             kvt_set_max_memory(c->table, v);
@@ -175,6 +178,8 @@ int c_config(struct cmd_client *c, const struct cmd_args *a)
         }
         int rc;
         if (a->argc == 4 && set_stat_param(c, a, &rc))
+            return rc;
+        if (a->argc == 4 && cmd_client_mem_set(c, a->argv[2], a->argl[2], a->argv[3], a->argl[3], &rc))
             return rc;
         return resp_add_errorf(c->out, "ERR Unknown option or number of arguments for CONFIG SET - '%.*s'",
                                (int)(a->argl[2] > 128 ? 128 : a->argl[2]), a->argv[2]);
@@ -186,7 +191,8 @@ int c_config(struct cmd_client *c, const struct cmd_args *a)
     if (ARGIS(a, 1, "HELP")) {
         static const char *const help[] = {
             "CONFIG <subcommand> [<arg> ...]. Subcommands are:", "GET <pattern>",
-            "SET maxmemory|slowlog-log-slower-than|slowlog-max-len|latency-monitor-threshold <value>", "RESETSTAT"};
+            "SET maxmemory|maxmemory-clients|client-output-buffer-limit|slowlog-log-slower-than|slowlog-max-len|"
+            "latency-monitor-threshold <value>", "RESETSTAT"};
         return CMD_REPLY_HELP(c, help);
     }
     return cmd_unknown_sub(c, a, "CONFIG");

@@ -544,8 +544,9 @@ static int64_t hscan_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
     }
     if (h->opt_err) /* options are read after the key, as in Redis */
         return fail(h, h->opt_err);
-    /* the elements go to a side buffer first: their number comes before them */
-    struct kvbuf els = {0};
+    /* the elements go to a side buffer first: their number comes before them (under the
+     * reply's bound, session.c: a refusal there closes the client as one in out would) */
+    struct kvbuf els = {.limit = out->limit ? out->limit - out->len : 0};
     struct hashenc_iter it;
     struct hashenc_entry e;
     long long m = 0;
@@ -563,6 +564,7 @@ static int64_t hscan_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
         out_rc(h, resp_add_array(out, m));
         out_rc(h, kvbuf_append(out, els.p, els.len));
     }
+    out->over |= els.over;
     kvbuf_free(&els);
     return rc;
 }

@@ -508,6 +508,9 @@ int c_keys(struct cmd_client *c, const struct cmd_args *a)
     if (!k)
         return -ENOMEM;
     int rc = 0;
+    /* The keys are gathered under the reply's bound (session.c): they take about what
+     * their reply will, and a refusal closes the client as one in out would. */
+    k->out.limit = c->out->limit ? c->out->limit - c->out->len : 0;
     if (!k->file) {
         rc = keys_memory(c, k, &f);
         k->file = 1;
@@ -522,6 +525,7 @@ int c_keys(struct cmd_client *c, const struct cmd_args *a)
             return 0;
         }
     }
+    c->out->over |= k->out.over;
     if (!rc)
         rc = resp_add_array(c->out, (long long)k->nout);
     size_t off = 0;

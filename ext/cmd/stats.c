@@ -288,7 +288,9 @@ static void info_latencystats_fn(void *arg, struct kvbuf *b)
 
 int cmd_stats_register(struct kv_engine *e)
 {
-    int rc = eng_info_add(e, "clients", info_clients, NULL, e);
+    int rc = cmd_client_mem_register(e); /* client_recent_max_* come before blocked_clients */
+    if (!rc)
+        rc = eng_info_add(e, "clients", info_clients, NULL, e);
     if (!rc)
         rc = eng_info_add(e, "stats", info_stats, NULL, e);
     if (!rc)

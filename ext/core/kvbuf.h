@@ -13,18 +13,28 @@
 
 struct kvbuf {
     char *p;
-    size_t len;  /* bytes in use */
-    size_t cap;  /* bytes allocated */
+    size_t len;   /* bytes in use */
+    size_t cap;   /* bytes allocated */
+    size_t limit; /* 0, or len may not grow past this: a reply being built stops at
+                     its client's output bound instead of after it (session.c) */
+    int over;     /* a reserve was refused for limit (the owner closes the client) */
 };
 
-/* Make room for at least `more` bytes after len. Returns 0 or -ENOMEM. */
+/* Make room for at least `more` bytes after len. Returns 0 or -ENOMEM (also past
+ * limit, with over set). */
 static inline int kvbuf_reserve(struct kvbuf *b, size_t more)
 {
-    if (b->cap - b->len >= more)
+    if (b->cap - b->len >= more && !b->limit)
         return 0;
     size_t need = b->len + more;
     if (need < b->len)
         return -ENOMEM;
+    if (b->limit && need > b->limit) {
+        b->over = 1;
+        return -ENOMEM;
+    }
+    if (b->cap >= need)
+        return 0;
     size_t cap = b->cap ? b->cap : 256;
     while (cap < need)
         cap = cap * 2 > cap ? cap * 2 : need;
@@ -59,6 +69,10 @@ static inline int kvbuf_printf(struct kvbuf *b, const char *fmt, ...)
     va_end(ap);
     if (n < 0)
         return -EINVAL;
+    if (b->limit && b->len + (size_t)n > b->limit) { /* formatted into spare room, not kept */
+        b->over = 1;
+        return -ENOMEM;
+    }
     if ((size_t)n >= b->cap - b->len) { /* did not fit (with its NUL): grow, format again */
         if (kvbuf_reserve(b, (size_t)n + 1))
             return -ENOMEM;

@@ -75,6 +75,9 @@ struct kv_config {
                                 commands get -LOADING until eng_attach (engine/loading.h) */
     /* ---- client limits: timeouts, file descriptors (limits) */
     /* ---- client memory (clientmem) */
+    const char *maxmemory_clients; /* "BYTES PCT": bound on all clients' memory (0: none), and the
+                                      percentage of maxmemory it was given as (-1: a size) */
+    const char *cobl_normal;       /* "HARD SOFT SECONDS": client-output-buffer-limit normal */
     /* ---- disk errors (diskfull) */
 };
 
@@ -123,6 +126,20 @@ struct kv_engine {
     struct eng_loading *ld;  /* what it waits for, for INFO and the -LOADING error */
     /* ---- client limits: timeouts, file descriptors (limits) */
     /* ---- client memory (clientmem) */
+    /* Every TCP connection's memory, summed from what each owner thread publishes,
+     * the bounds CONFIG SET changes, and the counters INFO shows (cmd/client_mem.c).
+     * Relaxed atomics; mem_dying (killed for memory, not yet gone) written under clients_lock. */
+    _Atomic int64_t mem_clients;
+    _Atomic long long maxmemory_clients;   /* bytes, 0 = no bound */
+    _Atomic int maxmemory_clients_pct;     /* given as a percentage of maxmemory (-1: a size) */
+    _Atomic long long cobl_hard, cobl_soft; /* client-output-buffer-limit normal, bytes (0: none) */
+    _Atomic int cobl_seconds;
+    _Atomic uint64_t evicted_clients, cobl_disconnections, qbuf_disconnections;
+    _Atomic uint64_t recent_in, recent_out, recent_in_last, recent_out_last; /* largest buffers seen, this
+                                                                             window and the last */
+    _Atomic int64_t recent_window;         /* when the current window began (ms) */
+    _Atomic int64_t mem_trim_peak;         /* mem_clients' peak since memory was last given back */
+    _Atomic int64_t mem_dying;
     /* ---- disk errors (diskfull) */
 };
 

@@ -56,7 +56,18 @@ int ses_run(struct session *s, int argc, const char **argv, const size_t *argl)
     size_t reply_at = c->out->len;
     kvt_lsn_reset();
     c->top = CMD_TOP_NEXT; /* CLIENT LIST shows this request's command, not those EXEC runs */
-    if (cmd_dispatch(c, argc, argv, argl))
+    /* A reply is built under its client's bound (cmd_client_reply_limit): one that
+     * would pass it stops there, and the client is closed, as it would be once sent. */
+    c->out->limit = cmd_client_reply_limit(c);
+    int rc = cmd_dispatch(c, argc, argv, argl);
+    c->out->limit = 0;
+    if (c->out->over) {
+        c->out->over = 0;
+        c->out->len = reply_at;
+        cmd_client_reply_over(c);
+        return -ENOMEM;
+    }
+    if (rc)
         return -ENOMEM;
     if (c->tx) /* it used MULTI or WATCH: CLIENT LIST's multi fields */
         cmd_client_after(c, reply_at, argc, argl);

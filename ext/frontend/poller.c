@@ -39,6 +39,7 @@
 #include "frontend/poller_int.h"
 #include "frontend/pollpolicy.h"
 #include "frontend/tcp.h"
+#include "frontend/tcpmem.h"
 #include "proto/resp.h"
 
 
@@ -128,9 +129,9 @@ static void rearm_input(struct conn *c)
 /* CLIENT LIST's view of the connection (relaxed stores). */
 static void publish(struct conn *c)
 {
-    ses_io(&c->ses, c->p->now, c->in.len - c->in_off, c->in.cap - c->in.len, c->out.len - c->out_off, c->out.cap);
-    atomic_store_explicit(&c->ses.cl.events, (c->interest & EPOLLIN ? CMD_EV_READ : 0) |
-                          (c->interest & EPOLLOUT ? CMD_EV_WRITE : 0), memory_order_relaxed);
+    if (tcp_conn_publish(&c->ses, c->p->now, &c->in, c->in_off, &c->rp, &c->out, c->out_off,
+                         (c->interest & EPOLLIN ? CMD_EV_READ : 0) | (c->interest & EPOLLOUT ? CMD_EV_WRITE : 0)))
+        conn_close(c); /* a memory limit passed (tcpmem.h) */
 }
 
 static void update_interest(struct conn *c, int spurious)
@@ -364,12 +365,7 @@ static void conn_readable(struct conn *c)
             c->interest &= ~(uint32_t)(EPOLLIN | EPOLLRDHUP);
         return;
     }
-    if (c->in.len - c->in_off > TCP_QUERYBUF_MAX) {
-        /* One request may not buffer more than this (Redis's client-query-buffer-limit):
-         * a client declaring endless 512 MiB arguments is dropped. */
-        conn_close(c);
-        return;
-    }
+    /* The query-buffer limit (its argument array counted) is checked by publish, after each read. */
     /* Read at least TCP_READ_CHUNK; inside a large bulk, grow with what has already
      * arrived (geometric), never by the length the client merely declared. */
     size_t want = TCP_READ_CHUNK;
@@ -595,6 +591,7 @@ void *poller_main(void *arg)
                 retry_stalled(p); /* a wakeup may be lost (a load request refused for memory) */
             cmd_monitor_take(ps->eng, p->evfd, monitor_ready, p); /* a full monitor's rest */
             tcp_cron(&ps->tcp, p->idx, p->now);
+            cmd_clients_cron(ps->eng, p->now); /* recent-max windows, eviction, memory given back */
         }
     }
     for (struct list *n = p->all.next; n != &p->all; n = n->next)

@@ -30,10 +30,14 @@ void resp_reset(struct resp_parser *p)
     p->bulk = -1;
     p->argc = 0;
     p->err = NULL;
+    if (p->argcap > RESP_ARGS_KEEP) /* one huge request's array is not kept for the next */
+        resp_parser_free(p);
 }
 
 static int push_arg(struct resp_parser *p, size_t off, size_t len)
 {
+    if (off > UINT32_MAX - len)
+        return -E2BIG;
     if (p->argc == p->argcap) {
         int cap = p->argcap ? p->argcap * 2 : 8;
         struct resp_arg *a = realloc(p->argv, (size_t)cap * sizeof *a);
@@ -42,8 +46,8 @@ static int push_arg(struct resp_parser *p, size_t off, size_t len)
         p->argv = a;
         p->argcap = cap;
     }
-    p->argv[p->argc].off = off;
-    p->argv[p->argc].len = len;
+    p->argv[p->argc].off = (uint32_t)off;
+    p->argv[p->argc].len = (uint32_t)len;
     p->argc++;
     return 0;
 }
@@ -242,8 +246,9 @@ int resp_parse(struct resp_parser *p, char *buf, size_t len)
         /* bulk payload plus its \r\n */
         if (len - p->scan < (size_t)p->bulk + 2)
             return RESP_AGAIN;
-        if (push_arg(p, p->scan, (size_t)p->bulk))
-            return fail(p, "out of memory");
+        int rc = push_arg(p, p->scan, (size_t)p->bulk);
+        if (rc)
+            return fail(p, rc == -E2BIG ? "Protocol error: too big request" : "out of memory");
         /* Redis does not check the two trailing bytes; neither do we. */
         p->scan += (size_t)p->bulk + 2;
         p->bulk = -1;
@@ -379,9 +384,11 @@ int resp_args_grow(struct resp_args *a, int n)
 {
     if (n > (1 << 29))
         return -ENOMEM;
-    int cap = a->cap ? a->cap : 64;
+    int cap = 64;
     while (cap < n)
         cap *= 2;
+    if (cap == a->cap)
+        return 0;
     const char **v = realloc(a->argv, (size_t)cap * sizeof *v);
     if (!v)
         return -ENOMEM;

@@ -26,10 +26,14 @@
 
 enum { RESP_ERROR = -1, RESP_AGAIN = 0, RESP_DONE = 1 };
 
+/* 8 bytes an argument: the smallest argument ("$0\r\n\r\n") takes 6 bytes of input,
+ * so the array never costs much more than the bytes received for it. A request
+ * longer than 4 GiB is refused (a front end's query-buffer limit is lower). */
 struct resp_arg {
-    size_t off; /* from the start of the request */
-    size_t len;
+    uint32_t off; /* from the start of the request */
+    uint32_t len;
 };
+#define RESP_ARGS_KEEP 1024 /* argument arrays larger than this are freed (or shrunk) after use */
 
 struct resp_parser {
     size_t scan;        /* bytes of the request consumed so far */
@@ -43,6 +47,9 @@ struct resp_parser {
 
 void resp_parser_init(struct resp_parser *p);
 void resp_parser_free(struct resp_parser *p);
+/* Bytes the parser holds for the request being parsed (its argument array): a
+ * front end counts them with its input buffer against the query-buffer limit. */
+static inline size_t resp_parser_mem(const struct resp_parser *p) { return (size_t)p->argcap * sizeof *p->argv; }
 
 /* Parse one request starting at buf (len bytes available from the request's
  * start). Returns RESP_DONE (p->argc/argv hold it, p->scan is its length; an
@@ -61,10 +68,15 @@ struct resp_args {
     int cap;
 };
 /* Room for n arguments: 0, or -ENOMEM (also past 2^29, which no buffer within the
- * query-buffer limit can hold: every argument takes at least 6 bytes). Inline: a
- * front end asks once per request, and almost always there is room. */
+ * query-buffer limit can hold: every argument takes at least 6 bytes). An array
+ * grown past RESP_ARGS_KEEP by one huge request is shrunk again by the next
+ * smaller one, so it does not keep that memory for ever. Inline: a front end asks
+ * once per request, and almost always there is room. */
 int resp_args_grow(struct resp_args *a, int n);
-static inline int resp_args_reserve(struct resp_args *a, int n) { return n <= a->cap ? 0 : resp_args_grow(a, n); }
+static inline int resp_args_reserve(struct resp_args *a, int n)
+{
+    return n <= a->cap && a->cap <= RESP_ARGS_KEEP ? 0 : resp_args_grow(a, n);
+}
 void resp_args_free(struct resp_args *a);
 
 /* Reply encoders. Each returns 0 or -ENOMEM. */
