@@ -65,7 +65,7 @@ class Link:
     def _read(self, n):
         out = b""
         while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
+            chunk = self.sock.recv(min(n - len(out), 1 << 20))
             if not chunk:
                 raise Closed()
             out += chunk
@@ -75,11 +75,11 @@ class Link:
         """(type, a, b, payload, header bytes) of the next frame, its MAC (if any) not read."""
         try:
             hdr = self._read(32)
-        except (ConnectionResetError, socket.timeout):
+            magic, ftype, n, _, a, b = struct.unpack("<IIIIQQ", hdr)
+            assert magic == MAGIC, f"not a replication frame: {hdr!r}"
+            return ftype, a, b, self._read(n), hdr
+        except OSError:  # reset, or a timeout: the receiver is done with us
             raise Closed() from None
-        magic, ftype, n, _, a, b = struct.unpack("<IIIIQQ", hdr)
-        assert magic == MAGIC, f"not a replication frame: {hdr!r}"
-        return ftype, a, b, self._read(n), hdr
 
     def mac(self, from_server, seq, hdr, payload):
         return hmac.new(self.session, bytes([from_server]) + struct.pack("<Q", seq) + hdr + payload,
