@@ -336,7 +336,7 @@ def test_exec_replicates_as_a_unit_and_the_peer_copy_rebuilds_it(pair, tmp_path)
     assert len(commits) == 20 and all(struct.unpack_from("<I", r.raw, 28)[0] == 3 for r in commits)
     fetched = tmp_path / "fetched"
     fetched.mkdir()
-    durability.fetch_from_peer(str(fetched), "127.0.0.1", pair.rport["b"])
+    durability.fetch_from_peer(str(fetched), "127.0.0.1", pair.rport["b"], key=pair_key())
     s, r = recover(fetched)
     assert (s.get(b"r:a"), s.get(b"r:c"), r.problem) == (b"20", b"20", "")
 
