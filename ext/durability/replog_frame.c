@@ -217,6 +217,17 @@ static uint32_t max_len(uint32_t type)
     }
 }
 
+int rl_parse_header(const unsigned char *h, struct frame *f)
+{
+    f->type = get32(h + 4);
+    f->len = get32(h + 8);
+    f->a = get64(h + 16);
+    f->b = get64(h + 24);
+    if (get32(h) != RL_MAGIC || f->type < F_HELLO || f->type > F_LAST || f->len > max_len(f->type))
+        return -EPROTO;
+    return 0;
+}
+
 /* Read one frame; the payload replaces pl's contents. Before the handshake is
  * done only its own frames (and ERROR) are read: no payload of a data frame is
  * allocated for an unauthenticated peer. */
@@ -226,12 +237,8 @@ int rl_recv_frame(struct rl_link *l, struct frame *f, struct kvbuf *pl, int time
     int rc = recv_all(l, h, HDR, timeout_ms);
     if (rc)
         return rc;
-    f->type = get32(h + 4);
-    f->len = get32(h + 8);
-    f->a = get64(h + 16);
-    f->b = get64(h + 24);
-    if (get32(h) != RL_MAGIC || f->type < F_HELLO || f->type > F_LAST || f->len > max_len(f->type))
-        return -EPROTO;
+    if ((rc = rl_parse_header(h, f)))
+        return rc;
     int handshake = f->type >= F_AUTH_HELLO || f->type == F_ERROR;
     if (l->authed ? f->type >= F_AUTH_HELLO : !handshake)
         return -EPROTO;

@@ -95,6 +95,9 @@ int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, cons
  * handshake; -EBADMSG: CRC mismatch; -EACCES: MAC mismatch: forged, altered,
  * replayed or out of order). */
 int rl_recv_frame(struct rl_link *l, struct frame *f, struct kvbuf *pl, int timeout_ms);
+/* Fill f from a frame header: 0, or -EPROTO if its magic, type or length (at
+ * most what its type may carry) is wrong. */
+int rl_parse_header(const unsigned char *h, struct frame *f);
 /* Send an ERROR frame carrying msg (best effort: the connection closes next). */
 void rl_send_error(struct rl_link *l, const char *msg);
 

@@ -56,6 +56,8 @@ struct rconn {
     struct rl_auth_state auth;
     uint64_t auth_deadline;  /* ms: closed if not authenticated by then */
     char addr[64];           /* the client's IP:port, for the log */
+    unsigned char hs[HDR + 16 + RL_NONCE]; /* a handshake frame as it arrives */
+    size_t hs_len;
     int has_id;
     int dead;                /* replaced by a newer connection of the same node: close */
     char hex[33];
@@ -278,29 +280,41 @@ static int refused(struct rl_receiver *r, struct rconn *c, int rc, const char *w
     return rc ? rc : -EACCES;
 }
 
-/* Before the handshake is done: its next step, or the refusal. */
+/* Before the handshake is done: its next step, or the refusal. Its frames are
+ * small and read without blocking into the connection's own buffer: a stranger
+ * sending a byte at a time cannot stall this thread, which serves the peer too. */
 static int handle_handshake(struct rl_receiver *r, struct rconn *c)
 {
-    struct frame f = {0};
     char why[400];
-    int rc = rl_recv_frame(&c->link, &f, &r->pl, 1000);
-    if (rc == -EPROTO) { /* a data frame (an unauthenticated v1 peer), or not a frame of ours */
-        rl_auth_server_step(&c->link, &c->auth, r->key, &(struct frame){.type = F_HELLO}, &r->pl, why, sizeof why);
-        return refused(r, c, rc, why);
+    struct frame f = {0};
+    static const struct kvbuf none = {0};
+    for (;;) {
+        if (c->hs_len >= HDR) {
+            if (rl_parse_header(c->hs, &f) || (f.type != F_AUTH_HELLO && f.type != F_AUTH_PROOF)) {
+                /* a data frame (an unauthenticated peer of protocol 1), or not a frame of ours */
+                rl_auth_server_step(&c->link, &c->auth, r->key, &(struct frame){.type = F_HELLO}, &none, why,
+                                    sizeof why);
+                return refused(r, c, -EACCES, why);
+            }
+            if (c->hs_len == HDR + f.len)
+                break;
+        }
+        size_t want = c->hs_len < HDR ? HDR : HDR + f.len;
+        long n = rl_io_recv(&c->link, c->hs + c->hs_len, want - c->hs_len);
+        if (n == -EAGAIN)
+            return 0; /* the rest comes with a later poll (or the deadline closes it) */
+        if (n <= 0) {
+            snprintf(why, sizeof why, "%s during the handshake", n ? strerror((int)-n) : "closed");
+            return refused(r, c, n ? (int)n : -ECONNRESET, why);
+        }
+        c->hs_len += (size_t)n;
     }
-    if (rc) {
-        snprintf(why, sizeof why, "%s during the handshake",
-                 rc == -ECONNRESET ? "closed" : rc == -ETIMEDOUT ? "stalled" : strerror(-rc));
-        return refused(r, c, rc, why);
-    }
-    if (f.type == F_ERROR) {
-        snprintf(why, sizeof why, "it gave up the handshake: %.*s", (int)(r->pl.len < 200 ? r->pl.len : 200),
-                 r->pl.len ? r->pl.p : "");
-        return refused(r, c, -EACCES, why);
-    }
-    if ((rc = rl_auth_server_step(&c->link, &c->auth, r->key, &f, &r->pl, why, sizeof why)))
-        return refused(r, c, rc, why);
-    return 0;
+    c->hs_len = 0;
+    struct kvbuf pl = {.p = (char *)c->hs + HDR, .len = f.len};
+    if (f.len && crc32c(0, pl.p, f.len) != get32(c->hs + 12))
+        return refused(r, c, -EBADMSG, "a handshake frame failed its CRC");
+    int rc = rl_auth_server_step(&c->link, &c->auth, r->key, &f, &pl, why, sizeof why);
+    return rc ? refused(r, c, rc, why) : 0;
 }
 
 static int handle_frame(struct rl_receiver *r, int i)

@@ -177,6 +177,35 @@ def test_a_replayed_tampered_or_reordered_frame_closes_the_link(receiver):
     assert info(receiver, "replication")["log_receiver_auth_failures"] >= 3
 
 
+def test_strangers_that_stall_mid_handshake_do_not_hold_up_the_peer(receiver):
+    """Twelve connections that send one byte of a frame and go silent: the receiver thread
+    (which also serves the real peer) reads handshakes without blocking, so an honest sender
+    is still served at once; the stalled ones are closed after the handshake deadline."""
+    import time
+
+    stalled = []
+    for _ in range(12):
+        s = socket.create_connection(("127.0.0.1", receiver.rport))
+        s.sendall(b"K")
+        stalled.append(s)
+    t0 = time.monotonic()
+    nid = os.urandom(16)
+    sender = rw.FakeSender(receiver.rport, nid)
+    assert sender.batch(fl.encode_record(fl.OP_SET, b"k", b"v", 1)) == 1
+    took = time.monotonic() - t0
+    sender.close()
+    assert took < 4, f"the honest sender waited {took:.1f} s behind the stalled strangers"
+    for s in stalled:
+        s.settimeout(15)
+        try:
+            while s.recv(4096):
+                pass
+        except ConnectionResetError:
+            pass
+        s.close()
+    assert info(receiver, "replication")["log_receiver_auth_failures"] >= 12
+
+
 @pytest.mark.parametrize("case", ["fetch role sends HELLO", "HELLO for another node id"])
 def test_a_connection_may_act_only_as_its_handshake_said(receiver, case):
     nid, other = os.urandom(16), os.urandom(16)
