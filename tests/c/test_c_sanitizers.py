@@ -57,6 +57,7 @@ TABLE_OPS_ROUNDS = 30     # table_ops_stress: full scans; x100 increments and tr
 RUN_TIMEOUT = 240        # seconds per run: generous for a slow, shared machine
 
 COMMON = ["-std=gnu11", "-g", "-O1", "-Wall", "-Wno-unused-parameter", "-pthread", f"-I{EXT}"]
+LIBS = ["-lssl", "-lcrypto"]  # after the sources: the replication link's HMAC (durability/replog_*.c)
 TSAN = ["-fsanitize=thread"]
 ASAN_UBSAN = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 
@@ -121,7 +122,7 @@ def _build(name):
     out = BIN / name
     tmp = BIN / f".{name}.{uuid.uuid4().hex}"  # concurrent sessions must not clobber each other
     cmd = ["gcc", *COMMON, *flags, *[str(HERE / s) if not os.path.isabs(s) else s for s in sources],
-           "-o", str(tmp)]
+           "-o", str(tmp), *LIBS]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)
