@@ -227,11 +227,14 @@ def test_the_client_refuses_a_receiver_that_cannot_prove_the_secret(tmp_path):
     def fake():
         conn, _ = srv.accept()
         with conn:
-            conn.recv(32 + 48)
+            conn.settimeout(10)
+            f = conn.makefile("rb")
+            f.read(32 + 48)  # AUTH_HELLO
             conn.sendall(rw.frame(rw.AUTH_CHALLENGE, 0, 0, os.urandom(32)))
-            conn.recv(32 + 32)
+            f.read(32 + 32)  # AUTH_PROOF
             conn.sendall(rw.frame(rw.AUTH_PROOF, 0, 0, os.urandom(32)))
             conn.sendall(rw.frame(rw.FILE, 1, 0, b"KVSWAL02" + struct.pack("<Q", 1)))
+            f.read()  # until the client closes
     t = threading.Thread(target=fake, daemon=True)
     t.start()
     dest = tmp_path / "d"
