@@ -99,11 +99,11 @@ static int frame_mac(struct rl_link *l, int from_server, uint64_t seq, const uns
     return 0;
 }
 
-long rl_io_send(struct rl_link *l, const void *buf, size_t n)
+long rl_io_send(struct rl_link *l, const void *buf, size_t n, int more)
 {
     ssize_t w;
     do
-        w = send(l->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        w = send(l->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0));
     while (w < 0 && errno == EINTR);
     return w < 0 ? -errno : (long)w;
 }
@@ -119,11 +119,11 @@ long rl_io_recv(struct rl_link *l, void *buf, size_t n)
 
 /* Send all n bytes by the absolute deadline (ms, CLOCK_MONOTONIC): a peer that
  * reads one byte a second must not keep a frame going for ever. */
-static int send_all(struct rl_link *l, const void *buf, size_t n, uint64_t deadline)
+static int send_all(struct rl_link *l, const void *buf, size_t n, uint64_t deadline, int more)
 {
     const char *p = buf;
     while (n) {
-        long w = rl_io_send(l, p, n);
+        long w = rl_io_send(l, p, n, more);
         if (w > 0) {
             p += w;
             n -= (size_t)w;
@@ -175,11 +175,12 @@ int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, cons
     if (l->authed && frame_mac(l, l->server, l->send_seq, h, payload, len, mac))
         return -EIO;
     uint64_t deadline = now_ms() + (uint64_t)timeout_ms; /* for the whole frame */
-    int rc = send_all(l, h, HDR, deadline);
+    /* MSG_MORE until the frame's last part: a small frame (an ACK) leaves as one segment */
+    int rc = send_all(l, h, HDR, deadline, len || l->authed);
     if (!rc && len)
-        rc = send_all(l, payload, len, deadline);
+        rc = send_all(l, payload, len, deadline, l->authed);
     if (!rc && l->authed) {
-        rc = send_all(l, mac, RL_MAC, deadline);
+        rc = send_all(l, mac, RL_MAC, deadline, 0);
         l->send_seq++;
     }
     return rc;

@@ -63,8 +63,9 @@ int rl_link_set_session(struct rl_link *l, const unsigned char key[RL_KEY]);
 
 /* The link's only socket I/O: every byte of every replication connection goes
  * through these two (so that a TLS layer can wrap them). Non-blocking: the bytes
- * moved (> 0), 0 = the peer closed (recv only), -EAGAIN, or -errno. */
-long rl_io_send(struct rl_link *l, const void *buf, size_t n);
+ * moved (> 0), 0 = the peer closed (recv only), -EAGAIN, or -errno. more: the
+ * rest of the frame follows at once (MSG_MORE: one TCP segment, not three). */
+long rl_io_send(struct rl_link *l, const void *buf, size_t n, int more);
 long rl_io_recv(struct rl_link *l, void *buf, size_t n);
 
 static inline uint64_t now_ms(void)
