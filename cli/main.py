@@ -150,7 +150,10 @@ def _durability_line(cfg):
                                                "Any damage or loss found exits 1 with the reason.")
 @click.option("--from-peer", help="First fetch this node's log from the peer's receiver at HOST:PORT; it "
                                   "replaces the local log if it reaches further (the old one is kept aside).")
-def recover(data_dir, max_memory, check_only, from_peer):
+@click.option("--repl-secret-file", type=click.Path(dir_okay=False),
+              help="With --from-peer: the pair's replication secret (the nodes' --repl-secret-file); the peer "
+                   "serves its copy of the log only to a client that proves it holds it.")
+def recover(data_dir, max_memory, check_only, from_peer, repl_secret_file):
     """Check a node's data file and replay its log offline; report what they hold.
 
     Reads and checks every block of the data file (if any): checksums, chains,
@@ -167,8 +170,9 @@ def recover(data_dir, max_memory, check_only, from_peer):
         store = kvstore.Store(max_memory=parse_size(max_memory, "--max-memory"))
         if from_peer:
             host, port = parse_address(from_peer, "--from-peer")
+            key = durability.repl_key(repl_secret_file)
             os.makedirs(data_dir, exist_ok=True)
-            peer_lsn, local_lsn, replaced = durability.fetch_from_peer(data_dir, host, port)
+            peer_lsn, local_lsn, replaced = durability.fetch_from_peer(data_dir, host, port, key=key)
             click.echo(f"fetched the log from {from_peer} up to LSN {peer_lsn} (local log ended at {local_lsn}); "
                        + ("it replaces the local log" if replaced else "local log kept"))
         datafile = None

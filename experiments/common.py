@@ -2,6 +2,7 @@
 module shares (parse_args, main, pyplot/save_figure), servers under test, CPU
 accounting, CSV. The module interface itself is described in __init__.py."""
 import argparse
+import base64
 import csv
 import os
 import shutil
@@ -173,6 +174,21 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_SECRET = []
+
+
+def repl_secret():
+    """A replication secret file (mode 600) for the pairs an experiment starts: one per
+    process, as an operator makes it (--repl-secret-file)."""
+    if not _SECRET:
+        path = os.path.join(tempfile.mkdtemp(prefix="kv-secret-"), "repl.secret")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(base64.b64encode(os.urandom(32)).decode() + "\n")
+        _SECRET.append(path)
+    return _SECRET[0]
 
 
 def cpu_seconds(pid):

@@ -34,12 +34,14 @@ def one_point(max_batch, logs, record_bytes, interval_us):
     local_dir = tempfile.mkdtemp(prefix="kv-fig4-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     repl_port = common.free_port()
     # the peer only receives the log: no log of its own
-    peer = Node(port=0, threads=1, repl_port=repl_port, data_dir=peer_dir, durability="none").start()
+    peer = Node(port=0, threads=1, repl_port=repl_port, data_dir=peer_dir, durability="none",
+                repl_secret_file=common.repl_secret()).start()
     log = sender = None
     try:
         log = durability.Log(None, local_dir, first_lsn=1, sync=False, ship=True, batch_ms=1000)
         sender = durability.Sender(log, local_dir, "127.0.0.1", repl_port, interval_us=interval_us,
-                                   max_batch_records=max_batch, timeout_ms=10_000)
+                                   max_batch_records=max_batch, timeout_ms=10_000,
+                                   key=durability.repl_key(common.repl_secret()))
         deadline = time.monotonic() + 10
         while not (sender.stats()["connected"] and not sender.stats()["degraded"]):
             if time.monotonic() > deadline:

@@ -66,7 +66,8 @@ def settings_for(row, arch, args, peer_addr, hosts):
     if "D" in row:
         s.update(data_file=True, max_memory=args.full_memory)
     if "L" in row:
-        s.update(durability="remote", peer=peer_addr, peer_startup_wait_ms=20000, init=True)  # new node, new peer
+        s.update(durability="remote", peer=peer_addr, peer_startup_wait_ms=20000, init=True,  # new node, new peer
+                 repl_secret_file=common.repl_secret())
     return s
 
 
@@ -125,10 +126,12 @@ def start_peer(hosts, d):
     repl = common.free_port()
     if hosts:
         h = hosts["peer"]
-        peer = Node(netns=h.name, bind=h.addr, port=0, threads=1, repl_port=repl, data_dir=d, durability="none")
+        peer = Node(netns=h.name, bind=h.addr, port=0, threads=1, repl_port=repl, data_dir=d, durability="none",
+                    repl_bind=h.addr, repl_secret_file=common.repl_secret())
         addr = f"{h.addr}:{repl}"
     else:
-        peer = Node(port=0, threads=1, repl_port=repl, data_dir=d, durability="none")
+        peer = Node(port=0, threads=1, repl_port=repl, data_dir=d, durability="none",
+                    repl_secret_file=common.repl_secret())
         addr = f"127.0.0.1:{repl}"
     return peer.start(timeout=30), addr
 

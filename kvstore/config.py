@@ -261,6 +261,16 @@ class ServerConfig:
         "log sync or sweep, not per request) and a sync or sweep that slow delays every held reply.",
         min=0, max=2**31 - 1, accepts="an integer of milliseconds, 0 (off) or more", c="latency_monitor_threshold")
     # ---- replication link: authentication, bind (repl)
+    repl_secret_file: str = setting(
+        "", "File holding the secret both nodes of a pair share: every replication connection (log shipping, "
+            "--from-peer, recover --from-peer) starts with both ends proving they hold it (HMAC-SHA256 "
+            "challenge-response), and every frame after carries a MAC. Required with --durability remote or "
+            "--repl-port. Make one with `head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE` and copy it "
+            "to the peer; refused if group or others may read it.", shown=None)
+    repl_bind: str = setting(
+        "127.0.0.1", "IPv4 address the log receiver (--repl-port) listens on. A pair on two machines needs an "
+                     "address its peer can reach, e.g. 0.0.0.0 or the machine's own; the link is authenticated "
+                     "(--repl-secret-file), not encrypted.", IPV4)
     # ---- TLS (tls)
     tls_port: int = setting(
         -1, "Also serve RESP over TLS on this port (0 = any free port), as Redis's tls-port; needs "
@@ -338,6 +348,11 @@ class ServerConfig:
             if not self.peer:
                 raise ConfigError("durability remote needs --peer HOST:PORT (the peer's --repl-port)")
             self.peer_address()
+        if (self.durability == "remote" or self.repl_port >= 0) and not self.repl_secret_file:
+            raise ConfigError(
+                "repl_secret_file: the replication link (durability remote, repl_port) needs a secret shared by "
+                "both nodes: make one with `head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE`, copy it to "
+                "the peer and pass --repl-secret-file FILE to both")
         if self.arch in ("udp", "dpdk"):
             self._validate_udp()
         if self.node_id and not re.fullmatch(r"[0-9a-fA-F]{32}", self.node_id):

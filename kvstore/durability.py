@@ -87,10 +87,42 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def fetch_from_peer(data_dir, host, port, timeout_ms=5000):
-    """Fetch the copy of this node's log that the peer holds. If it reaches further
-    than the local log (which may be gone), it replaces the local log (the old one is
-    kept as log.replaced-<time>). Returns (peer_last_lsn, local_last_lsn, replaced)."""
+SECRET_HOWTO = "make one with `head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE` and give both nodes a copy"
+MIN_SECRET_BYTES = 16
+
+
+def repl_key(path):
+    """The pair's replication key: SHA-256 of the secret file's content (surrounding
+    whitespace removed, so an editor's newline does not matter). Refused, as ssh refuses a
+    private key, if group or others may read the file; refused if shorter than 16 bytes."""
+    import hashlib
+    import stat
+
+    if not path:
+        raise errors.ConfigError(f"repl_secret_file: the replication link needs a secret file: {SECRET_HOWTO}")
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise errors.ConfigError(f"repl_secret_file {path}: not a regular file; {SECRET_HOWTO}")
+        if st.st_mode & 0o077:
+            raise errors.ConfigError(
+                f"repl_secret_file {path}: permissions {stat.S_IMODE(st.st_mode):04o} are too open (group or "
+                f"others may read the secret): chmod 600 {path}")
+        with open(path, "rb") as f:
+            secret = f.read(65536).strip()
+    except OSError as e:
+        raise errors.ConfigError(f"repl_secret_file {path}: cannot read it ({e.strerror}); {SECRET_HOWTO}") from None
+    if len(secret) < MIN_SECRET_BYTES:
+        raise errors.ConfigError(f"repl_secret_file {path}: the secret is {len(secret)} bytes, at least "
+                                 f"{MIN_SECRET_BYTES} are needed; {SECRET_HOWTO}")
+    return hashlib.sha256(secret).digest()
+
+
+def fetch_from_peer(data_dir, host, port, timeout_ms=5000, *, key):
+    """Fetch the copy of this node's log that the peer holds, over a link authenticated
+    with key (repl_key). If it reaches further than the local log (which may be gone), it
+    replaces the local log (the old one is kept as log.replaced-<time>). Returns
+    (peer_last_lsn, local_last_lsn, replaced)."""
     import shutil
 
     staging = os.path.join(data_dir, "log.from-peer")
@@ -98,7 +130,7 @@ def fetch_from_peer(data_dir, host, port, timeout_ms=5000):
     err = ffi.new("char[512]")
     known = node_id(data_dir, create=False)
     nid = ffi.new("uint8_t[16]", known or bytes(16))  # zeros: "the only log you hold"
-    last = lib.rl_fetch(host.encode(), port, nid, staging.encode(), timeout_ms, err, 512)
+    last = lib.rl_fetch(host.encode(), port, key, nid, staging.encode(), timeout_ms, err, 512)
     if last < 0:
         shutil.rmtree(staging, ignore_errors=True)
         # Not raise_for: every failure here is the peer's (a refusal comes back as EINVAL,
@@ -238,14 +270,16 @@ class Log:
 
 
 class Sender:
-    """Remote mode's log sender: ships the log to the peer's receiver."""
+    """Remote mode's log sender: ships the log to the peer's receiver (key: repl_key)."""
 
-    def __init__(self, log, data_dir, host, port, interval_us=100, max_batch_records=65536, timeout_ms=1000):
+    def __init__(self, log, data_dir, host, port, interval_us=100, max_batch_records=65536, timeout_ms=1000, *,
+                 key):
         cfg = ffi.new("struct rl_sender_config *")
         self._host = ffi.new("char[]", host.encode())
         cfg.host = self._host
         cfg.port = port
         cfg.node_id = node_id(data_dir)
+        cfg.key = key
         cfg.interval_us = interval_us
         cfg.max_batch_records = max_batch_records
         cfg.timeout_ms = timeout_ms
@@ -266,13 +300,14 @@ class Sender:
 
 
 class Receiver:
-    """This node's log receiver: stores a peer's log (in memory, synced to disk every sync_ms)."""
+    """This node's log receiver: stores a peer's log (in memory, synced to disk every sync_ms);
+    only peers proving they hold key (repl_key) are served."""
 
-    def __init__(self, data_dir, bind, port, sync_ms=1000):
+    def __init__(self, data_dir, bind, port, sync_ms=1000, *, key):
         out = ffi.new("struct rl_receiver **")
         err = ffi.new("char[256]")
         rc = lib.rl_receiver_start(out, bind.encode(), port, os.path.join(data_dir, "peer").encode(), sync_ms,
-                                   err, 256)
+                                   key, err, 256)
         errors.raise_for(rc, ffi.string(err).decode(errors="replace"))
         self._r = out[0]
 
@@ -323,6 +358,7 @@ class Durability:
         self.log = None
         self.sender = None
         self.fetched = None  # (peer LSN, local LSN, replaced) after a fetch
+        self._key = None  # the replication link's key (repl_key), when a link is used
         self.local_complete = False  # remote mode started without its peer, on a complete local log
         self.waiting = None  # what a node with no local state waits for (None: not waiting)
         self.attempts = 0  # tries to reach the peer for a node with no local state
@@ -346,10 +382,12 @@ class Durability:
 
     def _open(self):
         c = self.config
+        if c.repl_port >= 0 or c.durability == "remote" or self.from_peer:
+            self._key = repl_key(c.repl_secret_file)  # every replication connection proves it
         if c.repl_port >= 0:
             os.makedirs(c.data_dir, exist_ok=True)
-            self.receiver = Receiver(c.data_dir, c.bind, c.repl_port)
-            self._say(f"log receiver on {c.bind}:{self.receiver.port}")
+            self.receiver = Receiver(c.data_dir, c.repl_bind, c.repl_port, key=self._key)
+            self._say(f"log receiver on {c.repl_bind}:{self.receiver.port}")
         if c.durability == "none":
             if c.data_file:  # a spilling cache: bounded memory, nothing durable
                 os.makedirs(c.data_dir, exist_ok=True)
@@ -372,7 +410,7 @@ class Durability:
             elif not self._first_contact(*address, c.peer_startup_wait_ms):
                 return  # waiting: the server serves -LOADING and calls wait_for_state()
         elif self.from_peer:
-            self.fetched = fetch_from_peer(c.data_dir, *parse_address(self.from_peer, "from_peer"))
+            self.fetched = fetch_from_peer(c.data_dir, *parse_address(self.from_peer, "from_peer"), key=self._key)
         self._open_state()
 
     def _source(self):
@@ -413,7 +451,7 @@ class Durability:
         if remote:
             host, port = c.peer_address()
             self.sender = Sender(self.log, c.data_dir, host, port, c.ship_interval_us, c.max_batch_records,
-                                 c.peer_timeout_ms)
+                                 c.peer_timeout_ms, key=self._key)
         if self.datafile:
             self.datafile.start(self.log)
 
@@ -467,7 +505,7 @@ class Durability:
             if self.config.init:
                 probed = self._peek(host, port, timeout_ms)
             else:
-                fetched = fetch_from_peer(data_dir, host, port, timeout_ms)
+                fetched = fetch_from_peer(data_dir, host, port, timeout_ms, key=self._key)
         except errors.ServerError as e:
             self.last_error = str(e)
             return False
@@ -493,7 +531,7 @@ class Durability:
         shutil.rmtree(scratch, ignore_errors=True)
         os.makedirs(scratch)
         try:
-            return fetch_from_peer(scratch, host, port, timeout_ms)[0], node_id(scratch, create=False)
+            return fetch_from_peer(scratch, host, port, timeout_ms, key=self._key)[0], node_id(scratch, create=False)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -521,7 +559,7 @@ class Durability:
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             try:
-                return fetch_from_peer(data_dir, host, port)
+                return fetch_from_peer(data_dir, host, port, key=self._key)
             except errors.ServerError as e:
                 if complete:
                     # It last ran without its peer, syncing every acknowledged write

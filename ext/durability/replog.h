@@ -11,8 +11,11 @@
  * peer): stores each sender's records, verbatim, as segment files under
  * <peer_dir>/<node id>/ (write() = in the peer's memory, the page cache; synced
  * to its disk every sync_ms), acks, and streams them back to a recovering node
- * (FETCH). The wire format is described in ext/REPLICATION.md. Frames come from
- * the network: lengths and CRCs are checked before use.
+ * (FETCH). Every connection starts with a handshake in which both ends prove
+ * they hold the pair's key (derived from --repl-secret-file); every later frame
+ * carries a MAC under a per-connection session key and a sequence number. The
+ * wire format is described in ext/durability/REPLICATION.md. Frames come from
+ * the network: lengths, CRCs and MACs are checked before use.
  */
 #ifndef KV_REPLOG_H
 #define KV_REPLOG_H
@@ -28,6 +31,7 @@ struct rl_sender_config {
     const char *host;          /* the peer's receiver, IPv4 */
     int port;
     uint8_t node_id[16];       /* names this node's log at the peer */
+    uint8_t key[32];           /* the pair's key: SHA-256 of the replication secret file */
     uint32_t interval_us;      /* ship every this often (default 100) */
     uint32_t max_batch_records;/* at most this many records per BATCH frame (default 65536) */
     uint32_t timeout_ms;       /* an ack overdue this long = peer lost (default 1000) */
@@ -36,6 +40,7 @@ struct rl_sender_config {
 struct rl_sender_stats {
     uint64_t batches, records, bytes, acked_lsn, sent_lsn;
     uint64_t connects, disconnects, catchup_records;
+    uint64_t auth_failures;    /* handshakes that failed (a wrong secret, or not the peer) */
     int connected, degraded;   /* degraded: local per-group sync in place of the peer */
     char last_error[256];
 };
@@ -47,13 +52,16 @@ void rl_sender_get_stats(struct rl_sender *s, struct rl_sender_stats *st);
 
 struct rl_receiver_stats {
     uint64_t batches, records, bytes, held_lsn, syncs, fetches;
+    uint64_t auth_failures;    /* connections refused: failed handshake, bad MAC, out of role */
     int peers_connected;
 };
 
 /* Listen on bind:port (port 0 = any; see rl_receiver_port) and store peers' logs
- * under peer_dir. sync_ms: how often the stored logs are synced to disk. */
+ * under peer_dir. sync_ms: how often the stored logs are synced to disk. key:
+ * the pair's key (32 bytes); a connection that does not prove it holds it is
+ * refused (an ERROR frame) and logged. */
 int rl_receiver_start(struct rl_receiver **out, const char *bind, int port, const char *peer_dir,
-                      uint32_t sync_ms, char *err, size_t errlen);
+                      uint32_t sync_ms, const uint8_t *key, char *err, size_t errlen);
 int rl_receiver_port(struct rl_receiver *r);
 void rl_receiver_stop(struct rl_receiver *r);
 void rl_receiver_get_stats(struct rl_receiver *r, struct rl_receiver_stats *st);
@@ -61,9 +69,9 @@ void rl_receiver_get_stats(struct rl_receiver *r, struct rl_receiver_stats *st);
 /* Recovery: fetch the copy of node_id's log that the peer at host:port holds
  * into dest_dir (created; segment files as the peer has them). An all-zero
  * node_id asks for the only log the peer holds and is set to that log's id.
- * Returns the highest LSN fetched (0 if the peer holds nothing) or -errno with
+ * key: the pair's key (32 bytes), proved in the handshake. Returns the highest LSN fetched (0 if the peer holds nothing) or -errno with
  * a message. */
-int64_t rl_fetch(const char *host, int port, uint8_t node_id[16], const char *dest_dir,
+int64_t rl_fetch(const char *host, int port, const uint8_t *key, uint8_t node_id[16], const char *dest_dir,
                  uint32_t timeout_ms, char *err, size_t errlen);
 
 #endif

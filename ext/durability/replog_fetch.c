@@ -1,6 +1,8 @@
 /* replog_fetch.c - rl_fetch (see replog.h): a recovering node streams its log
- * segments back from a peer into a directory. Runs on the caller's thread,
- * before the log is opened. Frames from the peer are untrusted (rl_recv_frame). */
+ * segments back from a peer into a directory, over a link authenticated both
+ * ways (rl_auth_client: the peer proves it holds the pair's secret before any
+ * of its segments is written). Runs on the caller's thread, before the log is
+ * opened. Frames from the peer are untrusted (rl_recv_frame checks their MACs). */
 #define _GNU_SOURCE
 #include "durability/replog.h"
 
@@ -32,19 +34,28 @@
 
 /* ======================================================================= fetch */
 
-int64_t rl_fetch(const char *host, int port, uint8_t node_id[16], const char *dest_dir,
+int64_t rl_fetch(const char *host, int port, const uint8_t *key, uint8_t node_id[16], const char *dest_dir,
                  uint32_t timeout_ms, char *err, size_t errlen)
 {
     int fd = rl_connect_to(host, port, (int)timeout_ms, err, errlen);
     if (fd < 0)
         return fd;
+    struct rl_link link;
+    rl_link_init(&link, fd, 0);
     struct kvbuf pl = {0};
-    int64_t rc = rl_send_frame(fd, F_FETCH, 0, 0, node_id, 16, (int)timeout_ms);
+    char why[400];
+    int64_t rc = rl_auth_client(&link, key, RL_ROLE_FETCH, node_id, (int)timeout_ms, why, sizeof why);
+    if (rc) {
+        snprintf(err, errlen, "fetching the log from %s:%d: %s", host, port, why);
+        rl_link_close(&link);
+        return rc == -EACCES ? -EACCES : rc;
+    }
+    rc = rl_send_frame(&link, F_FETCH, 0, 0, node_id, 16, (int)timeout_ms);
     if (mkdir(dest_dir, 0755) && errno != EEXIST)
         rc = -errno;
     while (!rc) {
         struct frame f;
-        rc = rl_recv_frame(fd, &f, &pl, (int)timeout_ms * 10);
+        rc = rl_recv_frame(&link, &f, &pl, (int)timeout_ms * 10);
         if (rc)
             break;
         if (f.type == F_END) {
@@ -56,7 +67,7 @@ int64_t rl_fetch(const char *host, int port, uint8_t node_id[16], const char *de
         if (f.type == F_ERROR) {
             snprintf(err, errlen, "the peer %s:%d refused: %.*s", host, port, (int)pl.len, pl.p);
             kvbuf_free(&pl);
-            close(fd);
+            rl_link_close(&link);
             return -EINVAL;
         }
         if (f.type != F_FILE) {
@@ -76,8 +87,9 @@ int64_t rl_fetch(const char *host, int port, uint8_t node_id[16], const char *de
         close(out);
     }
     if (rc < 0)
-        snprintf(err, errlen, "fetching the log from %s:%d failed: %s", host, port, strerror((int)-rc));
+        snprintf(err, errlen, "fetching the log from %s:%d failed: %s", host, port,
+                 rc == -EACCES ? "a frame failed its MAC check (altered or replayed)" : strerror((int)-rc));
     kvbuf_free(&pl);
-    close(fd);
+    rl_link_close(&link);
     return rc;
 }

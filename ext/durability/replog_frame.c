@@ -1,8 +1,10 @@
 /* replog_frame.c - the frames of log replication and the socket helpers both
- * sides use: sends and receives with a deadline (non-blocking sockets, ppoll),
- * connect with a timeout. Stateless; any thread, on its own socket. Frames are
- * untrusted: magic, type, length (<= MAX_FRAME, per type) and CRC32C are checked
- * before a payload is used. */
+ * sides use: the link's socket I/O (rl_io_send/rl_io_recv, the only calls that
+ * touch a replication socket's bytes), sends and receives with a deadline
+ * (non-blocking sockets, ppoll), each frame's MAC once the link is
+ * authenticated, connect with a timeout. Any thread, on its own link. Frames
+ * are untrusted: magic, type, length (<= MAX_FRAME, per type), CRC32C and the
+ * MAC are checked before a payload is used. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -30,6 +32,11 @@
 #include "durability/wal.h"
 #include "durability/replog_frame.h"
 
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/params.h>
+
 /* Wait until fd is ready for ev or the timeout (microseconds: the ship interval
  * is 100 us). Returns 1 ready, 0 timeout, -errno. */
 int rl_wait_fd_us(int fd, short ev, uint64_t timeout_us)
@@ -47,37 +54,98 @@ int rl_wait_fd_us(int fd, short ev, uint64_t timeout_us)
     return r;
 }
 
+void rl_link_close(struct rl_link *l)
+{
+    if (l->fd >= 0)
+        close(l->fd);
+    l->fd = -1;
+    EVP_MAC_CTX_free(l->mac);
+    l->mac = NULL;
+    OPENSSL_cleanse(l->session, sizeof l->session);
+    l->authed = 0;
+}
+
+int rl_link_set_session(struct rl_link *l, const unsigned char key[RL_KEY])
+{
+    EVP_MAC *m = EVP_MAC_fetch(NULL, "HMAC", NULL);
+    EVP_MAC_CTX *ctx = m ? EVP_MAC_CTX_new(m) : NULL;
+    EVP_MAC_free(m); /* the context keeps its own reference */
+    OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", "SHA256", 0), OSSL_PARAM_construct_end()};
+    if (!ctx || !EVP_MAC_init(ctx, key, RL_KEY, params)) {
+        EVP_MAC_CTX_free(ctx);
+        return -ENOMEM;
+    }
+    EVP_MAC_CTX_free(l->mac);
+    l->mac = ctx;
+    memcpy(l->session, key, RL_KEY);
+    l->send_seq = l->recv_seq = 0;
+    l->authed = 1;
+    return 0;
+}
+
+/* The MAC of one frame: the direction (who sent it: a frame cannot be reflected
+ * back to its sender) and its sequence number are covered but not sent. */
+static int frame_mac(struct rl_link *l, int from_server, uint64_t seq, const unsigned char *h,
+                     const void *payload, size_t len, unsigned char out[RL_MAC])
+{
+    unsigned char pre[9];
+    pre[0] = (unsigned char)from_server;
+    put64(pre + 1, seq);
+    size_t outl = 0;
+    if (!EVP_MAC_init(l->mac, NULL, 0, NULL) || !EVP_MAC_update(l->mac, pre, sizeof pre) ||
+        !EVP_MAC_update(l->mac, h, HDR) || (len && !EVP_MAC_update(l->mac, payload, len)) ||
+        !EVP_MAC_final(l->mac, out, &outl, RL_MAC) || outl != RL_MAC)
+        return -EIO;
+    return 0;
+}
+
+long rl_io_send(struct rl_link *l, const void *buf, size_t n, int more)
+{
+    ssize_t w;
+    do
+        w = send(l->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0));
+    while (w < 0 && errno == EINTR);
+    return w < 0 ? -errno : (long)w;
+}
+
+long rl_io_recv(struct rl_link *l, void *buf, size_t n)
+{
+    ssize_t r;
+    do
+        r = recv(l->fd, buf, n, MSG_DONTWAIT);
+    while (r < 0 && errno == EINTR);
+    return r < 0 ? -errno : (long)r;
+}
+
 /* Send all n bytes by the absolute deadline (ms, CLOCK_MONOTONIC): a peer that
  * reads one byte a second must not keep a frame going for ever. */
-static int send_all(int fd, const void *buf, size_t n, uint64_t deadline)
+static int send_all(struct rl_link *l, const void *buf, size_t n, uint64_t deadline, int more)
 {
     const char *p = buf;
     while (n) {
-        ssize_t w = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+        long w = rl_io_send(l, p, n, more);
         if (w > 0) {
             p += w;
             n -= (size_t)w;
             continue;
         }
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w < 0 && errno != EAGAIN)
-            return -errno;
+        if (w != -EAGAIN)
+            return w ? (int)w : -EIO;
         uint64_t now = now_ms();
         if (now >= deadline)
             return -ETIMEDOUT;
-        int r = wait_fd(fd, POLLOUT, (int)(deadline - now));
+        int r = wait_fd(l->fd, POLLOUT, (int)(deadline - now));
         if (r <= 0)
             return r ? r : -ETIMEDOUT;
     }
     return 0;
 }
 
-static int recv_all(int fd, void *buf, size_t n, int timeout_ms)
+static int recv_all(struct rl_link *l, void *buf, size_t n, int timeout_ms)
 {
     char *p = buf;
     while (n) {
-        ssize_t r = recv(fd, p, n, MSG_DONTWAIT);
+        long r = rl_io_recv(l, p, n);
         if (r > 0) {
             p += r;
             n -= (size_t)r;
@@ -85,32 +153,43 @@ static int recv_all(int fd, void *buf, size_t n, int timeout_ms)
         }
         if (r == 0)
             return -ECONNRESET;
-        if (errno == EINTR)
-            continue;
-        if (errno != EAGAIN)
-            return -errno;
-        int w = wait_fd(fd, POLLIN, timeout_ms);
+        if (r != -EAGAIN)
+            return (int)r;
+        int w = wait_fd(l->fd, POLLIN, timeout_ms);
         if (w <= 0)
             return w ? w : -ETIMEDOUT;
     }
     return 0;
 }
 
-int rl_send_frame(int fd, uint32_t type, uint64_t a, uint64_t b, const void *payload, size_t len,
-               int timeout_ms)
+int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, const void *payload, size_t len,
+                  int timeout_ms)
 {
-    unsigned char h[HDR];
+    unsigned char h[HDR], mac[RL_MAC];
     put32(h, RL_MAGIC);
     put32(h + 4, type);
     put32(h + 8, (uint32_t)len);
     put32(h + 12, len ? crc32c(0, payload, len) : 0);
     put64(h + 16, a);
     put64(h + 24, b);
+    if (l->authed && frame_mac(l, l->server, l->send_seq, h, payload, len, mac))
+        return -EIO;
     uint64_t deadline = now_ms() + (uint64_t)timeout_ms; /* for the whole frame */
-    int rc = send_all(fd, h, HDR, deadline);
+    /* MSG_MORE until the frame's last part: a small frame (an ACK) leaves as one segment */
+    int rc = send_all(l, h, HDR, deadline, len || l->authed);
     if (!rc && len)
-        rc = send_all(fd, payload, len, deadline);
+        rc = send_all(l, payload, len, deadline, l->authed);
+    if (!rc && l->authed) {
+        rc = send_all(l, mac, RL_MAC, deadline, 0);
+        l->send_seq++;
+    }
     return rc;
+}
+
+void rl_send_error(struct rl_link *l, const char *msg)
+{
+    size_t n = strlen(msg);
+    rl_send_frame(l, F_ERROR, 0, 0, msg, n < 4096 ? n : 4096, 1000);
 }
 
 /* The largest payload each frame type may carry: checked before any allocation. */
@@ -124,6 +203,12 @@ static uint32_t max_len(uint32_t type)
     case F_HELLO_ACK:
     case F_ACK:
         return 0;
+    case F_AUTH_HELLO:
+        return 16 + RL_NONCE;
+    case F_AUTH_CHALLENGE:
+        return RL_NONCE;
+    case F_AUTH_PROOF:
+        return RL_MAC;
     case F_BATCH:
         return MAX_FRAME; /* a batch stops at MAX_BATCH_BYTES, but one record may be 1 GiB */
     case F_ERROR:
@@ -133,28 +218,50 @@ static uint32_t max_len(uint32_t type)
     }
 }
 
-/* Read one frame; the payload replaces pl's contents. */
-int rl_recv_frame(int fd, struct frame *f, struct kvbuf *pl, int timeout_ms)
+int rl_parse_header(const unsigned char *h, struct frame *f)
 {
-    unsigned char h[HDR];
-    int rc = recv_all(fd, h, HDR, timeout_ms);
-    if (rc)
-        return rc;
     f->type = get32(h + 4);
     f->len = get32(h + 8);
     f->a = get64(h + 16);
     f->b = get64(h + 24);
-    if (get32(h) != RL_MAGIC || f->type < F_HELLO || f->type > F_ERROR || f->len > max_len(f->type))
+    if (get32(h) != RL_MAGIC || f->type < F_HELLO || f->type > F_LAST || f->len > max_len(f->type))
+        return -EPROTO;
+    return 0;
+}
+
+/* Read one frame; the payload replaces pl's contents. Before the handshake is
+ * done only its own frames (and ERROR) are read: no payload of a data frame is
+ * allocated for an unauthenticated peer. */
+int rl_recv_frame(struct rl_link *l, struct frame *f, struct kvbuf *pl, int timeout_ms)
+{
+    unsigned char h[HDR];
+    int rc = recv_all(l, h, HDR, timeout_ms);
+    if (rc)
+        return rc;
+    if ((rc = rl_parse_header(h, f)))
+        return rc;
+    int handshake = f->type >= F_AUTH_HELLO || f->type == F_ERROR;
+    if (l->authed ? f->type >= F_AUTH_HELLO : !handshake)
         return -EPROTO;
     pl->len = 0;
     if (f->len) {
         if (kvbuf_reserve(pl, f->len))
             return -ENOMEM;
-        if ((rc = recv_all(fd, pl->p, f->len, timeout_ms)))
+        if ((rc = recv_all(l, pl->p, f->len, timeout_ms)))
             return rc;
         pl->len = f->len;
         if (crc32c(0, pl->p, f->len) != get32(h + 12))
             return -EBADMSG;
+    }
+    if (l->authed) {
+        unsigned char got[RL_MAC], want[RL_MAC];
+        if ((rc = recv_all(l, got, RL_MAC, timeout_ms)))
+            return rc;
+        if (frame_mac(l, !l->server, l->recv_seq, h, pl->p, f->len, want))
+            return -EIO;
+        if (CRYPTO_memcmp(got, want, RL_MAC))
+            return -EACCES;
+        l->recv_seq++;
     }
     return 0;
 }

@@ -3,6 +3,12 @@
  * syncs every sync_ms and serves FETCH to a recovering node. Threads: the
  * receiver thread owns its listener and connections; stats are read under
  * stat_lock. Frames are untrusted; a peer that breaks the protocol is dropped.
+ * Every connection must first prove it holds the pair's secret (the handshake,
+ * rl_auth_server_step, one step per frame so a silent client never holds the
+ * thread); until then it may send nothing else, and it is closed if it has not
+ * done so within HANDSHAKE_MS. A refused connection gets an ERROR frame, is
+ * counted (auth_failures) and logged, rate-limited. After the handshake the
+ * connection may only act in the role and for the node id it proved.
  * Units (wal.h): a BATCH may end inside a unit (frames are cut by size, catch-up
  * by bytes); its records are stored as they come, but the ACK names only the
  * last whole unit (or plain record), because the sender makes the ACK its
@@ -37,11 +43,21 @@
 #include "core/kvbuf.h"
 #include "durability/wal.h"
 #include "durability/replog_frame.h"
+#include "core/log.h"
+
+#include <openssl/crypto.h>
+
+#define HANDSHAKE_MS 5000 /* an unauthenticated connection is closed after this long */
 
 /* ===================================================================== receiver */
 
 struct rconn {
-    int fd;
+    struct rl_link link;
+    struct rl_auth_state auth;
+    uint64_t auth_deadline;  /* ms: closed if not authenticated by then */
+    char addr[64];           /* the client's IP:port, for the log */
+    unsigned char hs[HDR + 16 + RL_NONCE]; /* a handshake frame as it arrives */
+    size_t hs_len;
     int has_id;
     int dead;                /* replaced by a newer connection of the same node: close */
     char hex[33];
@@ -57,6 +73,7 @@ struct rl_receiver {
     int lfd, evfd, port;
     char *peer_dir;
     uint32_t sync_ms;
+    unsigned char key[RL_KEY];
     pthread_t th;
     _Atomic int stop;
     struct rconn conns[MAX_PEERS];
@@ -75,7 +92,7 @@ static void rconn_close(struct rl_receiver *r, int i)
     }
     if (c->dirfd >= 0)
         close(c->dirfd);
-    close(c->fd);
+    rl_link_close(&c->link);
     r->conns[i] = r->conns[--r->nconns];
 }
 
@@ -184,7 +201,7 @@ static int store_batch(struct rl_receiver *r, struct rconn *c, const struct fram
 /* Stream node hex's stored segments to a recovering node, then END carrying
  * the held LSN and the node id. An all-zero id asks for the only log held here
  * (a node that lost its disk, identity included). */
-static int serve_fetch(struct rl_receiver *r, int fd, const char *want)
+static int serve_fetch(struct rl_receiver *r, struct rl_link *l, const char *want)
 {
     char hex[33];
     snprintf(hex, sizeof hex, "%s", want);
@@ -198,8 +215,7 @@ static int serve_fetch(struct rl_receiver *r, int fd, const char *want)
         if (pd)
             closedir(pd);
         if (found > 1) {
-            static const char msg[] = "this peer holds the logs of several nodes: name one (node id)";
-            rl_send_frame(fd, F_ERROR, 0, 0, msg, sizeof msg - 1, 1000);
+            rl_send_error(l, "this peer holds the logs of several nodes: name one (node id)");
             return -EINVAL;
         }
     }
@@ -231,12 +247,12 @@ static int serve_fetch(struct rl_receiver *r, int fd, const char *want)
             if (f >= 0 && !fstat(f, &st) && st.st_size < MAX_FRAME && !kvbuf_reserve(&b, (size_t)st.st_size + 1)) {
                 ssize_t got = pread(f, b.p, (size_t)st.st_size, 0);
                 if (got == st.st_size)
-                    rc = rl_send_frame(fd, F_FILE, first, 0, b.p, (size_t)got, 10000);
+                    rc = rl_send_frame(l, F_FILE, first, 0, b.p, (size_t)got, 10000);
             }
             if (rc == -EIO) {
                 char msg[256];
-                int n = snprintf(msg, sizeof msg, "cannot read stored segment %s", de->d_name);
-                rl_send_frame(fd, F_ERROR, 0, 0, msg, (size_t)n, 1000);
+                snprintf(msg, sizeof msg, "cannot read stored segment %s", de->d_name);
+                rl_send_error(l, msg);
             }
             kvbuf_free(&b);
             if (f >= 0)
@@ -245,29 +261,89 @@ static int serve_fetch(struct rl_receiver *r, int fd, const char *want)
         closedir(d);
     }
     if (!rc)
-        rc = rl_send_frame(fd, F_END, held, 0, id, 16, 10000);
+        rc = rl_send_frame(l, F_END, held, 0, id, 16, 10000);
     pthread_mutex_lock(&r->stat_lock);
     r->st.fetches++;
     pthread_mutex_unlock(&r->stat_lock);
     return rc;
 }
 
+/* A refused connection: counted and logged, rate-limited (anyone who reaches the
+ * port can repeat it). Returns rc (the connection is closed). */
+static int refused(struct rl_receiver *r, struct rconn *c, int rc, const char *why)
+{
+    static struct kvlog_rate rate = KVLOG_RATE_INIT(5);
+    pthread_mutex_lock(&r->stat_lock);
+    r->st.auth_failures++;
+    pthread_mutex_unlock(&r->stat_lock);
+    kvlog_rated(&rate, KVLOG_WARNING, "log receiver: refused the connection from %s: %s", c->addr, why);
+    return rc ? rc : -EACCES;
+}
+
+/* Before the handshake is done: its next step, or the refusal. Its frames are
+ * small and read without blocking into the connection's own buffer: a stranger
+ * sending a byte at a time cannot stall this thread, which serves the peer too. */
+static int handle_handshake(struct rl_receiver *r, struct rconn *c)
+{
+    char why[400];
+    struct frame f = {0};
+    static const struct kvbuf none = {0};
+    for (;;) {
+        if (c->hs_len >= HDR) {
+            if (rl_parse_header(c->hs, &f) || (f.type != F_AUTH_HELLO && f.type != F_AUTH_PROOF)) {
+                /* a data frame (an unauthenticated peer of protocol 1), or not a frame of ours */
+                rl_auth_server_step(&c->link, &c->auth, r->key, &(struct frame){.type = F_HELLO}, &none, why,
+                                    sizeof why);
+                return refused(r, c, -EACCES, why);
+            }
+            if (c->hs_len == HDR + f.len)
+                break;
+        }
+        size_t want = c->hs_len < HDR ? HDR : HDR + f.len;
+        long n = rl_io_recv(&c->link, c->hs + c->hs_len, want - c->hs_len);
+        if (n == -EAGAIN)
+            return 0; /* the rest comes with a later poll (or the deadline closes it) */
+        if (n <= 0) {
+            snprintf(why, sizeof why, "%s during the handshake", n ? strerror((int)-n) : "closed");
+            return refused(r, c, n ? (int)n : -ECONNRESET, why);
+        }
+        c->hs_len += (size_t)n;
+    }
+    c->hs_len = 0;
+    struct kvbuf pl = {.p = (char *)c->hs + HDR, .len = f.len};
+    if (f.len && crc32c(0, pl.p, f.len) != get32(c->hs + 12))
+        return refused(r, c, -EBADMSG, "a handshake frame failed its CRC");
+    int rc = rl_auth_server_step(&c->link, &c->auth, r->key, &f, &pl, why, sizeof why);
+    return rc ? refused(r, c, rc, why) : 0;
+}
+
 static int handle_frame(struct rl_receiver *r, int i)
 {
     struct rconn *c = &r->conns[i];
+    if (!c->link.authed)
+        return handle_handshake(r, c);
     struct frame f;
-    int rc = rl_recv_frame(c->fd, &f, &r->pl, 5000);
+    int rc = rl_recv_frame(&c->link, &f, &r->pl, 5000);
+    if (rc == -EACCES)
+        return refused(r, c, rc, "a frame failed its MAC check (altered, replayed or out of order)");
     if (rc)
         return rc;
     if (f.type == F_HELLO || f.type == F_FETCH) {
         if (r->pl.len != 16 || (f.type == F_HELLO && f.a != RL_VERSION)) {
-            rl_send_frame(c->fd, F_ERROR, 0, 0, "bad hello", 9, 1000);
+            rl_send_error(&c->link, "bad hello");
             return -EPROTO;
+        }
+        /* Only what the handshake proved: a fetch connection cannot write a log,
+         * nor a sender write another node's. */
+        if (c->auth.role != (f.type == F_HELLO ? RL_ROLE_SENDER : RL_ROLE_FETCH) ||
+            memcmp(r->pl.p, c->auth.node_id, 16)) {
+            rl_send_error(&c->link, "this connection was authenticated for another role or node id");
+            return refused(r, c, -EACCES, "a frame outside the role or node id its handshake named");
         }
         char hex[33];
         hexid((unsigned char *)r->pl.p, hex);
         if (f.type == F_FETCH)
-            return serve_fetch(r, c->fd, hex) ? -EIO : 1; /* 1: done, close */
+            return serve_fetch(r, &c->link, hex) ? -EIO : 1; /* 1: done, close */
         if (c->has_id)
             return -EPROTO; /* one HELLO per connection */
         for (int j = 0; j < r->nconns; j++)
@@ -278,14 +354,52 @@ static int handle_frame(struct rl_receiver *r, int i)
         if ((rc = open_peer_log(r, c)))
             return rc;
         c->has_id = 1;
-        return rl_send_frame(c->fd, F_HELLO_ACK, c->held, 0, NULL, 0, 1000);
+        return rl_send_frame(&c->link, F_HELLO_ACK, c->held, 0, NULL, 0, 1000);
     }
     if (f.type == F_BATCH && c->has_id) {
         if ((rc = store_batch(r, c, &f)))
             return rc;
-        return rl_send_frame(c->fd, F_ACK, c->whole, 0, NULL, 0, 1000);
+        return rl_send_frame(&c->link, F_ACK, c->whole, 0, NULL, 0, 1000);
     }
     return -EPROTO;
+}
+
+/* Accept one connection. When every slot is taken, the oldest connection that
+ * has not authenticated yet makes room: idle strangers cannot lock the peer out. */
+static void accept_one(struct rl_receiver *r)
+{
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof sa;
+    int fd = accept4(r->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0)
+        return;
+    if (r->nconns == MAX_PEERS) {
+        int oldest = -1;
+        for (int i = 0; i < r->nconns; i++)
+            if (!r->conns[i].link.authed && (oldest < 0 || r->conns[i].auth_deadline < r->conns[oldest].auth_deadline))
+                oldest = i;
+        if (oldest >= 0) {
+            refused(r, &r->conns[oldest], -EACCES, "not authenticated, and its slot was needed");
+            rconn_close(r, oldest);
+        }
+    }
+    if (r->nconns == MAX_PEERS) {
+        close(fd);
+        return;
+    }
+    int one = 1, idle = 5, intvl = 2, cnt = 3;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    /* a peer machine that vanished sends no FIN: find out within ~11 s */
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+    struct rconn *c = &r->conns[r->nconns++];
+    *c = (struct rconn){.dirfd = -1, .segfd = -1, .auth_deadline = now_ms() + HANDSHAKE_MS};
+    rl_link_init(&c->link, fd, 1);
+    char ip[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
+    snprintf(c->addr, sizeof c->addr, "%s:%u", ip, (unsigned)ntohs(sa.sin_port));
 }
 
 static void *receiver_main(void *arg)
@@ -297,31 +411,26 @@ static void *receiver_main(void *arg)
         p[0] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
         p[1] = (struct pollfd){.fd = r->evfd, .events = POLLIN};
         for (int i = 0; i < r->nconns; i++)
-            p[i + 2] = (struct pollfd){.fd = r->conns[i].fd, .events = POLLIN};
+            p[i + 2] = (struct pollfd){.fd = r->conns[i].link.fd, .events = POLLIN};
         int nfds = r->nconns + 2;
         int n = poll(p, (nfds_t)nfds, (int)r->sync_ms);
-        if (n > 0 && (p[0].revents & POLLIN)) {
-            int fd = accept4(r->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-            if (fd >= 0 && r->nconns < MAX_PEERS) {
-                int one = 1, idle = 5, intvl = 2, cnt = 3;
-                setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                /* a peer machine that vanished sends no FIN: find out within ~11 s */
-                setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-                setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-                setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-                setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-                r->conns[r->nconns++] = (struct rconn){.fd = fd, .dirfd = -1, .segfd = -1};
-            } else if (fd >= 0) {
-                close(fd);
-            }
-        }
         for (int i = nfds - 3; i >= 0; i--) /* backwards: closing moves the last one here */
             /* not a replaced connection: its node's log was reopened (and maybe cut) */
             if (i < r->nconns && p[i + 2].revents && !r->conns[i].dead && handle_frame(r, i))
                 rconn_close(r, i);
-        for (int i = r->nconns - 1; i >= 0; i--)
-            if (r->conns[i].dead)
+        if (n > 0 && (p[0].revents & POLLIN)) /* after the frames: p[] names the connections as they were */
+            accept_one(r);
+        uint64_t now = now_ms();
+        for (int i = r->nconns - 1; i >= 0; i--) {
+            struct rconn *c = &r->conns[i];
+            if (!c->dead && !c->link.authed && now > c->auth_deadline) {
+                rl_send_error(&c->link, "the handshake took too long");
+                refused(r, c, -ETIMEDOUT, "no handshake within 5 s");
+                c->dead = 1;
+            }
+            if (c->dead)
                 rconn_close(r, i);
+        }
         if (now_ms() - last_sync >= r->sync_ms) {
             /* The peer's memory (page cache) acknowledged; its disk copy follows. */
             for (int i = 0; i < r->nconns; i++) {
@@ -346,7 +455,7 @@ static void *receiver_main(void *arg)
 }
 
 int rl_receiver_start(struct rl_receiver **out, const char *addr, int port, const char *peer_dir,
-                      uint32_t sync_ms, char *err, size_t errlen)
+                      uint32_t sync_ms, const uint8_t *key, char *err, size_t errlen)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1) {
@@ -358,6 +467,7 @@ int rl_receiver_start(struct rl_receiver **out, const char *addr, int port, cons
         return -ENOMEM;
     r->peer_dir = strdup(peer_dir);
     r->sync_ms = sync_ms ? sync_ms : 1000;
+    memcpy(r->key, key, RL_KEY);
     pthread_mutex_init(&r->stat_lock, NULL);
     r->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     r->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -406,6 +516,7 @@ void rl_receiver_stop(struct rl_receiver *r)
     close(r->lfd);
     close(r->evfd);
     kvbuf_free(&r->pl);
+    OPENSSL_cleanse(r->key, sizeof r->key);
     pthread_mutex_destroy(&r->stat_lock);
     free(r->peer_dir);
     free(r);

@@ -1,7 +1,9 @@
 /* replog_send.c - the log sender thread (see replog.h): ships new records in
  * BATCH frames, turns the peer's ACKs into the durable LSN, falls back to disk
  * mode when the peer is late or gone and catches it up from the segment files.
- * Threads: the sender thread owns its socket and buffers; stats are read under
+ * Each connection opens with the handshake (rl_auth_client): the peer must prove
+ * it holds the pair's secret before it is shipped anything or its ACKs count.
+ * Threads: the sender thread owns its link and buffers; stats are read under
  * stat_lock. Frames from the peer are untrusted (rl_recv_frame checks them). */
 #define _GNU_SOURCE
 #include "durability/replog.h"
@@ -33,6 +35,8 @@
 #include "durability/wal.h"
 #include "durability/replog_frame.h"
 
+#include <openssl/crypto.h>
+
 /* ======================================================================= sender */
 
 struct rl_sender {
@@ -41,7 +45,7 @@ struct rl_sender {
     struct wal *w;
     pthread_t th;
     _Atomic int stop;
-    int fd;
+    struct rl_link link;       /* fd -1 while not connected */
     struct kvbuf ship, pend, cat, pl;
     uint64_t pend_first, pend_last;
     uint64_t degraded_at;      /* appended LSN when the fallback to local sync began, 0 = not degraded */
@@ -151,7 +155,7 @@ static int ship_records(struct rl_sender *s, const unsigned char *buf, size_t n,
             off += l;
             cnt++;
         }
-        int rc = rl_send_frame(s->fd, F_BATCH, first, last, buf + start, off - start, (int)s->cfg.timeout_ms);
+        int rc = rl_send_frame(&s->link, F_BATCH, first, last, buf + start, off - start, (int)s->cfg.timeout_ms);
         if (rc)
             return rc;
         *sent = last;
@@ -202,19 +206,34 @@ static void *sender_main(void *arg)
                 usleep(100000);
                 continue;
             }
-            s->fd = fd;
+            rl_link_init(&s->link, fd, 0);
             struct frame f = {0};
-            int rc = rl_send_frame(fd, F_HELLO, RL_VERSION, 0, s->cfg.node_id, 16, (int)s->cfg.timeout_ms);
+            char why[400] = "";
+            int rc = rl_auth_client(&s->link, s->cfg.key, RL_ROLE_SENDER, s->cfg.node_id, (int)s->cfg.timeout_ms,
+                                    why, sizeof why);
+            if (rc == -EACCES) { /* a wrong secret, or not our peer: say so, and retry slowly */
+                static struct kvlog_rate rate = KVLOG_RATE_INIT(3);
+                snprintf(err, sizeof err, "peer %s:%d: %s", s->host, s->cfg.port, why);
+                kvlog_rated(&rate, KVLOG_WARNING, "replication handshake with %s", err);
+                s_error(s, err);
+                pthread_mutex_lock(&s->stat_lock);
+                s->st.auth_failures++;
+                pthread_mutex_unlock(&s->stat_lock);
+                rl_link_close(&s->link);
+                usleep(1000000);
+                continue;
+            }
             if (!rc)
-                rc = rl_recv_frame(fd, &f, &s->pl, (int)s->cfg.timeout_ms);
+                rc = rl_send_frame(&s->link, F_HELLO, RL_VERSION, 0, s->cfg.node_id, 16, (int)s->cfg.timeout_ms);
+            if (!rc)
+                rc = rl_recv_frame(&s->link, &f, &s->pl, (int)s->cfg.timeout_ms);
             if (!rc && f.type != F_HELLO_ACK)
                 rc = -EPROTO;
             if (rc) {
                 snprintf(err, sizeof err, "handshake with peer %s:%d failed: %s", s->host, s->cfg.port,
                          f.type == F_ERROR ? "peer refused" : strerror(-rc));
                 s_error(s, err);
-                close(fd);
-                s->fd = -1;
+                rl_link_close(&s->link);
                 usleep(100000);
                 continue;
             }
@@ -227,8 +246,7 @@ static void *sender_main(void *arg)
                          PRIu64 ": recover from the peer first (--from-peer); not replicating",
                          s->host, s->cfg.port, f.a, appended);
                 s_error(s, err);
-                close(fd);
-                s->fd = -1;
+                rl_link_close(&s->link);
                 sleep(1);
                 continue;
             }
@@ -248,11 +266,11 @@ static void *sender_main(void *arg)
         uint64_t now = now_us();
         if (next_ship <= now)
             next_ship = now + s->cfg.interval_us;
-        int w = rl_wait_fd_us(s->fd, POLLIN, next_ship - now);
+        int w = rl_wait_fd_us(s->link.fd, POLLIN, next_ship - now);
         int rc = 0;
         while (w > 0 && !rc) {
             struct frame f;
-            rc = rl_recv_frame(s->fd, &f, &s->pl, (int)s->cfg.timeout_ms);
+            rc = rl_recv_frame(&s->link, &f, &s->pl, (int)s->cfg.timeout_ms);
             if (!rc && f.type == F_ACK && f.a > sent) {
                 rc = -EPROTO; /* acknowledging what was never sent: a confused peer */
             } else if (!rc && f.type == F_ACK && f.a > acked) {
@@ -263,7 +281,7 @@ static void *sender_main(void *arg)
                 rc = -EPROTO;
             }
             if (!rc)
-                w = wait_fd(s->fd, POLLIN, 0);
+                w = wait_fd(s->link.fd, POLLIN, 0);
         }
         if (!rc && w < 0)
             rc = w;
@@ -331,8 +349,7 @@ static void *sender_main(void *arg)
                 snprintf(err, sizeof err, "replication to %s:%d: %s", s->host, s->cfg.port, strerror(-rc));
                 s_error(s, err);
             }
-            close(s->fd);
-            s->fd = -1;
+            rl_link_close(&s->link);
             connected = 0;
             s_set(s, 0, 1);
         }
@@ -340,8 +357,7 @@ static void *sender_main(void *arg)
         s->st.acked_lsn = acked;
         pthread_mutex_unlock(&s->stat_lock);
     }
-    if (s->fd >= 0)
-        close(s->fd);
+    rl_link_close(&s->link);
     return NULL;
 }
 
@@ -361,7 +377,7 @@ int rl_sender_start(struct rl_sender **out, struct wal *w, const struct rl_sende
     if (!s->cfg.timeout_ms)
         s->cfg.timeout_ms = 1000;
     s->w = w;
-    s->fd = -1;
+    rl_link_init(&s->link, -1, 0);
     s->st.degraded = 1; /* until the peer has acknowledged everything */
     s->degraded_at = wal_appended_lsn(w) ? wal_appended_lsn(w) : 1;
     pthread_mutex_init(&s->stat_lock, NULL);
@@ -388,6 +404,7 @@ void rl_sender_stop(struct rl_sender *s)
     kvbuf_free(&s->pend);
     kvbuf_free(&s->cat);
     kvbuf_free(&s->pl);
+    OPENSSL_cleanse(s->cfg.key, sizeof s->cfg.key);
     pthread_mutex_destroy(&s->stat_lock);
     free(s);
 }

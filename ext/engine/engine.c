@@ -222,11 +222,11 @@ static void info_replication(void *arg, struct kvbuf *b)
                      "log_peer_connected:%d\r\nlog_peer_degraded:%d\r\nlog_peer_acked_lsn:%llu\r\n"
                      "log_peer_sent_lsn:%llu\r\nlog_peer_batches:%llu\r\nlog_peer_records:%llu\r\n"
                      "log_peer_bytes:%llu\r\nlog_peer_connects:%llu\r\nlog_peer_disconnects:%llu\r\n"
-                     "log_peer_catchup_records:%llu\r\nlog_peer_last_error:%s\r\n",
+                     "log_peer_catchup_records:%llu\r\nlog_peer_auth_failures:%llu\r\nlog_peer_last_error:%s\r\n",
                      rs.connected, rs.degraded, (unsigned long long)rs.acked_lsn, (unsigned long long)rs.sent_lsn,
                      (unsigned long long)rs.batches, (unsigned long long)rs.records, (unsigned long long)rs.bytes,
                      (unsigned long long)rs.connects, (unsigned long long)rs.disconnects,
-                     (unsigned long long)rs.catchup_records, rs.last_error);
+                     (unsigned long long)rs.catchup_records, (unsigned long long)rs.auth_failures, rs.last_error);
     }
     if (e->cfg.receiver) {
         struct rl_receiver_stats rr;
@@ -234,10 +234,10 @@ static void info_replication(void *arg, struct kvbuf *b)
         kvbuf_printf(b,
                      "log_receiver_port:%d\r\nlog_receiver_peers:%d\r\nlog_receiver_held_lsn:%llu\r\n"
                      "log_receiver_batches:%llu\r\nlog_receiver_records:%llu\r\n"
-                     "log_receiver_syncs:%llu\r\nlog_receiver_fetches:%llu\r\n",
+                     "log_receiver_syncs:%llu\r\nlog_receiver_fetches:%llu\r\nlog_receiver_auth_failures:%llu\r\n",
                      rl_receiver_port(e->cfg.receiver), rr.peers_connected, (unsigned long long)rr.held_lsn,
                      (unsigned long long)rr.batches, (unsigned long long)rr.records, (unsigned long long)rr.syncs,
-                     (unsigned long long)rr.fetches);
+                     (unsigned long long)rr.fetches, (unsigned long long)rr.auth_failures);
     }
 }
 

@@ -104,7 +104,7 @@ def layer_sources(*layers):
 
 
 SERVER_LIB = layer_sources("core", "proto", "durability", "engine", "cmd")
-LIBS = ["-lssl", "-lcrypto", "-lpthread"]  # after the sources: core/tls.c (and the log's HMAC) use OpenSSL
+LIBS = ["-lssl", "-lcrypto", "-lpthread"]  # after the sources: core/tls.c and the replication link's HMAC use OpenSSL
 
 BUILDS = {
     "tls_test_tsan": (["tls_test.c", *_ext("core/tls.c")], TSAN),

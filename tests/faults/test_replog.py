@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from helpers import faultlib
+from helpers import replwire
 from helpers.pair import FETCHED, PEER_TIMEOUT_MS, RECOVERED, Writers, cli, info, kv, read_node_id, wait_for
 from kvstore import Node
 
@@ -91,7 +91,7 @@ def test_peer_down_writes_fall_back_to_local_sync_and_peer_catches_up(pair, tmp_
 def check_peer_copy(pair, tmp_dir, a, keys):
     """`kvstore recover --from-peer` into an empty dir, then a disk-mode node on it: the same
     data as A (on every key of keys, the keys the test wrote; kvstore has no KEYS/SCAN)."""
-    r = cli("recover", "--data-dir", tmp_dir, "--from-peer", pair.addr("b"))
+    r = cli("recover", "--data-dir", tmp_dir, "--from-peer", pair.addr("b"), "--repl-secret-file", pair.secret)
     assert r.returncode == 0, r.stdout + r.stderr
     m = re.search(r"keys: ([\d,]+)", r.stdout)
     assert m, r.stdout
@@ -271,20 +271,11 @@ def test_lost_log_with_identity_kept_never_loses_acknowledged_writes(pair, new_w
 
 # ---------------------------------------------------------------- receiver robustness
 
-def _frame(ftype, a=0, b=0, payload=b""):
-    import struct
-
-    crc = faultlib.crc32c(payload) if payload else 0
-    return struct.pack("<IIIIQQ", 0x5052564B, ftype, len(payload), crc, a, b) + payload
-
-
 @pytest.mark.timeout(90)
 def test_a_ghost_connection_does_not_lock_the_node_out(pair):
     """A connection that said HELLO with A's id and then went silent (a machine that
     vanished without a FIN) must not keep A's restarted sender from replicating; a
     second HELLO on one connection is a protocol error (no descriptor leak)."""
-    import socket
-
     pair.start_both()
     a = pair.nodes["a"]
     c = kv(a.port)
@@ -294,9 +285,9 @@ def test_a_ghost_connection_does_not_lock_the_node_out(pair):
     with open(os.path.join(pair.dirs["a"], "node-id")) as f:
         nid = bytes.fromhex(f.read().strip())
     rport = pair.rport["b"]
-    ghost = socket.create_connection(("127.0.0.1", rport))
-    ghost.sendall(_frame(1, 1, 0, nid))  # HELLO as A, then silence
-    assert len(ghost.recv(32)) == 32  # HELLO_ACK
+    ghost = replwire.Link(rport).handshake(replwire.pair_key(), replwire.ROLE_SENDER, nid)
+    ghost.send(replwire.HELLO, replwire.VERSION, 0, nid)  # HELLO as A, then silence
+    assert ghost.recv()[0] == replwire.HELLO_ACK
     pair.kill("a")
     a = pair.start("a")
     c = kv(a.port)
@@ -305,14 +296,15 @@ def test_a_ghost_connection_does_not_lock_the_node_out(pair):
     _, ip, ir = pair.wait_in_sync("a")
     assert ir["log_receiver_held_lsn"] == ip["log_appended_lsn"]
     # the replaced ghost was closed by the receiver
-    ghost.settimeout(5)
-    assert ghost.recv(100) == b""
+    ghost.sock.settimeout(5)
+    assert ghost.sock.recv(100) == b""
     ghost.close()
     # a repeated HELLO on one connection: closed, not served
-    s = socket.create_connection(("127.0.0.1", rport))
-    s.settimeout(5)
-    s.sendall(_frame(1, 1, 0, os.urandom(16)))
-    assert len(s.recv(32)) == 32
-    s.sendall(_frame(1, 1, 0, os.urandom(16)))
-    assert s.recv(100) == b""
+    nid = os.urandom(16)
+    s = replwire.Link(rport).handshake(replwire.pair_key(), replwire.ROLE_SENDER, nid)
+    s.send(replwire.HELLO, replwire.VERSION, 0, nid)
+    assert s.recv()[0] == replwire.HELLO_ACK
+    s.send(replwire.HELLO, replwire.VERSION, 0, nid)
+    s.sock.settimeout(5)
+    assert s.sock.recv(100) == b""
     s.close()

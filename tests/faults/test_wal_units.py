@@ -18,7 +18,6 @@ server runs) and by real servers; a real receiver fed a torn stream.
 import errno
 import os
 import shutil
-import socket
 import struct
 import time
 
@@ -27,6 +26,7 @@ import pytest
 from helpers import faultlib as fl
 from helpers.conn import Raw, client
 from helpers.pair import read_node_id, two_free_ports
+from helpers.replwire import FakeSender, pair_key, write_secret
 from helpers.txwriter import TxWriter
 from kvstore import Node, Store, durability
 from kvstore._native import ffi, lib
@@ -336,7 +336,7 @@ def test_exec_replicates_as_a_unit_and_the_peer_copy_rebuilds_it(pair, tmp_path)
     assert len(commits) == 20 and all(struct.unpack_from("<I", r.raw, 28)[0] == 3 for r in commits)
     fetched = tmp_path / "fetched"
     fetched.mkdir()
-    durability.fetch_from_peer(str(fetched), "127.0.0.1", pair.rport["b"])
+    durability.fetch_from_peer(str(fetched), "127.0.0.1", pair.rport["b"], key=pair_key())
     s, r = recover(fetched)
     assert (s.get(b"r:a"), s.get(b"r:c"), r.problem) == (b"20", b"20", "")
 
@@ -375,54 +375,12 @@ def test_kill_during_execs_in_remote_mode(pair, loss):
         pair.wait_in_sync("a")
 
 
-def _frame(ftype, a=0, b=0, payload=b""):
-    crc = fl.crc32c(payload) if payload else 0
-    return struct.pack("<IIIIQQ", 0x5052564B, ftype, len(payload), crc, a, b) + payload
-
-
-def _read_frame(sock):
-    hdr = b""
-    while len(hdr) < 32:
-        chunk = sock.recv(32 - len(hdr))
-        if not chunk:
-            return None
-        hdr += chunk
-    _, ftype, n, _, a, b = struct.unpack("<IIIIQQ", hdr)
-    payload = b""
-    while len(payload) < n:
-        payload += sock.recv(n - len(payload))
-    return ftype, a, b
-
-
-HELLO, HELLO_ACK, BATCH, ACK = 1, 2, 3, 4
-
-
-class FakeSender:
-    """A node's log sender, frame by frame (ext/durability/REPLICATION.md)."""
-
-    def __init__(self, port, node_id):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-        self.sock.sendall(_frame(HELLO, 1, 0, node_id))
-        ftype, self.held, _ = _read_frame(self.sock)
-        assert ftype == HELLO_ACK
-
-    def batch(self, *recs):
-        """Send one BATCH; the LSN the ACK names (None: the connection was closed)."""
-        lsns = [struct.unpack_from("<Q", r, len(r) - 8)[0] for r in recs]
-        self.sock.sendall(_frame(BATCH, lsns[0], lsns[-1], b"".join(recs)))
-        f = _read_frame(self.sock)
-        return None if f is None else f[1]
-
-    def close(self):
-        self.sock.close()
-
-
 @pytest.fixture
 def receiver(tmp_path):
     """A real node whose only job is to be a log receiver: its port."""
     rport = two_free_ports()[0]
     n = Node(port=0, data_dir=str(tmp_path / "peer-node"), durability="none", repl_port=rport,
-             log_path=str(tmp_path / "peer-node.stderr"))
+             repl_secret_file=write_secret(tmp_path / "repl.secret"), log_path=str(tmp_path / "peer-node.stderr"))
     n.start()
     yield rport
     n.kill()
@@ -444,7 +402,7 @@ def test_a_torn_stream_is_never_acknowledged_inside_a_unit(receiver, tmp_path):
     assert s.held == 5, "the receiver kept half a unit"
     fetched = tmp_path / "fetched"
     fetched.mkdir()
-    durability.fetch_from_peer(str(fetched), "127.0.0.1", receiver)
+    durability.fetch_from_peer(str(fetched), "127.0.0.1", receiver, key=pair_key())
     st, r = recover(fetched)
     assert (r.last_lsn, r.problem) == (5, "")
     assert [st.get(k) for k in (b"p1", b"u1", b"u2", b"p2", b"u3")] == [b"1", b"1", b"1", b"1", None]

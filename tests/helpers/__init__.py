@@ -5,5 +5,6 @@
   servers    - kvstore Nodes, a reference redis-server, ports, limits
   faultlib   - the log format read independently, `kvstore serve/recover` as processes
   pair       - two nodes in --durability remote, each the other's log peer; a writer model
+  replwire   - the replication link's frames and handshake, client side; secret files
   udp_client - a checking UDP client, run as a script (also inside a netns)
 """

@@ -17,6 +17,7 @@ from redis.retry import Retry
 from kvstore import Node
 
 from .conn import Raw, UdpConn, client
+from .replwire import write_secret
 from .resp import info_dict
 from .servers import free_port
 
@@ -94,6 +95,7 @@ class Pair:
         self.starts = 0
         self.extra = {}  # settings for every start (e.g. the UDP front end)
         self.created = set()  # nodes started once: a brand-new node needs --init, a later start does not
+        self.secret = write_secret(os.path.join(self.root, "repl.secret"))  # both nodes share it
 
     def peer_of(self, name):
         return "b" if name == "a" else "a"
@@ -108,7 +110,7 @@ class Pair:
         # As deployed, with the BOSC data file, and memory bounded below the data the
         # tests write: keys are flushed, evicted and loaded back throughout.
         settings = dict(repl_port=self.rport[name], durability="remote", peer=self.addr(other),
-                        threads=1, peer_timeout_ms=PEER_TIMEOUT_MS, max_memory="256kb", flush_interval_ms=100)
+                        repl_secret_file=self.secret, threads=1, peer_timeout_ms=PEER_TIMEOUT_MS, max_memory="256kb", flush_interval_ms=100)
         settings.update(self.extra, **extra)
         if from_peer:
             settings["from_peer"] = self.addr(other)

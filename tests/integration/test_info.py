@@ -122,9 +122,9 @@ DISK_LOG_FIELDS = ["aof_last_write_status", "log_write_status", "log_write_error
 DISK_DATAFILE_FIELDS = ["datafile_write_status", "datafile_write_error", "datafile_write_errors"]
 PEER_FIELDS = ["log_peer_connected", "log_peer_degraded", "log_peer_acked_lsn", "log_peer_sent_lsn",
                "log_peer_batches", "log_peer_records", "log_peer_bytes", "log_peer_connects",
-               "log_peer_disconnects", "log_peer_catchup_records", "log_peer_last_error", "log_receiver_port",
-               "log_receiver_peers", "log_receiver_held_lsn", "log_receiver_batches", "log_receiver_records",
-               "log_receiver_syncs", "log_receiver_fetches"]
+               "log_peer_disconnects", "log_peer_catchup_records", "log_peer_auth_failures", "log_peer_last_error",
+               "log_receiver_port", "log_receiver_peers", "log_receiver_held_lsn", "log_receiver_batches",
+               "log_receiver_records", "log_receiver_syncs", "log_receiver_fetches", "log_receiver_auth_failures"]
 UDP_SERVER_FIELDS = ["udp_port", "udp_workers"]
 UDP_STATS_FIELDS = ["udp_rx_packets", "udp_tx_packets", "udp_requests", "udp_dropped_not_ours", "udp_tx_failed",
                     "udp_bad_frames", "udp_held_for_log", "udp_stalled", "udp_busy_us"]
