@@ -14,6 +14,7 @@ import struct
 import threading
 
 import pytest
+import redis
 
 from helpers import faultlib as fl
 from helpers import replwire as rw
@@ -248,17 +249,18 @@ def test_the_client_refuses_a_receiver_that_cannot_prove_the_secret(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_peer_with_a_different_secret_is_refused_and_logged(pair, tmp_path):
-    """A's secret differs from B's: A's sender is refused (it says why, and keeps acknowledging
-    writes from its local disk), B logs the refusals, rate-limited."""
+    """A's secret differs from B's: A's fetch of its state is refused (A says why and, having
+    no state of its own, waits for it with -LOADING instead of starting empty), B logs the
+    refusals, rate-limited."""
     pair.start("b")
     wrong = rw.write_secret(tmp_path / "other.secret", b"a-secret-that-is-not-the-pairs")
     a = pair.start("a", repl_secret_file=wrong, peer_startup_wait_ms=0)
-    wait_for("A's sender to be refused", lambda: info(a, "replication")["log_peer_auth_failures"] >= 2)
-    rep = info(a, "replication")
-    assert rep["log_peer_connected"] == 0 and rep["log_peer_degraded"] == 1
-    assert "repl-secret-file" in rep["log_peer_last_error"], rep
+    wait_for("A's fetch to be refused twice", lambda: info(a, "persistence")["loading_fetch_attempts"] >= 2)
+    p = info(a, "persistence")
+    assert p["loading"] == 1 and "repl-secret-file" in str(p["loading_last_error"]), p
     c = kv(a.port)
-    assert c.set("still", "written") is True  # disk mode: synced locally
+    with pytest.raises(redis.BusyLoadingError):
+        c.set("still", "refused")
     c.close()
     b = pair.nodes["b"]
     assert info(b, "replication")["log_receiver_auth_failures"] >= 2
