@@ -224,6 +224,14 @@ class ServerConfig:
     # ---- TLS (tls)
     # ---- node identity and empty starts (identity)
     # ---- client limits: timeouts, file descriptors (limits)
+    client_timeout_ms: int = setting(
+        1000, "arch threadpool: the longest a worker waits for a client in the middle of a request — for the rest "
+              "of a request it has begun (read) or for room to send its reply (write) — before it closes the "
+              "connection (counted in INFO stats client_timeout_disconnections). Each wait restarts when bytes "
+              "move, so a slow but steady client is served; a stalled one holds a worker at most this long. "
+              "0 = wait forever (one stalled client per worker freezes the pool). The pollers never wait on a "
+              "client and ignore it.", min=0, max=3600000,
+        accepts="an integer of milliseconds from 0 (wait forever) to 3600000", c="client_timeout_ms")
     # ---- client memory (clientmem)
     # ---- disk errors (diskfull)
     # ---- data-file integrity (integrity)

@@ -66,6 +66,8 @@ struct kv_config {
     int latency_monitor_threshold;     /* ms; LATENCY keeps events at least this slow (0: off) */    /* ---- TLS (tls) */
     /* ---- node identity and empty starts (identity) */
     /* ---- client limits: timeouts, file descriptors (limits) */
+    int client_timeout_ms;   /* threadpool: a worker waits this long for a stalled client
+                                (mid-request read, reply write), then closes it; 0 = forever */
     /* ---- client memory (clientmem) */
     /* ---- disk errors (diskfull) */
 };
@@ -109,6 +111,7 @@ struct kv_engine {
     struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */    /* ---- TLS (tls) */
     /* ---- node identity and empty starts (identity) */
     /* ---- client limits: timeouts, file descriptors (limits) */
+    _Atomic uint64_t auth_denied; /* failed AUTH/HELLO AUTH (INFO stats acl_access_denied_auth) */
     /* ---- client memory (clientmem) */
     /* ---- disk errors (diskfull) */
 };
