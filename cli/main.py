@@ -86,8 +86,9 @@ def serve(config_file, from_peer, check_config, **opts):
             udp = f"udp port {cfg.udp_port} on {cfg.dpdk_iface} ({cfg.udp_workers} DPDK lcores, AF_XDP), "
         elif cfg.arch == "udp":
             udp = f"udp port {srv.udp_port} ({cfg.udp_workers} workers, kernel sockets), "
-        where = (f"{cfg.bind}:{srv.port} "
-                 f"({udp}{cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
+        tls = f"tls port {srv.tls_port}, " if srv.tls_port is not None else ""
+        where = (f"{cfg.bind}:{srv.port if cfg.port >= 0 else srv.tls_port} "
+                 f"({tls}{udp}{cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
                  f"accept {cfg.accept}, policy {cfg.poll_policy}, durability {cfg.durability}, "
                  f"max-memory {cfg.max_memory or 'unbounded'}, data-dir {os.path.abspath(cfg.data_dir)})")
         level, text = _durability_line(cfg)
@@ -145,17 +146,21 @@ def _durability_line(cfg):
 @click.option("--data-dir", default="data", show_default=True, type=click.Path(file_okay=False),
               help="The node's data directory (its log is <data-dir>/log).")
 @click.option("--max-memory", default="0", help="Memory bound for the replay (Redis units; 0 = unbounded).")
-@click.option("--check-only", is_flag=True, help="Do not truncate a torn log tail; only report it.")
+@click.option("--check-only", is_flag=True, help="Change nothing: report a torn log tail instead of truncating it. "
+                                               "Any damage or loss found exits 1 with the reason.")
 @click.option("--from-peer", help="First fetch this node's log from the peer's receiver at HOST:PORT; it "
                                   "replaces the local log if it reaches further (the old one is kept aside).")
 def recover(data_dir, max_memory, check_only, from_peer):
     """Check a node's data file and replay its log offline; report what they hold.
 
-    Reads and checks every block of the data file (if any), then checks every
-    log record's CRC. A torn tail (a record cut short by a crash) is
-    truncated unless --check-only; damage anywhere else stops the replay, is
-    reported, and exits 1. `kvstore serve --durability disk` runs the same
-    recovery at start."""
+    Reads and checks every block of the data file (if any): checksums, chains,
+    and each bucket's blocks against the sweep its bucket table records, so a
+    zeroed block or an older copy put back is reported with the buckets whose
+    writes are lost. Then checks the log: every record's CRC, LSNs without
+    gaps, and its newest segment present (named by <log>/wal.manifest). A torn
+    tail (a record cut short by a crash) is truncated unless --check-only;
+    anything else found exits 1 with the reason. `kvstore serve` runs the same
+    checks at start and refuses to start."""
     from kvstore import durability
 
     try:

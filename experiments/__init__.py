@@ -41,6 +41,7 @@ EXPERIMENTS = [
     Experiment("kv_accept_modes", "kv", "connection placement: SO_REUSEPORT listeners vs accept-and-hand-off"),
     Experiment("kv_build_compare", "kv", "this build against a baseline build: throughput and CPU per request"),
     Experiment("kv_store_calls", "kv", "embedded Store calls per second: the cffi path vs the Cython one"),
+    Experiment("kv_tls_cost", "kv", "TLS on the RESP port: kvstore vs Redis, plain vs TLS, P1 and P16, CPU per request"),
     Experiment("kv_active_expiry", "kv", "active expiry: 1 M keys with a 1 s TTL reclaimed under a write load, and its cost"),
 ]
 BY_NAME = {e.name: e for e in EXPERIMENTS}

@@ -232,9 +232,10 @@ def read_csv(path):
         return list(csv.DictReader(f))
 
 
-def run_redis_benchmark(port, op, pipeline, conns, requests, keyspace, value_size, prefix=()):
+def run_redis_benchmark(port, op, pipeline, conns, requests, keyspace, value_size, prefix=(), extra=()):
+    """extra: more redis-benchmark options (e.g. --tls --cacert FILE)."""
     cmd = [*prefix, "redis-benchmark", "-p", str(port), "-t", op.lower(), "-P", str(pipeline), "-c", str(conns),
-           "-n", str(requests), "-d", str(value_size), "-r", str(keyspace), "--csv", "--threads", "1"]
+           "-n", str(requests), "-d", str(value_size), "-r", str(keyspace), "--csv", "--threads", "1", *extra]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True).stdout
     line = [ln for ln in out.splitlines() if ln.startswith(f'"{op.upper()}"')][-1]
     f = [x.strip('"') for x in line.split(",")]

@@ -47,7 +47,7 @@ class KvServer:
             self.dirs.append(tempfile.mkdtemp(prefix="kv-peer-"))
             repl = common.free_port()
             self.peer = Node(port=0, threads=1, repl_port=repl, data_dir=self.dirs[1], durability="none").start()
-            settings["peer"] = f"127.0.0.1:{repl}"
+            settings.update(peer=f"127.0.0.1:{repl}", init=True)  # a brand-new node (its peer is new too)
         self.node = Node(port=0, threads=self.threads, data_dir=self.dirs[0], **settings).start()
         self.port = self.node.port
         if self.mode == "remote":  # wait until the peer has acknowledged the (empty) log

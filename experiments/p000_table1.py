@@ -66,7 +66,7 @@ def settings_for(row, arch, args, peer_addr, hosts):
     if "D" in row:
         s.update(data_file=True, max_memory=args.full_memory)
     if "L" in row:
-        s.update(durability="remote", peer=peer_addr, peer_startup_wait_ms=20000)
+        s.update(durability="remote", peer=peer_addr, peer_startup_wait_ms=20000, init=True)  # new node, new peer
     return s
 
 

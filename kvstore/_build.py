@@ -59,7 +59,7 @@ SPEC = [
     ("engine/engine.h", ["struct wal;", "struct bosc;", "struct rl_sender;", "struct rl_receiver;",
                          "struct kv_config"]),
     ("frontend/frontend.h", ["struct fe_stats", "struct fe_thread_stats"]),
-    ("server/server.h", ["struct srv;", "srv_create", "srv_start", "srv_stop", "srv_destroy", "srv_port",
+    ("server/server.h", ["struct srv;", "srv_create", "srv_start", "srv_stop", "srv_destroy", "srv_port", "srv_tls_port",
                          "srv_udp_port", "srv_have_dpdk", "srv_get_stats", "srv_get_poller_stats", "srv_info",
                          "#define SRV_INFO_MAX_SECTIONS", "#define SRV_INFO_MAX_NAME"]),
     ("durability/wal.h", ["struct wal_config", "struct wal_stats", "struct wal_recovery", "wal_open", "wal_start",
@@ -77,6 +77,7 @@ SPEC = [
     ("frontend/pollpolicy.h", ["struct pp_conn", "struct pp_policy", "pp_find", "#define PP_FLEX_SPURIOUS"]),
     ("core/ldu.h", ["struct ldu_node", "struct ldu_obj", "struct ldu_queue", "ldu_obj_init", "ldu_queue_init",
                     "ldu_log", "ldu_defer", "ldu_take", "ldu_reverse", "ldu_claim", "ldu_release"]),
+    ("server/server.h", ["srv_set_loading", "srv_attach"]),  # a node waiting for its state (identity)
 ]
 
 

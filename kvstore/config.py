@@ -99,7 +99,9 @@ class ServerConfig:
     bind: str = setting(
         "127.0.0.1", "IPv4 address to listen on.", IPV4, c="bind")
     port: int = setting(
-        6380, "TCP port (0 = any free port).", min=0, max=65535, c="port")
+        6380, "TCP port (0 = any free port; -1 = none: TLS only, with --tls-port).", min=-1, max=65535,
+        accepts="a port from 0 to 65535 (0 = any free port), or -1 (no plain port, with --tls-port)", c="port",
+        to_c=lambda v, cfg: max(v, 0))
     threads: int = setting(
         0, "Poller threads (0 = one per core).", min=0, max=1024,
         accepts="an integer from 0 (one per core) to 1024", c="threads", to_c=lambda v, cfg: cfg.effective_threads)
@@ -222,7 +224,38 @@ class ServerConfig:
         min=0, max=2**31 - 1, accepts="an integer of milliseconds, 0 (off) or more", c="latency_monitor_threshold")
     # ---- replication link: authentication, bind (repl)
     # ---- TLS (tls)
+    tls_port: int = setting(
+        -1, "Also serve RESP over TLS on this port (0 = any free port), as Redis's tls-port; needs "
+            "--tls-cert-file and --tls-key-file (and --tls-ca-cert-file unless --tls-auth-clients no). "
+            "redis-cli --tls --cacert CA and redis-py ssl=True connect to it.", min=-1, max=65535,
+        accepts="-1 (off) or a port from 0 to 65535 (0 = any free port)", shown="off", c="tls_port")
+    tls_cert_file: str = setting(
+        "", "PEM file with the server's certificate (and chain) for --tls-port.", shown=None, c="tls_cert_file")
+    tls_key_file: str = setting(
+        "", "PEM file with the private key of --tls-cert-file (keep it mode 600).", shown=None, c="tls_key_file")
+    tls_ca_cert_file: str = setting(
+        "", "PEM file with the CA certificate(s) a client's certificate must chain to (--tls-auth-clients "
+            "yes or optional).", shown=None, c="tls_ca_cert_file")
+    tls_only: bool = setting(
+        False, "derived: --port -1 (no plain port, TLS only)", cli=None, c="tls_only",
+        to_c=lambda v, cfg: cfg.port < 0)
+    tls_auth_clients: str = setting(
+        "yes", "TLS clients must present a certificate signed by --tls-ca-cert-file (yes, Redis 7's default), "
+               "may present one, checked if they do (optional), or are not asked for one (no). Password "
+               "authentication (--requirepass) applies on top.", choices=("yes", "no", "optional"),
+        c="tls_auth_clients")
     # ---- node identity and empty starts (identity)
+    init: bool = setting(
+        False, "remote: create a brand-new node when the data dir holds no state. Without it a node with no state "
+               "is taken for one that lost its disk: it waits for its peer and recovers its log (and identity) from "
+               "it, refusing keyspace commands with -LOADING meanwhile. --init still asks the peer and refuses if "
+               "the peer holds a log of this pair's node; a node that has state ignores it.",
+        shown=None, cli="flag")
+    node_id: str = setting(
+        "", "This node's identity (32 hex digits), which names its log at the peer: kept in <data-dir>/node-id; "
+            "given here it survives a lost disk (a node started with it and no local state recovers that node's "
+            "log from the peer). Default: the data dir's, else the peer's copy, else a new one (--init).",
+        shown=None, accepts="32 hexadecimal digits (16 bytes), e.g. the content of <data-dir>/node-id")
     # ---- client limits: timeouts, file descriptors (limits)
     client_timeout_ms: int = setting(
         1000, "arch threadpool: the longest a worker waits for a client in the middle of a request — for the rest "
@@ -257,7 +290,31 @@ class ServerConfig:
             self.peer_address()
         if self.arch in ("udp", "dpdk"):
             self._validate_udp()
+        if self.node_id and not re.fullmatch(r"[0-9a-fA-F]{32}", self.node_id):
+            accepts = self.__dataclass_fields__["node_id"].metadata["accepts"]
+            raise ConfigError(f"node_id: expected {accepts}, got {self.node_id!r}")
+        if self.tls_port >= 0:
+            self._validate_tls()
+        elif self.port < 0:
+            raise ConfigError("port: -1 (no plain port) needs --tls-port; without it, expected a port from 0 to "
+                              "65535 (0 = any free port)")
         return self
+
+    def _validate_tls(self):
+        if self.arch == "threadpool":
+            raise ConfigError("tls_port: not supported with --arch threadpool (its workers make blocking plain reads "
+                              "and writes); use --arch poller (the default) for TLS")
+        if self.tls_port != 0 and self.tls_port == self.port:
+            raise ConfigError(f"tls_port: must differ from port ({self.port}): one port serves plain RESP, the "
+                              "other TLS")
+        needed = ("tls_cert_file", "tls_key_file") + (("tls_ca_cert_file",) if self.tls_auth_clients != "no" else ())
+        for name in needed:
+            path = getattr(self, name)
+            if not path:
+                extra = " (or --tls-auth-clients no)" if name == "tls_ca_cert_file" else ""
+                raise ConfigError(f"{name}: --tls-port needs --{name.replace('_', '-')} FILE (PEM){extra}")
+            if not os.path.isfile(path) or not os.access(path, os.R_OK):
+                raise ConfigError(f"{name}: {path!r} is not a readable file")
 
     def _validate_udp(self):
         if self.arch == "dpdk" and self.udp_port == 0:

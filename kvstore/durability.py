@@ -48,6 +48,16 @@ def log_dir(data_dir):
     return os.path.join(data_dir, "log")
 
 
+def has_state(data_dir):
+    """True if data_dir holds this node's state: a log segment or a data file (an identity
+    alone is not state: it names state that may be elsewhere)."""
+    try:
+        names = os.listdir(log_dir(data_dir))
+    except FileNotFoundError:
+        names = []
+    return any(n.startswith("wal-") and n.endswith(".log") for n in names) or os.path.exists(data_file(data_dir))
+
+
 def node_id(data_dir, create=True, value=None):
     """This node's identity (16 bytes), which names its log at the peer; made once
     (or adopted from the peer's copy of the log when a lost node recovers)."""
@@ -114,13 +124,15 @@ def fetch_from_peer(data_dir, host, port, timeout_ms=5000):
 def recover(store, data_dir, repair=True, after_lsn=0):
     """Replay <data_dir>/log into store: the records after after_lsn (what the data
     file already holds). Raises errors.CorruptLogError if the log is damaged
-    anywhere but its torn tail (nothing after the damage is applied)."""
+    anywhere but its torn tail (nothing after the damage is applied) or if its newest
+    segment is missing (the segment its manifest names)."""
     rec = ffi.new("struct wal_recovery *")
     err = ffi.new("char[1024]")
     t0 = time.monotonic()
     rc = lib.wal_recover(store._t, log_dir(data_dir).encode(), after_lsn, 1 if repair else 0, rec, err, 1024)
     errors.raise_for(rc, ffi.string(err).decode(errors="replace"), damaged=errors.CorruptLogError,
-                     hint={errno.EILSEQ: "The server will not start on a damaged log: move the damaged "
+                     hint={errno.EILSEQ: "The server will not start on a damaged or incomplete log: restore "
+                                         "the segment from a backup (or the peer: --from-peer), or move a damaged "
                                          "segment away (keeping a copy) to start from what precedes it."})
     return Recovery(rec.records, rec.first_lsn, rec.last_lsn, rec.segments, rec.bytes, rec.truncated_bytes,
                     ffi.string(rec.problem).decode(errors="replace"), time.monotonic() - t0)
@@ -288,8 +300,18 @@ class Durability:
     the replay into the store, the log (from the LSN after the replay), the sender (remote),
     and last the data file's flusher, which reads the log's durable LSN. durability none
     with a data file: the data file alone (a spilling cache).
+    Remote mode, no local state (no log segment, no data file): the node is either new
+    (config.init, and the peer holds no log of this pair) or one that lost its disk, whose
+    log and identity the peer holds. If the peer cannot be asked within
+    peer_startup_wait_ms, open() returns with `waiting` set (what it waits for): the server
+    starts refusing keyspace commands (-LOADING) and calls wait_for_state(), which retries
+    with backoff and opens the rest once the state is back. A definitive answer that the
+    state is not there (or that --init would hide it) raises errors.ServerError.
     close(): the data file first (its flusher reads the log's and the sender's LSNs), then
-    the sender, the log, the receiver. Both run on the thread that starts/stops the server."""
+    the sender, the log, the receiver. Both run on the thread that starts/stops the server
+    (wait_for_state on the server's loader thread, before the server attaches the result)."""
+
+    RETRY_MS = (200, 5000)  # backoff of the retries while waiting: first, largest
 
     def __init__(self, store, config, from_peer=None):
         self.store = store
@@ -302,10 +324,14 @@ class Durability:
         self.sender = None
         self.fetched = None  # (peer LSN, local LSN, replaced) after a fetch
         self.local_complete = False  # remote mode started without its peer, on a complete local log
+        self.waiting = None  # what a node with no local state waits for (None: not waiting)
+        self.attempts = 0  # tries to reach the peer for a node with no local state
+        self.last_error = ""  # the last try's failure
         self._lines = []  # what start-up found, as logged (report())
 
     def open(self):
-        """Open everything the config asks for; on failure close what was opened and raise."""
+        """Open everything the config asks for; on failure close what was opened and raise.
+        Remote mode may return with `waiting` set (see the class): then call wait_for_state()."""
         try:
             self._open()
         except BaseException:
@@ -333,15 +359,41 @@ class Durability:
                 self.datafile.start(None)
             return
         os.makedirs(c.data_dir, exist_ok=True)
+        self._given_node_id()
         if c.durability == "remote":
             # The local log lags the acknowledged writes by up to disk_log_interval_ms:
             # the peer's copy may reach further, and starting from the local log alone
             # would lose acknowledged writes and reuse their LSNs. Always compare.
-            source = self.from_peer or c.peer
-            self.fetched = self._fetch_waiting(*parse_address(source, "from_peer" if self.from_peer else "peer"),
-                                               c.peer_startup_wait_ms)
+            address = self._source()
+            if has_state(c.data_dir):
+                if c.init:
+                    self._say(f"--init ignored: {os.path.abspath(c.data_dir)} already holds this node's state")
+                self.fetched = self._fetch_waiting(*address, c.peer_startup_wait_ms)
+            elif not self._first_contact(*address, c.peer_startup_wait_ms):
+                return  # waiting: the server serves -LOADING and calls wait_for_state()
         elif self.from_peer:
             self.fetched = fetch_from_peer(c.data_dir, *parse_address(self.from_peer, "from_peer"))
+        self._open_state()
+
+    def _source(self):
+        return parse_address(self.from_peer or self.config.peer, "from_peer" if self.from_peer else "peer")
+
+    def _given_node_id(self):
+        """--node-id: must match the data dir's identity; kept there when the dir has none."""
+        c = self.config
+        if not c.node_id:
+            return
+        given, have = bytes.fromhex(c.node_id), node_id(c.data_dir, create=False)
+        if have is not None and have != given:
+            raise errors.ConfigError(f"node_id: --node-id {c.node_id.lower()} but {c.data_dir}/node-id holds "
+                                     f"{have.hex()}: this data dir belongs to another node (give its id, or none)")
+        if have is None:
+            node_id(c.data_dir, value=given)
+
+    def _open_state(self):
+        """Everything after this node's log is in place (fetched, or local): the data file,
+        the replay, the log, the sender, the flusher."""
+        c = self.config
         if self.fetched is not None:
             peer_lsn, local_lsn, replaced = self.fetched
             self._say(f"fetched the log from {self.from_peer or c.peer} up to LSN {peer_lsn} (local log ended "
@@ -365,9 +417,106 @@ class Durability:
         if self.datafile:
             self.datafile.start(self.log)
 
-    def _fetch_waiting(self, host, port, wait_ms):
+    def _first_contact(self, host, port, wait_ms):
+        """A node with no local state asks its peer, for up to wait_ms: True once its state
+        is in place (its log fetched, or a new node accepted), False if the peer could not
+        be asked (then `waiting` says what the node waits for)."""
+        deadline = time.monotonic() + wait_ms / 1000
+        while not self._attempt(host, port):
+            if time.monotonic() >= deadline:
+                nid = node_id(self.config.data_dir, create=False)
+                who = f"node {nid.hex()}" if nid else "identity unknown until the peer's copy names it"
+                self.waiting = (f"the peer {host}:{port} to confirm that this is a new node (--init)" if self.config.init
+                                else f"its log from the peer {host}:{port} ({who}; the data dir holds no state)")
+                self._say(f"no local state and the peer {host}:{port} cannot be asked ({self.last_error}): waiting "
+                          f"for {self.waiting}; keyspace commands are refused (-LOADING) until then", logging.WARNING)
+                return False
+            time.sleep(0.2)  # the peer may be starting too
+        return True
+
+    def wait_for_state(self, stop, progress=None):
+        """For a node left `waiting` by open(): retry the peer with backoff until the state is
+        back, then open the rest (as open() would have). stop: a threading.Event that ends
+        the wait (returns False). progress(attempts, last_error): called after each failed
+        try. True once open; raises errors.ServerError on a definitive refusal."""
+        host, port = self._source()
+        delay = self.RETRY_MS[0]
+        reported = None
+        while not stop.wait(delay / 1000):
+            if self._attempt(host, port, timeout_ms=2000):
+                self._say(f"the peer {host}:{port} answered after {self.attempts} tries: recovering")
+                self._open_state()
+                self.waiting = None
+                return True
+            if progress:
+                progress(self.attempts, self.last_error)
+            if self.last_error != reported or self.attempts % 20 == 0:  # a line per change, and now and then
+                reported = self.last_error
+                logger.warning("still waiting for %s (try %d: %s); keyspace commands refused", self.waiting,
+                               self.attempts, self.last_error)
+            delay = min(delay * 2, self.RETRY_MS[1])
+        return False
+
+    def _attempt(self, host, port, timeout_ms=5000):
+        """One try of a node with no local state: True once its state is in place, False if
+        the peer could not be asked (last_error says why), ServerError if it answered that
+        the state is not there (no --init) or that --init would hide a node's log."""
+        self.attempts += 1
         data_dir = self.config.data_dir
-        fresh = node_id(data_dir, create=False) is None and not os.path.isdir(log_dir(data_dir))
+        try:
+            if self.config.init:
+                probed = self._peek(host, port, timeout_ms)
+            else:
+                fetched = fetch_from_peer(data_dir, host, port, timeout_ms)
+        except errors.ServerError as e:
+            self.last_error = str(e)
+            return False
+        if self.config.init:
+            return self._init_new(host, port, *probed)
+        nid = node_id(data_dir, create=False)
+        if fetched[0] == 0:
+            who = f"node {nid.hex()}" if nid else "any node"
+            raise errors.ServerError(
+                f"durability remote: {os.path.abspath(data_dir)} holds no state and the peer {host}:{port} holds no "
+                f"log records of {who}, so this node's state is nowhere to recover. If it is a brand-new node, "
+                f"start it with --init; if it lost its disk, give its --node-id (the peer names the logs it holds "
+                f"under <its data dir>/peer/).", errno.ENOENT)
+        self.fetched = fetched
+        return True
+
+    def _peek(self, host, port, timeout_ms):
+        """(last LSN, node id or None) of the only log the peer holds, fetched as a node that
+        lost its disk would fetch it, into a scratch directory that is then removed."""
+        import shutil
+
+        scratch = os.path.join(self.config.data_dir, "init-probe")
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.makedirs(scratch)
+        try:
+            return fetch_from_peer(scratch, host, port, timeout_ms)[0], node_id(scratch, create=False)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _init_new(self, host, port, last, held):
+        """--init with no local state: the peer must hold no log records of this pair's node
+        (they would be this node's, lost with its disk). True: the new node's identity is set."""
+        c = self.config
+        if last > 0:
+            raise errors.ServerError(
+                f"--init refused: the peer {host}:{port} holds the log of node {held.hex()} up to LSN {last}, this "
+                f"pair's node, which had state. If this node is that one (its disk was lost), start it without "
+                f"--init to recover its log; if that node is gone for good, remove peer/{held.hex()} from the "
+                f"peer's data dir first.", errno.EEXIST)
+        # An empty log at the peer acknowledged nothing: keep its identity (one log per node there).
+        nid = node_id(c.data_dir, create=False) or node_id(c.data_dir, value=held)
+        self._say(f"new node {nid.hex()} (--init): the peer {host}:{port} holds no log records of this pair")
+        return True
+
+    def _fetch_waiting(self, host, port, wait_ms):
+        """A node with local state compares its log with the peer's copy, waiting up to
+        wait_ms for the peer; then refuses to start, unless it last ran without the peer
+        (LOCAL-COMPLETE)."""
+        data_dir = self.config.data_dir
         complete = os.path.exists(os.path.join(log_dir(data_dir), "LOCAL-COMPLETE"))
         deadline = time.monotonic() + wait_ms / 1000
         while True:
@@ -383,10 +532,6 @@ class Durability:
                 if time.monotonic() < deadline:
                     time.sleep(0.2)  # the peer may be starting too
                     continue
-                if fresh:
-                    # A new node (no identity, no log) has acknowledged nothing: it may
-                    # start; under a new identity it cannot reuse a lost node's LSNs.
-                    return None
                 raise errors.ServerError(
                     f"durability remote: could not read this node's log from its peer {host}:{port} within "
                     f"{wait_ms} ms ({e}). The peer may hold acknowledged writes that the local log lacks "
@@ -422,7 +567,11 @@ class Durability:
             st = self.log.stats()
             self.log.close()
             self.log = None
-            logger.info("log closed: written and synced up to LSN %d", st.get("appended_lsn", 0))
+            if st.get("write_error"):  # (the log thread gave up on what the disk refused: never acknowledged)
+                logger.warning("log closed while the disk refused it: synced up to LSN %d only",
+                               st.get("durable_lsn", 0))
+            else:
+                logger.info("log closed: written and synced up to LSN %d", st.get("appended_lsn", 0))
         if self.receiver is not None:
             self.receiver.close()
             self.receiver = None

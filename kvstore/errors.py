@@ -84,5 +84,6 @@ def raise_for(rc, message="", hint=None, damaged=CorruptDataFileError):
     if code == errno.EPROTOTYPE:
         raise WrongTypeError(message or "WRONGTYPE Operation against a key holding the wrong kind of value")
     if code == errno.EIO:
-        raise ServerError(message or "durability log failed: writes refused until restart", code)
+        raise ServerError(message or "durability log cannot be written (see the server's log): write refused",
+                          code)
     raise ServerError(text, code)

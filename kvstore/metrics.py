@@ -89,6 +89,8 @@ FIELDS = [
     ("log_groups", "kvstore_log_groups_total", COUNTER, "Group commits (one write() of gathered records)."),
     ("log_syncs", "kvstore_log_syncs_total", COUNTER, "fdatasync calls of the log."),
     ("log_failed", "kvstore_log_failed", GAUGE, "1 once an I/O error stopped the log (writes then fail)."),
+    ("log_write_errors", "kvstore_log_write_errors_total", COUNTER,
+     "Failed attempts to write or sync the log (a full or failing disk); each is retried."),
     # the data file
     ("datafile_flushed_lsn", "kvstore_datafile_flushed_lsn", GAUGE, "LSN up to which the data file holds the log."),
     ("datafile_sweeps", "kvstore_datafile_sweeps_total", COUNTER, "Sweeps of the flusher over the dirty blocks."),
@@ -102,6 +104,8 @@ FIELDS = [
     ("datafile_log_segments_deleted", "kvstore_datafile_log_segments_deleted_total", COUNTER,
      "Log segments deleted once the data file held them."),
     ("datafile_failed", "kvstore_datafile_failed", GAUGE, "1 once an I/O error stopped the flusher."),
+    ("datafile_write_errors", "kvstore_datafile_write_errors_total", COUNTER,
+     "Sweeps of the data file that failed writing or syncing (a full or failing disk); each is retried."),
     # remote mode: this node's log at its peer
     ("log_peer_connected", "kvstore_peer_connected", GAUGE, "1 while the log sender is connected to the peer."),
     ("log_peer_degraded", "kvstore_peer_degraded", GAUGE,
@@ -188,6 +192,11 @@ class Collector:
                 fam.add_metric([], v)
                 yield fam
         yield from self._keys(info)
+        for field, name in (("log_write_status", "kvstore_log_write_error"),
+                            ("datafile_write_status", "kvstore_datafile_write_error")):
+            if field in info:  # ok|err: 1 while the disk refuses the file and writes are refused
+                yield GaugeMetricFamily(name, "1 while the disk refuses this file (writes are refused meanwhile; "
+                                        "retried until it can be written).", value=int(info[field] == "err"))
         if isinstance(info.get("log_peer_acked_lsn"), int) and isinstance(info.get("log_appended_lsn"), int):
             yield GaugeMetricFamily("kvstore_peer_lag_lsn", "Records appended to the log and not yet acknowledged "
                                     "by the peer (appended LSN - acknowledged LSN).",

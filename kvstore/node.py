@@ -11,6 +11,7 @@ from kvstore.process import Process
 
 _READY = re.compile(rb"listening on ([0-9.]+):(\d+)")
 _UDP = re.compile(rb"udp port (\d+)")
+_TLS = re.compile(rb"tls port (\d+)")
 
 
 class Node:
@@ -27,6 +28,7 @@ class Node:
         self.requested_port = port
         self.port = None
         self.udp_port = None  # arch udp/dpdk: the UDP front end's port, learnt at start
+        self.tls_port = None  # --tls-port: the TLS port, learnt at start
         self.data_dir = data_dir
         self.settings = settings
         self.log_path = log_path
@@ -78,6 +80,8 @@ class Node:
         self.port = int(m.group(2))
         u = _UDP.search(m.string)
         self.udp_port = int(u.group(1)) if u else None
+        t = _TLS.search(m.string)
+        self.tls_port = int(t.group(1)) if t else None
         return self
 
     def log(self):

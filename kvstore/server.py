@@ -9,7 +9,7 @@ from kvstore import __version__, errors, log, metrics
 from kvstore._cstruct import as_dict, split_prefix
 from kvstore._native import ffi, lib
 from kvstore.config import ServerConfig
-from kvstore.durability import Durability
+from kvstore.durability import Durability, node_id
 from kvstore.store import Store
 
 # The C struct that Server.start fills from the settings' metadata (ServerConfig.c_values).
@@ -52,6 +52,11 @@ class Server:
         # Held while the C objects are read from another thread (a metrics scrape) and
         # while stop() frees them: a scrape never reads a destroyed server.
         self._guard = threading.Lock()
+        # A node that waits for its state (Durability.waiting): the thread that waits and
+        # attaches it, the event that ends the wait, and why it failed (serve_forever raises it).
+        self._loader = None
+        self._loader_stop = threading.Event()
+        self.loading_failure = None
 
     def _adjust_fd_limit(self):
         """Redis's adjustOpenFilesLimit: raise RLIMIT_NOFILE to maxclients + the server's own
@@ -101,7 +106,8 @@ class Server:
         for w in self._warnings:
             log.logger.warning("%s", w)
         self._durability = Durability(self.store, c, self.from_peer).open()
-        cfg, self._keep = c_config(c, version=__version__, maxclients=self._maxclients,
+        waiting = self._durability.waiting is not None  # no local state, the peer not asked yet: -LOADING
+        cfg, self._keep = c_config(c, version=__version__, loading=int(waiting), maxclients=self._maxclients,
                                    **self._durability.c_handles())
         err = ffi.new("char[256]")
         out = ffi.new("struct srv **")
@@ -114,6 +120,10 @@ class Server:
             self._durability.close()
             errors.raise_for(rc, ffi.string(err).decode(errors="replace"))
         self._srv = out[0]
+        self._show_identity()
+        if waiting:  # the listener is up: now wait for the state, on a thread of its own
+            self._loader = threading.Thread(target=self._wait_for_state, name="kvstore-loading", daemon=True)
+            self._loader.start()
         if c.metrics_port >= 0:  # after the start: a scrape never sees a server half made
             try:
                 self._metrics = metrics.Endpoint(c.metrics_bind, c.metrics_port, self._read_counters)
@@ -122,6 +132,38 @@ class Server:
                 raise
             log.logger.info("metrics on http://%s:%d/metrics", c.metrics_bind, self._metrics.port)
         return self
+
+    def _show_identity(self):
+        """INFO persistence's node_id and, while waiting, what the node waits for."""
+        d = self._durability
+        nid = node_id(self.config.data_dir, create=False) if self.config.durability == "remote" else None
+        lib.srv_set_loading(self._srv, d.waiting.encode() if d.waiting else ffi.NULL, d.last_error.encode(),
+                            d.attempts, nid.hex().encode() if nid else ffi.NULL)
+
+    def _wait_for_state(self):
+        """The loader thread: wait until the node's state is back (Durability.wait_for_state),
+        then attach the log, data file and sender to the running server, which serves. A
+        failure is logged and kept; serve_forever then stops the server and raises it."""
+        d = self._durability
+
+        def progress(attempts, last_error):
+            with self._guard:
+                if self._srv is not None:
+                    lib.srv_set_loading(self._srv, ffi.NULL, last_error.encode(), attempts, ffi.NULL)
+
+        try:
+            if not d.wait_for_state(self._loader_stop, progress):
+                return  # stopped while waiting
+            h = d.c_handles()
+            err = ffi.new("char[256]")
+            with self._guard:
+                self._show_identity()  # the identity may come from the peer's copy
+                errors.raise_for(lib.srv_attach(self._srv, h["wal"], h["bosc"], h["sender"], err, 256),
+                                 ffi.string(err).decode(errors="replace"))
+            log.logger.warning("state recovered after %d tries: serving", d.attempts)
+        except Exception as e:  # noqa: BLE001 - any failure ends the wait; serve_forever reports it
+            self.loading_failure = e
+            log.logger.error("the node cannot recover its state: %s", e)
 
     def startup_report(self):
         """What start-up did and found, one line each: fd-limit warning, log fetched from
@@ -140,6 +182,12 @@ class Server:
     @property
     def port(self):
         return lib.srv_port(self._srv) if self._srv is not None else self.config.port
+
+    @property
+    def tls_port(self):
+        """The TLS port (the one bound when tls_port was 0), or None when TLS is off."""
+        port = lib.srv_tls_port(self._srv) if self._srv is not None else self.config.tls_port
+        return port if port >= 0 else None
 
     @property
     def udp_port(self):
@@ -208,6 +256,10 @@ class Server:
         if self._metrics is not None:  # first: no scrape starts once the server is going
             self._metrics.close()
             self._metrics = None
+        if self._loader is not None:  # it may be opening the durability pieces: let it finish
+            self._loader_stop.set()
+            self._loader.join()
+            self._loader = None
         with self._guard:  # a scrape in flight finishes reading first
             self._stop()
 
@@ -251,7 +303,9 @@ class Server:
             if on_ready:
                 on_ready(self)
             while not stop.wait(0.5):
-                pass
+                if self.loading_failure is not None:
+                    raise self.loading_failure if isinstance(self.loading_failure, errors.KVError) else \
+                        errors.ServerError(str(self.loading_failure))
         finally:
             self.stop()
             for s, h in old.items():

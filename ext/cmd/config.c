@@ -66,6 +66,8 @@ PARAM_INT(p_slow_max_len, cst_slowlog_max_len(c->eng->stats))
 PARAM_INT(p_latency_threshold, latmon_threshold(c->eng->latmon))
 PARAM_STR(p_latency_percentiles, "50 99 99.9")
 PARAM_STR(p_yes, "yes")
+PARAM_INT(p_tls_port, c->eng->tls_port > 0 ? c->eng->tls_port : 0) /* Redis: 0 = no TLS port */
+PARAM_STR(p_tls_auth, c->eng->tls_auth ? c->eng->tls_auth : "yes")
 
 static const struct param {
     const char *name;
@@ -79,6 +81,7 @@ static const struct param {
     {"slowlog-log-slower-than", p_slower_than}, {"slowlog-max-len", p_slow_max_len},
     {"latency-monitor-threshold", p_latency_threshold}, {"latency-tracking", p_yes},
     {"latency-tracking-info-percentiles", p_latency_percentiles},
+    {"tls-port", p_tls_port}, {"tls-auth-clients", p_tls_auth},
 };
 
 /* CONFIG SET of the statistics' integer parameters: Redis's messages for a value

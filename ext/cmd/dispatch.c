@@ -13,6 +13,7 @@
 #include "core/table.h"
 #include "durability/bosc.h"
 #include "engine/engine.h"
+#include "engine/loading.h"
 
 static inline int tolower_ascii(int ch) { return ch >= 'A' && ch <= 'Z' ? ch + 32 : ch; }
 
@@ -119,6 +120,9 @@ int cmd_reply_write_err(struct cmd_client *c, int64_t rc)
         return cmd_reply_err(c, ERR_BIG);
     if (rc == -EAGAIN)
         return cmd_reply_err(c, "ERR durability log backlog full (the disk cannot keep up), write refused: retry");
+    char msg[300];
+    if (rc == -EIO && eng_disk_refusal(c->eng, msg, sizeof msg)) /* the disk: retried, writes resume */
+        return cmd_reply_err(c, msg);
     if (rc == -EIO)
         return cmd_reply_err(c, "ERR durability log failed (I/O error, see the server's log): writes refused "
                             "until restart");
@@ -335,9 +339,23 @@ int c_command(struct cmd_client *c, const struct cmd_args *a)
 
 const struct cmd_def *cmd_def_at(int i) { return i >= 0 && i < NCOMMANDS ? &commands[i] : NULL; }
 
+/* While the node waits for its state (engine/loading.h): the commands Redis 7
+ * flags "loading" (connection, introspection, configuration, transactions'
+ * framing); every command that reads or writes keys is refused, and so is PING,
+ * as Redis does: a health check sees a node that is up but not ready. */
+static int allowed_while_loading(const struct cmd_def *d)
+{
+    static const cmd_fn ok[] = {c_quit, c_auth, c_hello, c_select, c_client, c_info, c_config, c_command,
+                                c_time, c_monitor, c_slowlog, c_latency, c_multi, c_exec, c_discard, c_unwatch};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
+        if (d->fn == ok[i])
+            return 1;
+    return 0;
+}
+
 /* What comes before a handler: 1 to run d; 0 when the request is answered
- * already (*rc): an unknown command, one refused (*rejected: arity, NOAUTH), or
- * queued by MULTI. */
+ * already (*rc): an unknown command, one refused (*rejected: arity, NOAUTH,
+ * LOADING), or queued by MULTI. */
 static int admit(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv, const size_t *argl,
                  int *rejected, int *rc)
 {
@@ -375,6 +393,25 @@ static int admit(struct cmd_client *c, const struct cmd_def *d, int argc, const 
     }
     if (!c->authenticated && !(d->flags & F_NOAUTH)) {
         *rc = cmd_reply_err(c, "NOAUTH Authentication required.");
+        return 0;
+    }
+    /* acquire: pairs with eng_attach's release, so a command admitted after the
+     * wait sees the log and the data file it attached */
+    if (atomic_load_explicit(&c->eng->loading, memory_order_acquire) && !allowed_while_loading(d)) {
+        char msg[ENG_LOADING_TEXT + 160];
+        eng_loading_error(c->eng, msg, sizeof msg);
+        cmd_multi_flag(c); /* as Redis: a refused command inside MULTI makes EXEC fail */
+        *rc = cmd_reply_err(c, msg);
+        return 0;
+    }
+    /* As Redis: write commands are refused while the disk refuses the log or
+     * the data file (inside MULTI too: the transaction is flagged), and so is
+     * PING, so that a health check sees the node cannot take writes; reads and
+     * INFO (persistence says what is wrong) still answer. */
+    char derr[300];
+    if ((d->flags & F_WRITE || d->fn == c_ping) && eng_disk_refusal(c->eng, derr, sizeof derr)) {
+        cmd_multi_flag(c);
+        *rc = cmd_reply_err(c, derr);
         return 0;
     }
     *rejected = 0;

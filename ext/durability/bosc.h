@@ -14,16 +14,27 @@
  * loader thread reads blocks for keys that left memory and lists the file's
  * keys (SCAN, KEYS). Pollers never block on either: they wait on their eventfd.
  *
- * File layout (little-endian), BOSC_BLOCK bytes per block:
+ * File layout (little-endian), BOSC_BLOCK bytes per block, format version 2:
  *   blocks 0, 1  superblock slots (written alternately, the valid one with the
- *                higher sequence wins): "KVSBOSC1" | u32 crc | u32 version |
+ *                higher sequence wins): "KVSBOSC1" | u32 crc | u32 version 2 |
  *                u64 seq | u32 block size | u32 buckets | u64 flushed LSN |
- *                u64 generation | u64 hash k0 | u64 hash k1 | u64 blocks
- *   blocks 2 .. 2+buckets-1   home blocks, one per bucket
- *   blocks after              overflow blocks, allocated as chains need them
- * Block: u32 magic "KVB1" | u32 crc32c of bytes 8.. | u32 own number | u32 next
- *   block of the chain (0 = none) | u64 generation | u32 payload bytes | u32
- *   home block of the chain | payload. A never-written block reads as zeros:
+ *                u64 generation | u64 hash k0 | u64 hash k1 | u64 blocks |
+ *                u64 last sweep the bucket table records
+ *   blocks 2 ..  the bucket table: page p at blocks 2+2p and 2+2p+1 (two copies,
+ *                written alternately); page p holds u64 entries for buckets
+ *                [p*507, (p+1)*507): the sweep whose write of the bucket's chain
+ *                the file last synced (0: never written)
+ *   then         two home copies per bucket (b at first_home+2b and +1): a sweep
+ *                writes the copy that does not hold the synced chain, so a torn
+ *                write (a power cut) leaves the synced chain whole
+ *   then         overflow blocks, allocated as chains need them (copy on write)
+ * Block: u32 magic "KVB1" ("KVT2" for a table page) | u32 crc32c of bytes 8.. |
+ *   u32 own number | u32 next block of the chain (0 = none) | u64 generation |
+ *   u32 payload bytes | u32 first home copy of the chain (a table page: its page
+ *   number) | u64 sweep that wrote it | payload. A bucket's chain is its home
+ *   copy with the higher sweep, and every block of it carries that sweep; a
+ *   chain older than the table's entry (a zeroed block, an older copy put back)
+ *   is damage, reported with what is lost. A never-written block reads as zeros:
  *   an empty bucket. Blocks of an older generation (before a FLUSHALL) are
  *   empty. The payload of a chain is one stream of records
  *   u32 type << 30 | klen | u32 vlen | i64 expire ms | key | value
@@ -148,6 +159,13 @@ uint32_t bosc_buckets(struct bosc *b);
 
 int bosc_failed(struct bosc *b);
 const char *bosc_error(struct bosc *b);
+/* The disk refuses the data file now (a sweep's block write, sync or
+ * superblock write failed: ENOSPC, EIO, ...): the errno of the last failure
+ * and what failed in msg (n bytes, may be NULL); 0 while writing works. The
+ * flusher keeps the keys dirty and sweeps again with backoff (10 ms doubling to
+ * 1 s; DBSIZE's sync request tries at once); reads and loads go on meanwhile
+ * (bosc_failed stays 0). *errors (may be NULL): failed sweeps so far. Any thread. */
+int bosc_write_error(struct bosc *b, char *msg, size_t n, uint64_t *errors);
 void bosc_get_stats(struct bosc *b, struct bosc_stats *st);
 struct latmon;
 /* Report each sweep's duration to lm (core/latmon.h, event flusher-sweep), NULL: none. Any thread. */

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,15 +33,15 @@ int bosc_all_zero(const unsigned char *p, size_t n)
     return memcmp(p, z, BHDR) == 0 && (n <= BHDR || memcmp(p, p + 1, n - 1) == 0);
 }
 
-/* Check a block read from disk. Returns 1 valid, 0 empty (all zeros), -EILSEQ
- * damaged (why in err). */
-static int block_check(struct bosc *b, const unsigned char *p, uint32_t no, char *err, size_t errlen)
+/* Check a block read from disk (magic: BLK_MAGIC or TAB_MAGIC). Returns 1
+ * valid, 0 empty (all zeros), -EILSEQ damaged (why in err). */
+int bosc_block_check(struct bosc *b, const unsigned char *p, uint64_t no, uint32_t magic, char *err, size_t errlen)
 {
     if (bosc_all_zero(p, BLK))
         return 0;
     const char *why = NULL;
-    if (get32(p) != BLK_MAGIC)
-        why = "bad magic (not a kvstore data block)";
+    if (get32(p) != magic)
+        why = magic == BLK_MAGIC ? "bad magic (not a kvstore data block)" : "bad magic (not a bucket table page)";
     else if (crc32c(0, p + 8, BLK - 8) != get32(p + 4))
         why = "checksum mismatch";
     else if (get32(p + 8) != no)
@@ -49,25 +50,39 @@ static int block_check(struct bosc *b, const unsigned char *p, uint32_t no, char
         why = "payload length out of range";
     if (!why)
         return 1;
-    snprintf(err, errlen, "data file %s damaged: block %" PRIu32 " (offset %" PRIu64 "): %s", b->path, no,
-             (uint64_t)no * BLK, why);
+    snprintf(err, errlen, "data file %s damaged: block %" PRIu64 " (offset %" PRIu64 "): %s", b->path, no,
+             no * BLK, why);
     return -EILSEQ;
 }
 
-int bosc_block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t next, uint64_t gen,
-                uint32_t used, uint32_t home)
+/* Fill in a block's header (the payload is in place) and its checksum. */
+void bosc_block_seal(unsigned char *p, uint32_t magic, uint32_t no, uint32_t next, uint64_t gen, uint32_t used,
+                     uint32_t home, uint64_t seq)
 {
-    put32(p, BLK_MAGIC);
+    put32(p, magic);
     put32(p + 8, no);
     put32(p + 12, next);
     put64(p + 16, gen);
     put32(p + 24, used);
     put32(p + 28, home);
+    put64(p + 32, seq);
     if (used < PAYLOAD)
         memset(p + BHDR + used, 0, PAYLOAD - used);
     put32(p + 4, crc32c(0, p + 8, BLK - 8));
+}
+
+/* Write block no of a chain whose home copies start at home, stamped with the
+ * sweep being written (b->wseq). Flusher only. */
+int bosc_block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t next, uint64_t gen,
+                uint32_t used, uint32_t home)
+{
+    bosc_block_seal(p, BLK_MAGIC, no, next, gen, used, home, b->wseq);
     add(&b->st.blocks_written, 1);
     add(&b->st.bytes_written, BLK);
+    if (b->tear_at && no < b->first_over && ++b->home_writes == b->tear_at) {
+        pwrite_all(b->fd, p, BLK / 2, (off_t)no * BLK); /* the fault hook (bosc_int.h): a torn write */
+        kill(getpid(), SIGKILL);
+    }
     return pwrite_all(b->fd, p, BLK, (off_t)no * BLK);
 }
 
@@ -86,22 +101,100 @@ int bosc_push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x)
     return 0;
 }
 
-/* Read bucket's chain: its record stream into s (reset first) and its block
- * numbers into chain (home first). Blocks of another generation hold nothing
- * (their overflow blocks are still listed, to be reused or freed). Returns
- * 0 or -errno (-EILSEQ with err set). */
-int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
-               size_t *nchain, size_t *capchain, char *err, size_t errlen)
+/* Read bucket's two home copies into two (2 * BLK bytes) and pick the one
+ * holding the latest write: the valid copy with the higher sequence (the other
+ * is the older write, or a write torn by a crash before its sweep was synced).
+ * The pick must be at least as new as the sweep the bucket table records for
+ * the bucket: an older pick means the newest copy was zeroed, damaged or
+ * replaced by an older one, and the keys it held are lost. Returns the copy
+ * (0, 1), 2 for an empty bucket (both copies never written), or -errno
+ * (-EILSEQ with err saying which blocks and what is lost). */
+static int home_pick(struct bosc *b, uint32_t bucket, unsigned char *two, uint64_t *seq, int *lost, char *err,
+                     size_t errlen)
 {
-    unsigned char blk[BLK];
-    uint32_t home = FIRST_HOME + bucket, no = home;
-    int stale = 0;
+    uint64_t h = home_of(b, bucket);
+    int rc = pread_all(b->fd, two, 2 * BLK, (off_t)(h * BLK));
+    if (rc) {
+        snprintf(err, errlen, "cannot read %s block %" PRIu64 ": %s", b->path, h, strerror(-rc));
+        return rc;
+    }
+    add(&b->st.blocks_read, 2);
+    char why[2][256];
+    int v[2], best = -1;
+    for (int c = 0; c < 2; c++) {
+        unsigned char *p = two + c * BLK;
+        v[c] = bosc_block_check(b, p, h + (uint64_t)c, BLK_MAGIC, why[c], sizeof why[c]);
+        if (v[c] == 1 && get32(p + 28) != h) {
+            snprintf(why[c], sizeof why[c], "data file %s damaged: block %" PRIu64 " belongs to block %" PRIu32
+                     ", found as a home copy of bucket %" PRIu32, b->path, h + (uint64_t)c, get32(p + 28), bucket);
+            v[c] = -EILSEQ;
+        }
+        if (v[c] == 1 && (best < 0 || get64(p + 32) > get64(two + best * BLK + 32)))
+            best = c;
+    }
+    *seq = best >= 0 ? get64(two + best * BLK + 32) : 0;
+    uint64_t want = atomic_load_explicit(&b->tab[bucket], memory_order_relaxed);
+    int bad = v[0] < 0 ? 0 : v[1] < 0 ? 1 : -1;
+    if (best < 0 && bad >= 0) {
+        snprintf(err, errlen, "%s", why[bad]);
+        return -EILSEQ;
+    }
+    if (*seq < want) {
+        char found[96];
+        if (best < 0)
+            snprintf(found, sizeof found, "both copies are empty (zeroed)");
+        else
+            snprintf(found, sizeof found, "its newest copy (block %" PRIu64 ") holds sweep %" PRIu64,
+                     h + (uint64_t)best, *seq);
+        snprintf(err, errlen, "%s%sdata file %s damaged: bucket %" PRIu32 " (home blocks %" PRIu64 " and %" PRIu64
+                 "): the bucket table records its write of sweep %" PRIu64 " but %s: a block was zeroed, damaged "
+                 "or replaced by an older copy, so what sweeps %" PRIu64 "..%" PRIu64 " wrote to this bucket is lost",
+                 bad >= 0 ? why[bad] : "", bad >= 0 ? "; " : "", b->path, bucket, h, h + 1, want, found,
+                 *seq + 1, want);
+        *lost = 1;
+        return -EILSEQ;
+    }
+    return best >= 0 ? best : 2;
+}
+
+/* Read bucket's chain: its record stream into s (reset first) and its block
+ * numbers into chain (the home copy first). Blocks of another generation hold
+ * nothing (their overflow blocks are still listed, to be reused or freed). Every
+ * block of a chain carries the sequence of the sweep that wrote it: an overflow
+ * block from another sweep is an old copy. pick (may be NULL) gets the chain's
+ * sequence and home copy. Returns 0 or -errno (-EILSEQ with err set). */
+int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
+               size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err, size_t errlen)
+{
+    unsigned char two[2 * BLK], blk[BLK];
+    uint64_t home = home_of(b, bucket), seq = 0;
+    struct chain_pick none;
+    if (!pick)
+        pick = &none;
+    *pick = (struct chain_pick){0};
     s->len = 0;
     *nchain = 0;
-    for (uint64_t steps = 0; no; steps++) {
+    int c = home_pick(b, bucket, two, &seq, &pick->lost, err, errlen);
+    if (c < 0)
+        return c;
+    pick->seq = seq;
+    pick->slot = c == 2 ? 0 : c;
+    if (c == 2)
+        return 0; /* an empty bucket */
+    memcpy(blk, two + c * BLK, BLK);
+    uint32_t no = (uint32_t)(home + (uint64_t)c);
+    int stale = get64(blk + 16) != gen;
+    for (uint64_t steps = 0;; steps++) {
+        if (bosc_push_u32(chain, nchain, capchain, no))
+            return -ENOMEM;
+        if (!stale && kvbuf_append(s, (const char *)blk + BHDR, get32(blk + 24)))
+            return -ENOMEM;
+        no = get32(blk + 12);
+        if (!no)
+            return 0;
         uint64_t nb = atomic_load_explicit(&b->nblocks, memory_order_relaxed);
-        if (steps > nb || no >= nb || (no != home && no < FIRST_HOME + b->nbuckets)) {
-            snprintf(err, errlen, "data file %s damaged: chain of block %" PRIu32 " leads to block %" PRIu32
+        if (steps > nb || no >= nb || no < b->first_over) {
+            snprintf(err, errlen, "data file %s damaged: chain of block %" PRIu64 " leads to block %" PRIu32
                      " (out of range or a loop)", b->path, home, no);
             return -EILSEQ;
         }
@@ -111,31 +204,27 @@ int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf 
             return rc;
         }
         add(&b->st.blocks_read, 1);
-        rc = block_check(b, blk, no, err, errlen);
+        rc = bosc_block_check(b, blk, no, BLK_MAGIC, err, errlen);
         if (rc < 0)
             return rc;
         if (rc == 0) {
-            if (no != home) {
-                snprintf(err, errlen, "data file %s damaged: overflow block %" PRIu32 " of block %" PRIu32
-                         " is empty", b->path, no, home);
-                return -EILSEQ;
-            }
-            break;
+            snprintf(err, errlen, "data file %s damaged: overflow block %" PRIu32 " of block %" PRIu64
+                     " is empty (zeroed)", b->path, no, home);
+            return -EILSEQ;
         }
         if (get32(blk + 28) != home) {
             snprintf(err, errlen, "data file %s damaged: block %" PRIu32 " belongs to block %" PRIu32
-                     ", found in the chain of block %" PRIu32, b->path, no, get32(blk + 28), home);
+                     ", found in the chain of block %" PRIu64, b->path, no, get32(blk + 28), home);
             return -EILSEQ;
         }
-        if (bosc_push_u32(chain, nchain, capchain, no))
-            return -ENOMEM;
-        if (no == home)
-            stale = get64(blk + 16) != gen;
-        if (!stale && kvbuf_append(s, (const char *)blk + BHDR, get32(blk + 24)))
-            return -ENOMEM;
-        no = get32(blk + 12);
+        if (get64(blk + 32) != seq) {
+            snprintf(err, errlen, "data file %s damaged: overflow block %" PRIu32 " holds sweep %" PRIu64 ", its "
+                     "chain (home block %" PRIu64 ") sweep %" PRIu64 ": an older copy of the block; the records "
+                     "it held are lost", b->path, no, get64(blk + 32), home, seq);
+            pick->lost = 1;
+            return -EILSEQ;
+        }
     }
-    return 0;
 }
 
 /* Walk a record stream. Returns the number of records, or -EILSEQ if it is
@@ -164,8 +253,8 @@ int64_t bosc_stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg)
 
 int bosc_stream_damaged(struct bosc *b, uint32_t bucket, char *err, size_t errlen)
 {
-    snprintf(err, errlen, "data file %s damaged: the records of block %" PRIu32 " are malformed", b->path,
-             FIRST_HOME + bucket);
+    snprintf(err, errlen, "data file %s damaged: the records of block %" PRIu64 " are malformed", b->path,
+             home_of(b, bucket));
     return -EILSEQ;
 }
 
@@ -177,35 +266,45 @@ int bosc_sb_write(struct bosc *b, uint64_t flushed, uint64_t gen)
     memset(p, 0, sizeof p);
     memcpy(p, SB_MAGIC, 8);
     uint64_t seq = ++b->sb_seq;
-    put32(p + 12, 1);
+    put32(p + 12, BOSC_VERSION);
     put64(p + 16, seq);
     put32(p + 24, BLK);
     put32(p + 28, b->nbuckets);
     put64(p + 32, flushed);
     put64(p + 40, gen);
+    uint64_t old_gen = b->sb_gen;
     b->sb_gen = gen;
     put64(p + 48, b->k0);
     put64(p + 56, b->k1);
     put64(p + 64, atomic_load_explicit(&b->nblocks, memory_order_relaxed));
+    put64(p + 72, b->done_seq);
     put32(p + 8, crc32c(0, p + 12, BLK - 12));
     int rc = pwrite_all(b->fd, p, BLK, (off_t)(seq % 2) * BLK);
     if (!rc && fdatasync(b->fd))
         rc = -errno;
     add(&b->st.syncs, 1);
+    if (rc) {
+        /* The slot just written may be torn: the retry writes the same slot
+         * again, never the other one, which holds the last good superblock. */
+        b->sb_seq--;
+        b->sb_gen = old_gen;
+    }
     return rc;
 }
 
 int bosc_sb_read(struct bosc *b, uint64_t *flushed, uint64_t *gen, char *err, size_t errlen)
 {
     unsigned char p[BLK];
-    int best = -1;
+    int best = -1, old = 0;
     for (int slot = 0; slot < 2; slot++) {
         int rc = pread_all(b->fd, p, BLK, (off_t)slot * BLK);
         if (rc) {
             snprintf(err, errlen, "cannot read %s: %s", b->path, strerror(-rc));
             return rc;
         }
-        if (memcmp(p, SB_MAGIC, 8) || crc32c(0, p + 12, BLK - 12) != get32(p + 8) || get32(p + 12) != 1 ||
+        if (!memcmp(p, SB_MAGIC, 8) && crc32c(0, p + 12, BLK - 12) == get32(p + 8) && get32(p + 12) != BOSC_VERSION)
+            old = (int)get32(p + 12);
+        if (memcmp(p, SB_MAGIC, 8) || crc32c(0, p + 12, BLK - 12) != get32(p + 8) || get32(p + 12) != BOSC_VERSION ||
             get32(p + 24) != BLK || get32(p + 28) == 0)
             continue; /* a slot cut short by a crash, or never written: the other one counts */
         uint64_t seq = get64(p + 16);
@@ -220,13 +319,24 @@ int bosc_sb_read(struct bosc *b, uint64_t *flushed, uint64_t *gen, char *err, si
         b->k1 = get64(p + 56);
         atomic_store_explicit(&b->nblocks, get64(p + 64), memory_order_relaxed);
         b->sb_gen = get64(p + 40);
+        b->done_seq = get64(p + 72);
+    }
+    if (best < 0 && old) {
+        snprintf(err, errlen, "%s: data file format version %d, this kvstore reads version %d (every block "
+                 "carries its write sequence, checked against a bucket table, and two copies of each home block "
+                 "survive a torn write): read it with the kvstore that wrote it, or rebuild this node from its "
+                 "peer (move the data directory away, start with --from-peer)", b->path, old, BOSC_VERSION);
+        return -EPROTO;
     }
     if (best < 0) {
         snprintf(err, errlen, "%s: no valid superblock (not a kvstore data file, or both copies damaged)", b->path);
         return -EILSEQ;
     }
+    int rc = bosc_layout(b, err, errlen);
+    if (rc)
+        return rc;
     uint64_t nb = atomic_load_explicit(&b->nblocks, memory_order_relaxed);
-    if (nb < FIRST_HOME + (uint64_t)b->nbuckets || nb > MAX_BLOCKS) {
+    if (nb < b->first_over || nb > MAX_BLOCKS) {
         snprintf(err, errlen, "%s: superblock damaged: %" PRIu64 " blocks for %" PRIu32 " buckets", b->path,
                  nb, b->nbuckets);
         return -EILSEQ;

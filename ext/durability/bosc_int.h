@@ -25,14 +25,17 @@
 #include "durability/bosc.h"
 
 #define BLK BOSC_BLOCK
-#define BHDR 32
+#define BHDR 40
 #define PAYLOAD (BLK - BHDR)
-#define FIRST_HOME 2
+#define FIRST_TABLE 2        /* the bucket table's pages follow the two superblock copies */
+#define TAB_PER_PAGE (PAYLOAD / 8)
+#define BOSC_VERSION 2       /* 2: write sequence in every block, bucket table, two home copies */
 #define REC_HDR 16
 #define REC_TYPE_SHIFT 30    /* a record's klen word: type << 30 | key length (< 2^30) */
 #define REC_KLEN_MASK ((1u << REC_TYPE_SHIFT) - 1)
 #define SB_MAGIC "KVSBOSC1"
 #define BLK_MAGIC 0x3142564Bu /* "KVB1" as bytes (little-endian u32): never all zeros */
+#define TAB_MAGIC 0x3254564Bu /* "KVT2": a page of the bucket table */
 #define MAX_REC (512u * 1024 * 1024)
 #define MAX_BLOCKS (UINT32_MAX - 1)
 #define HIGH_PCT 90          /* evict when memory passes this share of the bound ... */
@@ -80,7 +83,21 @@ struct bosc {
     char path[4096];
     char log_dir[4096];
     uint32_t nbuckets;
+    uint32_t tab_pages;           /* pages of the bucket table (each kept as two copies) */
+    uint64_t first_home, first_over; /* where the home copies and the overflow blocks begin */
     uint64_t k0, k1;
+    /* Integrity (bosc.h): per bucket, the sweep whose write of its chain the
+     * file last synced (0: never written) -- the flusher raises it after the
+     * sweep's data sync, readers check every chain against it (relaxed: a
+     * block read is always at least as new as the value seen) -- and which of
+     * its two home copies holds that write (flusher only). Per table page, the
+     * copy holding the synced page. */
+    _Atomic uint64_t *tab;
+    uint8_t *slot, *tslot;
+    uint64_t wseq;                /* the sweep being written: every block it writes carries it (flusher) */
+    uint64_t done_seq;            /* the last sweep the table and superblock record (flusher) */
+    uint32_t *touched;            /* buckets this sweep wrote, ascending (flusher) */
+    size_t ntouched, captouched;
     _Atomic uint64_t nblocks;     /* blocks in use by the file: the flusher grows it, the
                                      loader reads it for its bounds check (relaxed: a block
                                      past an old count is only reached through a chain
@@ -115,6 +132,13 @@ struct bosc {
     int subs[MAX_SUBS];
     _Atomic int nsubs;
     _Atomic int failed;
+    /* A sweep's write or sync failed (ENOSPC, EIO...) and is retried with
+     * backoff (bosc_sweep.c): werr its errno (0: writing works), werr_msg what
+     * failed (under lock), write_errors the failed sweeps. Unlike failed, reads
+     * go on. */
+    _Atomic int werr;
+    char werr_msg[256];
+    _Atomic uint64_t write_errors;
     _Atomic int sweeping;         /* a sweep holds keys taken off the queue */
     int evict_failed;             /* the last eviction found nothing to evict (flusher) */
     /* The expiry pass (bosc_sweep.c), flusher only after open: per bucket, the
@@ -135,6 +159,10 @@ struct bosc {
         _Atomic uint64_t key_listings, key_listing_blocks, key_listings_dropped;
     } st;
     uint32_t sweep_no;
+    /* Fault hook for tests (KVSTORE_FAULT_TEAR_HOME_WRITE=n in the environment):
+     * the n-th home-block write of this process writes half the block and the
+     * process is killed, as a power cut mid-write leaves it. 0: off. Flusher only. */
+    uint64_t tear_at, home_writes;
 };
 
 static inline uint64_t now_ns(void)
@@ -196,18 +224,41 @@ static inline int pwrite_all(int fd, const void *buf, size_t n, off_t off)
     return 0;
 }
 
-/* ---- bosc_block.c: blocks, superblock, free blocks (each documented at its definition) */
+/* ---- bosc_block.c: blocks, superblock, free blocks; bosc_table.c: the bucket table
+ * (each documented at its definition) */
+
+/* Where bucket's two home copies are. */
+static inline uint64_t home_of(const struct bosc *b, uint32_t bucket)
+{
+    return b->first_home + 2 * (uint64_t)bucket;
+}
+
+/* What bosc_chain_read found: the write sequence of the chain it returned and
+ * the home copy holding it (seq 0: the bucket is empty, never written). */
+struct chain_pick {
+    uint64_t seq;
+    int slot;
+    int lost;                    /* -EILSEQ because a block is older than recorded (writes lost) */
+};
 
 typedef void (*rec_fn)(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,
                        uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire, int type);
 int bosc_all_zero(const unsigned char *p, size_t n);
+int bosc_block_check(struct bosc *b, const unsigned char *p, uint64_t no, uint32_t magic, char *err,
+                     size_t errlen);
+void bosc_block_seal(unsigned char *p, uint32_t magic, uint32_t no, uint32_t next, uint64_t gen, uint32_t used,
+                     uint32_t home, uint64_t seq);
 int bosc_block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t next, uint64_t gen,
                 uint32_t used, uint32_t home);
 int bosc_push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x);
 int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
-               size_t *nchain, size_t *capchain, char *err, size_t errlen);
+               size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err, size_t errlen);
 int64_t bosc_stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg);
 int bosc_stream_damaged(struct bosc *b, uint32_t bucket, char *err, size_t errlen);
+int bosc_layout(struct bosc *b, char *err, size_t errlen);
+int bosc_tab_read(struct bosc *b, char *err, size_t errlen);
+int bosc_tab_write(struct bosc *b);
+void bosc_tab_done(struct bosc *b);
 int bosc_sb_write(struct bosc *b, uint64_t flushed, uint64_t gen);
 int bosc_sb_read(struct bosc *b, uint64_t *flushed, uint64_t *gen, char *err, size_t errlen);
 uint32_t bosc_blk_alloc(struct bosc *b);

@@ -183,7 +183,7 @@ static int list_bucket(struct bosc *b, struct keys_slot *k, uint32_t bucket, str
         int rc = 0;
         struct collect c = {&k->out, kvt_now_ms(), 0};
         if (atomic_load_explicit(&b->nkeys[bucket], memory_order_relaxed)) {
-            rc = bosc_chain_read(b, bucket, gen, s, chain, &nchain, capchain, err, errlen);
+            rc = bosc_chain_read(b, bucket, gen, s, chain, &nchain, capchain, NULL, err, errlen);
             add(&b->st.key_listing_blocks, nchain);
             if (!rc && bosc_stream_walk((unsigned char *)s->p, s->len, collect_rec, &c) < 0)
                 rc = bosc_stream_damaged(b, bucket, err, errlen);

@@ -124,7 +124,7 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
         rc = 0;
         if (atomic_load_explicit(&b->nkeys[v.bucket], memory_order_relaxed)) {
             add(&b->st.load_reads, 1);
-            rc = bosc_chain_read(b, v.bucket, v.gen, &s, &chain, &nchain, &capchain, err, sizeof err);
+            rc = bosc_chain_read(b, v.bucket, v.gen, &s, &chain, &nchain, &capchain, NULL, err, sizeof err);
             if (!rc && bosc_stream_walk((unsigned char *)s.p, s.len, find_rec, &f) < 0)
                 rc = bosc_stream_damaged(b, v.bucket, err, sizeof err);
         }

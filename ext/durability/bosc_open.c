@@ -39,13 +39,17 @@ static int create_file(struct bosc *b, uint32_t buckets, char *err, size_t errle
     b->k0 = k[0];
     b->k1 = k[1];
     b->nbuckets = buckets;
-    atomic_store(&b->nblocks, FIRST_HOME + (uint64_t)buckets);
+    int rc = bosc_layout(b, err, errlen);
+    if (rc)
+        return rc;
+    atomic_store(&b->nblocks, b->first_over);
     b->sb_seq = 0;
-    if (ftruncate(b->fd, (off_t)((FIRST_HOME + (uint64_t)buckets) * BLK))) { /* sparse: empty buckets cost no disk */
+    b->wseq = 1;
+    if (ftruncate(b->fd, (off_t)(b->first_over * BLK))) { /* sparse: empty buckets cost no disk */
         snprintf(err, errlen, "cannot size %s: %s", b->path, strerror(errno));
         return -errno;
     }
-    int rc = bosc_sb_write(b, 0, 1);
+    rc = bosc_sb_write(b, 0, 1);
     if (rc) {
         snprintf(err, errlen, "cannot write %s: %s", b->path, strerror(-rc));
         return rc;
@@ -77,8 +81,11 @@ static void scan_rec(void *arg, const unsigned char *rec, size_t reclen, const u
         ttl_mark(a->b, a->bucket, expire); /* the expiry pass looks at this bucket then */
 }
 
-/* Read every chain: per-bucket record counts, the buckets holding records with
- * an expire time and the free overflow blocks. */
+/* Read every chain (checked against the bucket table): per-bucket record
+ * counts, the buckets holding records with an expire time, the free overflow
+ * blocks, the home copy holding each bucket's chain and the next sweep's
+ * sequence (above every one found: a sweep cut short by a crash may have
+ * written blocks it never recorded). */
 static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char *err, size_t errlen)
 {
     uint64_t nb = atomic_load(&b->nblocks);
@@ -88,22 +95,48 @@ static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char 
     size_t nchain = 0, capchain = 0;
     int rc = used ? 0 : -ENOMEM;
     int64_t total = 0;
+    uint64_t maxseq = b->done_seq;
+    /* Buckets whose latest writes are lost: all of them are reported (the first
+     * one's details, then the list), not just the first. */
+    uint32_t nlost = 0;
+    char first[512] = "", list[256] = "";
+    size_t listed = 0;
     for (uint32_t bk = 0; bk < b->nbuckets && !rc; bk++) {
-        /* Skip holes cheaply: a bucket never written is a hole in the sparse file. */
-        off_t home = (off_t)(FIRST_HOME + (uint64_t)bk) * BLK;
-        off_t data = lseek(b->fd, home, SEEK_DATA);
-        if (data < 0 && errno == ENXIO)
-            break; /* nothing but holes from here on */
-        if (data > home) {
-            uint64_t skip = (uint64_t)(data - home) / BLK;
-            if (skip) {
-                bk += (uint32_t)(skip - 1 < b->nbuckets ? skip - 1 : b->nbuckets);
+        /* Skip holes cheaply: a bucket never written is a hole in the sparse
+         * file. Not one the table records as written: a hole there is a lost block. */
+        uint64_t want = atomic_load_explicit(&b->tab[bk], memory_order_relaxed);
+        if (!want) {
+            off_t home = (off_t)(home_of(b, bk) * BLK);
+            off_t data = lseek(b->fd, home, SEEK_DATA);
+            uint64_t skip = 0, n = 0;
+            if (data < 0 && errno == ENXIO)
+                skip = b->nbuckets - bk; /* nothing but holes from here on */
+            else if (data > home)
+                skip = (uint64_t)(data - home) / (2 * BLK);
+            while (n < skip && bk + n < b->nbuckets && !atomic_load_explicit(&b->tab[bk + n], memory_order_relaxed))
+                n++;
+            if (n) {
+                bk += (uint32_t)(n - 1);
                 continue;
             }
         }
-        rc = bosc_chain_read(b, bk, gen, &s, &chain, &nchain, &capchain, err, errlen);
+        struct chain_pick pk;
+        rc = bosc_chain_read(b, bk, gen, &s, &chain, &nchain, &capchain, &pk, err, errlen);
+        if (rc == -EILSEQ && pk.lost) {
+            if (!nlost++)
+                snprintf(first, sizeof first, "%s", err);
+            if (listed < sizeof list - 16)
+                listed += (size_t)snprintf(list + listed, sizeof list - listed, "%s%" PRIu32, listed ? ", " : "", bk);
+            else if (!strstr(list, "..."))
+                snprintf(list + listed, sizeof list - listed, ", ...");
+            rc = 0;
+            continue;
+        }
         if (rc)
             break;
+        b->slot[bk] = (uint8_t)pk.slot;
+        maxseq = pk.seq > maxseq ? pk.seq : maxseq;
+        maxseq = want > maxseq ? want : maxseq;
         struct scan_arg sa = {b, bk};
         int64_t cnt = bosc_stream_walk((unsigned char *)s.p, s.len, scan_rec, &sa);
         if (cnt < 0) {
@@ -123,7 +156,13 @@ static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char 
             info->overflow_blocks++;
         }
     }
-    for (uint64_t no = FIRST_HOME + (uint64_t)b->nbuckets; no < nb && !rc; no++)
+    if (!rc && nlost) {
+        snprintf(err, errlen, "%s (%" PRIu32 " bucket(s) of %" PRIu32 " lost writes so: %s)", first, nlost,
+                 b->nbuckets, list);
+        rc = -EILSEQ;
+    }
+    b->wseq = maxseq + 1;
+    for (uint64_t no = b->first_over; no < nb && !rc; no++)
         if (!(used[no / 8] & (1u << (no % 8))) && bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, (uint32_t)no))
             rc = -ENOMEM;
     free(used);
@@ -152,6 +191,8 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     pthread_mutex_init(&b->flush_lock, NULL);
     pthread_mutex_init(&b->qlock, NULL);
     b->locked_queue = cfg->locked_queue;
+    const char *tear = getenv("KVSTORE_FAULT_TEAR_HOME_WRITE"); /* tests only (bosc_int.h) */
+    b->tear_at = tear ? strtoull(tear, NULL, 10) : 0;
     pthread_cond_init(&b->cond, NULL);
     pthread_cond_init(&b->done, NULL);
     pthread_cond_init(&b->keys_cond, NULL);
@@ -171,14 +212,11 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
         fresh = bosc_all_zero(first, sizeof first); /* created, crashed before its superblock */
     if (fresh) {
         uint32_t buckets = cfg->buckets ? cfg->buckets : 65536;
-        if (buckets > MAX_BLOCKS / 2) {
-            snprintf(err, errlen, "data file buckets %" PRIu32 " out of range (1..%u)", buckets, MAX_BLOCKS / 2);
-            rc = -EINVAL;
-            goto fail;
-        }
         rc = create_file(b, buckets, err, errlen);
     } else {
         rc = bosc_sb_read(b, &flushed, &gen, err, errlen);
+        if (!rc)
+            rc = bosc_tab_read(b, err, errlen);
         /* Chains may use blocks past the count the superblock recorded (a sweep
          * that grew the file, then a crash before the next superblock): the file
          * size says how far blocks were written. */
@@ -187,7 +225,7 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
             on_disk = MAX_BLOCKS;
         /* never past the end of the file either: a damaged count must not make
          * the scan walk (or allocate for) blocks that do not exist */
-        if (!rc && on_disk >= FIRST_HOME + (uint64_t)b->nbuckets)
+        if (!rc && on_disk >= b->first_over)
             atomic_store(&b->nblocks, on_disk);
     }
     if (rc)
@@ -207,6 +245,12 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     atomic_store(&b->gen, gen);
     atomic_store(&b->flushed_lsn, flushed);
     rc = scan(b, gen, info, err, errlen);
+    /* What the scan found must be on disk before the flusher writes the other
+     * home copies (after a killed process, the page cache may hold the newest). */
+    if (!rc && fdatasync(b->fd)) {
+        rc = -errno;
+        snprintf(err, errlen, "cannot sync data file %s: %s", b->path, strerror(errno));
+    }
     if (rc)
         goto fail;
     struct kvt_spill sp = {&b->q, b->locked_queue ? &b->qlock : NULL, bosc_hook_maybe_on_disk, bosc_hook_flushall,
@@ -222,6 +266,9 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
 fail:
     if (b->fd >= 0)
         close(b->fd);
+    free(b->tab);
+    free(b->slot);
+    free(b->tslot);
     free(b->nkeys);
     free(b->ver);
     free(b->exp_min);
@@ -296,6 +343,10 @@ void bosc_close(struct bosc *b)
         free(r);
     }
     close(b->fd);
+    free(b->tab);
+    free(b->slot);
+    free(b->tslot);
+    free(b->touched);
     free(b->nkeys);
     free(b->ver);
     free(b->exp_min);

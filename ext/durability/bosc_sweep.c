@@ -100,16 +100,20 @@ static int chain_write(struct bosc *b, uint32_t bucket, uint64_t gen, const stru
     uint32_t *blocks = malloc(need * sizeof *blocks);
     if (!blocks)
         return -ENOMEM;
-    uint32_t home = FIRST_HOME + bucket;
+    uint32_t home = (uint32_t)home_of(b, bucket);
     int rc = 0;
-    /* Copy on write: the chain's new overflow blocks are fresh ones, never its
-     * current ones, which stay intact (and in use) until the sweep is synced. A
-     * crash before the home block is written leaves the old chain whole; one
-     * after it, the new chain whole (one block write is one page: all or
-     * nothing for a killed process). */
+    /* Copy on write, the home block too: the chain's new blocks are fresh
+     * overflow blocks and the home copy that does not hold the synced chain
+     * (b->slot), never the synced ones, which stay intact (and in use) until
+     * the sweep is synced. A crash, even one that tears a block write (a power
+     * cut), leaves the synced chain whole; the log holds what the torn sweep
+     * was writing (the flushed LSN moves only after the sweep's sync). */
+    size_t nfreed = b->nfreed; /* (a failed write gives back what it took: below) */
     for (size_t i = 0; i < need; i++) {
-        blocks[i] = i == 0 ? home : bosc_blk_alloc(b);
+        blocks[i] = i == 0 ? home + (b->slot[bucket] ^ 1u) : bosc_blk_alloc(b);
         if (!blocks[i]) {
+            for (size_t k = 1; k < i; k++)
+                bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, blocks[k]);
             free(blocks);
             return -ENOSPC;
         }
@@ -128,12 +132,25 @@ static int chain_write(struct bosc *b, uint32_t bucket, uint64_t gen, const stru
             memcpy(blk + BHDR, s->p + off, n);
         rc = bosc_block_write(b, blk, blocks[k], k + 1 < need ? blocks[k + 1] : 0, gen, (uint32_t)n, home);
     }
+    if (rc) {
+        /* A write failed (a full disk): the synced home copy still names the
+         * old chain (the bucket is not marked touched, so its copies do not
+         * flip), so the old chain's blocks stay in use and the new ones go back
+         * to the free list. */
+        b->nfreed = nfreed;
+        for (size_t i = 1; i < need; i++)
+            bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, blocks[i]);
+    }
     free(blocks);
+    if (!rc && bosc_push_u32(&b->touched, &b->ntouched, &b->captouched, bucket))
+        rc = -ENOMEM;
     return rc;
 }
 
 struct sweep_ctx {
     uint64_t flushed_bound;      /* the file holds every change up to here (sweep) */
+    int write_failed;            /* the last sweep failed writing or syncing (the disk): retried */
+    int need_sync;               /* blocks written by a failed sweep are not known synced */
     struct item *items;
     size_t n, cap;
     struct kvbuf vals, stream, out;
@@ -170,7 +187,7 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
     if (!live)
         return 0;
     qsort(it, n, sizeof *it, lsn_cmp); /* settled items last, updates in LSN order */
-    int rc = bosc_chain_read(b, bucket, gen, &c->stream, &c->chain, &c->nchain, &c->capchain, err, errlen);
+    int rc = bosc_chain_read(b, bucket, gen, &c->stream, &c->chain, &c->nchain, &c->capchain, NULL, err, errlen);
     if (rc)
         return rc;
     if (live > c->cappresent) {
@@ -233,6 +250,7 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
     pthread_mutex_unlock(&b->gen_lock);
     if (rc) {
         snprintf(err, errlen, "cannot write data file %s: %s", b->path, strerror(-rc));
+        c->write_failed = rc != -ENOMEM;
         return rc;
     }
     for (size_t i = 0; i < live; i++)
@@ -241,10 +259,35 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
     return 0;
 }
 
-/* One sweep: returns 0 or -errno (the flusher then stops: err says why). */
+/* A sweep failed writing or syncing (the disk is full, or failing): nothing
+ * it wrote is known to be on disk, so every key it took that is not settled
+ * yet goes back on the queue, dirty, for the sweep that retries (as a key
+ * whose block write was skipped). reached: the items past the failed bucket,
+ * whose states were never taken. The blocks it wrote (in the page cache,
+ * consistent with the table) are synced by the next sweep before anything
+ * counts on them, even one with no keys (need_sync). */
+static void requeue(struct bosc *b, struct sweep_ctx *c, size_t reached)
+{
+    uint64_t durable = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX;
+    for (size_t k = 0; k < c->n; k++) {
+        struct item *it = &c->items[k];
+        if (k < reached && (it->snap.kind == KVT_SNAP_NONE || it->snap.kind == KVT_SNAP_SKIP))
+            continue; /* settled in sweep_bucket */
+        if (k >= reached)
+            memset(&it->snap, 0, sizeof it->snap); /* no state taken: nothing the block holds */
+        kvt_flushed(b->t, it->d, it->held, it->nheld, &it->snap, 0, durable, &b->q);
+    }
+    c->n = 0;
+    c->need_sync = 1;
+}
+
+/* One sweep: returns 0 or -errno with err set: c->write_failed says the disk
+ * refused a write or sync (the keys are queued again and the flusher retries),
+ * otherwise the data file is damaged or memory ran out, and the flusher stops. */
 static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
 {
     uint64_t t0 = now_ns();
+    c->write_failed = 0;
     /* D and the generation together (no FLUSHALL between them), then the
      * barrier: every change with LSN <= D has queued its key. */
     pthread_mutex_lock(&b->flush_lock);
@@ -258,6 +301,7 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     if (b->locked_queue)
         pthread_mutex_unlock(&b->qlock);
     b->sweep_no++;
+    b->ntouched = 0; /* (a sweep that failed may have written some: they are written again) */
     c->n = 0;
     for (struct ldu_node *n = list, *next; n; n = next) {
         next = n->next;
@@ -299,16 +343,31 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         rc = sweep_bucket(b, c, c->items + i, j - i, gen, err, errlen);
         i = j;
     }
-    if (rc)
+    if (rc) {
+        if (c->write_failed)
+            requeue(b, c, i);
         return rc;
-    if (c->n) {
+    }
+    if (c->n || c->need_sync) {
         uint64_t t1 = now_ns();
         if (fdatasync(b->fd)) {
-            snprintf(err, errlen, "cannot sync data file %s: %s", b->path, strerror(errno));
-            return -errno;
+            rc = -errno;
+            snprintf(err, errlen, "cannot sync data file %s: %s", b->path, strerror(-rc));
+            c->write_failed = 1;
+            requeue(b, c, c->n);
+            return rc;
         }
+        c->need_sync = 0;
         add(&b->st.io_ns, now_ns() - t1);
         add(&b->st.syncs, 1);
+    }
+    /* The chains written are synced: their home copies are the synced ones now,
+     * and the bucket table records them (synced with the superblock below). */
+    for (size_t k = 0; k < b->ntouched; k++)
+        b->slot[b->touched[k]] ^= 1;
+    if (b->ntouched && (rc = bosc_tab_write(b))) {
+        snprintf(err, errlen, "cannot write the bucket table of %s: %s", b->path, strerror(-rc));
+        return rc;
     }
     /* Blocks freed by this sweep are free once the chains that dropped them are synced. */
     for (size_t k = 0; k < b->nfreed; k++)
@@ -338,8 +397,9 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     uint64_t cur_gen = atomic_load_explicit(&b->gen, memory_order_acquire);
     if (!any_skipped && bound != UINT64_MAX && bound > flushed && cur_gen == gen) {
         rc = bosc_sb_write(b, bound, gen);
-        if (rc) {
+        if (rc) { /* (the blocks are synced and their keys settled: the next sweep writes it) */
             snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
+            c->write_failed = 1;
             return rc;
         }
         atomic_store(&b->flushed_lsn, bound);
@@ -349,15 +409,19 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
             if (n > 0)
                 add(&b->st.truncated, (uint64_t)n);
         }
-    } else if (cur_gen != b->sb_gen) {
+    } else if (cur_gen != b->sb_gen || b->ntouched) {
         /* A FLUSHALL must reach the superblock even when the flushed LSN cannot
-         * move (no log, or blocks skipped): its generation is what empties the file. */
+         * move (no log, or blocks skipped): its generation is what empties the file.
+         * So must the bucket table's sweep (it syncs the table's pages). */
         rc = bosc_sb_write(b, flushed, cur_gen);
         if (rc) {
             snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
+            c->write_failed = 1;
             return rc;
         }
     }
+    if (b->ntouched)
+        bosc_tab_done(b);
     uint64_t took = now_ns() - t0;
     add(&b->st.sweeps, 1);
     add(&b->st.sweep_ns, took);
@@ -408,7 +472,8 @@ static int expire_pass(struct bosc *b, struct sweep_ctx *c, char *err, size_t er
             continue;
         struct pass_arg a = {b, atomic_load_explicit(&b->gen, memory_order_acquire), now, 0};
         if (atomic_load_explicit(&b->nkeys[bk], memory_order_relaxed)) {
-            int rc = bosc_chain_read(b, bk, a.gen, &c->stream, &c->chain, &c->nchain, &c->capchain, err, errlen);
+            int rc = bosc_chain_read(b, bk, a.gen, &c->stream, &c->chain, &c->nchain, &c->capchain, NULL, err,
+                                     errlen);
             if (rc)
                 return rc;
             add(&b->st.expire_pass_blocks, c->nchain);
@@ -483,12 +548,51 @@ static void evict(struct bosc *b, int force)
     b->evict_failed = none;
 }
 
+#define RETRY_FIRST_MS 10    /* backoff after a sweep the disk refused: doubling from here ... */
+#define RETRY_MAX_MS 1000    /* ... to this, so writes resume within a second of the disk */
+
+/* After a sweep: a write error begins or goes on (rc, err: note it, refuse
+ * writes, say so in the log, rate-limited), or ends (rc 0 after errors).
+ * *since: when the run of errors began. Flusher. */
+static void note_write_result(struct bosc *b, int rc, const char *err, uint64_t *since)
+{
+    static struct kvlog_rate rate = KVLOG_RATE_INIT(3);
+    if (rc) {
+        atomic_fetch_add_explicit(&b->write_errors, 1, memory_order_relaxed);
+        pthread_mutex_lock(&b->lock);
+        snprintf(b->werr_msg, sizeof b->werr_msg, "%s", err);
+        pthread_mutex_unlock(&b->lock);
+        if (!atomic_exchange_explicit(&b->werr, -rc, memory_order_release))
+            *since = now_ns();
+        kvlog_rated(&rate, KVLOG_WARNING, "data file cannot write (%s): writes are refused, retrying", err);
+    } else if (atomic_exchange_explicit(&b->werr, 0, memory_order_release)) {
+        kvlog(KVLOG_NOTICE, "data file writable again after %.1f s: writes accepted",
+              (double)(now_ns() - *since) / 1e9);
+    }
+}
+
+int bosc_write_error(struct bosc *b, char *msg, size_t n, uint64_t *errors)
+{
+    int e = atomic_load_explicit(&b->werr, memory_order_relaxed); /* (every write command asks) */
+    if (msg && n) {
+        pthread_mutex_lock(&b->lock);
+        e = atomic_load_explicit(&b->werr, memory_order_relaxed);
+        snprintf(msg, n, "%s", e ? b->werr_msg : "");
+        pthread_mutex_unlock(&b->lock);
+    }
+    if (errors)
+        *errors = atomic_load_explicit(&b->write_errors, memory_order_relaxed);
+    return e;
+}
+
 void *bosc_flusher_main(void *arg)
 {
     struct bosc *b = arg;
     struct sweep_ctx c = {0};
     char err[256];
     uint64_t last = now_ns(), last_pass = last;
+    uint64_t retry_at = 0, werr_since = 0; /* while the disk refuses: the next sweep's earliest time */
+    uint32_t backoff = RETRY_FIRST_MS;
     struct stall_note stall = {0};
     uint64_t interval_ns = (uint64_t)b->interval_ms * 1000000u;
     pthread_mutex_lock(&b->lock);
@@ -513,7 +617,11 @@ void *bosc_flusher_main(void *arg)
         int due = now_ns() - last >= interval_ns;
         int dirty = atomic_load_explicit(&b->q.head, memory_order_relaxed) != NULL;
         int behind = b->wal && wal_durable_lsn(b->wal) > atomic_load(&b->flushed_lsn);
-        if (!(b->kick || b->sync_req > b->sync_done || pressure || (due && (dirty || behind)))) {
+        /* While the disk refuses, only a sync request (DBSIZE) tries before the backoff is out. */
+        int backing_off = retry_at && now_ns() < retry_at && b->sync_req == b->sync_done;
+        int retry = retry_at && !backing_off; /* (its keys are dirty: due or not, try again now) */
+        int wanted = retry || b->kick || b->sync_req > b->sync_done || pressure || (due && (dirty || behind));
+        if (backing_off || !wanted) {
             note_stall(b, &stall, 0, 0); /* nobody asks now: has the run ended? */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
@@ -535,10 +643,20 @@ void *bosc_flusher_main(void *arg)
         if (!atomic_load(&b->failed))
             evict(b, forced);
         atomic_store(&b->sweeping, 1);
-        int rc = atomic_load(&b->failed) ? -EIO : sweep(b, &c, err, sizeof err);
+        int was_failed = atomic_load(&b->failed);
+        int rc = was_failed ? -EIO : sweep(b, &c, err, sizeof err);
         atomic_store(&b->sweeping, 0);
-        if (rc && !atomic_load(&b->failed))
+        if (rc && !was_failed && c.write_failed) { /* the disk: keys stay dirty, the sweep is tried again */
+            note_write_result(b, rc, err, &werr_since);
+            retry_at = now_ns() + backoff * 1000000ull;
+            backoff = backoff * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : backoff * 2;
+        } else if (rc && !atomic_load(&b->failed)) {
             fail(b, err);
+        } else if (!rc && retry_at) {
+            note_write_result(b, 0, NULL, &werr_since);
+            retry_at = 0;
+            backoff = RETRY_FIRST_MS;
+        }
         if (!rc)
             evict(b, forced);
         else
@@ -551,7 +669,7 @@ void *bosc_flusher_main(void *arg)
         /* after sync_done: a DBSIZE woken here finds its sweep done (before, it slept
          * again until the next cron tick) */
         bosc_wake_all(b);
-        if (rc) /* a failed data file: stay idle until stopped */
+        if (rc && atomic_load(&b->failed)) /* a failed data file: stay idle until stopped */
             while (!b->stop && b->sync_req == b->sync_done)
                 pthread_cond_wait(&b->cond, &b->lock);
     }

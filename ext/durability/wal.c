@@ -5,7 +5,10 @@
  * fdatasync() returned; a new segment's directory entry is synced (fsync of the
  * directory) before records in it can count as durable. Units: while one is open
  * (w->unit_open, under w->lock) the log thread leaves the active buffer alone, so
- * every group, every segment switch and every durable LSN falls between units. */
+ * every group, every segment switch and every durable LSN falls between units.
+ * A full or failing disk: a group whose write or sync fails is retried from
+ * memory with backoff, the segment cut back to where it began each time, and
+ * appends are refused meanwhile (write_group_retrying); nothing stops for good. */
 #define _GNU_SOURCE
 #include "durability/wal.h"
 
@@ -65,6 +68,13 @@ struct wal {
     _Atomic uint64_t durable_lsn;
     _Atomic int failed, failing;
     char error[256];          /* written once, by whoever set failing, before failed is set (release) */
+    /* A write or sync that failed (ENOSPC, EIO...) and is being retried: werr is
+     * its errno (0: writing works), werr_msg what failed (under lock: INFO reads
+     * it); appends outside a unit are refused meanwhile. Log thread writes. */
+    _Atomic int werr;
+    char werr_msg[256];
+    _Atomic uint64_t write_errors;
+    uint64_t werr_since;      /* log thread: when the current run of failures began */
     pthread_mutex_t notify_lock;
     int notify[MAX_NOTIFY], nnotify;
     _Atomic uint64_t groups, records, bytes, syncs, sync_ns_total, sync_ns_max, max_group;
@@ -142,6 +152,7 @@ int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t
     if (rc) {
         snprintf(err, errlen, "cannot write log segment %s: %s", path, strerror(-rc));
         close(fd);
+        unlink(path); /* (a disk full: a segment without its header would read as damage) */
         return rc;
     }
     return fd;
@@ -154,6 +165,11 @@ static int seg_create(struct wal *w, uint64_t first, char *err, size_t errlen)
     int fd = wal_seg_create(w->dir, w->dirfd, first, err, errlen);
     if (fd < 0)
         return fd;
+    int rc = wal_manifest_write(w->dir, w->dirfd, first, err, errlen); /* a lost last segment shows */
+    if (rc) {
+        close(fd);
+        return rc;
+    }
     if (w->fd >= 0)
         close(w->fd);
     w->fd = fd;
@@ -303,6 +319,11 @@ int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const 
 {
     if (atomic_load_explicit(&w->failed, memory_order_relaxed))
         return -EIO;
+    /* While the disk cannot be written new changes are refused, but a unit
+     * already begun is completed (its COMMIT must follow its records): it is
+     * written with the rest once the disk is back. */
+    if (__builtin_expect(atomic_load_explicit(&w->werr, memory_order_relaxed) != 0, 0) && unit_of_thread != w)
+        return -EIO;
     int type = WAL_T_STRING;
     if (__builtin_expect(op != WAL_SET, 0)) {
         if (op == (WAL_SET | WAL_HASH)) {
@@ -338,7 +359,7 @@ int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const 
 
 int wal_unit_begin(struct wal *w)
 {
-    if (atomic_load_explicit(&w->failed, memory_order_relaxed))
+    if (atomic_load_explicit(&w->failed, memory_order_relaxed) || atomic_load_explicit(&w->werr, memory_order_relaxed))
         return -EIO;
     if (unit_of_thread == w)
         return -EBUSY;
@@ -418,10 +439,114 @@ static void fail(struct wal *w, const char *what, int e)
     notify_all(w);
 }
 
+/* Write group b (first: its first LSN) at the end of the current segment
+ * (after starting a new one when it is full) and sync it. Returns 0, or -errno
+ * with what failed in err; the segment is then cut back to where the group
+ * began, so a retry writes the whole group again from memory (after a failed
+ * fdatasync the kernel may have dropped the pages: only a new write of them
+ * makes a later sync mean something). Log thread. */
+static int write_group(struct wal *w, const struct kvbuf *b, uint64_t first, char *err, size_t errlen)
+{
+    /* A failed attempt may have left part of the group: cut it first (no write
+     * may land after a torn tail: O_APPEND would put it there). */
+    int rc;
+    if (atomic_load_explicit(&w->werr, memory_order_relaxed) && ftruncate(w->fd, (off_t)w->seg_size)) {
+        rc = -errno;
+        snprintf(err, errlen, "cannot cut the log segment back after a failed write: %s", strerror(-rc));
+        return rc;
+    }
+    if (w->seg_size >= w->seg_limit) {
+        if (fdatasync(w->fd)) {
+            rc = -errno;
+            snprintf(err, errlen, "log sync: %s", strerror(-rc));
+            return rc;
+        }
+        if ((rc = seg_create(w, first, err, errlen)))
+            return rc;
+    }
+    rc = wal_write_all(w->fd, b->p, b->len);
+    if (rc) {
+        snprintf(err, errlen, "log write: %s", strerror(-rc));
+    } else {
+        if (w->sync_delay_us)
+            usleep(w->sync_delay_us);
+        uint64_t t0 = now_ns();
+        if (fdatasync(w->fd)) {
+            rc = -errno;
+            snprintf(err, errlen, "log fdatasync: %s", strerror(-rc));
+        } else {
+            uint64_t dt = now_ns() - t0;
+            latmon_add(atomic_load_explicit(&w->latmon, memory_order_acquire), LM_LOG_SYNC, dt);
+            atomic_fetch_add_explicit(&w->syncs, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&w->sync_ns_total, dt, memory_order_relaxed);
+            if (dt > atomic_load_explicit(&w->sync_ns_max, memory_order_relaxed))
+                atomic_store_explicit(&w->sync_ns_max, dt, memory_order_relaxed);
+            atomic_fetch_add_explicit(&w->sync_hist[sync_bucket(dt)], 1, memory_order_relaxed);
+        }
+    }
+    if (!rc)
+        w->seg_size += b->len;
+    else if (ftruncate(w->fd, (off_t)w->seg_size))
+        (void)0; /* (the next attempt cuts first, and writes only once that worked) */
+    return rc;
+}
+
+#define RETRY_FIRST_MS 10    /* backoff after a failed group write: doubling from here ... */
+#define RETRY_MAX_MS 1000    /* ... to this, so writes resume within a second of the disk */
+
+/* Write group b until it is on disk: on a failure (ENOSPC, EIO, ...) refuse
+ * new appends (werr), say so in the log (rate-limited), and try again with
+ * backoff, the group's records kept in memory; their replies wait meanwhile.
+ * Returns 0 when written, -ECANCELED when the log was closed first (the group
+ * is then lost, but none of it was acknowledged: nothing past the durable LSN
+ * ever is). Log thread. */
+static int write_group_retrying(struct wal *w, const struct kvbuf *b, uint64_t first)
+{
+    static struct kvlog_rate rate = KVLOG_RATE_INIT(3);
+    char err[256];
+    uint32_t backoff = RETRY_FIRST_MS;
+    int rc;
+    while ((rc = write_group(w, b, first, err, sizeof err))) {
+        atomic_fetch_add_explicit(&w->write_errors, 1, memory_order_relaxed);
+        pthread_mutex_lock(&w->lock);
+        snprintf(w->werr_msg, sizeof w->werr_msg, "%s", err);
+        if (!atomic_load_explicit(&w->werr, memory_order_relaxed))
+            w->werr_since = now_ns();
+        atomic_store_explicit(&w->werr, -rc, memory_order_release);
+        kvlog_rated(&rate, KVLOG_WARNING, "durability log cannot write (%s): writes are refused, retrying", err);
+        /* wait for the backoff (appends may wake the wait: sleep out the rest) or wal_close */
+        uint64_t until = now_ns() + backoff * 1000000ull;
+        while (!w->stop && now_ns() < until) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            uint64_t wait = until - now_ns();
+            ts.tv_nsec += (long)(wait % 1000000000u);
+            ts.tv_sec += (time_t)(wait / 1000000000u) + ts.tv_nsec / 1000000000;
+            ts.tv_nsec %= 1000000000;
+            pthread_cond_timedwait(&w->cond, &w->lock, &ts);
+        }
+        int stop = w->stop;
+        pthread_mutex_unlock(&w->lock);
+        if (stop) {
+            kvlog(KVLOG_WARNING, "durability log closed while it could not write (%s): the records after LSN %" PRIu64
+                  " were not written (none of them was acknowledged)", err, wal_synced_lsn(w));
+            return -ECANCELED;
+        }
+        backoff = backoff * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : backoff * 2;
+    }
+    if (atomic_load_explicit(&w->werr, memory_order_relaxed)) {
+        pthread_mutex_lock(&w->lock);
+        double secs = (double)(now_ns() - w->werr_since) / 1e9;
+        atomic_store_explicit(&w->werr, 0, memory_order_release);
+        pthread_mutex_unlock(&w->lock);
+        kvlog(KVLOG_NOTICE, "durability log writable again after %.1f s: writes accepted", secs);
+    }
+    return 0;
+}
+
 static void *log_thread(void *arg)
 {
     struct wal *w = arg;
-    char err[256];
     uint64_t deadline = 0; /* async mode: when the batch being gathered is due (0: none yet) */
     for (;;) {
         pthread_mutex_lock(&w->lock);
@@ -465,45 +590,9 @@ static void *log_thread(void *arg)
         w->active ^= 1; /* appends continue into the other buffer meanwhile */
         pthread_mutex_unlock(&w->lock);
 
-        int sync = atomic_load_explicit(&w->sync, memory_order_relaxed);
-        if (w->seg_size >= w->seg_limit) {
-            if (!sync && fdatasync(w->fd)) {
-                fail(w, "log sync", errno);
-                break;
-            }
-            if (seg_create(w, first, err, sizeof err)) {
-                if (!atomic_exchange_explicit(&w->failing, 1, memory_order_relaxed)) {
-                    snprintf(w->error, sizeof w->error, "%s", err);
-                    atomic_store_explicit(&w->failed, 1, memory_order_release);
-                    kvlog(KVLOG_WARNING, "durability log failed (%s): writes are refused until a restart", err);
-                    notify_all(w);
-                }
-                break;
-            }
-        }
-        int rc = wal_write_all(w->fd, b->p, b->len);
-        if (rc) {
-            fail(w, "log write", -rc);
+        if (write_group_retrying(w, b, first)) /* stopped while the disk refused it */
             break;
-        }
-        w->seg_size += b->len;
         atomic_store_explicit(&w->written_lsn, done, memory_order_release); /* readable by catch-up */
-        { /* every group is synced: in async mode the batches are large and rare */
-            if (w->sync_delay_us)
-                usleep(w->sync_delay_us);
-            uint64_t t0 = now_ns();
-            if (fdatasync(w->fd)) {
-                fail(w, "log fdatasync", errno);
-                break;
-            }
-            uint64_t dt = now_ns() - t0;
-            latmon_add(atomic_load_explicit(&w->latmon, memory_order_acquire), LM_LOG_SYNC, dt);
-            atomic_fetch_add_explicit(&w->syncs, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&w->sync_ns_total, dt, memory_order_relaxed);
-            if (dt > atomic_load_explicit(&w->sync_ns_max, memory_order_relaxed))
-                atomic_store_explicit(&w->sync_ns_max, dt, memory_order_relaxed);
-            atomic_fetch_add_explicit(&w->sync_hist[sync_bucket(dt)], 1, memory_order_relaxed);
-        }
         atomic_fetch_add_explicit(&w->groups, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&w->records, nrec, memory_order_relaxed);
         atomic_fetch_add_explicit(&w->bytes, b->len, memory_order_relaxed);
@@ -634,6 +723,18 @@ uint64_t wal_durable_lsn(struct wal *w)
 }
 
 int wal_failed(struct wal *w) { return atomic_load_explicit(&w->failed, memory_order_acquire); }
+
+int wal_write_error(struct wal *w, char *msg, size_t n)
+{
+    if (!msg || !n) /* every write command asks: one relaxed load, not the appenders' lock */
+        return atomic_load_explicit(&w->werr, memory_order_relaxed);
+    pthread_mutex_lock(&w->lock);
+    int e = atomic_load_explicit(&w->werr, memory_order_relaxed);
+    if (msg && n)
+        snprintf(msg, n, "%s", e ? w->werr_msg : "");
+    pthread_mutex_unlock(&w->lock);
+    return e;
+}
 const char *wal_error(struct wal *w) { return wal_failed(w) ? w->error : ""; }
 
 int wal_subscribe(struct wal *w, int evfd)
@@ -669,4 +770,6 @@ void wal_get_stats(struct wal *w, struct wal_stats *st)
     for (int i = 0; i < WAL_SYNC_BUCKETS; i++)
         st->sync_buckets[i] = atomic_load_explicit(&w->sync_hist[i], memory_order_relaxed);
     st->failed = wal_failed(w);
+    st->write_errors = atomic_load_explicit(&w->write_errors, memory_order_relaxed);
+    st->write_error = atomic_load_explicit(&w->werr, memory_order_relaxed);
 }

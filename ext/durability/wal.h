@@ -92,7 +92,9 @@ struct wal_stats {
     uint64_t appended_lsn, durable_lsn, groups, records, bytes, syncs;
     uint64_t sync_ns_total, sync_ns_max, max_group_records;
     uint64_t sync_buckets[WAL_SYNC_BUCKETS]; /* per bucket, not cumulative */
-    int failed;              /* an I/O error stopped the log; see wal_error */
+    int failed;              /* the log stopped for good; see wal_error */
+    uint64_t write_errors;   /* failed attempts to write or sync a group (each retried) */
+    int write_error;         /* wal_write_error now: the disk refuses the log (errno), 0: it does not */
 };
 
 /* Upper bound (microseconds) of sync bucket i; 0 for the last bucket (no bound)
@@ -108,7 +110,8 @@ void wal_close(struct wal *w);
 /* Append a record: op is WAL_SET (| WAL_HASH), WAL_DEL or WAL_FLUSH; the value
  * is v1 followed by v2 (either may be empty), so APPEND can log old+new without
  * copying. Returns the record's LSN (> 0), -EAGAIN if the unwritten backlog is
- * over max_pending, -EIO once the log failed, -EINVAL for another op.
+ * over max_pending, -EIO once the log failed or while the disk refuses it
+ * (wal_write_error), -EINVAL for another op.
  * Thread-safe; never blocks on I/O. Inside the calling thread's unit the record
  * joins it; a record appended by another thread while a unit is open (only a
  * FLUSHALL can be: it logs without shard locks) joins that unit too, so the
@@ -151,6 +154,14 @@ const char *wal_dir(struct wal *w);
 uint64_t wal_durable_lsn(struct wal *w);
 int wal_failed(struct wal *w);
 const char *wal_error(struct wal *w);
+/* The disk refuses the log now (a write or sync failed: ENOSPC, EIO, ...): the
+ * errno of the last failure, and what failed in msg (n bytes, may be NULL), or
+ * 0 while writing works (without msg: one relaxed load, no lock, so every
+ * write command may ask). Meanwhile the log thread retries the same group with
+ * backoff (10 ms doubling to 1 s; the group's replies wait), and wal_append and
+ * wal_unit_begin return -EIO except inside a unit already begun; once a retry
+ * succeeds this returns 0 again and appends are accepted. Any thread. */
+int wal_write_error(struct wal *w, char *msg, size_t n);
 /* After every group the log thread writes 1 to each subscribed eventfd. */
 int wal_subscribe(struct wal *w, int evfd);
 void wal_get_stats(struct wal *w, struct wal_stats *st);
@@ -184,6 +195,17 @@ int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t
  * may start or end inside a unit: the receiver stores records verbatim and
  * acknowledges only up to the last COMMIT it holds (replog_recv.c). */
 int64_t wal_read_range(const char *dir, uint64_t from, uint64_t upto, size_t max_bytes, struct kvbuf *out);
+
+/* The log's manifest (wal_manifest.c): <dir>/wal.manifest names the newest
+ * segment the log created. wal_manifest_write records newest (synced, with
+ * dirfd); returns 0 or -errno with a message. wal_manifest_read: 1 and
+ * *newest, 0 if there is none, -EILSEQ if damaged, -errno. wal_manifest_check:
+ * 0 if a segment at least as new as the one named is present (newest_present:
+ * the newest segment's first LSN, nseg: how many there are) or there is no
+ * manifest, else -EILSEQ (or -errno) with what is missing in err. */
+int wal_manifest_write(const char *dir, int dirfd, uint64_t newest, char *err, size_t errlen);
+int wal_manifest_read(const char *dir, uint64_t *newest, char *err, size_t errlen);
+int wal_manifest_check(const char *dir, uint64_t newest_present, int nseg, char *err, size_t errlen);
 
 /* Delete the segments whose records all have LSN <= upto (never the newest):
  * called once the data file holds everything up to upto. Returns the number

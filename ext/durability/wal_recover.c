@@ -331,7 +331,16 @@ static int drop_unit(struct replay *r, const char *dir, const struct seg *segs, 
             return -errno;
         }
     }
-    return sync_path(path, dir, err, errlen);
+    int rc = sync_path(path, dir, err, errlen);
+    uint64_t named;
+    if (!rc && r->usi + 1 < nseg && wal_manifest_read(dir, &named, err, errlen) == 1) {
+        /* the manifest must name a segment still there */
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        rc = dfd < 0 ? -errno : wal_manifest_write(dir, dfd, segs[r->usi].first, err, errlen);
+        if (dfd >= 0)
+            close(dfd);
+    }
+    return rc;
 }
 
 int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int repair,
@@ -344,9 +353,13 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
         snprintf(err, errlen, "cannot list log directory %s: %s", dir, strerror(-rc));
         return rc;
     }
+    rc = wal_manifest_check(dir, nseg ? segs[nseg - 1].first : 0, nseg, err, errlen);
+    if (rc) {
+        free(segs);
+        return rc;
+    }
     struct replay r = {.t = t, .after = after_lsn, .rec = rec};
     uint64_t prev = 0;
-    rc = 0;
     if (t && nseg) /* a replay (not a scan): a long one reports its progress, below */
         kvlog(KVLOG_NOTICE, "replaying the log in %s: %d segment(s), after LSN %" PRIu64, dir, nseg, after_lsn);
     time_t noted = time(NULL);

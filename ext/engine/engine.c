@@ -86,7 +86,17 @@ uint64_t eng_client_id(struct kv_engine *e)
     return atomic_fetch_add_explicit(&e->next_client_id, 1, memory_order_relaxed) + 1;
 }
 
-uint64_t eng_log_appended(const struct kv_engine *e) { return e->wal ? wal_appended_lsn(e->wal) : 0; }
+uint64_t eng_log_appended(const struct kv_engine *e)
+{
+    if (!e->wal)
+        return 0;
+    /* While the disk refuses the log, the records it could not write may stay
+     * unwritten for long: an INFO or DBSIZE answers now (their counts may then
+     * include those few changes) instead of waiting for the disk. */
+    if (wal_write_error(e->wal, NULL, 0))
+        return wal_durable_lsn(e->wal);
+    return wal_appended_lsn(e->wal);
+}
 
 /* ---- the engine's own INFO sections */
 
@@ -122,8 +132,8 @@ static void info_memory(void *arg, struct kvbuf *b)
 static void info_persistence(void *arg, struct kvbuf *b)
 {
     struct kv_engine *e = arg;
-    kvbuf_printf(b, "loading:0\r\ndurability:%s\r\naof_enabled:0\r\nrdb_changes_since_last_save:0\r\n",
-                 e->cfg.durability);
+    kvbuf_printf(b, "loading:%d\r\ndurability:%s\r\naof_enabled:0\r\nrdb_changes_since_last_save:0\r\n",
+                 atomic_load_explicit(&e->loading, memory_order_acquire), e->cfg.durability);
     if (e->wal) {
         struct wal_stats ws;
         wal_get_stats(e->wal, &ws);
@@ -157,6 +167,47 @@ static void info_persistence(void *arg, struct kvbuf *b)
                      (unsigned long long)bs.blocks_written, (unsigned long long)bs.blocks_read,
                      (unsigned long long)bs.deferred, (unsigned long long)bs.loads, (unsigned long long)bs.evicted,
                      (unsigned long long)bs.truncated_segments, bs.failed, bs.error);
+    }
+}
+
+/* ---- a full or failing disk, as commands and INFO see it: the state lives in
+ * the log and the data file, which retry by themselves; this only reads it */
+
+int eng_disk_refusal(struct kv_engine *e, char *msg, size_t n)
+{
+    const char *what = "durability log";
+    int err = e->wal ? wal_write_error(e->wal, NULL, 0) : 0;
+    if (!err && e->bosc) {
+        err = bosc_write_error(e->bosc, NULL, 0, NULL);
+        what = "data file";
+    }
+    if (!err)
+        return 0;
+    /* Redis's text with the file it could not write; then what happens next,
+     * since unlike Redis's "see the logs" the node recovers by itself. */
+    snprintf(msg, n,
+             "MISCONF Errors writing to the %s: %s. Writes are refused until it can be written again "
+             "(retried automatically; see INFO persistence)", what, strerror(err));
+    return 1;
+}
+
+void eng_disk_info(void *arg, struct kvbuf *out)
+{
+    struct kv_engine *e = arg;
+    char msg[256] = "";
+    if (e->wal) {
+        struct wal_stats ws;
+        wal_get_stats(e->wal, &ws);
+        int err = wal_write_error(e->wal, msg, sizeof msg);
+        kvbuf_printf(out, "aof_last_write_status:%s\r\nlog_write_status:%s\r\nlog_write_error:%s\r\n"
+                          "log_write_errors:%llu\r\n", err ? "err" : "ok", err ? "err" : "ok", msg,
+                     (unsigned long long)ws.write_errors);
+    }
+    if (e->bosc) {
+        uint64_t n = 0;
+        int err = bosc_write_error(e->bosc, msg, sizeof msg, &n);
+        kvbuf_printf(out, "datafile_write_status:%s\r\ndatafile_write_error:%s\r\ndatafile_write_errors:%llu\r\n",
+                     err ? "err" : "ok", err ? msg : "", (unsigned long long)n);
     }
 }
 
@@ -267,6 +318,7 @@ int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_confi
     /* the engine's sections; the server and the front ends add theirs */
     eng_info_add(e, "memory", info_memory, NULL, e);
     eng_info_add(e, "persistence", info_persistence, NULL, e);
+    eng_info_add(e, "persistence", eng_disk_info, NULL, e);
     eng_info_add(e, "replication", info_replication, NULL, e);
     eng_info_add(e, "cpu", info_cpu, NULL, e);
     eng_info_add(e, "keyspace", info_keyspace, NULL, e);

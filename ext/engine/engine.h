@@ -64,7 +64,15 @@ struct kv_config {
                                           (0: every one, -1: none) */
     long long slowlog_max_len;         /* SLOWLOG keeps the newest this many */
     int latency_monitor_threshold;     /* ms; LATENCY keeps events at least this slow (0: off) */    /* ---- TLS (tls) */
+    int tls_port;                      /* RESP over TLS on bind:tls_port (0: any free port, -1: off) */
+    const char *tls_cert_file;         /* PEM certificate chain and key of the server (the four */
+    const char *tls_key_file;          /* strings are read while the front end is created only) */
+    const char *tls_ca_cert_file;      /* PEM CA that client certificates must chain to */
+    const char *tls_auth_clients;      /* "yes", "no" or "optional" (core/tls.h tls_auth_parse) */
+    int tls_only;                      /* no plain listener: RESP only over TLS (Redis's port 0) */
     /* ---- node identity and empty starts (identity) */
+    int loading;             /* 1: the node waits for its state (wal and bosc NULL): keyspace
+                                commands get -LOADING until eng_attach (engine/loading.h) */
     /* ---- client limits: timeouts, file descriptors (limits) */
     int client_timeout_ms;   /* threadpool: a worker waits this long for a stalled client
                                 (mid-request read, reply write), then closes it; 0 = forever */
@@ -109,7 +117,12 @@ struct kv_engine {
     /* ---- command statistics, slow log, latency monitor */
     struct cst *stats;       /* engine/cmdstats.h: per-thread counters, error kinds, slow log */
     struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */    /* ---- TLS (tls) */
+    int tls_port;            /* the TLS port bound (cfg.tls_port, or the one picked for 0); -1 off */
+    const char *tls_auth;    /* tls-auth-clients as a static string ("yes", "no", "optional") */
     /* ---- node identity and empty starts (identity) */
+    _Atomic int loading;     /* 1 while the node waits for its state (engine/loading.h): admit
+                                loads it (acquire) before a keyspace command reads wal/bosc */
+    struct eng_loading *ld;  /* what it waits for, for INFO and the -LOADING error */
     /* ---- client limits: timeouts, file descriptors (limits) */
     _Atomic uint64_t auth_denied; /* failed AUTH/HELLO AUTH (INFO stats acl_access_denied_auth) */
     /* ---- client memory (clientmem) */
@@ -142,7 +155,23 @@ void eng_reset_stats(struct kv_engine *e);
 /* A new client id (1, 2, ...). Any thread. */
 uint64_t eng_client_id(struct kv_engine *e);
 /* Last LSN appended to the log (0 without one): replies that summarize the whole
- * table (DBSIZE, INFO) depend on all of it. Any thread. */
+ * table (DBSIZE, INFO) depend on all of it. While the disk refuses the log
+ * (wal_write_error), its durable LSN instead: they answer without waiting for
+ * the disk. Any thread. */
 uint64_t eng_log_appended(const struct kv_engine *e);
+
+/* A full or failing disk (the log's wal_write_error, the data file's
+ * bosc_write_error: each retries by itself). eng_disk_refusal: 1 if writes
+ * must be refused now, with the error reply's text (no '-', no CRLF) in msg (n
+ * bytes): Redis's "MISCONF Errors writing to the AOF file: <strerror>" naming
+ * kvstore's file ("durability log" or "data file") and saying that writes
+ * resume by themselves; 0 while the node's log and data file can be written.
+ * eng_disk_info: an eng_info_fn (arg: the engine) for INFO persistence: with a
+ * log, Redis's aof_last_write_status (ok|err: the log is kvstore's AOF) and
+ * log_write_status, log_write_error, log_write_errors; with a data file,
+ * datafile_write_status, datafile_write_error, datafile_write_errors. Any
+ * thread (atomics and short locks). */
+int eng_disk_refusal(struct kv_engine *e, char *msg, size_t n);
+void eng_disk_info(void *arg, struct kvbuf *out);
 
 #endif

@@ -12,6 +12,7 @@
 #include "durability/bosc.h"
 #include "durability/wal.h"
 #include "engine/engine.h"
+#include "engine/loading.h"
 
 void ses_init(struct session *s, struct kv_engine *eng, struct kvbuf *out, const char *addr, int index, int evfd)
 {
@@ -146,6 +147,10 @@ int ses_wait(struct session *s)
 int ses_subscribe(struct kv_engine *eng, int evfd, char *err, size_t errlen)
 {
     int rc = 0;
+    if ((rc = eng_note_evfd(eng, evfd)) < 0) { /* a log attached later (eng_attach) wakes it too */
+        snprintf(err, errlen, "too many threads for the engine's wake-up list");
+        return rc;
+    }
     if (eng->bosc && (rc = bosc_subscribe(eng->bosc, evfd)) < 0) {
         snprintf(err, errlen, "too many threads for the data file's wake-up list");
         return rc;

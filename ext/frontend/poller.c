@@ -10,6 +10,8 @@
  * for the log leaves when the log wakes the poller's eventfd, a stalled request
  * runs again when the data file does. Cross-thread state: the client count and
  * handoff queues (mutex), per-poller counters (single writer, read by INFO).
+ * Connections from the TLS listener (tls-port) take the same path: their reads
+ * and writes go through tlsio.h, which runs the handshake inside the first reads.
  * Reads untrusted bytes from sockets; the parser (proto/resp.c) bounds them. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -34,78 +36,11 @@
 #include "engine/engine.h"
 #include "engine/session.h"
 #include "frontend/frontend.h"
+#include "frontend/poller_int.h"
 #include "frontend/pollpolicy.h"
 #include "frontend/tcp.h"
 #include "proto/resp.h"
 
-#define MAX_EVENTS 256
-#define OUT_PAUSE (4 * 1024 * 1024)    /* stop reading a client whose unsent replies pass this */
-#define BATCH 32                       /* requests parsed (and prefetched) before running them */
-
-enum tag { TAG_CONN = 1, TAG_LISTENER, TAG_EVENT };
-
-struct conn;
-struct poller_server;
-
-struct batch_req {
-    int arg0, argc;  /* slice of the poller's argv/argl */
-    size_t end;      /* input offset just past this request */
-    uint64_t h;      /* hash of the first key, for prefetching */
-};
-
-struct poller {
-    int idx;
-    struct poller_server *ps;
-    pthread_t th;
-    int started;
-    int epfd, lfd, evfd;
-    int spare_fd;                /* reserved descriptor for shedding connections at EMFILE */
-    int listener_tag, event_tag; /* addresses used as epoll tags */
-    struct tcp_thread *st;       /* its counters (in ps->tcp) */
-    struct list all;             /* every connection of this poller */
-    struct list waiting;         /* connections with replies held for the log */
-    struct list stalled;         /* connections whose next request waits for the data file */
-    struct conn *pending;        /* connections with replies queued this round */
-    struct fdq handed;           /* connections poller 0 accepted for this one (handoff mode) */
-    int64_t last_cron;
-    int64_t now;                 /* tcp_mono_ms() when this round's events arrived */
-    /* scratch for the batch being run (process_input): requests and their arguments */
-    struct batch_req batch[BATCH];
-    struct resp_args args;
-} __attribute__((aligned(64)));
-
-struct poller_server {
-    struct tcp_front tcp;        /* first: the tcp_fe_* callbacks take the state as one */
-    struct kv_engine *eng;
-    const struct pp_policy *policy;
-    int handoff;                 /* accept mode handoff: poller 0 accepts, hands round-robin */
-    int npollers;
-    struct poller *pollers;
-    _Atomic int stopping;
-    _Atomic uint64_t handoff_rr;
-};
-
-struct conn {
-    int tag;                     /* TAG_CONN: must stay the first member */
-    int fd;
-    struct poller *p;
-    struct kvbuf in;
-    size_t in_off;               /* start of the request being parsed */
-    struct resp_parser rp;
-    struct kvbuf out;
-    size_t out_off;              /* bytes of out already sent */
-    struct session ses;          /* command state; ses.need: the LSN the last reply needs */
-    uint32_t interest;           /* events registered with epoll */
-    int writable;                /* its last event reported EPOLLOUT, and no send failed since */
-    int paused;                  /* input not processed until replies drain */
-    int listed;                  /* on p->pending */
-    int closed;
-    struct conn *next_pending;
-    struct list node;            /* on p->all */
-    struct pp_conn pp;
-    struct list wait_node;       /* on p->waiting: replies held for the log */
-    struct list stall_node;      /* on p->stalled: its next request waits for a load or for memory */
-};
 
 /* ---- connections */
 
@@ -150,6 +85,8 @@ static void conn_close(struct conn *c)
     epoll_ctl(c->p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     st_inc(&c->p->st->epoll_ctl, 1);
     ses_disconnect(&c->ses); /* before close: a CLIENT KILL must never see the fd reused */
+    tlsio_conn_free(c->tls); /* its close_notify before close: never into a reused fd */
+    c->tls = NULL;
     close(c->fd);
     tcp_closed(&c->p->ps->tcp);
     st_inc(&c->p->st->clients, (uint64_t)-1);
@@ -213,8 +150,8 @@ static void update_interest(struct conn *c, int spurious)
     /* Replies held for the log leave through the log's wakeup, not EPOLLOUT: while
      * only they remain, a level-triggered EPOLLOUT would just fire every round
      * (an edge-triggered one stays as it is: it costs nothing meanwhile). */
-    if (pending || !held) {
-        if (pol->want_out(&c->pp, pending, spurious))
+    if (pending || !held || tlsio_want_write(c->tls)) {
+        if (pol->want_out(&c->pp, pending, spurious) || tlsio_want_write(c->tls))
             ev |= EPOLLOUT;
     } else if (pol->edge) {
         ev |= c->interest & EPOLLOUT;
@@ -238,14 +175,20 @@ static void list_pending(struct conn *c)
 }
 
 static void process_input(struct conn *c);
+static void conn_readable(struct conn *c);
 
 /* Send queued replies until done or the socket is full. */
 static void conn_write(struct conn *c, int spurious)
 {
     struct tcp_thread *st = c->p->st;
+    if (tlsio_want_write(c->tls)) { /* a TLS handshake waited for room: go on with it */
+        conn_readable(c);
+        if (c->closed)
+            return;
+    }
     size_t end = sendable_end(c);
     while (c->out_off < end) {
-        ssize_t n = send(c->fd, c->out.p + c->out_off, end - c->out_off, MSG_NOSIGNAL);
+        ssize_t n = tlsio_send(c->tls, c->fd, c->out.p + c->out_off, end - c->out_off);
         st_inc(&st->writes, 1);
         if (n > 0) {
             c->out_off += (size_t)n;
@@ -443,7 +386,7 @@ static void conn_readable(struct conn *c)
         return;
     }
     size_t room = c->in.cap - c->in.len;
-    ssize_t n = read(c->fd, c->in.p + c->in.len, room);
+    ssize_t n = tlsio_recv(c->tls, c->fd, c->in.p + c->in.len, room);
     st_inc(&p->st->reads, 1);
     if (n < 0) {
         if (errno != EAGAIN && errno != EINTR)
@@ -465,19 +408,23 @@ static void conn_readable(struct conn *c)
     if (c->closed)
         return;
     /* A short read emptied the socket; after a full one more may wait unreported. */
-    if ((size_t)n == room && p->ps->policy->edge)
+    if (((size_t)n == room || tlsio_more(c->tls)) && p->ps->policy->edge)
         rearm_input(c);
     if (c->out.len > c->out_off || c->ses.cl.close_after_reply)
         list_pending(c);
     publish(c);
 }
 
-static void conn_new(struct poller *p, int fd)
+static void conn_new(struct poller *p, int fd, int tls)
 {
     struct poller_server *ps = p->ps;
     if (!tcp_admit(&ps->tcp, fd))
         return;
     struct conn *c = calloc(1, sizeof *c);
+    if (c && tls && !(c->tls = tlsio_conn_new(ps->tls, fd))) {
+        free(c);
+        c = NULL;
+    }
     if (!c) {
         close(fd);
         tcp_closed(&ps->tcp);
@@ -494,6 +441,7 @@ static void conn_new(struct poller *p, int fd)
     struct epoll_event e = {.events = c->interest, .data.ptr = c};
     st_inc(&p->st->epoll_ctl, 1);
     if (epoll_ctl(p->epfd, EPOLL_CTL_ADD, fd, &e)) {
+        tlsio_conn_free(c->tls);
         close(fd);
         tcp_closed(&ps->tcp);
         resp_parser_free(&c->rp);
@@ -509,22 +457,22 @@ static void conn_new(struct poller *p, int fd)
     st_inc(&p->st->clients, 1);
 }
 
-static void do_accept(struct poller *p)
+static void do_accept(struct poller *p, int lfd, int tls)
 {
     struct poller_server *ps = p->ps;
     for (int i = 0; i < 64; i++) {
-        int fd = tcp_accept(&ps->tcp, p->lfd, &p->spare_fd);
+        int fd = tcp_accept(&ps->tcp, lfd, &p->spare_fd);
         if (fd < 0)
             return; /* -EAGAIN: nothing more to accept */
         if (ps->handoff) {
             uint64_t i2 = atomic_fetch_add_explicit(&ps->handoff_rr, 1, memory_order_relaxed);
             struct poller *to = &ps->pollers[i2 % (uint64_t)ps->npollers];
             if (to != p) {
-                fdq_push(&to->handed, fd);
+                fdq_push(&to->handed, tls ? fd | HANDED_TLS : fd);
                 continue;
             }
         }
-        conn_new(p, fd);
+        conn_new(p, fd, tls);
     }
 }
 
@@ -576,7 +524,7 @@ static void drain_event(struct poller *p)
     int fds[64]; /* at most 64 per wakeup; fdq_take wakes us again for the rest */
     int n = fdq_take(&p->handed, fds, 64);
     for (int i = 0; i < n; i++)
-        conn_new(p, fds[i]);
+        conn_new(p, fds[i] & ~HANDED_TLS, !!(fds[i] & HANDED_TLS));
     release_waiting(p);
     retry_stalled(p);
     cmd_monitor_take(p->ps->eng, p->evfd, monitor_ready, p); /* lines other threads queued */
@@ -603,7 +551,7 @@ static void flush_round(struct poller *p)
     }
 }
 
-static void *poller_main(void *arg)
+void *poller_main(void *arg)
 {
     struct poller *p = arg;
     struct poller_server *ps = p->ps;
@@ -615,8 +563,8 @@ static void *poller_main(void *arg)
         p->now = tcp_mono_ms();
         for (int i = 0; i < n; i++) {
             int *tag = ev[i].data.ptr;
-            if (*tag == TAG_LISTENER) {
-                do_accept(p);
+            if (*tag == TAG_LISTENER || *tag == TAG_TLS_LISTENER) {
+                do_accept(p, *tag == TAG_LISTENER ? p->lfd : p->tls_lfd, *tag == TAG_TLS_LISTENER);
             } else if (*tag == TAG_EVENT) {
                 drain_event(p);
             } else {
@@ -654,147 +602,3 @@ static void *poller_main(void *arg)
     flush_round(p); /* frees them all */
     return NULL;
 }
-
-/* ---- lifecycle (struct kv_frontend_ops) */
-
-static void poller_stop(void *st);
-static void poller_destroy(void *st);
-
-static int poller_create(void **out, struct kv_engine *eng, char *err, size_t errlen)
-{
-    const struct kv_config *cfg = &eng->cfg;
-    const struct pp_policy *pol = pp_find(cfg->poll_policy);
-    if (!pol) {
-        snprintf(err, errlen, "unknown poll policy '%s': expected one of %s", cfg->poll_policy, pp_names());
-        return -EINVAL;
-    }
-    if (strcmp(cfg->accept, "reuseport") && strcmp(cfg->accept, "handoff")) {
-        snprintf(err, errlen, "unknown accept mode '%s': expected reuseport or handoff", cfg->accept);
-        return -EINVAL;
-    }
-    struct poller_server *ps = calloc(1, sizeof *ps);
-    if (!ps) {
-        snprintf(err, errlen, "out of memory");
-        return -ENOMEM;
-    }
-    int rc = tcp_init(&ps->tcp, eng, cfg->threads, err, errlen); /* checks threads */
-    if (rc < 0 || !(ps->pollers = aligned_alloc(64, sizeof *ps->pollers * (size_t)cfg->threads))) {
-        if (!rc)
-            snprintf(err, errlen, "out of memory");
-        tcp_free(&ps->tcp);
-        free(ps);
-        return rc < 0 ? rc : -ENOMEM;
-    }
-    memset(ps->pollers, 0, sizeof *ps->pollers * (size_t)cfg->threads);
-    ps->eng = eng;
-    ps->policy = pol;
-    ps->handoff = !strcmp(cfg->accept, "handoff");
-    for (int i = 0; i < cfg->threads; i++) /* so a failed create never closes fd 0 */
-        ps->pollers[i].epfd = ps->pollers[i].lfd = ps->pollers[i].evfd = ps->pollers[i].spare_fd = -1;
-    ps->npollers = cfg->threads;
-    for (int i = 0; i < ps->npollers; i++) {
-        struct poller *p = &ps->pollers[i];
-        p->idx = i;
-        p->ps = ps;
-        p->st = &ps->tcp.st[i];
-        p->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        list_init(&p->all);
-        list_init(&p->waiting);
-        list_init(&p->stalled);
-        p->listener_tag = TAG_LISTENER;
-        p->event_tag = TAG_EVENT;
-        p->epfd = epoll_create1(EPOLL_CLOEXEC);
-        p->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-        fdq_init(&p->handed, p->evfd);
-        if (p->epfd < 0 || p->evfd < 0) {
-            rc = -errno;
-            snprintf(err, errlen, "epoll/eventfd: %s", strerror(errno));
-            goto fail;
-        }
-        struct epoll_event e = {.events = EPOLLIN, .data.ptr = &p->event_tag};
-        epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->evfd, &e);
-        if ((rc = ses_subscribe(eng, p->evfd, err, errlen)) < 0)
-            goto fail;
-        if (i == 0 || !ps->handoff) {
-            p->lfd = tcp_listen(&ps->tcp, !ps->handoff, err, errlen);
-            if (p->lfd < 0) {
-                rc = p->lfd;
-                goto fail;
-            }
-            struct epoll_event le = {.events = EPOLLIN, .data.ptr = &p->listener_tag};
-            epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->lfd, &le);
-        }
-    }
-    *out = ps;
-    return 0;
-fail:
-    poller_destroy(ps);
-    return rc;
-}
-
-static int poller_start(void *st, char *err, size_t errlen)
-{
-    struct poller_server *ps = st;
-    for (int i = 0; i < ps->npollers; i++) {
-        struct poller *p = &ps->pollers[i];
-        int rc = pthread_create(&p->th, NULL, poller_main, p);
-        if (rc) {
-            snprintf(err, errlen, "cannot start poller thread: %s", strerror(rc));
-            poller_stop(ps);
-            return -rc;
-        }
-        p->started = 1;
-        char name[16];
-        snprintf(name, sizeof name, "kv-poller-%d", i % 10000);
-        pthread_setname_np(p->th, name);
-    }
-    return 0;
-}
-
-static void poller_stop(void *st)
-{
-    struct poller_server *ps = st;
-    /* release: pollers that see stopping also see everything written before it */
-    atomic_store_explicit(&ps->stopping, 1, memory_order_release);
-    for (int i = 0; i < ps->npollers; i++) {
-        uint64_t one = 1;
-        if (ps->pollers[i].evfd >= 0) {
-            ssize_t w = write(ps->pollers[i].evfd, &one, sizeof one);
-            (void)w;
-        }
-    }
-    for (int i = 0; i < ps->npollers; i++) {
-        if (ps->pollers[i].started) {
-            pthread_join(ps->pollers[i].th, NULL);
-            ps->pollers[i].started = 0;
-        }
-    }
-}
-
-static void poller_destroy(void *st)
-{
-    struct poller_server *ps = st;
-    if (!ps)
-        return;
-    poller_stop(ps);
-    for (int i = 0; ps->pollers && i < ps->npollers; i++) {
-        struct poller *p = &ps->pollers[i];
-        if (p->lfd >= 0)
-            close(p->lfd);
-        if (p->evfd >= 0)
-            close(p->evfd);
-        if (p->epfd >= 0)
-            close(p->epfd);
-        if (p->spare_fd >= 0)
-            close(p->spare_fd);
-        fdq_free(&p->handed);
-        resp_args_free(&p->args);
-    }
-    free(ps->pollers);
-    tcp_free(&ps->tcp);
-    free(ps);
-}
-
-/* tcp_fe_*: the state begins with its struct tcp_front */
-const struct kv_frontend_ops fe_poller = {"poller", poller_create, poller_start, poller_stop, poller_destroy,
-                                          tcp_fe_port, tcp_fe_add_stats, tcp_fe_thread_stats};

@@ -17,6 +17,7 @@
 
 #include "cmd/cmd.h"
 #include "core/table.h"
+#include "engine/loading.h"
 
 #define MAX_FRONTENDS 2
 
@@ -132,6 +133,10 @@ int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg
                  cfg->arch ? cfg->arch : "");
         return -EINVAL;
     }
+    if (cfg->tls_port >= 0 && strcmp(a->fe[0], "poller")) { /* TLS is the pollers' (frontend/tlsio.h) */
+        snprintf(err, errlen, "tls-port is not supported with arch %s: use arch poller", a->name);
+        return -EINVAL;
+    }
     struct srv *s = calloc(1, sizeof *s);
     if (!s) {
         snprintf(err, errlen, "out of memory");
@@ -142,6 +147,11 @@ int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg
     if (rc < 0) {
         free(s);
         return rc;
+    }
+    /* after the engine's persistence lines: kvstore's loading fields follow "loading:" */
+    if ((rc = eng_loading_init(s->eng)) < 0) {
+        snprintf(err, errlen, "cannot set up the engine's loading state: %s", strerror(-rc));
+        goto fail;
     }
     /* the server's INFO lines come before the front ends' in their sections */
     eng_info_add(s->eng, "server", info_server, NULL, s);
@@ -191,11 +201,25 @@ void srv_destroy(struct srv *s)
         return;
     for (int i = s->nfe - 1; i >= 0; i--)
         s->ops[i]->destroy(s->fe[i]);
+    eng_loading_free(s->eng);
     eng_destroy(s->eng);
     free(s);
 }
 
+void srv_set_loading(struct srv *s, const char *waiting_for, const char *last_error, uint64_t attempts,
+                     const char *node_id)
+{
+    eng_loading_set(s->eng, waiting_for, last_error, attempts, node_id);
+}
+
+int srv_attach(struct srv *s, struct wal *w, struct bosc *b, struct rl_sender *sender, char *err, size_t errlen)
+{
+    return eng_attach(s->eng, w, b, sender, err, errlen);
+}
+
 int srv_port(const struct srv *s) { return s->eng->port; }
+
+int srv_tls_port(const struct srv *s) { return s->eng->cfg.tls_port < 0 ? -1 : s->eng->tls_port; }
 
 int srv_udp_port(const struct srv *s) { return s->nfe > 1 ? s->ops[1]->port(s->fe[1]) : s->eng->cfg.udp_port; }
 

@@ -12,6 +12,7 @@
 #define KV_SERVER_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "engine/engine.h"
 #include "frontend/frontend.h"
@@ -30,6 +31,8 @@ void srv_destroy(struct srv *s);
 
 /* The TCP port (the one bound when cfg->port was 0). */
 int srv_port(const struct srv *s);
+/* The TLS port (the one bound when cfg->tls_port was 0), or -1 when TLS is off. */
+int srv_tls_port(const struct srv *s);
 /* The UDP front end's port (arch udp: the one bound when udp_port was 0), else cfg's. */
 int srv_udp_port(const struct srv *s);
 /* 1 if this build has the DPDK front end (libdpdk found at build time), else 0. */
@@ -38,6 +41,15 @@ int srv_have_dpdk(void);
 void srv_get_stats(struct srv *s, struct fe_stats *st);
 /* Counters of TCP thread i (poller or pool worker): 0, or -EINVAL past the last. */
 int srv_get_poller_stats(struct srv *s, int i, struct fe_thread_stats *st);
+
+/* A node that waits for its state (engine/loading.h; created with cfg->loading):
+ * srv_set_loading updates what INFO and the -LOADING error say it waits for (NULL
+ * leaves a text as it is); srv_attach ends the wait with the durability pieces
+ * opened since (any may be NULL) and the node serves. Control thread.
+ * srv_attach: 0 or -errno with a message in err. */
+void srv_set_loading(struct srv *s, const char *waiting_for, const char *last_error, uint64_t attempts,
+                     const char *node_id);
+int srv_attach(struct srv *s, struct wal *w, struct bosc *b, struct rl_sender *sender, char *err, size_t errlen);
 
 #define SRV_INFO_MAX_SECTIONS 16  /* section names srv_info takes at most */
 #define SRV_INFO_MAX_NAME 32      /* bytes of one section name at most */

@@ -341,16 +341,27 @@ static void damaged_block(struct db *d)
 {
     int fd = open(path, O_RDWR);
     CHECK(fd >= 0);
-    unsigned char blk[BOSC_BLOCK];
+    unsigned char two[2 * BOSC_BLOCK], *blk = NULL;
     uint32_t victim = 0;
-    for (uint32_t no = 2; no < 2 + BUCKETS && !victim; no++) {
-        CHECK(pread(fd, blk, sizeof blk, (off_t)no * BOSC_BLOCK) == (ssize_t)sizeof blk);
-        if (memcmp(blk, "KVB1", 4) == 0 && blk[24] | blk[25])
-            victim = no; /* a home block with records */
+    /* Home copies follow the superblocks (2) and the bucket table (one page for
+     * 64 buckets, two copies): bucket k at 4 + 2k and 5 + 2k (bosc.h). The
+     * newest copy holds the chain; the other one is not read. */
+    for (uint32_t no = 4; no < 4 + 2 * BUCKETS && !victim; no += 2) {
+        CHECK(pread(fd, two, sizeof two, (off_t)no * BOSC_BLOCK) == (ssize_t)sizeof two);
+        int c0 = memcmp(two, "KVB1", 4) == 0, c1 = memcmp(two + BOSC_BLOCK, "KVB1", 4) == 0;
+        if (!c0 && !c1)
+            continue;
+        uint64_t s0, s1; /* the sweep that wrote each copy (little-endian hosts) */
+        memcpy(&s0, two + 32, 8);
+        memcpy(&s1, two + BOSC_BLOCK + 32, 8);
+        int c = !c0 ? 1 : !c1 ? 0 : s1 > s0;
+        blk = two + c * BOSC_BLOCK;
+        if (blk[24] | blk[25])
+            victim = no + (uint32_t)c; /* a home block with records */
     }
     CHECK(victim, "no home block with records");
-    blk[40] ^= 0x01; /* a payload bit: the checksum no longer matches */
-    CHECK(pwrite(fd, blk, sizeof blk, (off_t)victim * BOSC_BLOCK) == (ssize_t)sizeof blk);
+    blk[48] ^= 0x01; /* a payload bit: the checksum no longer matches */
+    CHECK(pwrite(fd, blk, BOSC_BLOCK, (off_t)victim * BOSC_BLOCK) == BOSC_BLOCK);
     close(fd);
     int64_t t = bosc_keys_request(d->b, 0, BUCKETS, -1);
     CHECK(t > 0, "%" PRId64, t);

@@ -4,12 +4,15 @@
 #ifndef KV_TESTS_STRESS_H
 #define KV_TESTS_STRESS_H
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
 
 static void fail_at(const char *file, int line, const char *cond, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 4, 5), unused));
@@ -82,6 +85,19 @@ static inline bool model_int(const char *p, size_t n, long long *out)
         return false;
     *out = (long long)v;
     return true;
+}
+
+/* A full disk's stand-in for the disk-full tests: writes past soft bytes of a
+ * file fail with EFBIG (after a short write), SIGXFSZ being ignored (the
+ * caller's job). RLIM_INFINITY lifts it; the hard limit must be unlimited. */
+static inline void fsize_limit(rlim_t soft)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_FSIZE, &rl) || rl.rlim_max != RLIM_INFINITY)
+        fail_at(__FILE__, __LINE__, "fsize_limit", " the hard RLIMIT_FSIZE must be unlimited");
+    rl.rlim_cur = soft;
+    if (setrlimit(RLIMIT_FSIZE, &rl))
+        fail_at(__FILE__, __LINE__, "fsize_limit", " setrlimit: %s", strerror(errno));
 }
 
 #endif

@@ -35,10 +35,11 @@ from helpers.resp import resp_cmd
 from helpers.servers import RedisServer, need
 
 BLOCK = 4096
-FIRST_HOME = 2                # blocks 0 and 1 are the superblock copies
+FIRST_TABLE = 2               # blocks 0 and 1 are the superblock copies, the bucket table follows
 BLK_MAGIC = b"KVB1"           # u32 0x3142564B, little-endian
 SB_MAGIC = b"KVSBOSC1"
-BHDR = 32                     # block header: magic crc no next gen(u64) used home
+BHDR = 40                     # block header: magic crc no next gen(u64) used home seq(u64)
+TAB_PER_PAGE = (BLOCK - BHDR) // 8
 TYPE_SHIFT = 30               # a record's klen word: type << 30 | key length
 STRING, HASH = 0, 1
 MB = 1024 * 1024
@@ -118,19 +119,35 @@ def started_with(node):
     return flushed, rec
 
 
-def blocks(path):
-    """[(block number, next, generation, payload bytes, home)] of every data block the
-    server wrote (never-written blocks read as zeros; superblock copies left out)."""
-    out = []
+def first_home(buckets):
+    """The first home block: after the bucket table's pages (two copies of each)."""
+    return FIRST_TABLE + 2 * ((buckets + TAB_PER_PAGE - 1) // TAB_PER_PAGE)
+
+
+def live_chains(path, buckets):
+    """Every bucket's chain as the server reads it: [[(no, next, gen, used, home), ...]], the
+    home copy first (of its two copies, the valid one with the higher write sequence)."""
     with open(path, "rb") as f:
         data = f.read()
-    for no in range(FIRST_HOME, len(data) // BLOCK):
+
+    def block(no):
         b = data[no * BLOCK:(no + 1) * BLOCK]
-        if b[:4] != BLK_MAGIC:
+        if len(b) < BLOCK or b[:4] != BLK_MAGIC or struct.unpack_from("<I", b, 4)[0] != fl.crc32c(b[8:]):
+            return None
+        own, nxt, gen, used, home, seq = struct.unpack_from("<IIQIIQ", b, 8)
+        return (no, nxt, gen, used, home), seq
+
+    out = []
+    for bk in range(buckets):
+        h = first_home(buckets) + 2 * bk
+        copies = [c for c in (block(h), block(h + 1)) if c]
+        if not copies:
             continue
-        crc, own, nxt, gen, used, home = struct.unpack_from("<IIIQII", b, 4)
-        assert own == no and crc == fl.crc32c(b[8:]), f"block {no} of a file the server wrote is damaged"
-        out.append((no, nxt, gen, used, home))
+        head = max(copies, key=lambda c: c[1])[0]
+        chain = [head]
+        while chain[-1][1]:
+            chain.append(block(chain[-1][1])[0])
+        out.append(chain)
     return out
 
 
@@ -273,9 +290,9 @@ def test_damaged_data_block_is_refused(data_dir, nodes, tmp_path):
     pristine = tmp_path / "pristine"
     shutil.copytree(data_dir, pristine)
     path = datafile(data_dir)
-    blks = blocks(path)
-    home = [b for b in blks if b[0] < FIRST_HOME + 64 and b[3] > 0]
-    overflow = [b for b in blks if b[0] >= FIRST_HOME + 64 and b[3] > 0]
+    chains = live_chains(path, 64)
+    home = [c[0] for c in chains if c[0][3] > 0]
+    overflow = [b for c in chains for b in c[1:] if b[3] > 0]
     assert len(home) >= 60 and overflow, (len(home), len(overflow))
     rng = random.Random(2)
 
@@ -295,7 +312,7 @@ def test_damaged_data_block_is_refused(data_dir, nodes, tmp_path):
 
     # a bit of another block's block-number field: the checksum covers it
     restore(pristine, data_dir)
-    no2 = rng.choice([b[0] for b in blks if b[0] != no])
+    no2 = rng.choice([b[0] for c in chains for b in c if b[0] != no])  # (not an older copy: unread)
     fl.flip_bit(path, no2 * BLOCK + 8, rng.randrange(8))
     rc, out, err = fl.run_serve(data_dir, extra=["--data-file"])
     assert rc not in (None, 0), (rc, err)
@@ -654,11 +671,13 @@ def records(path):
         return nxt, gen, b[BHDR:BHDR + used], home
 
     out = {}
-    for home in range(FIRST_HOME, FIRST_HOME + sb["buckets"]):
-        first = block(home)
+    for chain in live_chains(path, sb["buckets"]):
+        head = chain[0][0]
+        first = block(head)
         if first is None or first[1] != sb["gen"]:
             continue
-        stream, no, hops = b"", home, 0
+        home = first[3]
+        stream, no, hops = b"", head, 0
         while no:
             nxt, _gen, payload, owner = block(no)
             assert owner == home and hops <= len(data) // BLOCK

@@ -93,6 +93,7 @@ class Pair:
         self.all = []
         self.starts = 0
         self.extra = {}  # settings for every start (e.g. the UDP front end)
+        self.created = set()  # nodes started once: a brand-new node needs --init, a later start does not
 
     def peer_of(self, name):
         return "b" if name == "a" else "a"
@@ -111,6 +112,11 @@ class Pair:
         settings.update(self.extra, **extra)
         if from_peer:
             settings["from_peer"] = self.addr(other)
+        if name not in self.created:  # its first start: a new node (init=False: start it as one that lost its disk)
+            settings.setdefault("init", True)
+        if not settings.get("init"):
+            settings.pop("init", None)  # a flag: there is no --no-init
+        self.created.add(name)
         n = Node(port=0, data_dir=self.dirs[name],
                  log_path=os.path.join(self.root, f"{name}-{self.starts}.stderr"), **settings)
         self.all.append(n)
@@ -123,6 +129,7 @@ class Pair:
     def start_both(self):
         """Both at once, as a pair restarts: each compares its log with the other's at start."""
         for attempt in range(3):  # a port picked in advance may have been taken since: pick again
+            created = set(self.created)
             try:
                 b = self.start("b", wait=False)
                 a = self.start("a", wait=False)
@@ -131,6 +138,7 @@ class Pair:
                 return self
             except Exception:
                 self.close()
+                self.created = created  # a node that never came up is still new
                 if attempt == 2:
                     raise
                 self.rport = dict(zip("ab", two_free_ports()))

@@ -1,5 +1,6 @@
 """Servers under test and their surroundings: kvstore Nodes on a fresh data dir, a real
-redis-server as the reference, free ports, the file-descriptor limit, a process's RSS."""
+redis-server as the reference, free ports, the file-descriptor limit, a process's RSS and the
+ports it listens on."""
 import os
 import resource
 import shutil
@@ -33,6 +34,26 @@ def raise_nofile(want):
         except (ValueError, OSError):
             pass
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def listening_ports(pid):
+    """TCP ports the process pid listens on (its socket inodes matched in /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as f:
+            for row in f.readlines()[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
 
 
 def rss_bytes(pid):

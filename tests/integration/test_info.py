@@ -2,6 +2,8 @@
 fields of each, section selection (one, several, all/default/everything, unknown), RESP3,
 the mode-dependent lines (log_*, datafile_*, log_peer_*, udp_*) and CONFIG RESETSTAT.
 The exact text today is pinned here: it is the reference for a redesign of info.c."""
+import os
+
 import pytest
 
 from helpers.conn import Raw
@@ -112,6 +114,8 @@ DATAFILE_FIELDS = ["datafile_buckets", "datafile_keys", "memory_keys", "datafile
                    "datafile_records_written", "datafile_blocks_written", "datafile_blocks_read",
                    "datafile_deferred", "datafile_loads", "datafile_evicted_keys", "datafile_log_segments_deleted",
                    "datafile_failed", "datafile_error"]
+DISK_LOG_FIELDS = ["aof_last_write_status", "log_write_status", "log_write_error", "log_write_errors"]
+DISK_DATAFILE_FIELDS = ["datafile_write_status", "datafile_write_error", "datafile_write_errors"]
 PEER_FIELDS = ["log_peer_connected", "log_peer_degraded", "log_peer_acked_lsn", "log_peer_sent_lsn",
                "log_peer_batches", "log_peer_records", "log_peer_bytes", "log_peer_connects",
                "log_peer_disconnects", "log_peer_catchup_records", "log_peer_last_error", "log_receiver_port",
@@ -264,7 +268,7 @@ def test_persistence_in_disk_mode_has_the_log_lines(kv_node_factory):
         for i in range(3):
             assert r.call("SET", f"k{i}", "v") == b"OK"
         text = r.call("INFO", "persistence")
-    assert layout(text) == [("Persistence", FIELDS["Persistence"] + LOG_FIELDS)]
+    assert layout(text) == [("Persistence", FIELDS["Persistence"] + LOG_FIELDS + DISK_LOG_FIELDS)]
     v = values(text)
     assert v["durability"] == "disk" and v["log_failed"] == "0"
     assert v["log_appended_lsn"] == v["log_durable_lsn"] == v["log_records"] == "3"  # acked: durable
@@ -275,9 +279,11 @@ def test_persistence_with_a_data_file_has_the_datafile_lines(kv_node_factory):
     with Raw(n.port) as r:
         assert r.call("SET", "k", "v") == b"OK"
         text = r.call("INFO", "persistence")
-    assert layout(text) == [("Persistence", FIELDS["Persistence"] + LOG_FIELDS + DATAFILE_FIELDS)]
+    assert layout(text) == [("Persistence", FIELDS["Persistence"] + LOG_FIELDS + DATAFILE_FIELDS + DISK_LOG_FIELDS
+                             + DISK_DATAFILE_FIELDS)]
     v = values(text)
     assert v["datafile_failed"] == "0" and v["datafile_error"] == ""
+    assert v["aof_last_write_status"] == v["log_write_status"] == v["datafile_write_status"] == "ok"
 
 
 def test_replication_in_remote_mode_has_the_peer_lines(tmp_path):
@@ -288,10 +294,12 @@ def test_replication_in_remote_mode_has_the_peer_lines(tmp_path):
         text = raw(p.nodes["a"].port, "INFO", "persistence", "replication")
     finally:
         p.close()
-    assert layout(text) == [("Persistence", FIELDS["Persistence"] + LOG_FIELDS + DATAFILE_FIELDS),
+    assert layout(text) == [("Persistence", FIELDS["Persistence"] + LOG_FIELDS + DATAFILE_FIELDS + DISK_LOG_FIELDS
+                             + DISK_DATAFILE_FIELDS + ["node_id"]),
                             ("Replication", FIELDS["Replication"] + PEER_FIELDS)]
     v = values(text)
     assert v["durability"] == "remote" and int(v["log_receiver_port"]) == p.rport["a"]
+    assert v["node_id"] == open(os.path.join(p.dirs["a"], "node-id")).read().strip()
 
 
 def test_udp_front_end_adds_its_lines(kv_node_factory):

@@ -24,7 +24,7 @@ from kvstore.metrics import Collector, parse_info
 
 from helpers.conn import Raw, client
 from helpers.pair import Pair, wait_for
-from helpers.servers import free_port, need, start_node, stop_node
+from helpers.servers import free_port, listening_ports, need, start_node, stop_node
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -65,26 +65,6 @@ def metrics_port(node):
     m = _ENDPOINT.search(node.log())
     assert m, f"no 'metrics on http://...' line in the server's output:\n{node.log()}"
     return int(m.group(2))
-
-
-def listening_ports(pid):
-    """TCP ports the process pid listens on (its socket inodes matched in /proc/net/tcp)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    ports = set()
-    for table in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{table}") as f:
-            for row in f.readlines()[1:]:
-                cols = row.split()
-                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return ports
 
 
 def histogram_ok(samples, name):
@@ -188,6 +168,7 @@ def test_disk_mode_scrape(kv_node_factory):
     assert value(after, "kvstore_memory_max_bytes") == 0
     assert value(after, "kvstore_log_durable_lsn") >= writes
     assert value(after, "kvstore_log_failed") == 0
+    assert value(after, "kvstore_log_write_error") == 0 and value(after, "kvstore_log_write_errors_total") == 0
     assert value(after, "process_resident_memory_bytes") > 0
     build = dict(next(iter(after["kvstore_build_info"])))
     assert build["kvstore_version"] == kvstore.__version__ and build["durability"] == "disk"

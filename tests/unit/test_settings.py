@@ -74,8 +74,9 @@ def write(tmp_path, text):
     ('poll_policy = "fast"\n', r"poll_policy: expected 'direct', 'strict' or 'flexpoll', got 'fast'"),
     ('arch = "gpu"\n', r"arch: expected 'poller', 'threadpool', 'udp' or 'dpdk', got 'gpu'"),
     ('durability = "tape"\n', r"durability: expected 'none', 'disk' or 'remote', got 'tape'"),
-    ('port = "six"\n', r"port: expected an integer from 0 to 65535, got 'six'"),
-    ('port = true\n', r"port: expected an integer from 0 to 65535, got True"),
+    ('port = "six"\n', r"port: expected a port from 0 to 65535 \(0 = any free port\), or -1 \(no plain port, "
+                        r"with --tls-port\), got 'six'"),
+    ('port = true\n', r"port: expected a port from 0 to 65535 .*, got True"),
     ('threads = 2000\n', r"threads: expected an integer from 0 \(one per core\) to 1024, got 2000"),
     ('maxclients = 0\n', r"maxclients: expected a positive integer, got 0"),
     ('data_file = "yes"\n', r"data_file: expected true or false, got 'yes'"),
