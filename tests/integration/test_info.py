@@ -101,7 +101,7 @@ FIELDS = {  # every field of each section, in order, in the default mode (--arch
     "Stats": ["total_connections_received", "total_commands_processed", "instantaneous_ops_per_sec",
               "total_net_input_bytes", "total_net_output_bytes", "rejected_connections", "expired_keys",
               "evicted_keys", "keyspace_hits", "keyspace_misses", "oom_rejections", "total_error_replies_protocol",
-              "total_error_replies"],
+              "total_error_replies", "acl_access_denied_auth", "client_timeout_disconnections"],
     "Pollers": ["poller0", "poller1", "total_epoll_wait_calls", "total_epoll_ctl_calls", "total_read_calls",
                 "total_write_calls"],
     "Cpu": ["used_cpu_sys", "used_cpu_user"],
