@@ -8,7 +8,8 @@ The baseline is another checkout's venv, e.g. the commit before a change:
 
     git worktree add ../kv-before <commit> && make -C ../kv-before dev
     kvstore experiment run kv_build_compare -- --baseline ../kv-before/.venv/bin/python
-        [--durability disk] [--rounds 10]          -> OUT/kv_build_compare[_TAG].{csv,png}
+        [--durability disk] [--rounds 10] [--arch threadpool --threads 32]
+                                                   -> OUT/kv_build_compare[_TAG].{csv,png}
 """
 import os
 import statistics
@@ -30,7 +31,7 @@ def serve(build, python, args, data_dir):
     """A server of the build whose interpreter is python (run from a neutral directory, so
     that a kvstore source folder in the current directory cannot shadow its package)."""
     port = common.free_port()
-    argv = [python, "-m", "kvstore.cli", "serve", "--port", port, "--threads", args.threads,
+    argv = [python, "-m", "kvstore.cli", "serve", "--port", port, "--arch", args.arch, "--threads", args.threads,
             "--durability", args.durability, "--no-data-file", "--data-dir", data_dir]
     return Process(argv, port=port, name=f"kvstore-{build}", cwd=tempfile.gettempdir(),
                    log_path=os.path.join(data_dir, "server.log")).start(30)
@@ -106,7 +107,9 @@ def add_args(ap):
     ap.add_argument("--baseline", help="the python of the baseline build's venv (e.g. ../kv-before/.venv/bin/python)")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--requests", type=int, default=1_000_000, help="requests per P16 load (P1: a quarter)")
-    ap.add_argument("--threads", type=int, default=1, help="server pollers")
+    ap.add_argument("--arch", default="poller", choices=["poller", "threadpool"],
+                    help="the servers' --arch (threadpool: paper 000's baseline, Table 1's thread-pool rows)")
+    ap.add_argument("--threads", type=int, default=1, help="server pollers (threadpool: workers)")
     ap.add_argument("--durability", default="none", choices=["none", "disk"])
 
 

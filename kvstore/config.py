@@ -305,6 +305,14 @@ class ServerConfig:
             "log from the peer). Default: the data dir's, else the peer's copy, else a new one (--init).",
         shown=None, accepts="32 hexadecimal digits (16 bytes), e.g. the content of <data-dir>/node-id")
     # ---- client limits: timeouts, file descriptors (limits)
+    client_timeout_ms: int = setting(
+        1000, "arch threadpool: the longest a worker waits for a client in the middle of a request — for the rest "
+              "of a request it has begun (read) or for room to send its reply (write) — before it closes the "
+              "connection (counted in INFO stats client_timeout_disconnections). Each wait restarts when bytes "
+              "move, so a slow but steady client is served; a stalled one holds a worker at most this long. "
+              "0 = wait forever (one stalled client per worker freezes the pool). The pollers never wait on a "
+              "client and ignore it.", min=0, max=3600000,
+        accepts="an integer of milliseconds from 0 (wait forever) to 3600000", c="client_timeout_ms")
     # ---- client memory (clientmem)
     maxmemory_clients: str = setting(
         "", "Bound on the memory of all client connections together (input buffers, argument arrays, output "

@@ -14,6 +14,9 @@ from kvstore.store import Store
 
 # The C struct that Server.start fills from the settings' metadata (ServerConfig.c_values).
 C_CONFIG = "struct kv_config"
+# Descriptors kept for the server's own files beyond maxclients + 4 per thread (log segments,
+# data file, replication sockets, metrics, Python's own): Redis keeps 32, kvstore has more files.
+FD_RESERVE = 64
 
 
 def have_dpdk():
@@ -44,6 +47,7 @@ class Server:
         self._keep = []
         self._durability = None
         self._warnings = []
+        self._maxclients = self.config.maxclients  # lowered by _adjust_fd_limit to what the fd limit allows
         self._metrics = None  # kvstore.metrics.Endpoint while serving metrics
         # Held while the C objects are read from another thread (a metrics scrape) and
         # while stop() frees them: a scrape never reads a destroyed server.
@@ -54,22 +58,42 @@ class Server:
         self._loader_stop = threading.Event()
         self.loading_failure = None
 
-    def _raise_fd_limit(self):
-        """Like Redis: make room for maxclients connections (+ a margin for our own fds).
-        Returns a warning line if the limit stays too low, else None."""
-        need = self.config.maxclients + 64
+    def _adjust_fd_limit(self):
+        """Redis's adjustOpenFilesLimit: raise RLIMIT_NOFILE to maxclients + the server's own
+        descriptors, as far as allowed (the hard limit too when privileged); if it stays lower,
+        lower maxclients to fit (Redis's log lines), so clients past it get -ERR max number of
+        clients reached instead of the accept() of a process out of descriptors. Sets
+        self._maxclients; returns the warning lines. ConfigError if not even one client fits."""
+        c = self.config
+        reserve = FD_RESERVE + 4 * c.effective_threads  # per thread: epoll, eventfd, listener, spare
+        need = c.maxclients + reserve
+        self._maxclients = c.maxclients
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft >= need:
-            return None
-        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError):
-            target = soft
-        if target < need:
-            return (f"warning: open-file limit {target} is below maxclients + 64 = {need}; "
-                    f"connections beyond ~{target - 64} will be refused by accept()")
-        return None
+            return []
+        error = None
+        for limits in ((need, hard if hard == resource.RLIM_INFINITY else max(need, hard)),  # privileged
+                       (need if hard == resource.RLIM_INFINITY else min(need, hard), hard)):
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, limits)
+                break
+            except (ValueError, OSError) as e:
+                error = error or (e.strerror if isinstance(e, OSError) else str(e))
+        best = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if best >= need:
+            log.logger.info("Increased maximum number of open files to %d (it was originally set to %d).",
+                            best, soft)
+            return []
+        if best - reserve < 1:
+            raise errors.ConfigError(
+                f"Your current 'ulimit -n' of {soft} is not enough for the server to start. Please increase your "
+                f"open file limit to at least {need} (maxclients {c.maxclients} + {reserve} for the server's own "
+                f"files), or lower --maxclients.")
+        self._maxclients = best - reserve
+        return [f"You requested maxclients of {c.maxclients} requiring at least {need} max file descriptors.",
+                f"Server can't set maximum open files to {need} because of OS error: {error or 'limit too low'}.",
+                f"Current maximum open files is {best}. maxclients has been reduced to {self._maxclients} to "
+                f"compensate for low ulimit. If you need higher maxclients increase 'ulimit -n'."]
 
     def start(self):
         if self._srv is not None:
@@ -78,12 +102,13 @@ class Server:
         if c.arch == "dpdk" and not have_dpdk():
             raise errors.ConfigError("kvstore was built without DPDK (libdpdk-dev not found at build time)")
         log.configure(c.log_level, c.log_file)  # first: what start-up finds goes to the configured log
-        self._warnings = [w for w in (self._raise_fd_limit(),) if w]
+        self._warnings = self._adjust_fd_limit()
         for w in self._warnings:
             log.logger.warning("%s", w)
         self._durability = Durability(self.store, c, self.from_peer).open()
         waiting = self._durability.waiting is not None  # no local state, the peer not asked yet: -LOADING
-        cfg, self._keep = c_config(c, version=__version__, loading=int(waiting), **self._durability.c_handles())
+        cfg, self._keep = c_config(c, version=__version__, loading=int(waiting), maxclients=self._maxclients,
+                                   **self._durability.c_handles())
         err = ffi.new("char[256]")
         out = ffi.new("struct srv **")
         rc = lib.srv_create(out, self.store._t, cfg, err, 256)

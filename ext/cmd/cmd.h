@@ -23,6 +23,8 @@ struct cmd_monitor;
 struct cmd_client {
     uint64_t id;
     int authenticated;       /* 1 when no password is required or AUTH succeeded */
+    int auth_failures;       /* failed AUTH/HELLO AUTH in a row: the connection closes at
+                                CMD_AUTH_MAX_FAILURES (conn.c) */
     int resp;                /* protocol chosen with HELLO: 2 (default) or 3 */
     int close_after_reply;   /* QUIT or a protocol error: send what is queued, then close */
     char *name;              /* CLIENT SETNAME, malloc'd, NULL = none */

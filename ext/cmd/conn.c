@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "cmd/cmd_int.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,15 @@ static int secret_eq(const char *a, size_t al, const char *b, size_t bl)
     return d == 0 && al == bl;
 }
 
+/* Failed AUTHs one connection may make: the one after it closes the connection.
+ * A connection could otherwise pipeline thousands of guesses per round trip; closed
+ * after a few, each few guesses cost a new connection (handshake, accept, bounded
+ * by maxclients) and reach the log. Not a delay: a poller must never sleep, and a
+ * timer per connection would keep an attacker's sockets open longer, not shorter.
+ * A person who mistypes a password a few times just connects again (redis-cli
+ * does). Redis has no such bound; its answers are otherwise the same. */
+#define CMD_AUTH_MAX_FAILURES 5
+
 /* AUTH [user] pass, shared by AUTH and HELLO. Returns 1 ok, 0 replied with an error. */
 static int do_auth(struct cmd_client *c, const char *user, size_t ul, const char *pass, size_t pl)
 {
@@ -61,11 +71,19 @@ static int do_auth(struct cmd_client *c, const char *user, size_t ul, const char
     } else if ((!user || (ul == 7 && !memcmp(user, "default", 7))) &&
                secret_eq(pass, pl, req, strlen(req))) {
         c->authenticated = 1;
+        c->auth_failures = 0;
         return 1;
     }
     static struct kvlog_rate failures = KVLOG_RATE_INIT(5);
+    atomic_fetch_add_explicit(&c->eng->auth_denied, 1, memory_order_relaxed);
     kvlog_rated(&failures, KVLOG_WARNING, "AUTH failed for client %s (id %llu)", c->addr, (unsigned long long)c->id);
     cmd_reply_err(c, "WRONGPASS invalid username-password pair or user is disabled.");
+    if (++c->auth_failures >= CMD_AUTH_MAX_FAILURES && !c->datagram) {
+        static struct kvlog_rate closes = KVLOG_RATE_INIT(5);
+        kvlog_rated(&closes, KVLOG_WARNING, "closing client %s (id %llu) after %d failed AUTH attempts", c->addr,
+                    (unsigned long long)c->id, c->auth_failures);
+        c->close_after_reply = 1;
+    }
     return 0;
 }
 

@@ -74,6 +74,8 @@ struct kv_config {
     int loading;             /* 1: the node waits for its state (wal and bosc NULL): keyspace
                                 commands get -LOADING until eng_attach (engine/loading.h) */
     /* ---- client limits: timeouts, file descriptors (limits) */
+    int client_timeout_ms;   /* threadpool: a worker waits this long for a stalled client
+                                (mid-request read, reply write), then closes it; 0 = forever */
     /* ---- client memory (clientmem) */
     const char *maxmemory_clients; /* "BYTES PCT": bound on all clients' memory (0: none), and the
                                       percentage of maxmemory it was given as (-1: a size) */
@@ -125,6 +127,7 @@ struct kv_engine {
                                 loads it (acquire) before a keyspace command reads wal/bosc */
     struct eng_loading *ld;  /* what it waits for, for INFO and the -LOADING error */
     /* ---- client limits: timeouts, file descriptors (limits) */
+    _Atomic uint64_t auth_denied; /* failed AUTH/HELLO AUTH (INFO stats acl_access_denied_auth) */
     /* ---- client memory (clientmem) */
     /* Every TCP connection's memory, summed from what each owner thread publishes,
      * the bounds CONFIG SET changes, and the counters INFO shows (cmd/client_mem.c).

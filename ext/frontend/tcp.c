@@ -69,6 +69,21 @@ static void reset_pollers(void *arg)
     }
 }
 
+/* INFO stats: what the client limits did (the rest of the section is the server's). */
+static void info_limits(void *arg, struct kvbuf *b)
+{
+    struct tcp_front *f = arg;
+    kvbuf_printf(b, "acl_access_denied_auth:%llu\r\nclient_timeout_disconnections:%llu\r\n",
+                 (unsigned long long)st_get(&f->eng->auth_denied), (unsigned long long)st_get(&f->timed_out));
+}
+
+static void reset_limits(void *arg)
+{
+    struct tcp_front *f = arg;
+    atomic_store_explicit(&f->timed_out, 0, memory_order_relaxed);
+    atomic_store_explicit(&f->eng->auth_denied, 0, memory_order_relaxed);
+}
+
 int tcp_init(struct tcp_front *f, struct kv_engine *eng, int nthreads, char *err, size_t errlen)
 {
     memset(f, 0, sizeof *f);
@@ -92,7 +107,8 @@ int tcp_init(struct tcp_front *f, struct kv_engine *eng, int nthreads, char *err
     }
     memset(f->st, 0, sizeof *f->st * (size_t)nthreads);
     f->nthreads = nthreads;
-    return eng_info_add(eng, "pollers", info_pollers, reset_pollers, f);
+    int rc = eng_info_add(eng, "pollers", info_pollers, reset_pollers, f);
+    return rc < 0 ? rc : eng_info_add(eng, "stats", info_limits, reset_limits, f);
 }
 
 void tcp_free(struct tcp_front *f)
@@ -120,20 +136,33 @@ int tcp_listen(struct tcp_front *f, int reuseport, char *err, size_t errlen)
     return fd;
 }
 
+static const char max_clients_msg[] = "-ERR max number of clients reached\r\n";
+
+/* Tell a refused client why, without waiting: a fresh socket's buffer takes it. */
+static void refuse(int fd)
+{
+    ssize_t w = send(fd, max_clients_msg, sizeof max_clients_msg - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    (void)w;
+}
+
 int tcp_admit(struct tcp_front *f, int fd)
 {
     uint64_t n = atomic_fetch_add_explicit(&f->clients, 1, memory_order_relaxed);
+    uint64_t cap = atomic_load_explicit(&f->fd_cap, memory_order_relaxed);
     atomic_fetch_add_explicit(&f->total_conns, 1, memory_order_relaxed);
-    if (n >= (uint64_t)f->eng->cfg.maxclients) {
-        static const char msg[] = "-ERR max number of clients reached\r\n";
+    if (n >= (uint64_t)f->eng->cfg.maxclients || (cap && n >= cap)) {
         static struct kvlog_rate refusals = KVLOG_RATE_INIT(5);
         char addr[64] = "?";
         if (kvlog_on(KVLOG_WARNING))
             net_peer_addr(fd, addr, sizeof addr);
-        kvlog_rated(&refusals, KVLOG_WARNING, "refused connection from %s: maxclients (%d) reached", addr,
-                    f->eng->cfg.maxclients);
-        ssize_t w = send(fd, msg, sizeof msg - 1, MSG_NOSIGNAL);
-        (void)w;
+        if (n >= (uint64_t)f->eng->cfg.maxclients)
+            kvlog_rated(&refusals, KVLOG_WARNING, "refused connection from %s: maxclients (%d) reached", addr,
+                        f->eng->cfg.maxclients);
+        else
+            kvlog_rated(&refusals, KVLOG_WARNING,
+                        "refused connection from %s: out of file descriptors at %llu clients (raise the "
+                        "open-file limit, e.g. LimitNOFILE, or lower --maxclients)", addr, (unsigned long long)cap);
+        refuse(fd);
         close(fd);
         atomic_fetch_sub_explicit(&f->clients, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&f->rejected, 1, memory_order_relaxed);
@@ -150,16 +179,27 @@ int tcp_accept(struct tcp_front *f, int lfd, int *spare_fd)
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0)
             return fd;
-        if ((errno != EMFILE && errno != ENFILE) || *spare_fd < 0)
+        if (errno != EMFILE && errno != ENFILE)
             return -errno;
+        uint64_t now = atomic_load_explicit(&f->clients, memory_order_relaxed);
+        atomic_store_explicit(&f->fd_cap, now ? now : 1, memory_order_relaxed);
+        if (*spare_fd < 0) { /* lost to another thread last time: fd_cap makes it give one back */
+            *spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+            if (*spare_fd < 0)
+                return -EMFILE;
+            atomic_fetch_sub_explicit(&f->spares_missing, 1, memory_order_relaxed);
+        }
         /* Out of descriptors: the pending connection would keep the level-triggered
          * listener readable forever (a busy loop). Spend the spare descriptor to
-         * accept it and close it at once. accept4 says EMFILE before it looks at
-         * the queue, so the queue may be empty: then the round is over. */
+         * accept it, answer it as Redis answers past maxclients (the client learns
+         * why instead of hanging) and close it. accept4 says EMFILE before it looks
+         * at the queue, so the queue may be empty: then the round is over. */
         close(*spare_fd);
         fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         int empty = fd < 0;
         if (fd >= 0) {
+            atomic_fetch_add_explicit(&f->total_conns, 1, memory_order_relaxed);
+            refuse(fd);
             close(fd);
             atomic_fetch_add_explicit(&f->rejected, 1, memory_order_relaxed);
             static struct kvlog_rate shed = KVLOG_RATE_INIT(5);
@@ -167,12 +207,23 @@ int tcp_accept(struct tcp_front *f, int lfd, int *spare_fd)
                                               "limit, e.g. LimitNOFILE, or lower --maxclients)");
         }
         *spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (*spare_fd < 0)
+            atomic_fetch_add_explicit(&f->spares_missing, 1, memory_order_relaxed);
         if (empty)
             return -EAGAIN;
     }
 }
 
 void tcp_closed(struct tcp_front *f) { atomic_fetch_sub_explicit(&f->clients, 1, memory_order_relaxed); }
+
+void tcp_timed_out(struct tcp_front *f, const char *addr, int limit_ms)
+{
+    static struct kvlog_rate stalls = KVLOG_RATE_INIT(5);
+    atomic_fetch_add_explicit(&f->timed_out, 1, memory_order_relaxed);
+    kvlog_rated(&stalls, KVLOG_WARNING,
+                "closed client %s: stalled %d ms mid-request or not reading its reply (--client-timeout-ms)", addr,
+                limit_ms);
+}
 
 void tcp_cron(struct tcp_front *f, int idx, int64_t now)
 {
@@ -182,6 +233,15 @@ void tcp_cron(struct tcp_front *f, int idx, int64_t now)
     cmd_monitor_flush(f->eng); /* a thread pool's monitors: what their sockets did not take */
     if (idx != 0)
         return;
+    if (!atomic_load_explicit(&f->fd_cap, memory_order_relaxed) ||
+        atomic_load_explicit(&f->spares_missing, memory_order_relaxed) > 0) {
+        f->fd_cap_seen_ms = 0;
+    } else if (!f->fd_cap_seen_ms) {
+        f->fd_cap_seen_ms = now;
+    } else if (now - f->fd_cap_seen_ms >= TCP_FD_CAP_MS) {
+        atomic_store_explicit(&f->fd_cap, 0, memory_order_relaxed);
+        f->fd_cap_seen_ms = 0;
+    }
     uint64_t total = 0;
     for (int i = 0; i < f->nthreads; i++)
         total += st_get(&f->st[i].commands);

@@ -20,6 +20,7 @@
 #define TCP_CRON_MS 100
 #define TCP_QUERYBUF_MAX (1024LL * 1024 * 1024) /* unparsed input one client may buffer */
 #define TCP_OPS_SAMPLES 16
+#define TCP_FD_CAP_MS 10000
 
 struct kv_engine;
 
@@ -35,6 +36,19 @@ struct tcp_front {
     struct tcp_thread *st;            /* nthreads of them */
     int port_probed;                  /* the port is known to be ours (see tcp_listen) */
     _Atomic uint64_t clients, total_conns, rejected;
+    _Atomic uint64_t timed_out;       /* closed after --client-timeout-ms stalled (thread pool) */
+    /* Clients connected when accept last ran out of descriptors (0: it has not lately).
+     * Each thread keeps its own spare descriptor, but they share one fd table: the fd
+     * one thread frees to shed a connection can be taken by another thread's accept,
+     * and the first is left with no spare and a listener it cannot drain. Refusing
+     * every connection past this count (as past maxclients) gives such an fd back at
+     * once. Thread 0's cron forgets it after TCP_FD_CAP_MS, so a passing shortage
+     * (the log's files, a peer's socket) does not lower the bound for good — but
+     * only while every thread has its spare: one without it relies on the bound to
+     * get an fd back (spares_missing: spares lost minus regained). */
+    _Atomic uint64_t fd_cap;
+    _Atomic int spares_missing;
+    int64_t fd_cap_seen_ms;           /* thread 0: when its cron first saw fd_cap set */
     /* instantaneous_ops_per_sec: samples taken by thread 0's cron */
     uint64_t ops_last;
     int64_t ops_last_ms;
@@ -42,8 +56,8 @@ struct tcp_front {
     int ops_idx;
 };
 
-/* Counters for nthreads threads; registers the INFO "pollers" section (and its
- * CONFIG RESETSTAT). 0 or -errno with a message. */
+/* Counters for nthreads threads; registers the INFO "pollers" section and its
+ * "stats" lines (and their CONFIG RESETSTAT). 0 or -errno with a message. */
 int tcp_init(struct tcp_front *f, struct kv_engine *eng, int nthreads, char *err, size_t errlen);
 void tcp_free(struct tcp_front *f);
 
@@ -62,6 +76,10 @@ int tcp_admit(struct tcp_front *f, int fd);
 int tcp_accept(struct tcp_front *f, int lfd, int *spare_fd);
 /* A connection admitted by tcp_admit is gone (its fd closed by the caller). */
 void tcp_closed(struct tcp_front *f);
+/* The client at addr stalled for limit_ms mid-request or with a reply it does not
+ * read, and is being closed: counted (INFO stats client_timeout_disconnections)
+ * and logged, rate-limited. Any front-end thread. */
+void tcp_timed_out(struct tcp_front *f, const char *addr, int limit_ms);
 
 /* Once per TCP_CRON_MS on thread idx: its slice of the table's rehash/expiry
  * housekeeping; thread 0 also samples the command rate. */

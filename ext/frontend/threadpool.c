@@ -6,7 +6,11 @@
  * Workers share one epoll instance; every connection (and the listener) is
  * registered EPOLLONESHOT, so exactly one worker owns a ready connection until
  * it re-arms it. Blocking waits are poll()/read() calls bounded by TCP_CRON_MS so a
- * stopping server is noticed. Same table, log, data file and commands as the
+ * stopping server is noticed; a wait on a client (the rest of a request, room for
+ * a reply) ends after --client-timeout-ms without progress and closes it: else a
+ * client that stalls mid-request, or never reads, holds its worker forever and
+ * as many of them as there are workers freeze the server. Untrusted input (RESP
+ * from clients). Same table, log, data file and commands as the
  * pollers (requests run through ses_run, waits through ses_wait); only the
  * request-handling loop differs. Worker state: struct tp_worker (its counters,
  * its eventfd for log wakeups). */
@@ -50,6 +54,8 @@ struct tp_server {
     struct tcp_front tcp;    /* first: the tcp_fe_* callbacks take the state as one */
     struct kv_engine *eng;
     int lfd;                 /* the listener, EPOLLONESHOT in epfd */
+    int spare_fd;            /* reserved descriptor to shed a connection at EMFILE; used
+                                only by the worker that holds the (one-shot) listener */
     int epfd;                /* the workers' shared epoll set (connections EPOLLONESHOT) */
     int listener_tag;
     int nworkers;
@@ -89,7 +95,7 @@ static void tp_accept(struct tp_worker *w)
 {
     struct tp_server *tp = w->tp;
     for (int i = 0; i < 64; i++) {
-        int fd = accept4(tp->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        int fd = tcp_accept(&tp->tcp, tp->lfd, &tp->spare_fd);
         if (fd < 0)
             break;
         if (!tcp_admit(&tp->tcp, fd))
@@ -120,12 +126,23 @@ static void tp_accept(struct tp_worker *w)
     }
 }
 
-/* Wait until fd is ready for ev; 0 ready, -EPIPE stopping or error. */
+/* Wait until the client's fd is ready for ev; 0 ready, -ETIMEDOUT when it was
+ * not within client_timeout_ms (0: no bound), -EPIPE stopping or error. Called
+ * after each EAGAIN, so the bound is on a stall, not on a whole transfer. */
 static int wait_fd(struct tp_server *tp, int fd, short ev)
 {
+    int limit = tp->eng->cfg.client_timeout_ms;
+    int64_t deadline = tcp_mono_ms() + limit;
     for (;;) {
+        int wait = TCP_CRON_MS;
+        if (limit > 0) {
+            int64_t left = deadline - tcp_mono_ms();
+            if (left <= 0)
+                return -ETIMEDOUT;
+            wait = left < wait ? (int)left : wait;
+        }
         struct pollfd pf = {.fd = fd, .events = ev};
-        int r = poll(&pf, 1, TCP_CRON_MS);
+        int r = poll(&pf, 1, wait);
         if (r > 0)
             return (pf.revents & (POLLERR | POLLNVAL)) ? -EPIPE : 0;
         if ((r < 0 && errno != EINTR) || stopping(tp))
@@ -296,7 +313,10 @@ static void *tp_worker_main(void *arg)
             continue;
         }
         struct tp_conn *c = ev.data.ptr;
-        if (tp_serve(w, c)) {
+        int rc = tp_serve(w, c);
+        if (rc) {
+            if (rc == -ETIMEDOUT)
+                tcp_timed_out(&tp->tcp, c->ses.cl.addr, tp->eng->cfg.client_timeout_ms);
             tp_close(tp, c);
             continue;
         }
@@ -322,6 +342,7 @@ static int tp_create(void **out, struct kv_engine *eng, char *err, size_t errlen
         return -ENOMEM;
     }
     tp->lfd = tp->epfd = -1;
+    tp->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* -1 only costs the shedding */
     tp->eng = eng;
     list_init(&tp->conns);
     pthread_mutex_init(&tp->lock, NULL);
@@ -422,6 +443,8 @@ static void tp_destroy(void *st)
     }
     if (tp->lfd >= 0)
         close(tp->lfd);
+    if (tp->spare_fd >= 0)
+        close(tp->spare_fd);
     if (tp->epfd >= 0)
         close(tp->epfd);
     free(tp->workers);
