@@ -151,8 +151,8 @@ def test_config_get(c):
         assert k in everything, k
     assert everything["bind"] == "127.0.0.1"
     assert everything["maxclients"] == "10000"
-    assert set(c.config_get("maxm*")) == {"maxmemory", "maxmemory-policy"}
-    assert set(c.config_get("max*")) == {"maxmemory", "maxmemory-policy", "maxclients"}
+    assert set(c.config_get("maxm*")) == {"maxmemory", "maxmemory-policy", "maxmemory-clients"}
+    assert set(c.config_get("max*")) == {"maxmemory", "maxmemory-policy", "maxmemory-clients", "maxclients"}
     assert c.config_get("?ort") == {"port": everything["port"]}
     assert c.config_get("nosuch*") == {}
 

@@ -43,13 +43,13 @@ def test_check_config_prints_the_effective_settings_and_touches_nothing(tmp_path
     with socket.socket() as held:  # a port in use: --check-config does not bind
         held.bind(("127.0.0.1", 0))
         port = held.getsockname()[1]
-        r = check_config("--port", port, "--max-memory", "2mb", "--requirepass", "secret", cwd=tmp_path)
+        r = check_config("--port", port, "--max-memory", "2mb", "--requirepass", "pw-not-shown-3f9", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     for want in (f"port = {port}", "max_memory = 2097152", 'durability = "disk"', "data_file = true",
                  'data_dir = "data"', "# requirepass is set (not shown)"):
         assert want in lines, want
-    assert "secret" not in r.stdout
+    assert "pw-not-shown-3f9" not in r.stdout
     assert list(tmp_path.iterdir()) == []  # no data dir made
 
 

@@ -150,8 +150,13 @@ def test_exec_is_isolated(kv):
     seen = []
 
     def writer():
+        # 400 EXECs, and on until the reader has seen 20 (a loaded machine may not run it
+        # at all meanwhile), at most 60 s
+        deadline = time.monotonic() + 60
         with client(kv.port) as c:
-            for i in range(1, 400):
+            i = 0
+            while i < 400 or (len(seen) < 20 and time.monotonic() < deadline):
+                i += 1
                 with c.pipeline(transaction=True) as p:
                     p.set("a", i).set("b", i).execute()
         stop.set()
