@@ -132,6 +132,13 @@ static int home_pick(struct bosc *b, uint32_t bucket, unsigned char *two, uint64
         if (v[c] == 1 && (best < 0 || get64(p + 32) > get64(two + best * BLK + 32)))
             best = c;
     }
+    if (v[0] == 1 && v[1] == 1 && get64(two + 32) == get64(two + BLK + 32)) {
+        /* Each sweep has its own number and writes one copy: two copies of one
+         * sweep mean the file cannot say which is newer. */
+        snprintf(err, errlen, "data file %s damaged: both home copies of bucket %" PRIu32 " (blocks %" PRIu64
+                 " and %" PRIu64 ") hold sweep %" PRIu64, b->path, bucket, h, h + 1, get64(two + 32));
+        return -EILSEQ;
+    }
     *seq = best >= 0 ? get64(two + best * BLK + 32) : 0;
     uint64_t want = atomic_load_explicit(&b->tab[bucket], memory_order_relaxed);
     int bad = v[0] < 0 ? 0 : v[1] < 0 ? 1 : -1;

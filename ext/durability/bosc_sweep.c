@@ -287,6 +287,12 @@ static void requeue(struct bosc *b, struct sweep_ctx *c, size_t reached)
 static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
 {
     uint64_t t0 = now_ns();
+    /* A sweep the disk failed may have written blocks (and synced them) under
+     * b->wseq without reaching bosc_tab_done: this one takes a new number, or a
+     * bucket it writes again would hold two home copies of one sweep and the
+     * older could be picked as the newer. */
+    if (c->write_failed)
+        b->wseq++;
     c->write_failed = 0;
     /* D and the generation together (no FLUSHALL between them), then the
      * barrier: every change with LSN <= D has queued its key. */
