@@ -193,10 +193,12 @@ static int outcome(struct tls_conn *t, int r, const char *op)
             /* EOF without close_notify (OpenSSL 3 reports it as SSL_ERROR_SSL with
              * "unexpected eof"; older ones here), or a socket error. */
             snprintf(t->err, sizeof t->err, "%s: %s", op, sys ? strerror(sys) : "unexpected EOF");
+            t->ready = 0; /* fatal: OpenSSL forbids SSL_shutdown after it (tls_conn_free) */
             return sys ? -sys : -ECONNRESET;
         }
         /* fall through */
     default: {
+        t->ready = 0; /* fatal, as above */
         char why[128];
         drain_errors(why, sizeof why, "protocol error");
         long v = SSL_get_verify_result(t->ssl);

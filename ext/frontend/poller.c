@@ -387,6 +387,8 @@ static void conn_readable(struct conn *c)
     if (n < 0) {
         if (errno != EAGAIN && errno != EINTR)
             conn_close(c);
+        else if (tlsio_want_write(c->tls)) /* a handshake's flight waits for room: EPOLLOUT */
+            update_interest(c, 0);
         return;
     }
     if (n == 0) {
