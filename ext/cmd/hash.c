@@ -546,7 +546,7 @@ static int64_t hscan_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
         return fail(h, h->opt_err);
     /* the elements go to a side buffer first: their number comes before them (under the
      * reply's bound, session.c: a refusal there closes the client as one in out would) */
-    struct kvbuf els = {.limit = out->limit ? out->limit - out->len : 0};
+    struct kvbuf els = {.limit = kvbuf_room_limit(out)};
     struct hashenc_iter it;
     struct hashenc_entry e;
     long long m = 0;

@@ -510,7 +510,7 @@ int c_keys(struct cmd_client *c, const struct cmd_args *a)
     int rc = 0;
     /* The keys are gathered under the reply's bound (session.c): they take about what
      * their reply will, and a refusal closes the client as one in out would. */
-    k->out.limit = c->out->limit ? c->out->limit - c->out->len : 0;
+    k->out.limit = kvbuf_room_limit(c->out);
     if (!k->file) {
         rc = keys_memory(c, k, &f);
         k->file = 1;

@@ -20,6 +20,13 @@ struct kvbuf {
     int over;     /* a reserve was refused for limit (the owner closes the client) */
 };
 
+/* The limit for a side buffer whose bytes will be appended to b: what b's limit
+ * leaves (1 when nothing is left: a limit of 0 would mean none), or 0 if b has none. */
+static inline size_t kvbuf_room_limit(const struct kvbuf *b)
+{
+    return !b->limit ? 0 : b->limit > b->len ? b->limit - b->len : 1;
+}
+
 /* Make room for at least `more` bytes after len. Returns 0 or -ENOMEM (also past
  * limit, with over set). */
 static inline int kvbuf_reserve(struct kvbuf *b, size_t more)
