@@ -346,7 +346,7 @@ const struct cmd_def *cmd_def_at(int i) { return i >= 0 && i < NCOMMANDS ? &comm
 static int allowed_while_loading(const struct cmd_def *d)
 {
     static const cmd_fn ok[] = {c_quit, c_auth, c_hello, c_select, c_client, c_info, c_config, c_command,
-                                c_time, c_monitor, c_slowlog, c_latency, c_multi, c_exec, c_discard, c_unwatch};
+                                c_time, c_monitor, c_slowlog, c_latency, c_multi, c_exec, c_discard, c_watch, c_unwatch};
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++)
         if (d->fn == ok[i])
             return 1;

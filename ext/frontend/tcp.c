@@ -227,9 +227,13 @@ void tcp_timed_out(struct tcp_front *f, const char *addr, int limit_ms)
 
 void tcp_cron(struct tcp_front *f, int idx, int64_t now)
 {
-    /* each thread keeps its own slice of the shards rehashed and expired */
+    /* each thread keeps its own slice of the shards rehashed and expired; not
+     * while the node waits for its state (as Redis expires nothing while loading):
+     * the log is being replayed and attached, and an expiry must be logged
+     * (acquire: pairs with eng_attach's release of the log it attached) */
     unsigned per = (KVT_SHARDS + (unsigned)f->nthreads - 1) / (unsigned)f->nthreads;
-    kvt_housekeep(f->eng->table, (unsigned)idx * per, per, HOUSEKEEP_BUDGET);
+    if (!atomic_load_explicit(&f->eng->loading, memory_order_acquire))
+        kvt_housekeep(f->eng->table, (unsigned)idx * per, per, HOUSEKEEP_BUDGET);
     cmd_monitor_flush(f->eng); /* a thread pool's monitors: what their sockets did not take */
     if (idx != 0)
         return;
