@@ -529,7 +529,9 @@ static int write_group_retrying(struct wal *w, const struct kvbuf *b, uint64_t f
         pthread_mutex_unlock(&w->lock);
         if (stop) {
             kvlog(KVLOG_WARNING, "durability log closed while it could not write (%s): the records after LSN %" PRIu64
-                  " were not written (none of them was acknowledged)", err, wal_synced_lsn(w));
+                  " were not written to this disk (%s)", err, wal_synced_lsn(w),
+                  w->ship ? "those the peer acknowledged are in its copy: the next start fetches them"
+                              : "none of them was acknowledged");
             return -ECANCELED;
         }
         backoff = backoff * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : backoff * 2;
