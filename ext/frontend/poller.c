@@ -459,7 +459,7 @@ static void do_accept(struct poller *p, int lfd, int tls)
 {
     struct poller_server *ps = p->ps;
     for (int i = 0; i < 64; i++) {
-        int fd = tcp_accept(&ps->tcp, lfd, &p->spare_fd);
+        int fd = tcp_accept(&ps->tcp, lfd);
         if (fd < 0)
             return; /* -EAGAIN: nothing more to accept */
         if (ps->handoff) {

@@ -43,7 +43,6 @@ struct poller {
     int started;
     int epfd, lfd, evfd;
     int tls_lfd, tls_listener_tag; /* the TLS listener (tls-port) and its epoll tag, or -1 */
-    int spare_fd;                /* reserved descriptor for shedding connections at EMFILE */
     int listener_tag, event_tag; /* addresses used as epoll tags */
     struct tcp_thread *st;       /* its counters (in ps->tcp) */
     struct list all;             /* every connection of this poller */

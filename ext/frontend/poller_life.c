@@ -3,7 +3,6 @@
  * threads, stop and destroy them. Control thread only. */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,8 +48,7 @@ static int poller_create(void **out, struct kv_engine *eng, char *err, size_t er
     ps->policy = pol;
     ps->handoff = !strcmp(cfg->accept, "handoff");
     for (int i = 0; i < cfg->threads; i++) /* so a failed create never closes fd 0 */
-        ps->pollers[i].epfd = ps->pollers[i].lfd = ps->pollers[i].evfd = ps->pollers[i].spare_fd =
-            ps->pollers[i].tls_lfd = -1;
+        ps->pollers[i].epfd = ps->pollers[i].lfd = ps->pollers[i].evfd = ps->pollers[i].tls_lfd = -1;
     ps->npollers = cfg->threads;
     if ((rc = tlsio_create(&ps->tls, eng, err, errlen)) < 0)
         goto fail;
@@ -59,7 +57,6 @@ static int poller_create(void **out, struct kv_engine *eng, char *err, size_t er
         p->idx = i;
         p->ps = ps;
         p->st = &ps->tcp.st[i];
-        p->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
         list_init(&p->all);
         list_init(&p->waiting);
         list_init(&p->stalled);
@@ -159,8 +156,6 @@ static void poller_destroy(void *st)
             close(p->evfd);
         if (p->epfd >= 0)
             close(p->epfd);
-        if (p->spare_fd >= 0)
-            close(p->spare_fd);
         fdq_free(&p->handed);
         resp_args_free(&p->args);
     }

@@ -3,12 +3,12 @@
 #include "frontend/tcp.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -84,6 +84,10 @@ static void reset_limits(void *arg)
     atomic_store_explicit(&f->eng->auth_denied, 0, memory_order_relaxed);
 }
 
+/* A descriptor held in reserve (tcp_accept), or -1: an epoll instance, which
+ * needs no file (a chroot without /dev/null could otherwise never have one). */
+static int open_spare(void) { return epoll_create1(EPOLL_CLOEXEC); }
+
 int tcp_init(struct tcp_front *f, struct kv_engine *eng, int nthreads, char *err, size_t errlen)
 {
     memset(f, 0, sizeof *f);
@@ -107,12 +111,20 @@ int tcp_init(struct tcp_front *f, struct kv_engine *eng, int nthreads, char *err
     }
     memset(f->st, 0, sizeof *f->st * (size_t)nthreads);
     f->nthreads = nthreads;
+    pthread_mutex_init(&f->spare_lock, NULL);
+    atomic_init(&f->spare_fd, open_spare()); /* -1 only costs the shedding until one frees */
     int rc = eng_info_add(eng, "pollers", info_pollers, reset_pollers, f);
     return rc < 0 ? rc : eng_info_add(eng, "stats", info_limits, reset_limits, f);
 }
 
 void tcp_free(struct tcp_front *f)
 {
+    if (f->st) { /* (initialised) */
+        int spare = atomic_exchange(&f->spare_fd, -1);
+        if (spare >= 0)
+            close(spare);
+        pthread_mutex_destroy(&f->spare_lock);
+    }
     free(f->st);
     f->st = NULL;
 }
@@ -173,42 +185,65 @@ int tcp_admit(struct tcp_front *f, int fd)
     return 1;
 }
 
-int tcp_accept(struct tcp_front *f, int lfd, int *spare_fd)
+/* Refuse connection fd as Redis refuses past maxclients, close it and reserve
+ * its descriptor as the spare. spare_lock held. */
+static void shed(struct tcp_front *f, int fd)
+{
+    atomic_fetch_add_explicit(&f->total_conns, 1, memory_order_relaxed);
+    refuse(fd);
+    close(fd);
+    atomic_fetch_add_explicit(&f->rejected, 1, memory_order_relaxed);
+    atomic_store_explicit(&f->spare_fd, open_spare(), memory_order_relaxed);
+    static struct kvlog_rate shedding = KVLOG_RATE_INIT(5);
+    kvlog_rated(&shedding, KVLOG_WARNING, "refused a connection: out of file descriptors (raise the open-file "
+                                          "limit, e.g. LimitNOFILE, or lower --maxclients)");
+}
+
+int tcp_accept(struct tcp_front *f, int lfd)
 {
     for (;;) {
         int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd >= 0)
+        if (fd >= 0 && atomic_load_explicit(&f->spare_fd, memory_order_relaxed) >= 0)
             return fd;
+        if (fd >= 0) {
+            /* The spare is missing: this accept may have taken its very fd (freed
+             * to shed a connection), and admitted it would leave no descriptor to
+             * shed with. The connection is refused and its fd reserved again. */
+            pthread_mutex_lock(&f->spare_lock);
+            int missing = atomic_load_explicit(&f->spare_fd, memory_order_relaxed) < 0;
+            if (missing)
+                shed(f, fd);
+            pthread_mutex_unlock(&f->spare_lock);
+            if (!missing)
+                return fd;
+            continue;
+        }
         if (errno != EMFILE && errno != ENFILE)
             return -errno;
         uint64_t now = atomic_load_explicit(&f->clients, memory_order_relaxed);
         atomic_store_explicit(&f->fd_cap, now ? now : 1, memory_order_relaxed);
-        if (*spare_fd < 0) { /* lost to another thread last time: fd_cap makes it give one back */
-            *spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-            if (*spare_fd < 0)
-                return -EMFILE;
-            atomic_fetch_sub_explicit(&f->spares_missing, 1, memory_order_relaxed);
-        }
         /* Out of descriptors: the pending connection would keep the level-triggered
          * listener readable forever (a busy loop). Spend the spare descriptor to
          * accept it, answer it as Redis answers past maxclients (the client learns
          * why instead of hanging) and close it. accept4 says EMFILE before it looks
          * at the queue, so the queue may be empty: then the round is over. */
-        close(*spare_fd);
+        pthread_mutex_lock(&f->spare_lock);
+        int spare = atomic_load_explicit(&f->spare_fd, memory_order_relaxed);
+        if (spare < 0)
+            spare = open_spare(); /* taken by another accept meanwhile: fd_cap gives one back */
+        if (spare < 0) {
+            pthread_mutex_unlock(&f->spare_lock);
+            return -EMFILE;
+        }
+        atomic_store_explicit(&f->spare_fd, -1, memory_order_relaxed); /* (another accept sees it missing) */
+        close(spare);
         fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         int empty = fd < 0;
-        if (fd >= 0) {
-            atomic_fetch_add_explicit(&f->total_conns, 1, memory_order_relaxed);
-            refuse(fd);
-            close(fd);
-            atomic_fetch_add_explicit(&f->rejected, 1, memory_order_relaxed);
-            static struct kvlog_rate shed = KVLOG_RATE_INIT(5);
-            kvlog_rated(&shed, KVLOG_WARNING, "refused a connection: out of file descriptors (raise the open-file "
-                                              "limit, e.g. LimitNOFILE, or lower --maxclients)");
-        }
-        *spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        if (*spare_fd < 0)
-            atomic_fetch_add_explicit(&f->spares_missing, 1, memory_order_relaxed);
+        if (fd >= 0)
+            shed(f, fd);
+        else
+            atomic_store_explicit(&f->spare_fd, open_spare(), memory_order_relaxed);
+        pthread_mutex_unlock(&f->spare_lock);
         if (empty)
             return -EAGAIN;
     }
@@ -238,7 +273,7 @@ void tcp_cron(struct tcp_front *f, int idx, int64_t now)
     if (idx != 0)
         return;
     if (!atomic_load_explicit(&f->fd_cap, memory_order_relaxed) ||
-        atomic_load_explicit(&f->spares_missing, memory_order_relaxed) > 0) {
+        atomic_load_explicit(&f->spare_fd, memory_order_relaxed) < 0) {
         f->fd_cap_seen_ms = 0;
     } else if (!f->fd_cap_seen_ms) {
         f->fd_cap_seen_ms = now;

@@ -9,6 +9,7 @@
 #ifndef KV_TCP_H
 #define KV_TCP_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,17 +38,20 @@ struct tcp_front {
     int port_probed;                  /* the port is known to be ours (see tcp_listen) */
     _Atomic uint64_t clients, total_conns, rejected;
     _Atomic uint64_t timed_out;       /* closed after --client-timeout-ms stalled (thread pool) */
-    /* Clients connected when accept last ran out of descriptors (0: it has not lately).
-     * Each thread keeps its own spare descriptor, but they share one fd table: the fd
-     * one thread frees to shed a connection can be taken by another thread's accept,
-     * and the first is left with no spare and a listener it cannot drain. Refusing
-     * every connection past this count (as past maxclients) gives such an fd back at
-     * once. Thread 0's cron forgets it after TCP_FD_CAP_MS, so a passing shortage
-     * (the log's files, a peer's socket) does not lower the bound for good — but
-     * only while every thread has its spare: one without it relies on the bound to
-     * get an fd back (spares_missing: spares lost minus regained). */
+    /* One spare descriptor for all the threads, reserved to shed a connection
+     * when accept runs out of descriptors (tcp_accept). One, not one per thread:
+     * the threads share one fd table, so the fd one thread frees can be taken by
+     * another's accept; a per-thread spare lost that way left its listener with
+     * connections it could never drain. Whoever holds spare_lock next takes any
+     * fd freed since (-1 while none could be had). */
+    pthread_mutex_t spare_lock;
+    _Atomic int spare_fd;
+    /* Clients connected when accept last ran out of descriptors (0: it has not
+     * lately). Refusing every connection past this count (as past maxclients)
+     * gives back the fd such a connection took. Thread 0's cron forgets it after
+     * TCP_FD_CAP_MS while the spare is held, so a passing shortage (the log's
+     * files, a peer's socket) does not lower the bound for good. */
     _Atomic uint64_t fd_cap;
-    _Atomic int spares_missing;
     int64_t fd_cap_seen_ms;           /* thread 0: when its cron first saw fd_cap set */
     /* instantaneous_ops_per_sec: samples taken by thread 0's cron */
     uint64_t ops_last;
@@ -71,9 +75,10 @@ int tcp_listen(struct tcp_front *f, int reuseport, char *err, size_t errlen);
  * maxclients (returns 0, fd closed); else TCP_NODELAY set, returns 1. */
 int tcp_admit(struct tcp_front *f, int fd);
 /* accept4 on the listener lfd (non-blocking, close-on-exec): the fd, or -errno
- * (-EAGAIN: none pending). Out of descriptors, *spare_fd is spent to accept the
- * pending connection and drop it (counted rejected), then reserved again. */
-int tcp_accept(struct tcp_front *f, int lfd, int *spare_fd);
+ * (-EAGAIN: none pending). Out of descriptors, the spare is spent to accept the
+ * pending connection and drop it with Redis's error (counted rejected), then
+ * reserved again. Any thread. */
+int tcp_accept(struct tcp_front *f, int lfd);
 /* A connection admitted by tcp_admit is gone (its fd closed by the caller). */
 void tcp_closed(struct tcp_front *f);
 /* The client at addr stalled for limit_ms mid-request or with a reply it does not

@@ -16,7 +16,6 @@
  * its eventfd for log wakeups). */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -54,8 +53,6 @@ struct tp_server {
     struct tcp_front tcp;    /* first: the tcp_fe_* callbacks take the state as one */
     struct kv_engine *eng;
     int lfd;                 /* the listener, EPOLLONESHOT in epfd */
-    int spare_fd;            /* reserved descriptor to shed a connection at EMFILE; used
-                                only by the worker that holds the (one-shot) listener */
     int epfd;                /* the workers' shared epoll set (connections EPOLLONESHOT) */
     int listener_tag;
     int nworkers;
@@ -95,7 +92,7 @@ static void tp_accept(struct tp_worker *w)
 {
     struct tp_server *tp = w->tp;
     for (int i = 0; i < 64; i++) {
-        int fd = tcp_accept(&tp->tcp, tp->lfd, &tp->spare_fd);
+        int fd = tcp_accept(&tp->tcp, tp->lfd);
         if (fd < 0)
             break;
         if (!tcp_admit(&tp->tcp, fd))
@@ -342,7 +339,6 @@ static int tp_create(void **out, struct kv_engine *eng, char *err, size_t errlen
         return -ENOMEM;
     }
     tp->lfd = tp->epfd = -1;
-    tp->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC); /* -1 only costs the shedding */
     tp->eng = eng;
     list_init(&tp->conns);
     pthread_mutex_init(&tp->lock, NULL);
@@ -443,8 +439,6 @@ static void tp_destroy(void *st)
     }
     if (tp->lfd >= 0)
         close(tp->lfd);
-    if (tp->spare_fd >= 0)
-        close(tp->spare_fd);
     if (tp->epfd >= 0)
         close(tp->epfd);
     free(tp->workers);
