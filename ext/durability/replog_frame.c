@@ -292,6 +292,8 @@ int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, cons
 
 void rl_send_error(struct rl_link *l, const char *msg)
 {
+    if (l->tls && !tls_conn_ready(l->tls))
+        return; /* no TLS session to say it in (and a write would wait on the stranger's handshake) */
     size_t n = strlen(msg);
     rl_send_frame(l, F_ERROR, 0, 0, msg, n < 4096 ? n : 4096, 1000);
 }

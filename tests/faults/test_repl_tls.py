@@ -181,6 +181,14 @@ def test_a_plain_client_or_another_cas_certificate_is_refused(receiver, certs):
     assert s.batch(rec) == 1
     s.close()
     assert time.monotonic() - t0 < 4, "the honest sender waited behind the stalled handshakes"
+    # ... nor when their handshake deadline (5 s) closes them: no ERROR is written into a TLS
+    # session that never began (the write would wait on each stranger in turn).
+    time.sleep(5.5)
+    t0 = time.monotonic()
+    s = rw.FakeSender(receiver.rport, nid, ssl_context=client_ctx(certs))
+    assert s.batch(fl.encode_record(fl.OP_SET, b"k2", b"v2", 2)) == 2
+    s.close()
+    assert time.monotonic() - t0 < 4, "the honest sender waited while the stalled handshakes were closed"
     for s in stalled:
         s.close()
     assert info(receiver, "replication")["log_receiver_auth_failures"] >= 3
