@@ -9,7 +9,7 @@ import click
 import kvstore
 from kvstore import bench as benchmod
 from kvstore import log
-from kvstore.config import PATH, SIZE, ServerConfig, parse_address, parse_size
+from kvstore.config import PATH, SIZE, ServerConfig, check_repl_tls_files, parse_address, parse_size
 from kvstore.errors import KVError
 
 
@@ -153,7 +153,15 @@ def _durability_line(cfg):
 @click.option("--repl-secret-file", type=click.Path(dir_okay=False),
               help="With --from-peer: the pair's replication secret (the nodes' --repl-secret-file); the peer "
                    "serves its copy of the log only to a client that proves it holds it.")
-def recover(data_dir, max_memory, check_only, from_peer, repl_secret_file):
+@click.option("--repl-tls", is_flag=True,
+              help="With --from-peer: fetch inside mutual TLS, as the nodes' --repl-tls (the peer refuses a plain "
+                   "connection then); needs --tls-cert-file, --tls-key-file and --tls-ca-cert-file.")
+@click.option("--tls-cert-file", type=click.Path(dir_okay=False), help="--repl-tls: this node's certificate (PEM).")
+@click.option("--tls-key-file", type=click.Path(dir_okay=False), help="--repl-tls: its private key (PEM).")
+@click.option("--tls-ca-cert-file", type=click.Path(dir_okay=False),
+              help="--repl-tls: the CA certificate(s) the peer's certificate must chain to (PEM).")
+def recover(data_dir, max_memory, check_only, from_peer, repl_secret_file, repl_tls, tls_cert_file, tls_key_file,
+            tls_ca_cert_file):
     """Check a node's data file and replay its log offline; report what they hold.
 
     Reads and checks every block of the data file (if any): checksums, chains,
@@ -171,8 +179,12 @@ def recover(data_dir, max_memory, check_only, from_peer, repl_secret_file):
         if from_peer:
             host, port = parse_address(from_peer, "--from-peer")
             key = durability.repl_key(repl_secret_file)
+            tls = None
+            if repl_tls:
+                check_repl_tls_files(tls_cert_file, tls_key_file, tls_ca_cert_file)
+                tls = (tls_cert_file, tls_key_file, tls_ca_cert_file)
             os.makedirs(data_dir, exist_ok=True)
-            peer_lsn, local_lsn, replaced = durability.fetch_from_peer(data_dir, host, port, key=key)
+            peer_lsn, local_lsn, replaced = durability.fetch_from_peer(data_dir, host, port, key=key, tls=tls)
             click.echo(f"fetched the log from {from_peer} up to LSN {peer_lsn} (local log ended at {local_lsn}); "
                        + ("it replaces the local log" if replaced else "local log kept"))
         datafile = None

@@ -42,6 +42,8 @@ EXPERIMENTS = [
     Experiment("kv_build_compare", "kv", "this build against a baseline build: throughput and CPU per request"),
     Experiment("kv_store_calls", "kv", "embedded Store calls per second: the cffi path vs the Cython one"),
     Experiment("kv_tls_cost", "kv", "TLS on the RESP port: kvstore vs Redis, plain vs TLS, P1 and P16, CPU per request"),
+    Experiment("kv_repl_tls_cost", "kv", "--repl-tls: remote-mode SET with the replication link plain vs in TLS, "
+               "P1 and P16, CPU per request"),
     Experiment("kv_active_expiry", "kv", "active expiry: 1 M keys with a 1 s TTL reclaimed under a write load, and its cost"),
 ]
 BY_NAME = {e.name: e for e in EXPERIMENTS}

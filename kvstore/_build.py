@@ -68,7 +68,7 @@ SPEC = [
                           "#define WAL_SYNC_BUCKETS"]),
     ("core/crc32c.h", ["crc32c"]),
     ("core/log.h", ["kvlog_open", "kvlog_reopen", "kvlog_raw", "kvlog_write_errors"]),
-    ("durability/replog.h", ["struct rl_sender_config", "struct rl_sender_stats", "struct rl_receiver_stats",
+    ("durability/replog.h", ["struct rl_tls_files", "struct rl_sender_config", "struct rl_sender_stats", "struct rl_receiver_stats",
                              "rl_sender_start", "rl_sender_stop", "rl_sender_get_stats", "rl_receiver_start",
                              "rl_receiver_port", "rl_receiver_stop", "rl_receiver_get_stats", "rl_fetch"]),
     ("durability/bosc.h", ["struct bosc_config", "struct bosc_open_info", "struct bosc_stats", "bosc_open",

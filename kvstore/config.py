@@ -270,7 +270,13 @@ class ServerConfig:
     repl_bind: str = setting(
         "127.0.0.1", "IPv4 address the log receiver (--repl-port) listens on. A pair on two machines needs an "
                      "address its peer can reach, e.g. 0.0.0.0 or the machine's own; the link is authenticated "
-                     "(--repl-secret-file), not encrypted.", IPV4)
+                     "(--repl-secret-file), not encrypted unless --repl-tls.", IPV4)
+    repl_tls: bool = setting(
+        False, "Run every replication connection (log shipping, --from-peer, recover --from-peer) inside mutual "
+               "TLS: each end presents --tls-cert-file/--tls-key-file and verifies the other's certificate "
+               "against --tls-ca-cert-file (the RESP port's TLS files; --tls-port is not needed). The secret's "
+               "handshake and per-frame MACs still run inside it. Both nodes of a pair must set it.",
+        shown=None, cli="flag")
     # ---- TLS (tls)
     tls_port: int = setting(
         -1, "Also serve RESP over TLS on this port (0 = any free port), as Redis's tls-port; needs "
@@ -361,6 +367,8 @@ class ServerConfig:
                 "repl_secret_file: the replication link (durability remote, repl_port) needs a secret shared by "
                 "both nodes: make one with `head -c 32 /dev/urandom | base64 > FILE; chmod 600 FILE`, copy it to "
                 "the peer and pass --repl-secret-file FILE to both")
+        if self.repl_tls and (self.durability == "remote" or self.repl_port >= 0):
+            check_repl_tls_files(self.tls_cert_file, self.tls_key_file, self.tls_ca_cert_file)
         if self.arch in ("udp", "dpdk"):
             self._validate_udp()
         if self.node_id and not re.fullmatch(r"[0-9a-fA-F]{32}", self.node_id):
@@ -486,3 +494,15 @@ def _toml_value(value):
 def _is_ipv4(text):
     parts = str(text).split(".") if isinstance(text, str) else []
     return len(parts) == 4 and all(p.isdigit() and int(p) < 256 for p in parts)
+
+
+def check_repl_tls_files(cert, key, ca):
+    """--repl-tls needs all three PEM files (mutual TLS: each node presents a certificate and
+    verifies its peer's): ConfigError naming the one missing or unreadable."""
+    for name, path in (("tls_cert_file", cert), ("tls_key_file", key), ("tls_ca_cert_file", ca)):
+        if not path:
+            raise ConfigError(f"{name}: --repl-tls needs --{name.replace('_', '-')} FILE (PEM): both ends of the "
+                              "replication link present a certificate (--tls-cert-file, --tls-key-file) and "
+                              "verify the other's against --tls-ca-cert-file")
+        if not os.path.isfile(path) or not os.access(path, os.R_OK):
+            raise ConfigError(f"{name}: {path!r} is not a readable file (needed by --repl-tls)")

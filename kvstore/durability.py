@@ -118,9 +118,26 @@ def repl_key(path):
     return hashlib.sha256(secret).digest()
 
 
-def fetch_from_peer(data_dir, host, port, timeout_ms=5000, *, key):
+def repl_tls_files(config):
+    """--repl-tls: (cert, key, CA) PEM files of the replication link's mutual TLS (the
+    RESP port's --tls-* files), or None without --repl-tls."""
+    if not config.repl_tls:
+        return None
+    return config.tls_cert_file, config.tls_key_file, config.tls_ca_cert_file
+
+
+def _tls_struct(tls):
+    """A struct rl_tls_files for tls ((cert, key, CA) or None: plain TCP) and what keeps
+    its strings alive."""
+    if not tls:
+        return ffi.NULL, ()
+    keep = [ffi.new("char[]", os.fsencode(p)) for p in tls]
+    return ffi.new("struct rl_tls_files *", {"cert_file": keep[0], "key_file": keep[1], "ca_file": keep[2]}), keep
+
+
+def fetch_from_peer(data_dir, host, port, timeout_ms=5000, *, key, tls=None):
     """Fetch the copy of this node's log that the peer holds, over a link authenticated
-    with key (repl_key). If it reaches further than the local log (which may be gone), it
+    with key (repl_key), inside mutual TLS when tls ((cert, key, CA) files) is given. If it reaches further than the local log (which may be gone), it
     replaces the local log (the old one is kept as log.replaced-<time>). Returns
     (peer_last_lsn, local_last_lsn, replaced)."""
     import shutil
@@ -130,7 +147,8 @@ def fetch_from_peer(data_dir, host, port, timeout_ms=5000, *, key):
     err = ffi.new("char[512]")
     known = node_id(data_dir, create=False)
     nid = ffi.new("uint8_t[16]", known or bytes(16))  # zeros: "the only log you hold"
-    last = lib.rl_fetch(host.encode(), port, key, nid, staging.encode(), timeout_ms, err, 512)
+    tls_files, _keep = _tls_struct(tls)
+    last = lib.rl_fetch(host.encode(), port, key, nid, staging.encode(), timeout_ms, tls_files, err, 512)
     if last < 0:
         shutil.rmtree(staging, ignore_errors=True)
         # Not raise_for: every failure here is the peer's (a refusal comes back as EINVAL,
@@ -273,7 +291,7 @@ class Sender:
     """Remote mode's log sender: ships the log to the peer's receiver (key: repl_key)."""
 
     def __init__(self, log, data_dir, host, port, interval_us=100, max_batch_records=65536, timeout_ms=1000, *,
-                 key):
+                 key, tls=None):
         cfg = ffi.new("struct rl_sender_config *")
         self._host = ffi.new("char[]", host.encode())
         cfg.host = self._host
@@ -283,6 +301,9 @@ class Sender:
         cfg.interval_us = interval_us
         cfg.max_batch_records = max_batch_records
         cfg.timeout_ms = timeout_ms
+        _, keep = _tls_struct(tls)  # read by rl_sender_start only
+        if keep:
+            cfg.tls.cert_file, cfg.tls.key_file, cfg.tls.ca_file = keep
         out = ffi.new("struct rl_sender **")
         err = ffi.new("char[256]")
         errors.raise_for(lib.rl_sender_start(out, log._w, cfg, err, 256), ffi.string(err).decode(errors="replace"))
@@ -301,13 +322,15 @@ class Sender:
 
 class Receiver:
     """This node's log receiver: stores a peer's log (in memory, synced to disk every sync_ms);
-    only peers proving they hold key (repl_key) are served."""
+    only peers proving they hold key (repl_key) are served, and with tls ((cert, key, CA)
+    files: --repl-tls) only over TLS with a certificate the CA verifies."""
 
-    def __init__(self, data_dir, bind, port, sync_ms=1000, *, key):
+    def __init__(self, data_dir, bind, port, sync_ms=1000, *, key, tls=None):
         out = ffi.new("struct rl_receiver **")
         err = ffi.new("char[256]")
+        tls_files, _keep = _tls_struct(tls)
         rc = lib.rl_receiver_start(out, bind.encode(), port, os.path.join(data_dir, "peer").encode(), sync_ms,
-                                   key, err, 256)
+                                   key, tls_files, err, 256)
         errors.raise_for(rc, ffi.string(err).decode(errors="replace"))
         self._r = out[0]
 
@@ -359,6 +382,7 @@ class Durability:
         self.sender = None
         self.fetched = None  # (peer LSN, local LSN, replaced) after a fetch
         self._key = None  # the replication link's key (repl_key), when a link is used
+        self._tls = repl_tls_files(config)  # --repl-tls: the link's (cert, key, CA) files, or None
         self.local_complete = False  # remote mode started without its peer, on a complete local log
         self.waiting = None  # what a node with no local state waits for (None: not waiting)
         self.attempts = 0  # tries to reach the peer for a node with no local state
@@ -386,7 +410,7 @@ class Durability:
             self._key = repl_key(c.repl_secret_file)  # every replication connection proves it
         if c.repl_port >= 0:
             os.makedirs(c.data_dir, exist_ok=True)
-            self.receiver = Receiver(c.data_dir, c.repl_bind, c.repl_port, key=self._key)
+            self.receiver = Receiver(c.data_dir, c.repl_bind, c.repl_port, key=self._key, tls=self._tls)
             self._say(f"log receiver on {c.repl_bind}:{self.receiver.port}")
         if c.durability == "none":
             if c.data_file:  # a spilling cache: bounded memory, nothing durable
@@ -410,7 +434,8 @@ class Durability:
             elif not self._first_contact(*address, c.peer_startup_wait_ms):
                 return  # waiting: the server serves -LOADING and calls wait_for_state()
         elif self.from_peer:
-            self.fetched = fetch_from_peer(c.data_dir, *parse_address(self.from_peer, "from_peer"), key=self._key)
+            self.fetched = fetch_from_peer(c.data_dir, *parse_address(self.from_peer, "from_peer"), key=self._key,
+                                           tls=self._tls)
         self._open_state()
 
     def _source(self):
@@ -451,7 +476,7 @@ class Durability:
         if remote:
             host, port = c.peer_address()
             self.sender = Sender(self.log, c.data_dir, host, port, c.ship_interval_us, c.max_batch_records,
-                                 c.peer_timeout_ms, key=self._key)
+                                 c.peer_timeout_ms, key=self._key, tls=self._tls)
         if self.datafile:
             self.datafile.start(self.log)
 
@@ -505,7 +530,7 @@ class Durability:
             if self.config.init:
                 probed = self._peek(host, port, timeout_ms)
             else:
-                fetched = fetch_from_peer(data_dir, host, port, timeout_ms, key=self._key)
+                fetched = fetch_from_peer(data_dir, host, port, timeout_ms, key=self._key, tls=self._tls)
         except errors.ServerError as e:
             self.last_error = str(e)
             return False
@@ -531,7 +556,8 @@ class Durability:
         shutil.rmtree(scratch, ignore_errors=True)
         os.makedirs(scratch)
         try:
-            return fetch_from_peer(scratch, host, port, timeout_ms, key=self._key)[0], node_id(scratch, create=False)
+            fetched = fetch_from_peer(scratch, host, port, timeout_ms, key=self._key, tls=self._tls)
+            return fetched[0], node_id(scratch, create=False)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
 
@@ -559,7 +585,7 @@ class Durability:
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             try:
-                return fetch_from_peer(data_dir, host, port, key=self._key)
+                return fetch_from_peer(data_dir, host, port, key=self._key, tls=self._tls)
             except errors.ServerError as e:
                 if complete:
                     # It last ran without its peer, syncing every acknowledged write

@@ -27,6 +27,15 @@ struct wal;
 struct rl_sender;
 struct rl_receiver;
 
+/* --repl-tls: the PEM files of this node's certificate, its key and the CA the
+ * peer's certificate must chain to (the RESP port's --tls-* files). Every
+ * replication connection then runs inside TLS and both ends present and verify a
+ * certificate; the handshake and MACs below still run inside it. cert_file NULL
+ * or "": plain TCP. */
+struct rl_tls_files {
+    const char *cert_file, *key_file, *ca_file;
+};
+
 struct rl_sender_config {
     const char *host;          /* the peer's receiver, IPv4 */
     int port;
@@ -35,12 +44,13 @@ struct rl_sender_config {
     uint32_t interval_us;      /* ship every this often (default 100) */
     uint32_t max_batch_records;/* at most this many records per BATCH frame (default 65536) */
     uint32_t timeout_ms;       /* an ack overdue this long = peer lost (default 1000) */
+    struct rl_tls_files tls;   /* --repl-tls (files read at start: an error fails rl_sender_start) */
 };
 
 struct rl_sender_stats {
     uint64_t batches, records, bytes, acked_lsn, sent_lsn;
     uint64_t connects, disconnects, catchup_records;
-    uint64_t auth_failures;    /* handshakes that failed (a wrong secret, or not the peer) */
+    uint64_t auth_failures;    /* handshakes that failed (a wrong secret, or not the peer; TLS or HMAC) */
     int connected, degraded;   /* degraded: local per-group sync in place of the peer */
     char last_error[256];
 };
@@ -52,16 +62,18 @@ void rl_sender_get_stats(struct rl_sender *s, struct rl_sender_stats *st);
 
 struct rl_receiver_stats {
     uint64_t batches, records, bytes, held_lsn, syncs, fetches;
-    uint64_t auth_failures;    /* connections refused: failed handshake, bad MAC, out of role */
+    uint64_t auth_failures;    /* connections refused: failed TLS or HMAC handshake, bad MAC, out of role */
     int peers_connected;
 };
 
 /* Listen on bind:port (port 0 = any; see rl_receiver_port) and store peers' logs
  * under peer_dir. sync_ms: how often the stored logs are synced to disk. key:
  * the pair's key (32 bytes); a connection that does not prove it holds it is
- * refused (an ERROR frame) and logged. */
+ * refused (an ERROR frame) and logged. tls: --repl-tls (NULL or no cert_file:
+ * plain TCP); a connection without a certificate the CA verifies is refused too. */
 int rl_receiver_start(struct rl_receiver **out, const char *bind, int port, const char *peer_dir,
-                      uint32_t sync_ms, const uint8_t *key, char *err, size_t errlen);
+                      uint32_t sync_ms, const uint8_t *key, const struct rl_tls_files *tls, char *err,
+                      size_t errlen);
 int rl_receiver_port(struct rl_receiver *r);
 void rl_receiver_stop(struct rl_receiver *r);
 void rl_receiver_get_stats(struct rl_receiver *r, struct rl_receiver_stats *st);
@@ -69,9 +81,10 @@ void rl_receiver_get_stats(struct rl_receiver *r, struct rl_receiver_stats *st);
 /* Recovery: fetch the copy of node_id's log that the peer at host:port holds
  * into dest_dir (created; segment files as the peer has them). An all-zero
  * node_id asks for the only log the peer holds and is set to that log's id.
- * key: the pair's key (32 bytes), proved in the handshake. Returns the highest LSN fetched (0 if the peer holds nothing) or -errno with
- * a message. */
+ * key: the pair's key (32 bytes), proved in the handshake. tls: --repl-tls (NULL:
+ * plain TCP). Returns the highest LSN fetched (0 if the peer holds nothing) or
+ * -errno with a message. */
 int64_t rl_fetch(const char *host, int port, const uint8_t *key, uint8_t node_id[16], const char *dest_dir,
-                 uint32_t timeout_ms, char *err, size_t errlen);
+                 uint32_t timeout_ms, const struct rl_tls_files *tls, char *err, size_t errlen);
 
 #endif

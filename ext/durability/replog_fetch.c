@@ -2,7 +2,8 @@
  * segments back from a peer into a directory, over a link authenticated both
  * ways (rl_auth_client: the peer proves it holds the pair's secret before any
  * of its segments is written). Runs on the caller's thread, before the log is
- * opened. Frames from the peer are untrusted (rl_recv_frame checks their MACs). */
+ * opened. Frames from the peer are untrusted (rl_recv_frame checks their MACs).
+ * With --repl-tls the link runs inside TLS, the peer's certificate verified. */
 #define _GNU_SOURCE
 #include "durability/replog.h"
 
@@ -35,17 +36,27 @@
 /* ======================================================================= fetch */
 
 int64_t rl_fetch(const char *host, int port, const uint8_t *key, uint8_t node_id[16], const char *dest_dir,
-                 uint32_t timeout_ms, char *err, size_t errlen)
+                 uint32_t timeout_ms, const struct rl_tls_files *tls, char *err, size_t errlen)
 {
+    struct tls_ctx *ctx = NULL;
+    int64_t rc = rl_tls_ctx(&ctx, tls, 0, err, errlen);
+    if (rc)
+        return rc;
     int fd = rl_connect_to(host, port, (int)timeout_ms, err, errlen);
-    if (fd < 0)
+    if (fd < 0) {
+        tls_ctx_free(ctx);
         return fd;
+    }
     struct rl_link link;
     rl_link_init(&link, fd, 0);
     struct kvbuf pl = {0};
     char why[400];
-    int64_t rc = rl_auth_client(&link, key, RL_ROLE_FETCH, node_id, (int)timeout_ms, why, sizeof why);
+    if (ctx)
+        rc = rl_link_tls_client(&link, ctx, (int)timeout_ms, why, sizeof why);
+    if (!rc)
+        rc = rl_auth_client(&link, key, RL_ROLE_FETCH, node_id, (int)timeout_ms, why, sizeof why);
     if (rc) {
+        tls_ctx_free(ctx);
         snprintf(err, errlen, "fetching the log from %s:%d: %s", host, port, why);
         rl_link_close(&link);
         return rc == -EACCES ? -EACCES : rc;
@@ -68,6 +79,7 @@ int64_t rl_fetch(const char *host, int port, const uint8_t *key, uint8_t node_id
             snprintf(err, errlen, "the peer %s:%d refused: %.*s", host, port, (int)pl.len, pl.p);
             kvbuf_free(&pl);
             rl_link_close(&link);
+            tls_ctx_free(ctx);
             return -EINVAL;
         }
         if (f.type != F_FILE) {
@@ -91,5 +103,6 @@ int64_t rl_fetch(const char *host, int port, const uint8_t *key, uint8_t node_id
                  rc == -EACCES ? "a frame failed its MAC check (altered or replayed)" : strerror((int)-rc));
     kvbuf_free(&pl);
     rl_link_close(&link);
+    tls_ctx_free(ctx);
     return rc;
 }

@@ -1,6 +1,7 @@
 /* replog_frame.c - the frames of log replication and the socket helpers both
  * sides use: the link's socket I/O (rl_io_send/rl_io_recv, the only calls that
- * touch a replication socket's bytes), sends and receives with a deadline
+ * touch a replication socket's bytes: plain TCP, or TLS with --repl-tls, whose
+ * decrypted bytes not yet asked for wait in the link's rbuf), sends and receives with a deadline
  * (non-blocking sockets, ppoll), each frame's MAC once the link is
  * authenticated, connect with a timeout. Any thread, on its own link. Frames
  * are untrusted: magic, type, length (<= MAX_FRAME, per type), CRC32C and the
@@ -30,6 +31,7 @@
 #include "core/crc32c.h"
 #include "core/kvbuf.h"
 #include "durability/wal.h"
+#include "durability/replog.h"
 #include "durability/replog_frame.h"
 
 #include <openssl/core_names.h>
@@ -56,6 +58,12 @@ int rl_wait_fd_us(int fd, short ev, uint64_t timeout_us)
 
 void rl_link_close(struct rl_link *l)
 {
+    tls_conn_free(l->tls); /* close_notify if it can go without blocking */
+    l->tls = NULL;
+    free(l->rbuf);
+    l->rbuf = NULL;
+    l->roff = l->rlen = 0;
+    l->want = 0;
     if (l->fd >= 0)
         close(l->fd);
     l->fd = -1;
@@ -99,21 +107,103 @@ static int frame_mac(struct rl_link *l, int from_server, uint64_t seq, const uns
     return 0;
 }
 
+int rl_tls_ctx(struct tls_ctx **out, const struct rl_tls_files *f, int server, char *err, size_t errlen)
+{
+    *out = NULL;
+    if (!f || !f->cert_file || !*f->cert_file)
+        return 0;
+    /* mutual: the receiver asks for and verifies the sender's certificate, and the
+     * connecting side presents one (the same files serve both roles) */
+    struct tls_opts o = {.server = server, .cert_file = f->cert_file, .key_file = f->key_file,
+                         .ca_file = f->ca_file, .auth = TLS_AUTH_YES};
+    char why[256];
+    int rc = tls_ctx_new(out, &o, why, sizeof why);
+    if (rc)
+        snprintf(err, errlen, "--repl-tls: %s", why);
+    return rc;
+}
+
+int rl_link_use_tls(struct rl_link *l, struct tls_ctx *ctx)
+{
+    l->tls = tls_conn_new(ctx, l->fd);
+    return l->tls ? 0 : -ENOMEM;
+}
+
+int rl_link_tls_client(struct rl_link *l, struct tls_ctx *ctx, int timeout_ms, char *err, size_t errlen)
+{
+    int rc = rl_link_use_tls(l, ctx);
+    if (!rc)
+        rc = tls_handshake_wait(l->tls, timeout_ms);
+    if (rc)
+        snprintf(err, errlen, "TLS handshake failed (--repl-tls): %s",
+                 l->tls && *tls_conn_error(l->tls) ? tls_conn_error(l->tls) : strerror(-rc));
+    return rc;
+}
+
+int rl_link_wait(struct rl_link *l, short ev, uint64_t timeout_us)
+{
+    if (ev == POLLIN && rl_link_pending(l))
+        return 1; /* already read from the socket: a poll would not see it */
+    return rl_wait_fd_us(l->fd, l->want ? l->want : ev, timeout_us);
+}
+
+/* A TLS call's "not now" as the link's: -EAGAIN, with the event it waits for. */
+static long tls_again(struct rl_link *l, long r)
+{
+    if (r == -EAGAIN || r == TLS_WANT_WRITE) {
+        l->want = r == TLS_WANT_WRITE ? POLLOUT : POLLIN;
+        return -EAGAIN;
+    }
+    return r;
+}
+
 long rl_io_send(struct rl_link *l, const void *buf, size_t n, int more)
 {
+    l->want = 0;
+    if (l->tls)
+        return tls_again(l, (long)tls_write(l->tls, buf, n));
     ssize_t w;
     do
         w = send(l->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0));
     while (w < 0 && errno == EINTR);
+    if (w < 0 && errno == EAGAIN)
+        l->want = POLLOUT;
     return w < 0 ? -errno : (long)w;
+}
+
+/* TLS: a read takes a whole record from OpenSSL (n >= TLS_RECORD_MAX leaves
+ * nothing decrypted inside it), so every byte read but not yet taken is in rbuf,
+ * where rl_link_pending sees it; a large read goes straight to the caller. */
+static long tls_recv(struct rl_link *l, void *buf, size_t n)
+{
+    if (!rl_link_pending(l)) {
+        if (n >= TLS_RECORD_MAX)
+            return tls_again(l, (long)tls_read(l->tls, buf, n));
+        if (!l->rbuf && !(l->rbuf = malloc(TLS_RECORD_MAX)))
+            return -ENOMEM;
+        long r = tls_again(l, (long)tls_read(l->tls, l->rbuf, TLS_RECORD_MAX));
+        if (r <= 0)
+            return r;
+        l->roff = 0;
+        l->rlen = (size_t)r;
+    }
+    size_t k = rl_link_pending(l) < n ? rl_link_pending(l) : n;
+    memcpy(buf, l->rbuf + l->roff, k);
+    l->roff += k;
+    return (long)k;
 }
 
 long rl_io_recv(struct rl_link *l, void *buf, size_t n)
 {
+    l->want = 0;
+    if (l->tls)
+        return tls_recv(l, buf, n);
     ssize_t r;
     do
         r = recv(l->fd, buf, n, MSG_DONTWAIT);
     while (r < 0 && errno == EINTR);
+    if (r < 0 && errno == EAGAIN)
+        l->want = POLLIN;
     return r < 0 ? -errno : (long)r;
 }
 
@@ -134,7 +224,7 @@ static int send_all(struct rl_link *l, const void *buf, size_t n, uint64_t deadl
         uint64_t now = now_ms();
         if (now >= deadline)
             return -ETIMEDOUT;
-        int r = wait_fd(l->fd, POLLOUT, (int)(deadline - now));
+        int r = rl_link_wait(l, POLLOUT, (deadline - now) * 1000);
         if (r <= 0)
             return r ? r : -ETIMEDOUT;
     }
@@ -155,12 +245,14 @@ static int recv_all(struct rl_link *l, void *buf, size_t n, int timeout_ms)
             return -ECONNRESET;
         if (r != -EAGAIN)
             return (int)r;
-        int w = wait_fd(l->fd, POLLIN, timeout_ms);
+        int w = rl_link_wait(l, POLLIN, (uint64_t)timeout_ms * 1000);
         if (w <= 0)
             return w ? w : -ETIMEDOUT;
     }
     return 0;
 }
+
+#define SMALL_FRAME 4096 /* TLS: a frame up to this size is sent as one record */
 
 int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, const void *payload, size_t len,
                   int timeout_ms)
@@ -175,6 +267,18 @@ int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, cons
     if (l->authed && frame_mac(l, l->server, l->send_seq, h, payload, len, mac))
         return -EIO;
     uint64_t deadline = now_ms() + (uint64_t)timeout_ms; /* for the whole frame */
+    if (l->tls && HDR + len + RL_MAC <= SMALL_FRAME) {
+        /* one TLS record (one write, one MAC check at the peer), not three */
+        unsigned char one[SMALL_FRAME];
+        memcpy(one, h, HDR);
+        if (len)
+            memcpy(one + HDR, payload, len);
+        if (l->authed)
+            memcpy(one + HDR + len, mac, RL_MAC);
+        int rc = send_all(l, one, HDR + len + (l->authed ? RL_MAC : 0), deadline, 0);
+        l->send_seq += l->authed && !rc;
+        return rc;
+    }
     /* MSG_MORE until the frame's last part: a small frame (an ACK) leaves as one segment */
     int rc = send_all(l, h, HDR, deadline, len || l->authed);
     if (!rc && len)
@@ -188,6 +292,8 @@ int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, cons
 
 void rl_send_error(struct rl_link *l, const char *msg)
 {
+    if (l->tls && !tls_conn_ready(l->tls))
+        return; /* no TLS session to say it in (and a write would wait on the stranger's handshake) */
     size_t n = strlen(msg);
     rl_send_frame(l, F_ERROR, 0, 0, msg, n < 4096 ? n : 4096, 1000);
 }

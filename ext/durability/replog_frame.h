@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "core/kvbuf.h"
+#include "core/tls.h"
 #include "durability/wal.h"
 
 #define RL_MAGIC 0x5052564bu /* "KVRP" */
@@ -50,21 +51,50 @@ struct rl_link {
     uint64_t send_seq, recv_seq;
     unsigned char session[RL_KEY];
     void *mac;                   /* EVP_MAC_CTX keyed with session (replog_frame.c) */
+    /* --repl-tls: the socket's bytes are a TLS stream (NULL: plain TCP). A TLS read
+     * takes a whole record: what the caller did not ask for waits in rbuf, so a
+     * poll on fd alone would miss it (rl_link_pending, rl_link_wait). */
+    struct tls_conn *tls;
+    unsigned char *rbuf;         /* TLS_RECORD_MAX bytes, allocated at the first small read */
+    size_t roff, rlen;           /* rbuf[roff..rlen): plaintext read but not yet taken */
+    short want;                  /* after -EAGAIN: the event that lets the call go on (POLLIN/POLLOUT) */
 };
 
 static inline void rl_link_init(struct rl_link *l, int fd, int server)
 {
     *l = (struct rl_link){.fd = fd, .server = server};
 }
-/* Close the socket and forget the session key. */
+/* Close the socket (and its TLS session) and forget the session key. */
 void rl_link_close(struct rl_link *l);
+/* Run the link inside TLS (ctx: a client or server context of tls.h): every byte
+ * after this goes through OpenSSL. The handshake runs inside the first I/O, or
+ * rl_link_tls_client. 0 or -ENOMEM. */
+int rl_link_use_tls(struct rl_link *l, struct tls_ctx *ctx);
+/* Connecting side: the TLS handshake within timeout_ms (the peer's certificate
+ * verified against the context's CA, ours presented). 0 or -errno, why in err. */
+int rl_link_tls_client(struct rl_link *l, struct tls_ctx *ctx, int timeout_ms, char *err, size_t errlen);
+/* A TLS context for the link from --repl-tls's files (server: the receiver,
+ * which requires the peer's certificate). *out NULL when f names no certificate
+ * (plain TCP). 0 or -errno with why in err. */
+struct rl_tls_files;
+int rl_tls_ctx(struct tls_ctx **out, const struct rl_tls_files *f, int server, char *err, size_t errlen);
+/* Plaintext bytes already read from the socket and not yet taken (TLS). */
+static inline size_t rl_link_pending(const struct rl_link *l) { return l->rlen - l->roff; }
+/* Wait until the link can go on with ev (POLLIN: bytes to read, buffered ones
+ * included; POLLOUT) or the timeout; after -EAGAIN, the event TLS asked for.
+ * 1 ready, 0 timeout, -errno. */
+int rl_link_wait(struct rl_link *l, short ev, uint64_t timeout_us);
+/* The events to poll the link's fd for, to read (a TLS handshake may want POLLOUT). */
+static inline short rl_link_events(const struct rl_link *l) { return l->want ? l->want : POLLIN; }
 /* Start MACing every frame with this session key (after the handshake). 0 or -ENOMEM. */
 int rl_link_set_session(struct rl_link *l, const unsigned char key[RL_KEY]);
 
 /* The link's only socket I/O: every byte of every replication connection goes
- * through these two (so that a TLS layer can wrap them). Non-blocking: the bytes
- * moved (> 0), 0 = the peer closed (recv only), -EAGAIN, or -errno. more: the
- * rest of the frame follows at once (MSG_MORE: one TCP segment, not three). */
+ * through these two (plain TCP, or TLS with --repl-tls). Non-blocking: the bytes
+ * moved (> 0), 0 = the peer closed (recv only), -EAGAIN (l->want says for what:
+ * TLS may need to write to read), or -errno. more: the rest of the frame follows
+ * at once (MSG_MORE: one TCP segment, not three; TLS: ignored, rl_send_frame
+ * gathers a small frame into one record). */
 long rl_io_send(struct rl_link *l, const void *buf, size_t n, int more);
 long rl_io_recv(struct rl_link *l, void *buf, size_t n);
 

@@ -9,6 +9,9 @@
  * done so within HANDSHAKE_MS. A refused connection gets an ERROR frame, is
  * counted (auth_failures) and logged, rate-limited. After the handshake the
  * connection may only act in the role and for the node id it proved.
+ * --repl-tls: the connection is a TLS server session from accept on; its TLS
+ * handshake (the client's certificate required and verified) is driven by the
+ * same non-blocking steps before the first frame, and refused the same way.
  * Units (wal.h): a BATCH may end inside a unit (frames are cut by size, catch-up
  * by bytes); its records are stored as they come, but the ACK names only the
  * last whole unit (or plain record), because the sender makes the ACK its
@@ -74,6 +77,7 @@ struct rl_receiver {
     char *peer_dir;
     uint32_t sync_ms;
     unsigned char key[RL_KEY];
+    struct tls_ctx *tls;     /* --repl-tls: the server context (NULL: plain TCP) */
     pthread_t th;
     _Atomic int stop;
     struct rconn conns[MAX_PEERS];
@@ -288,6 +292,16 @@ static int handle_handshake(struct rl_receiver *r, struct rconn *c)
     char why[400];
     struct frame f = {0};
     static const struct kvbuf none = {0};
+    if (c->link.tls && !tls_conn_ready(c->link.tls)) {
+        int rc = tls_handshake(c->link.tls);
+        c->link.want = rc == -EAGAIN ? POLLIN : rc == TLS_WANT_WRITE ? POLLOUT : 0;
+        if (rc == -EAGAIN || rc == TLS_WANT_WRITE)
+            return 0; /* the next step when the socket is ready (the deadline bounds it) */
+        if (rc) {
+            snprintf(why, sizeof why, "TLS handshake failed (--repl-tls): %s", tls_conn_error(c->link.tls));
+            return refused(r, c, -EACCES, why);
+        }
+    }
     for (;;) {
         if (c->hs_len >= HDR) {
             if (rl_parse_header(c->hs, &f) || (f.type != F_AUTH_HELLO && f.type != F_AUTH_PROOF)) {
@@ -397,6 +411,11 @@ static void accept_one(struct rl_receiver *r)
     struct rconn *c = &r->conns[r->nconns++];
     *c = (struct rconn){.dirfd = -1, .segfd = -1, .auth_deadline = now_ms() + HANDSHAKE_MS};
     rl_link_init(&c->link, fd, 1);
+    if (r->tls && rl_link_use_tls(&c->link, r->tls)) { /* out of memory: drop this one */
+        rl_link_close(&c->link);
+        r->nconns--;
+        return;
+    }
     char ip[INET_ADDRSTRLEN] = "?";
     inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof ip);
     snprintf(c->addr, sizeof c->addr, "%s:%u", ip, (unsigned)ntohs(sa.sin_port));
@@ -410,10 +429,16 @@ static void *receiver_main(void *arg)
         struct pollfd p[MAX_PEERS + 2];
         p[0] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
         p[1] = (struct pollfd){.fd = r->evfd, .events = POLLIN};
-        for (int i = 0; i < r->nconns; i++)
-            p[i + 2] = (struct pollfd){.fd = r->conns[i].link.fd, .events = POLLIN};
+        int buffered = 0; /* TLS: bytes already read from a socket, which poll cannot see */
+        for (int i = 0; i < r->nconns; i++) {
+            p[i + 2] = (struct pollfd){.fd = r->conns[i].link.fd, .events = rl_link_events(&r->conns[i].link)};
+            buffered |= rl_link_pending(&r->conns[i].link) > 0;
+        }
         int nfds = r->nconns + 2;
-        int n = poll(p, (nfds_t)nfds, (int)r->sync_ms);
+        int n = poll(p, (nfds_t)nfds, buffered ? 0 : (int)r->sync_ms);
+        for (int i = 0; i < r->nconns; i++)
+            if (rl_link_pending(&r->conns[i].link))
+                p[i + 2].revents |= POLLIN;
         for (int i = nfds - 3; i >= 0; i--) /* backwards: closing moves the last one here */
             /* not a replaced connection: its node's log was reopened (and maybe cut) */
             if (i < r->nconns && p[i + 2].revents && !r->conns[i].dead && handle_frame(r, i))
@@ -455,7 +480,8 @@ static void *receiver_main(void *arg)
 }
 
 int rl_receiver_start(struct rl_receiver **out, const char *addr, int port, const char *peer_dir,
-                      uint32_t sync_ms, const uint8_t *key, char *err, size_t errlen)
+                      uint32_t sync_ms, const uint8_t *key, const struct rl_tls_files *tls, char *err,
+                      size_t errlen)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1) {
@@ -465,13 +491,18 @@ int rl_receiver_start(struct rl_receiver **out, const char *addr, int port, cons
     struct rl_receiver *r = calloc(1, sizeof *r);
     if (!r)
         return -ENOMEM;
+    int rc = rl_tls_ctx(&r->tls, tls, 1, err, errlen);
+    if (rc) {
+        free(r);
+        return rc;
+    }
     r->peer_dir = strdup(peer_dir);
     r->sync_ms = sync_ms ? sync_ms : 1000;
     memcpy(r->key, key, RL_KEY);
     pthread_mutex_init(&r->stat_lock, NULL);
     r->evfd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     r->lfd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int one = 1, rc = 0;
+    int one = 1;
     if (r->lfd < 0 || r->evfd < 0)
         rc = -errno;
     if (!rc)
@@ -497,6 +528,7 @@ fail:
         close(r->lfd);
     if (r->evfd >= 0)
         close(r->evfd);
+    tls_ctx_free(r->tls);
     free(r->peer_dir);
     free(r);
     return rc;
@@ -516,6 +548,7 @@ void rl_receiver_stop(struct rl_receiver *r)
     close(r->lfd);
     close(r->evfd);
     kvbuf_free(&r->pl);
+    tls_ctx_free(r->tls);
     OPENSSL_cleanse(r->key, sizeof r->key);
     pthread_mutex_destroy(&r->stat_lock);
     free(r->peer_dir);

@@ -2,7 +2,8 @@
  * BATCH frames, turns the peer's ACKs into the durable LSN, falls back to disk
  * mode when the peer is late or gone and catches it up from the segment files.
  * Each connection opens with the handshake (rl_auth_client): the peer must prove
- * it holds the pair's secret before it is shipped anything or its ACKs count.
+ * it holds the pair's secret before it is shipped anything or its ACKs count;
+ * with --repl-tls a TLS handshake (both certificates verified) comes first.
  * Threads: the sender thread owns its link and buffers; stats are read under
  * stat_lock. Frames from the peer are untrusted (rl_recv_frame checks them). */
 #define _GNU_SOURCE
@@ -46,6 +47,7 @@ struct rl_sender {
     pthread_t th;
     _Atomic int stop;
     struct rl_link link;       /* fd -1 while not connected */
+    struct tls_ctx *tls;       /* --repl-tls: the client context (NULL: plain TCP) */
     struct kvbuf ship, pend, cat, pl;
     uint64_t pend_first, pend_last;
     uint64_t degraded_at;      /* appended LSN when the fallback to local sync began, 0 = not degraded */
@@ -209,9 +211,13 @@ static void *sender_main(void *arg)
             rl_link_init(&s->link, fd, 0);
             struct frame f = {0};
             char why[400] = "";
-            int rc = rl_auth_client(&s->link, s->cfg.key, RL_ROLE_SENDER, s->cfg.node_id, (int)s->cfg.timeout_ms,
+            int rc = 0, tls_failed = 0;
+            if (s->tls && (rc = rl_link_tls_client(&s->link, s->tls, (int)s->cfg.timeout_ms, why, sizeof why)))
+                tls_failed = 1; /* a peer without our CA's certificate, or not speaking TLS: as a wrong secret */
+            if (!rc)
+                rc = rl_auth_client(&s->link, s->cfg.key, RL_ROLE_SENDER, s->cfg.node_id, (int)s->cfg.timeout_ms,
                                     why, sizeof why);
-            if (rc == -EACCES) { /* a wrong secret, or not our peer: say so, and retry slowly */
+            if (rc == -EACCES || tls_failed) { /* a wrong secret, or not our peer: say so, and retry slowly */
                 static struct kvlog_rate rate = KVLOG_RATE_INIT(3);
                 snprintf(err, sizeof err, "peer %s:%d: %s", s->host, s->cfg.port, why);
                 kvlog_rated(&rate, KVLOG_WARNING, "replication handshake with %s", err);
@@ -266,7 +272,7 @@ static void *sender_main(void *arg)
         uint64_t now = now_us();
         if (next_ship <= now)
             next_ship = now + s->cfg.interval_us;
-        int w = rl_wait_fd_us(s->link.fd, POLLIN, next_ship - now);
+        int w = rl_link_wait(&s->link, POLLIN, next_ship - now);
         int rc = 0;
         while (w > 0 && !rc) {
             struct frame f;
@@ -281,7 +287,7 @@ static void *sender_main(void *arg)
                 rc = -EPROTO;
             }
             if (!rc)
-                w = wait_fd(s->link.fd, POLLIN, 0);
+                w = rl_link_wait(&s->link, POLLIN, 0);
         }
         if (!rc && w < 0)
             rc = w;
@@ -378,18 +384,26 @@ int rl_sender_start(struct rl_sender **out, struct wal *w, const struct rl_sende
         s->cfg.timeout_ms = 1000;
     s->w = w;
     rl_link_init(&s->link, -1, 0);
+    int rc = rl_tls_ctx(&s->tls, &cfg->tls, 0, err, errlen);
+    s->cfg.tls = (struct rl_tls_files){0}; /* the caller's strings: read above only */
+    if (rc) {
+        free(s);
+        return rc;
+    }
     s->st.degraded = 1; /* until the peer has acknowledged everything */
     s->degraded_at = wal_appended_lsn(w) ? wal_appended_lsn(w) : 1;
     pthread_mutex_init(&s->stat_lock, NULL);
     wal_set_sync(w, 1);
-    int rc = pthread_create(&s->th, NULL, sender_main, s);
+    rc = pthread_create(&s->th, NULL, sender_main, s);
     if (rc) {
         snprintf(err, errlen, "cannot start the log sender: %s", strerror(rc));
+        tls_ctx_free(s->tls);
         free(s);
         return -rc;
     }
     pthread_setname_np(s->th, "kv-logsend");
-    kvlog(KVLOG_NOTICE, "replicating the log to peer %s:%d (disk mode until it has caught up)", s->host, s->cfg.port);
+    kvlog(KVLOG_NOTICE, "replicating the log to peer %s:%d%s (disk mode until it has caught up)", s->host, s->cfg.port,
+          s->tls ? " over TLS" : "");
     *out = s;
     return 0;
 }
@@ -404,6 +418,7 @@ void rl_sender_stop(struct rl_sender *s)
     kvbuf_free(&s->pend);
     kvbuf_free(&s->cat);
     kvbuf_free(&s->pl);
+    tls_ctx_free(s->tls);
     OPENSSL_cleanse(s->cfg.key, sizeof s->cfg.key);
     pthread_mutex_destroy(&s->stat_lock);
     free(s);

@@ -57,8 +57,10 @@ class Closed(Exception):
 class Link:
     """A client connection to a log receiver: handshake(), then MACed frames (send/recv)."""
 
-    def __init__(self, port, host="127.0.0.1", timeout=5):
+    def __init__(self, port, host="127.0.0.1", timeout=5, ssl_context=None):
         self.sock = socket.create_connection((host, port), timeout=timeout)
+        if ssl_context is not None:  # --repl-tls: the frames inside TLS (the handshake runs here)
+            self.sock = ssl_context.wrap_socket(self.sock, server_hostname=None)
         self.session = None
         self.send_seq = self.recv_seq = 0
 
@@ -140,8 +142,8 @@ class Link:
 class FakeSender:
     """A node's log sender, frame by frame, authenticated with key."""
 
-    def __init__(self, port, node_id, key=None):
-        self.link = Link(port).handshake(key or pair_key(), ROLE_SENDER, node_id)
+    def __init__(self, port, node_id, key=None, ssl_context=None):
+        self.link = Link(port, ssl_context=ssl_context).handshake(key or pair_key(), ROLE_SENDER, node_id)
         self.link.send(HELLO, VERSION, 0, node_id)
         ftype, self.held, _, _ = self.link.recv()
         assert ftype == HELLO_ACK
@@ -157,3 +159,14 @@ class FakeSender:
 
     def close(self):
         self.link.close()
+
+
+def stalled_strangers(port, n, first=b"K"):
+    """n connections to the receiver at port that send the first bytes of a frame (or of a
+    TLS ClientHello) and go silent: the sockets, for the caller to close."""
+    out = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(first)
+        out.append(s)
+    return out
