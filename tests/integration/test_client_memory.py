@@ -47,6 +47,21 @@ def read_to_close(sock, timeout):
     return got, False
 
 
+def peak_rss_since(pid):
+    """Reset the process's peak RSS (VmHWM) to its RSS now; returns a function
+    giving how far the peak has risen above that since (a reply built and dropped at
+    once leaves no trace in the RSS a moment later, but does in the peak)."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+    rss0 = rss_bytes(pid)
+
+    def risen():
+        with open(f"/proc/{pid}/status") as f:
+            hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+        return hwm - rss0
+    return risen
+
+
 def command(*args):
     out = [b"*%d\r\n" % len(args)]
     for a in args:
@@ -62,6 +77,14 @@ def node(request):
     client, so it takes that many to hold much memory at once)."""
     arch = getattr(request, "param", "poller")
     n = start_node(arch=arch, threads=2 if arch == "poller" else 32, max_memory="256mb", maxclients=1100)
+    yield n
+    stop_node(n)
+
+
+@pytest.fixture
+def slow_node(request):
+    """node's bound, 2 threads, and a thread pool that waits 30 s for a client to read."""
+    n = start_node(arch=request.param, threads=2, max_memory="256mb", maxclients=1100, client_timeout_ms=30000)
     yield n
     stop_node(n)
 
@@ -87,6 +110,36 @@ def test_giant_mget_is_not_built(node):
         s.close()
     assert grown < 150 * MB, f"RSS grew {grown / MB:.0f} MB for one MGET (client bound 86 MB)"
     assert closed and got < 86 * MB
+    assert serving(node)
+    assert int(info(node, "stats")["evicted_clients"]) >= 1
+
+
+@pytest.mark.parametrize("slow_node", ["poller", "threadpool"], indirect=True)
+def test_giant_mget_counts_what_other_clients_hold(slow_node):
+    """A client that does not read holds an 80 MB reply (under the 86 MB bound); then a
+    second client's 300 MB MGET may build only what the bound leaves (6 MB), and is
+    closed. The thread pool's worker blocked sending the first reply used to hold it
+    uncounted, and the second reply was built to 86 MB beside it."""
+    node = slow_node
+    with Raw(node.port) as r:
+        assert r.call("SET", "big", "x" * 100_000) == b"OK"
+    risen = peak_rss_since(node.pid)
+    holder, giant = socket.socket(), socket.socket()
+    try:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+        holder.connect(("127.0.0.1", node.port))
+        holder.sendall(command("MGET", *["big"] * 800))
+        time.sleep(1.0)  # built by now, and mostly unsent
+        giant.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+        giant.connect(("127.0.0.1", node.port))
+        giant.sendall(command("MGET", *["big"] * 3000))
+        got, closed = read_to_close(giant, timeout=20)
+        grown = risen()
+    finally:
+        giant.close()
+        holder.close()
+    assert grown < 150 * MB, f"peak RSS grew {grown / MB:.0f} MB for an 80 MB reply and a giant MGET (bound 86 MB)"
+    assert closed and got < 20 * MB
     assert serving(node)
     assert int(info(node, "stats")["evicted_clients"]) >= 1
 
