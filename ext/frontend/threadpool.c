@@ -14,10 +14,12 @@
  * pollers (requests run through ses_run, waits through ses_wait); only the
  * request-handling loop differs. Worker state: struct tp_worker (its counters,
  * its eventfd for log wakeups). Client memory is published as the pollers do
- * (frontend/tcpmem.h): after each read of a request in part, with each reply built
- * and while it waits to be sent, and when the connection goes idle, so that
- * maxmemory-clients, client-output-buffer-limit and the query-buffer limit hold for
- * the pool too. */
+ * (frontend/tcpmem.h) before each blocking wait — for the rest of a request (its
+ * input and argument array), for room to send a reply (what is unsent) — and when
+ * the connection goes idle, so that maxmemory-clients, client-output-buffer-limit
+ * and the query-buffer limit hold for the pool too. Not after every request: a
+ * reply the socket takes at once holds no memory worth counting, and the pool's
+ * per-request cost stays the baseline's. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -300,8 +302,7 @@ static int tp_serve(struct tp_worker *w, struct tp_conn *c)
                 w->args.argl[i] = c->rp.argv[i].len;
             }
             c->ses.cl.poller = w->idx;
-            /* the reply counts while it is sent (a worker blocks on a slow reader) */
-            if ((rc = run_one(w, c, argc)) || (rc = tp_publish(c, 0, CMD_EV_WRITE)) || (rc = tp_send(w, c)))
+            if ((rc = run_one(w, c, argc)) || (rc = tp_send(w, c)))
                 return rc;
         }
         resp_reset(&c->rp);
