@@ -1,14 +1,19 @@
 /* config.c - CONFIG GET/SET/RESETSTAT/HELP: the Redis parameters clients and
- * tools ask for, answered from the engine's settings. Runs on front-end threads. */
+ * tools ask for, answered from the engine's settings. Runs on front-end threads:
+ * the settings CONFIG SET changes while they run (client-timeout-ms, maxclients)
+ * are stored and read with relaxed atomics. */
 #define _GNU_SOURCE
 #include "cmd/cmd_int.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "core/glob.h"
 #include "core/latmon.h"
+#include "core/log.h"
 #include "core/table.h"
 #include "engine/cmdstats.h"
 #include "engine/engine.h"
@@ -49,7 +54,8 @@ typedef void (*param_fn)(struct cmd_client *c, char *dst, size_t n);
 #define PARAM_INT(fn, expr) static void fn(struct cmd_client *c, char *dst, size_t n) { snprintf(dst, n, "%lld", (long long)(expr)); }
 PARAM_STR(p_bind, c->eng->cfg.bind)
 PARAM_INT(p_port, c->eng->port)
-PARAM_INT(p_maxclients, c->eng->cfg.maxclients)
+PARAM_INT(p_maxclients, __atomic_load_n(&c->eng->cfg.maxclients, __ATOMIC_RELAXED))
+PARAM_INT(p_client_timeout, __atomic_load_n(&c->eng->cfg.client_timeout_ms, __ATOMIC_RELAXED))
 PARAM_INT(p_maxmemory, kvt_max_memory(c->table))
 PARAM_STR(p_noeviction, "noeviction")
 PARAM_STR(p_requirepass, c->eng->cfg.requirepass ? c->eng->cfg.requirepass : "")
@@ -85,7 +91,58 @@ static const struct param {
     {"latency-tracking-info-percentiles", p_latency_percentiles},
     {"tls-port", p_tls_port}, {"tls-auth-clients", p_tls_auth},
     {"maxmemory-clients", p_mmc}, {"client-output-buffer-limit", p_cobl},
+    {"client-timeout-ms", p_client_timeout},
 };
+
+/* Descriptors the server keeps besides its clients': kvstore/server.py's FD_RESERVE
+ * plus 4 per front-end thread (epoll, eventfd, listener, spare), as it counts them
+ * when it fits maxclients to RLIMIT_NOFILE at start. */
+#define FD_RESERVE 64
+#define FD_PER_THREAD 4
+
+/* How many clients the open-file limit holds, after raising it towards
+ * maxclients + the reserve as far as allowed (the hard limit too when privileged),
+ * as Redis's adjustOpenFilesLimit does on CONFIG SET maxclients. */
+static long long clients_fd_limit_holds(struct kv_engine *e, long long maxclients)
+{
+    long long reserve = FD_RESERVE + (long long)FD_PER_THREAD * e->cfg.threads;
+    rlim_t need = (rlim_t)(maxclients + reserve);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl))
+        return 0;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+        struct rlimit up = {need, rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? rl.rlim_max : need};
+        if (setrlimit(RLIMIT_NOFILE, &up)) { /* unprivileged: up to the hard limit */
+            up.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
+            up.rlim_max = rl.rlim_max;
+            if (setrlimit(RLIMIT_NOFILE, &up) == 0)
+                rl.rlim_cur = up.rlim_cur;
+        } else {
+            rl.rlim_cur = up.rlim_cur;
+        }
+    }
+    long long holds = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need ? maxclients
+                                                                           : (long long)rl.rlim_cur - reserve;
+    return holds < 0 ? 0 : holds > INT_MAX ? INT_MAX : holds; /* (maxclients is an int) */
+}
+
+/* CONFIG SET maxclients: refused, with Redis's error text, when the open-file limit
+ * cannot hold that many clients (the setting is left as it was); the connections
+ * already open beyond a lowered maxclients stay, as in Redis. */
+static int set_maxclients(struct cmd_client *c, long long v)
+{
+    long long holds = clients_fd_limit_holds(c->eng, v);
+    if (holds < v) {
+        static struct kvlog_rate rate = KVLOG_RATE_INIT(5);
+        kvlog_rated(&rate, KVLOG_WARNING, "CONFIG SET maxclients %lld refused: the open-file limit holds %lld "
+                    "clients (raise it, e.g. LimitNOFILE or ulimit -n)", v, holds);
+        return resp_add_errorf(c->out, "ERR CONFIG SET failed (possibly related to argument 'maxclients') - The "
+                                       "operating system is not able to handle the specified number of clients, "
+                                       "try with %lld", holds);
+    }
+    __atomic_store_n(&c->eng->cfg.maxclients, (int)v, __ATOMIC_RELAXED); /* v <= holds <= INT_MAX */
+    return cmd_reply_ok(c);
+}
 
 /* CONFIG SET of the statistics' integer parameters: Redis's messages for a value
  * that is not an integer or out of [lo, hi]. 1 if name was one of them (answered). */
@@ -95,6 +152,8 @@ static int set_stat_param(struct cmd_client *c, const struct cmd_args *a, int *r
         {"slowlog-log-slower-than", -1, 9223372036854775807LL},
         {"slowlog-max-len", 0, 10000}, /* (bounded: each entry may hold 4 KB of arguments) */
         {"latency-monitor-threshold", 0, 2147483647LL},
+        {"client-timeout-ms", 0, 3600000}, /* --client-timeout-ms's bounds */
+        {"maxclients", 1, 4294967295LL},   /* Redis's (an unsigned int) */
     };
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
         if (a->argl[2] != strlen(ints[i].name) || strncasecmp(a->argv[2], ints[i].name, a->argl[2]))
@@ -107,13 +166,17 @@ static int set_stat_param(struct cmd_client *c, const struct cmd_args *a, int *r
             *rc = resp_add_errorf(c->out, "ERR CONFIG SET failed (possibly related to argument '%s') - argument "
                                           "must be between %lld and %lld inclusive", ints[i].name, ints[i].lo,
                                   ints[i].hi);
+        else if (i == 4)
+            *rc = set_maxclients(c, v);
         else {
             if (i == 0)
                 cst_slowlog_set_slower_than(c->eng->stats, v);
             else if (i == 1)
                 cst_slowlog_set_max_len(c->eng->stats, v);
-            else
+            else if (i == 2)
                 latmon_set_threshold(c->eng->latmon, (uint32_t)v);
+            else /* the thread pool's next wait uses it */
+                __atomic_store_n(&c->eng->cfg.client_timeout_ms, (int)v, __ATOMIC_RELAXED);
             *rc = cmd_reply_ok(c);
         }
         return 1;
@@ -192,7 +255,7 @@ int c_config(struct cmd_client *c, const struct cmd_args *a)
         static const char *const help[] = {
             "CONFIG <subcommand> [<arg> ...]. Subcommands are:", "GET <pattern>",
             "SET maxmemory|maxmemory-clients|client-output-buffer-limit|slowlog-log-slower-than|slowlog-max-len|"
-            "latency-monitor-threshold <value>", "RESETSTAT"};
+            "latency-monitor-threshold|client-timeout-ms|maxclients <value>", "RESETSTAT"};
         return CMD_REPLY_HELP(c, help);
     }
     return cmd_unknown_sub(c, a, "CONFIG");

@@ -13,7 +13,13 @@
  * from clients). Same table, log, data file and commands as the
  * pollers (requests run through ses_run, waits through ses_wait); only the
  * request-handling loop differs. Worker state: struct tp_worker (its counters,
- * its eventfd for log wakeups). */
+ * its eventfd for log wakeups). Client memory is published as the pollers do
+ * (frontend/tcpmem.h) before each blocking wait — for the rest of a request (its
+ * input and argument array), for room to send a reply (what is unsent) — and when
+ * the connection goes idle, so that maxmemory-clients, client-output-buffer-limit
+ * and the query-buffer limit hold for the pool too. Not after every request: a
+ * reply the socket takes at once holds no memory worth counting, and the pool's
+ * per-request cost stays the baseline's. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
@@ -34,6 +40,7 @@
 #include "engine/session.h"
 #include "frontend/frontend.h"
 #include "frontend/tcp.h"
+#include "frontend/tcpmem.h"
 #include "proto/resp.h"
 
 struct tp_server;
@@ -72,6 +79,20 @@ struct tp_conn {
 };
 
 static int stopping(struct tp_server *tp) { return atomic_load_explicit(&tp->stopping, memory_order_acquire); }
+
+/* CONFIG SET client-timeout-ms changes it while workers wait (cmd/config.c). */
+static int client_timeout(struct tp_server *tp)
+{
+    return __atomic_load_n(&tp->eng->cfg.client_timeout_ms, __ATOMIC_RELAXED);
+}
+
+/* Publish the connection's buffers (out from out_off unsent) and memory; -ENOMEM when
+ * a client-memory limit closes it (counted and logged by the command layer). */
+static int tp_publish(struct tp_conn *c, size_t out_off, int events)
+{
+    return tcp_conn_publish(&c->ses, tcp_mono_ms(), &c->in, c->in_off, &c->rp, &c->out, out_off, events) ? -ENOMEM
+                                                                                                         : 0;
+}
 
 static void tp_close(struct tp_server *tp, struct tp_conn *c)
 {
@@ -128,7 +149,7 @@ static void tp_accept(struct tp_worker *w)
  * after each EAGAIN, so the bound is on a stall, not on a whole transfer. */
 static int wait_fd(struct tp_server *tp, int fd, short ev)
 {
-    int limit = tp->eng->cfg.client_timeout_ms;
+    int limit = client_timeout(tp);
     int64_t deadline = tcp_mono_ms() + limit;
     for (;;) {
         int wait = TCP_CRON_MS;
@@ -189,8 +210,10 @@ static int tp_send(struct tp_worker *w, struct tp_conn *c)
         } else if (n < 0 && errno == EINTR) {
             continue;
         } else if (n < 0 && errno == EAGAIN) {
-            int rc = wait_fd(w->tp, c->fd, POLLOUT);
-            if (rc)
+            /* the client reads slower than it asks: its unsent reply counts against the
+             * output-buffer limits (soft: for how long) and maxmemory-clients */
+            int rc = tp_publish(c, off, CMD_EV_WRITE);
+            if (rc || (rc = wait_fd(w->tp, c->fd, POLLOUT)))
                 return rc;
         } else {
             return n < 0 ? -errno : -EPIPE;
@@ -245,15 +268,16 @@ static int tp_serve(struct tp_worker *w, struct tp_conn *c)
         if (c->in_off == c->in.len) {
             c->in.len = c->in_off = 0;
             kvbuf_shrink(&c->in, TCP_BUF_KEEP);
-            ses_io(&c->ses, tcp_mono_ms(), 0, c->in.cap, c->out.len, c->out.cap); /* CLIENT LIST */
-            return 0; /* all served: wait for the next request */
+            return tp_publish(c, 0, CMD_EV_READ); /* all served: wait for the next request */
         }
         c->rp.unauth = !c->ses.cl.authenticated;
         int rc = resp_parse(&c->rp, c->in.p + c->in_off, c->in.len - c->in_off);
         if (rc == RESP_AGAIN) {
-            if (c->in.len - c->in_off > TCP_QUERYBUF_MAX)
-                return -E2BIG;
-            n = tp_read(w, c, 1); /* a request in part: block for the rest of it */
+            /* the query-buffer limit (the parser's argument array counted) and the
+             * client bound, before reading more of a request in part */
+            if ((rc = tp_publish(c, 0, CMD_EV_READ)))
+                return rc;
+            n = tp_read(w, c, 1); /* block for the rest of it */
             if (n <= 0)
                 return n ? (int)n : -EPIPE;
             continue;
@@ -313,7 +337,7 @@ static void *tp_worker_main(void *arg)
         int rc = tp_serve(w, c);
         if (rc) {
             if (rc == -ETIMEDOUT)
-                tcp_timed_out(&tp->tcp, c->ses.cl.addr, tp->eng->cfg.client_timeout_ms);
+                tcp_timed_out(&tp->tcp, c->ses.cl.addr, client_timeout(tp));
             tp_close(tp, c);
             continue;
         }

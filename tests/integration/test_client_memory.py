@@ -5,7 +5,9 @@ received, and the memory of clients that leave given back. Measured as the serve
 RSS, never as exact counts. The servers here run with --max-memory 256mb and
 --maxclients 1100 (a default client bound of 64 MB + 1100 x 20 KB = 86 MB) and
 otherwise default settings, so that a server without the bound shows the growth
-these tests refuse."""
+these tests refuse. The giant MGET, the non-reading clients and the empty bulks run
+against both TCP front ends: the pollers and the thread pool (--arch threadpool, whose
+workers publish their connections' memory as the pollers do)."""
 import socket
 import time
 
@@ -45,6 +47,21 @@ def read_to_close(sock, timeout):
     return got, False
 
 
+def peak_rss_since(pid):
+    """Reset the process's peak RSS (VmHWM) to its RSS now; returns a function
+    giving how far the peak has risen above that since (a reply built and dropped at
+    once leaves no trace in the RSS a moment later, but does in the peak)."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+    rss0 = rss_bytes(pid)
+
+    def risen():
+        with open(f"/proc/{pid}/status") as f:
+            hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+        return hwm - rss0
+    return risen
+
+
 def command(*args):
     out = [b"*%d\r\n" % len(args)]
     for a in args:
@@ -54,12 +71,28 @@ def command(*args):
 
 
 @pytest.fixture
-def node():
-    n = start_node(threads=2, max_memory="256mb", maxclients=1100)
+def node(request):
+    """A server with an 86 MB client bound; request.param (indirect) the front end: the
+    pollers (2 threads) or the thread pool (its default 32 workers: each blocks on one
+    client, so it takes that many to hold much memory at once)."""
+    arch = getattr(request, "param", "poller")
+    n = start_node(arch=arch, threads=2 if arch == "poller" else 32, max_memory="256mb", maxclients=1100)
     yield n
     stop_node(n)
 
 
+@pytest.fixture
+def slow_node(request):
+    """node's bound, 2 threads, and a thread pool that waits 30 s for a client to read."""
+    n = start_node(arch=request.param, threads=2, max_memory="256mb", maxclients=1100, client_timeout_ms=30000)
+    yield n
+    stop_node(n)
+
+
+both_archs = pytest.mark.parametrize("node", ["poller", "threadpool"], indirect=True)
+
+
+@both_archs
 def test_giant_mget_is_not_built(node):
     """MGET of one 100 KB key 3,000 times asks a 300 MB reply of a 12 KB request: the
     reply stops at the client bound (86 MB here) and the client is closed."""
@@ -81,15 +114,50 @@ def test_giant_mget_is_not_built(node):
     assert int(info(node, "stats")["evicted_clients"]) >= 1
 
 
+@pytest.mark.parametrize("slow_node", ["poller", "threadpool"], indirect=True)
+def test_giant_mget_counts_what_other_clients_hold(slow_node):
+    """A client that does not read holds an 80 MB reply (under the 86 MB bound); then a
+    second client's 300 MB MGET may build only what the bound leaves (6 MB), and is
+    closed. The thread pool's worker blocked sending the first reply used to hold it
+    uncounted, and the second reply was built to 86 MB beside it."""
+    node = slow_node
+    with Raw(node.port) as r:
+        assert r.call("SET", "big", "x" * 100_000) == b"OK"
+    risen = peak_rss_since(node.pid)
+    holder, giant = socket.socket(), socket.socket()
+    try:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+        holder.connect(("127.0.0.1", node.port))
+        holder.sendall(command("MGET", *["big"] * 800))
+        time.sleep(1.0)  # built by now, and mostly unsent
+        giant.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+        giant.connect(("127.0.0.1", node.port))
+        giant.sendall(command("MGET", *["big"] * 3000))
+        got, closed = read_to_close(giant, timeout=20)
+        grown = risen()
+    finally:
+        giant.close()
+        holder.close()
+    assert grown < 150 * MB, f"peak RSS grew {grown / MB:.0f} MB for an 80 MB reply and a giant MGET (bound 86 MB)"
+    assert closed and got < 20 * MB
+    assert serving(node)
+    assert int(info(node, "stats")["evicted_clients"]) >= 1
+
+
+@both_archs
 def test_thousand_non_reading_clients_bounded(node):
-    """1,000 clients each asking 2 MB of replies and reading none: without a bound the
-    server keeps ~2 GB for them; with it, the clients using most memory are closed
-    once the sum passes 86 MB, and the server keeps answering."""
+    """1,000 clients each asking MBs of replies and reading none: without a bound the
+    pollers keep ~2 GB for them, and the thread pool's 32 workers each hold a 4 MB reply
+    they cannot send (until --client-timeout-ms) while the rest wait. With it, the clients
+    using most memory are closed once the sum passes 86 MB, and the server keeps answering."""
     raise_nofile(4096)
     with Raw(node.port) as r:
         assert r.call("SET", "v", "y" * 100_000) == b"OK"
     rss0 = rss_bytes(node.pid)
-    pipeline = command("GET", "v") * 20
+    if node.settings["arch"] == "poller":  # pipelined replies pile up in each connection's buffer
+        pipeline = command("GET", "v") * 20
+    else:  # a worker serves one request at a time: one large reply per client
+        pipeline = command("MGET", *["v"] * 40)
     socks = []
     try:
         for _ in range(1000):
@@ -112,6 +180,7 @@ def test_thousand_non_reading_clients_bounded(node):
     assert serving(node)
 
 
+@both_archs
 def test_empty_bulks_cost_what_they_take(node):
     """`*1000000000` then empty bulks ("$0\\r\\n\\r\\n", 6 bytes each): the argument array
     grows with what arrives, is counted with the query buffer, and the client is

@@ -13,7 +13,7 @@ import pytest
 
 from helpers.conn import Raw
 from helpers.resp import resp_cmd
-from helpers.servers import raise_nofile, stop_node
+from helpers.servers import RedisServer, raise_nofile, stop_node
 from kvstore import Node
 
 pytestmark = pytest.mark.timeout(180)
@@ -226,6 +226,102 @@ def test_out_of_fds_on_accept_refuses_and_keeps_serving(limited_node):
     first, _ = flood(n.port, 400, 2000, 50)
     assert 1 <= first.count("served") < 200 and first.count("refused") >= 1
     assert "out of file descriptors" in n.log()
+
+
+# ------------------------------------------------------------------ CONFIG: client-timeout-ms, maxclients
+
+def config_error(port, *args):
+    """The raw error line CONFIG answers to args."""
+    with Raw(port) as r:
+        return r.send(C("CONFIG", *args)).reply()
+
+
+def test_config_get_set_client_timeout_ms(kv_node_factory):
+    """CONFIG GET/SET client-timeout-ms, with Redis's errors for integer parameters; the
+    new value bounds the workers' next wait (the log line names it)."""
+    n = kv_node_factory(arch="threadpool", threads=2)
+    with Raw(n.port) as r:
+        assert r.call("CONFIG", "GET", "client-timeout-ms") == [b"client-timeout-ms", b"1000"]
+        assert r.call("CONFIG", "SET", "client-timeout-ms", "300") == b"OK"
+        assert r.call("CONFIG", "GET", "client-timeout*") == [b"client-timeout-ms", b"300"]
+    prefix = b"-ERR CONFIG SET failed (possibly related to argument 'client-timeout-ms') - "
+    assert config_error(n.port, "SET", "client-timeout-ms", "-1") == \
+        prefix + b"argument must be between 0 and 3600000 inclusive\r\n"
+    assert config_error(n.port, "SET", "client-timeout-ms", "soon") == \
+        prefix + b"argument couldn't be parsed into an integer\r\n"
+    with Raw(n.port, timeout=30) as r:
+        r.send(b"*1\r\n")  # stalled mid-request: closed after 300 ms, no longer 1000
+        assert r.read_until_close(timeout=30) == (b"", True)
+    assert wait_for(lambda: "stalled 300 ms mid-request" in n.log(), 10)
+    with Raw(n.port) as r:
+        assert r.call("CONFIG", "GET", "client-timeout-ms") == [b"client-timeout-ms", b"300"]
+
+
+def limited_redis(tmp_path):
+    """A redis-server under the same limits as LimitedNode (a wrapper exec's it, so the
+    helper's process handling is unchanged)."""
+    wrapper = tmp_path / "redis-server-limited"
+    drop = "setpriv --inh-caps -sys_resource --bounding-set -sys_resource " if os.geteuid() == 0 else ""
+    wrapper.write_text(f"#!/bin/sh\nexec {drop}prlimit --nofile=1024:1024 -- {shutil.which('redis-server')} \"$@\"\n")
+    wrapper.chmod(0o755)
+    r = RedisServer()
+    r.binary = str(wrapper)
+    return r.start()
+
+
+@pytest.mark.parametrize("limited_node", ["poller", "threadpool"], indirect=True)
+def test_config_set_maxclients_checks_the_fd_limit(limited_node, tmp_path):
+    """CONFIG SET maxclients re-checks the open-file limit as Redis does: above what 1024
+    descriptors hold it is refused with Redis's error (naming what would fit) and left as
+    it was; up to that it is taken, and enforced."""
+    n = limited_node
+    if not shutil.which("redis-server"):
+        pytest.skip("redis-server is not installed")
+    fits = info_int(n.port, "maxclients")  # lowered at start to what 1024 descriptors hold
+    assert 1 <= fits < 1024
+    redis = limited_redis(tmp_path)
+    try:
+        theirs = config_error(redis.port, "SET", "maxclients", "5000")
+        for bad in ("0", "many"):
+            assert config_error(n.port, "SET", "maxclients", bad) == config_error(redis.port, "SET", "maxclients", bad)
+    finally:
+        redis.stop()
+    ours = config_error(n.port, "SET", "maxclients", "5000")
+    text = b"-ERR CONFIG SET failed (possibly related to argument 'maxclients') - The operating system is not able " \
+           b"to handle the specified number of clients, try with "
+    assert theirs.startswith(text) and ours == text + b"%d\r\n" % fits
+    assert config_error(n.port, "SET", "maxclients", str(fits + 1)).startswith(text)
+    with Raw(n.port) as r:
+        assert r.call("CONFIG", "GET", "maxclients") == [b"maxclients", b"%d" % fits]  # unchanged
+        assert r.call("CONFIG", "SET", "maxclients", str(fits)) == b"OK"
+        assert r.call("CONFIG", "SET", "maxclients", "2") == b"OK"  # lowering is always possible
+        assert r.call("CONFIG", "GET", "maxclients") == [b"maxclients", b"2"]
+        with Raw(n.port) as second, Raw(n.port) as third:  # this one and `second` fill it
+            assert second.call("PING") == b"PONG"
+            assert third.read_until_close(timeout=10) == (MAXCLIENTS_REPLY, True)
+
+
+def test_config_set_maxclients_raises_the_fd_limit(kv_node_factory):
+    """CONFIG SET maxclients raises the server's soft RLIMIT_NOFILE (up to the hard one) to
+    hold the new value, as Redis's adjustOpenFilesLimit: the soft limit is first lowered
+    under the running server (prlimit --pid), 2,000 below the hard one."""
+    if not shutil.which("prlimit"):
+        pytest.skip("prlimit (util-linux) is not installed")
+    n = kv_node_factory(threads=2, maxclients=100)
+
+    def limits():
+        line = next(x for x in open(f"/proc/{n.pid}/limits") if x.startswith("Max open files"))
+        return [int(v) if v != "unlimited" else 1 << 40 for v in line.split()[3:5]]
+    hard = limits()[1]
+    if hard < 4000:
+        pytest.skip(f"the hard open-file limit ({hard}) is below 4000")
+    soft = hard - 2000
+    subprocess.run(["prlimit", f"--pid={n.pid}", f"--nofile={soft}:{hard}"], check=True)
+    want = soft + 1000  # more than the soft limit holds, less than the hard one
+    with Raw(n.port) as r:
+        assert r.call("CONFIG", "SET", "maxclients", str(want)) == b"OK"
+        assert r.call("CONFIG", "GET", "maxclients") == [b"maxclients", b"%d" % want]
+    assert hard >= limits()[0] >= want > soft
 
 
 # ------------------------------------------------------------------ AUTH failures
