@@ -162,14 +162,15 @@ int tcp_admit(struct tcp_front *f, int fd)
     uint64_t n = atomic_fetch_add_explicit(&f->clients, 1, memory_order_relaxed);
     uint64_t cap = atomic_load_explicit(&f->fd_cap, memory_order_relaxed);
     atomic_fetch_add_explicit(&f->total_conns, 1, memory_order_relaxed);
-    if (n >= (uint64_t)f->eng->cfg.maxclients || (cap && n >= cap)) {
+    int maxclients = __atomic_load_n(&f->eng->cfg.maxclients, __ATOMIC_RELAXED); /* (CONFIG SET maxclients) */
+    if (n >= (uint64_t)maxclients || (cap && n >= cap)) {
         static struct kvlog_rate refusals = KVLOG_RATE_INIT(5);
         char addr[64] = "?";
         if (kvlog_on(KVLOG_WARNING))
             net_peer_addr(fd, addr, sizeof addr);
-        if (n >= (uint64_t)f->eng->cfg.maxclients)
+        if (n >= (uint64_t)maxclients)
             kvlog_rated(&refusals, KVLOG_WARNING, "refused connection from %s: maxclients (%d) reached", addr,
-                        f->eng->cfg.maxclients);
+                        maxclients);
         else
             kvlog_rated(&refusals, KVLOG_WARNING,
                         "refused connection from %s: out of file descriptors at %llu clients (raise the "

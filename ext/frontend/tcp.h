@@ -19,7 +19,6 @@
 #define TCP_READ_CHUNK (16 * 1024)         /* Redis PROTO_IOBUF_LEN */
 #define TCP_BUF_KEEP (64 * 1024)           /* shrink idle buffers above this */
 #define TCP_CRON_MS 100
-#define TCP_QUERYBUF_MAX (1024LL * 1024 * 1024) /* unparsed input one client may buffer */
 #define TCP_OPS_SAMPLES 16
 #define TCP_FD_CAP_MS 10000
 

@@ -73,7 +73,7 @@ static void info_clients(void *arg, struct kvbuf *b)
     struct fe_stats st;
     srv_get_stats(s, &st);
     kvbuf_printf(b, "connected_clients:%llu\r\nmaxclients:%d\r\n", (unsigned long long)st.connected_clients,
-                 s->eng->cfg.maxclients);
+                 __atomic_load_n(&s->eng->cfg.maxclients, __ATOMIC_RELAXED));
 }
 
 static void totals_now(struct srv *s, struct totals *t, uint64_t *ops_per_sec)
