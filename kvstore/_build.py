@@ -70,7 +70,7 @@ SPEC = [
     ("core/log.h", ["kvlog_open", "kvlog_reopen", "kvlog_raw", "kvlog_write_errors"]),
     ("durability/replog.h", ["struct rl_tls_files", "struct rl_sender_config", "struct rl_sender_stats", "struct rl_receiver_stats",
                              "rl_sender_start", "rl_sender_stop", "rl_sender_get_stats", "rl_receiver_start",
-                             "rl_receiver_port", "rl_receiver_stop", "rl_receiver_get_stats", "rl_fetch"]),
+                             "rl_receiver_port", "rl_receiver_set_self", "rl_receiver_stop", "rl_receiver_get_stats", "rl_fetch"]),
     ("durability/bosc.h", ["struct bosc_config", "struct bosc_open_info", "struct bosc_stats", "bosc_open",
                            "bosc_set_log", "bosc_start", "bosc_close", "bosc_sync", "bosc_failed", "bosc_error",
                            "bosc_get_stats"]),

@@ -338,6 +338,11 @@ class Receiver:
     def port(self):
         return lib.rl_receiver_port(self._r)
 
+    def set_self(self, nid):
+        """This node's own id: a handshake naming it (this node's own sender or fetch
+        redirected to its own --repl-port) is refused, never stored and acknowledged."""
+        lib.rl_receiver_set_self(self._r, nid)
+
     def stats(self):
         st = ffi.new("struct rl_receiver_stats *")
         lib.rl_receiver_get_stats(self._r, st)
@@ -422,6 +427,7 @@ class Durability:
             return
         os.makedirs(c.data_dir, exist_ok=True)
         self._given_node_id()
+        self._receiver_knows_self()
         if c.durability == "remote":
             # The local log lags the acknowledged writes by up to disk_log_interval_ms:
             # the peer's copy may reach further, and starting from the local log alone
@@ -453,6 +459,11 @@ class Durability:
         if have is None:
             node_id(c.data_dir, value=given)
 
+    def _receiver_knows_self(self, create=False):
+        nid = node_id(self.config.data_dir, create=create)
+        if self.receiver is not None and nid is not None:
+            self.receiver.set_self(nid)
+
     def _open_state(self):
         """Everything after this node's log is in place (fetched, or local): the data file,
         the replay, the log, the sender, the flusher."""
@@ -475,6 +486,7 @@ class Durability:
                        batch_ms=c.disk_log_interval_ms, segment_bytes=c.log_segment_size)
         if remote:
             host, port = c.peer_address()
+            self._receiver_knows_self(create=True)  # final now (maybe adopted from the peer's copy)
             self.sender = Sender(self.log, c.data_dir, host, port, c.ship_interval_us, c.max_batch_records,
                                  c.peer_timeout_ms, key=self._key, tls=self._tls)
         if self.datafile:

@@ -75,6 +75,12 @@ int rl_receiver_start(struct rl_receiver **out, const char *bind, int port, cons
                       uint32_t sync_ms, const uint8_t *key, const struct rl_tls_files *tls, char *err,
                       size_t errlen);
 int rl_receiver_port(struct rl_receiver *r);
+/* This node's own id (16 bytes; any thread, once it is known: the identity may
+ * be adopted from the peer after the receiver started). The receiver then
+ * refuses a handshake naming it: a connection from this very node (its sender
+ * redirected to its own --repl-port, a reflection) must never be acknowledged
+ * as if another machine held the log. */
+void rl_receiver_set_self(struct rl_receiver *r, const uint8_t node_id[16]);
 void rl_receiver_stop(struct rl_receiver *r);
 void rl_receiver_get_stats(struct rl_receiver *r, struct rl_receiver_stats *st);
 

@@ -51,6 +51,7 @@
 #include <openssl/crypto.h>
 
 #define HANDSHAKE_MS 5000 /* an unauthenticated connection is closed after this long */
+#define PREAUTH_PER_IP 4  /* unauthenticated connections one IP address may hold (see accept_one) */
 
 /* ===================================================================== receiver */
 
@@ -59,6 +60,7 @@ struct rconn {
     struct rl_auth_state auth;
     uint64_t auth_deadline;  /* ms: closed if not authenticated by then */
     char addr[64];           /* the client's IP:port, for the log */
+    uint32_t ip;             /* the client's IPv4 address (network order): the pre-auth cap */
     unsigned char hs[HDR + 16 + RL_NONCE]; /* a handshake frame as it arrives */
     size_t hs_len;
     int has_id;
@@ -77,6 +79,8 @@ struct rl_receiver {
     char *peer_dir;
     uint32_t sync_ms;
     unsigned char key[RL_KEY];
+    uint8_t self[16];        /* this node's id (under stat_lock; has_self once set) */
+    int has_self;
     struct tls_ctx *tls;     /* --repl-tls: the server context (NULL: plain TCP) */
     pthread_t th;
     _Atomic int stop;
@@ -284,6 +288,14 @@ static int refused(struct rl_receiver *r, struct rconn *c, int rc, const char *w
     return rc ? rc : -EACCES;
 }
 
+static int is_self(struct rl_receiver *r, const uint8_t id[16])
+{
+    pthread_mutex_lock(&r->stat_lock);
+    int same = r->has_self && !memcmp(r->self, id, 16);
+    pthread_mutex_unlock(&r->stat_lock);
+    return same;
+}
+
 /* Before the handshake is done: its next step, or the refusal. Its frames are
  * small and read without blocking into the connection's own buffer: a stranger
  * sending a byte at a time cannot stall this thread, which serves the peer too. */
@@ -327,6 +339,14 @@ static int handle_handshake(struct rl_receiver *r, struct rconn *c)
     struct kvbuf pl = {.p = (char *)c->hs + HDR, .len = f.len};
     if (f.len && crc32c(0, pl.p, f.len) != get32(c->hs + 12))
         return refused(r, c, -EBADMSG, "a handshake frame failed its CRC");
+    if (f.type == F_AUTH_HELLO && f.len >= 16 && is_self(r, (const uint8_t *)pl.p)) {
+        /* A reflection: this node's own sender (or fetch) redirected to its own
+         * receiver. The pair's secret cannot tell the two ends apart, the id can. */
+        snprintf(why, sizeof why, "the connection speaks for this node's own id (its own sender or fetch "
+                                  "redirected to its own --repl-port?): a node cannot be its own peer");
+        rl_send_error(&c->link, why);
+        return refused(r, c, -EACCES, why);
+    }
     int rc = rl_auth_server_step(&c->link, &c->auth, r->key, &f, &pl, why, sizeof why);
     return rc ? refused(r, c, rc, why) : 0;
 }
@@ -378,8 +398,45 @@ static int handle_frame(struct rl_receiver *r, int i)
     return -EPROTO;
 }
 
-/* Accept one connection. When every slot is taken, the oldest connection that
- * has not authenticated yet makes room: idle strangers cannot lock the peer out. */
+/* Unauthenticated connections from address ip. */
+static int preauth_from(const struct rl_receiver *r, uint32_t ip)
+{
+    int n = 0;
+    for (int i = 0; i < r->nconns; i++)
+        n += !r->conns[i].link.authed && r->conns[i].ip == ip;
+    return n;
+}
+
+/* The unauthenticated connection that makes room for a new one from ip, or -1.
+ * Plain "oldest first" let a stranger opening connections faster than the
+ * peer's handshake round trips evict the peer's connection every time. So each
+ * address may hold at most PREAUTH_PER_IP unauthenticated connections: past
+ * that, its newcomer evicts that address's own oldest one; when the table is
+ * full, the oldest of the address holding the most makes room. A stranger then
+ * only ever evicts itself (or another flooding address), never the peer's one
+ * connection in progress, unless it floods from more addresses than there are
+ * slots. */
+static int victim(const struct rl_receiver *r, uint32_t ip)
+{
+    int own = preauth_from(r, ip) >= PREAUTH_PER_IP;
+    if (!own && r->nconns < MAX_PEERS)
+        return -1;
+    int best = -1, best_n = 0;
+    for (int i = 0; i < r->nconns; i++) {
+        const struct rconn *c = &r->conns[i];
+        if (c->link.authed || (own && c->ip != ip))
+            continue;
+        int n = own ? 0 : preauth_from(r, c->ip);
+        if (best < 0 || n > best_n || (n == best_n && c->auth_deadline < r->conns[best].auth_deadline)) {
+            best = i;
+            best_n = n;
+        }
+    }
+    return best;
+}
+
+/* Accept one connection, making room (victim) if needed: idle or flooding
+ * strangers cannot lock the peer out. */
 static void accept_one(struct rl_receiver *r)
 {
     struct sockaddr_in sa;
@@ -387,15 +444,10 @@ static void accept_one(struct rl_receiver *r)
     int fd = accept4(r->lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0)
         return;
-    if (r->nconns == MAX_PEERS) {
-        int oldest = -1;
-        for (int i = 0; i < r->nconns; i++)
-            if (!r->conns[i].link.authed && (oldest < 0 || r->conns[i].auth_deadline < r->conns[oldest].auth_deadline))
-                oldest = i;
-        if (oldest >= 0) {
-            refused(r, &r->conns[oldest], -EACCES, "not authenticated, and its slot was needed");
-            rconn_close(r, oldest);
-        }
+    int v = victim(r, sa.sin_addr.s_addr);
+    if (v >= 0) {
+        refused(r, &r->conns[v], -EACCES, "not authenticated, and its slot was needed");
+        rconn_close(r, v);
     }
     if (r->nconns == MAX_PEERS) {
         close(fd);
@@ -409,7 +461,8 @@ static void accept_one(struct rl_receiver *r)
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
     struct rconn *c = &r->conns[r->nconns++];
-    *c = (struct rconn){.dirfd = -1, .segfd = -1, .auth_deadline = now_ms() + HANDSHAKE_MS};
+    *c = (struct rconn){.dirfd = -1, .segfd = -1, .auth_deadline = now_ms() + HANDSHAKE_MS,
+                        .ip = sa.sin_addr.s_addr};
     rl_link_init(&c->link, fd, 1);
     if (r->tls && rl_link_use_tls(&c->link, r->tls)) { /* out of memory: drop this one */
         rl_link_close(&c->link);
@@ -535,6 +588,14 @@ fail:
 }
 
 int rl_receiver_port(struct rl_receiver *r) { return r->port; }
+
+void rl_receiver_set_self(struct rl_receiver *r, const uint8_t node_id[16])
+{
+    pthread_mutex_lock(&r->stat_lock);
+    memcpy(r->self, node_id, 16);
+    r->has_self = 1;
+    pthread_mutex_unlock(&r->stat_lock);
+}
 
 void rl_receiver_stop(struct rl_receiver *r)
 {

@@ -320,3 +320,72 @@ def test_the_receiver_binds_repl_bind_not_bind(tmp_path, repl_bind):
         assert _listening(rport) == (repl_bind or "127.0.0.1")
     finally:
         n.kill()
+
+
+@pytest.mark.timeout(120)
+def test_a_node_is_not_its_own_peer(tmp_path):
+    """Reflection: the pair shares one secret, so a node's sender redirected (by anyone on
+    the path) to the node's own --repl-port used to pass the handshake; the node then stored
+    its own log under peer/<its id>, acknowledged it to itself and told clients their writes
+    were held by another machine. Here --peer simply names the node's own --repl-port: its
+    receiver must refuse the handshake (it knows its own id), the node stays degraded
+    (syncing every write locally) and its receiver holds no log."""
+    rport = two_free_ports()[0]
+    n = Node(port=0, data_dir=str(tmp_path / "self"), durability="remote", peer=f"127.0.0.1:{rport}",
+             repl_port=rport, init=True, repl_secret_file=rw.write_secret(tmp_path / "repl.secret"),
+             peer_timeout_ms=500, threads=1, log_path=str(tmp_path / "self.stderr"))
+    n.launch()
+    try:
+        n.wait_ready(timeout=30)
+        c = kv(n.port)
+        for i in range(20):
+            assert c.set(f"k{i}", "v") is True
+        c.close()
+        wait_for("the reflected handshake to be refused",
+                 lambda: info(n, "replication")["log_receiver_auth_failures"] >= 1)
+        r = info(n, "replication")
+        assert r["log_peer_connected"] == 0 and r["log_peer_degraded"] == 1, r
+        assert r["log_receiver_peers"] == 0 and r["log_receiver_held_lsn"] == 0, r
+        assert any("own id" in line for line in refusals(n)), n.log()
+        assert not os.listdir(tmp_path / "self" / "peer") if os.path.isdir(tmp_path / "self" / "peer") else True
+    finally:
+        n.kill()
+
+
+
+def test_a_connection_flood_cannot_evict_the_peers_handshake_in_progress(receiver):
+    """Handshake-slot starvation: with every receiver slot taken, the oldest unauthenticated
+    connection made room, so a stranger opening ~16 connections per round trip of the peer's
+    handshake evicted the peer's connection every time (the peer never got in). The round trip
+    is slowed here instead of the stranger sped up: the peer sends its HELLO and gets the
+    challenge, a stranger (source 127.0.0.2) opens 40 silent connections, which the receiver
+    accepts (each evicting one), then the peer sends its proof. Now each address holds at
+    most 4 unauthenticated slots and a flooder only evicts its own: the handshake completes."""
+    key, nid = rw.pair_key(), os.urandom(16)
+    base = info(receiver, "replication")["log_receiver_auth_failures"]
+    link = rw.Link(receiver.rport)
+    nonce_c = os.urandom(32)
+    link.send(rw.AUTH_HELLO, rw.VERSION, rw.ROLE_SENDER, nid + nonce_c)
+    ftype, _, _, nonce_s = link.recv()
+    assert ftype == rw.AUTH_CHALLENGE
+    flood = []
+    try:
+        for _ in range(40):
+            s = socket.socket()
+            s.bind(("127.0.0.2", 0))
+            s.connect(("127.0.0.1", receiver.rport))
+            flood.append(s)
+        # 40 accepted into at most 16 slots: at least 24 made room by evicting someone
+        wait_for("the flood to be accepted",
+                 lambda: info(receiver, "replication")["log_receiver_auth_failures"] >= base + 24)
+        link.send(rw.AUTH_PROOF, 0, 0, rw._derive(key, b"kvstore repl v2 client proof", rw.ROLE_SENDER, nid,
+                                                  nonce_c, nonce_s))
+        ftype, _, _, proof = link.recv()  # evicted: Closed("... its slot was needed")
+        assert ftype == rw.AUTH_PROOF
+        link.session = rw._derive(key, b"kvstore repl v2 session key", rw.ROLE_SENDER, nid, nonce_c, nonce_s)
+        link.send(rw.HELLO, rw.VERSION, 0, nid)
+        assert link.recv()[0] == rw.HELLO_ACK
+    finally:
+        link.close()
+        for s in flood:
+            s.close()
