@@ -76,11 +76,11 @@ def items(n, ver):
     return [(b"int:%05d" % i, (b"%05d.v%d." % (i, ver)) * 12) for i in range(n)]
 
 
-def set_all(port, kv):
+def set_all(port, kv, per=500):
     with client(port) as c:
-        for i in range(0, len(kv), 500):
+        for i in range(0, len(kv), per):
             p = c.pipeline(transaction=False)
-            for k, v in kv[i:i + 500]:
+            for k, v in kv[i:i + per]:
                 p.set(k, v)
             assert all(r is True for r in p.execute())
 
@@ -213,11 +213,13 @@ def test_older_copy_of_a_block_is_detected(data_dir, nodes, tmp_path):
 # ================================================================ 4, 5. a deleted log segment
 
 def many_segments(data_dir, nodes):
-    """1,000 acknowledged SETs in 4 KiB log segments (a new one after each group commit that passes 4 KiB), none flushed to
-    the data file (its sweep is 10 minutes away), then kill -9. Returns the segments
-    holding records, oldest first."""
+    """1,000 acknowledged SETs in 4 KiB log segments (a new one after each group commit that
+    passes 4 KiB), none flushed to the data file (its sweep is 10 minutes away), then kill -9.
+    Pipelines of 50 (about 6 KB each, every one acknowledged before the next is sent) make
+    at least 20 group commits however loaded the machine is. Returns the segments holding
+    records, oldest first."""
     n = nodes(data_dir, log_segment_size=4096, flush_interval_ms=600000)
-    set_all(n.port, items(1000, 1))
+    set_all(n.port, items(1000, 1), per=50)
     n.kill()
     segs = [p for p in fl.segments(data_dir) if fl.parse_segment(p)[1]]
     assert len(segs) >= 3, segs
