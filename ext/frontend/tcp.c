@@ -129,23 +129,28 @@ void tcp_free(struct tcp_front *f)
     f->st = NULL;
 }
 
-int tcp_listen(struct tcp_front *f, int reuseport, char *err, size_t errlen)
+int tcp_listen_port(struct kv_engine *e, int *port, int *probed, int reuseport, const char *what, char *err,
+                    size_t errlen)
 {
-    struct kv_engine *e = f->eng;
-    int picked = e->port == 0;
-    int fd = net_bind(SOCK_STREAM | SOCK_NONBLOCK, e->cfg.bind, &e->port, reuseport,
-                      reuseport && e->port != 0 && !f->port_probed, "listen on", err, errlen);
+    int picked = *port == 0;
+    int fd = net_bind(SOCK_STREAM | SOCK_NONBLOCK, e->cfg.bind, port, reuseport, reuseport && *port != 0 && !*probed,
+                      what, err, errlen);
     if (fd < 0)
         return fd;
     /* probed, or the kernel gave us a free port: nobody else holds it */
-    f->port_probed |= reuseport || picked;
+    *probed |= reuseport || picked;
     if (listen(fd, e->cfg.tcp_backlog > 0 ? e->cfg.tcp_backlog : 511)) {
         int rc = -errno;
-        snprintf(err, errlen, "cannot listen on %s:%d: %s", e->cfg.bind, e->port, strerror(-rc));
+        snprintf(err, errlen, "cannot %s %s:%d: %s", what, e->cfg.bind, *port, strerror(-rc));
         close(fd);
         return rc;
     }
     return fd;
+}
+
+int tcp_listen(struct tcp_front *f, int reuseport, char *err, size_t errlen)
+{
+    return tcp_listen_port(f->eng, &f->eng->port, &f->port_probed, reuseport, "listen on", err, errlen);
 }
 
 static const char max_clients_msg[] = "-ERR max number of clients reached\r\n";

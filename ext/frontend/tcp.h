@@ -69,6 +69,10 @@ void tcp_free(struct tcp_front *f);
  * CONFIG GET port / INFO). reuseport: SO_REUSEPORT (one listener per thread), and
  * the first such bind probes that nobody else holds the port. fd or -errno. */
 int tcp_listen(struct tcp_front *f, int reuseport, char *err, size_t errlen);
+/* The same for any port field of e (*port: 0 = pick, set to the bound one; *probed:
+ * kept by the caller across calls); what names it in errors ("listen on"). */
+int tcp_listen_port(struct kv_engine *e, int *port, int *probed, int reuseport, const char *what, char *err,
+                    size_t errlen);
 
 /* A connection just accepted: counted, and refused with Redis's error past
  * maxclients (returns 0, fd closed); else TCP_NODELAY set, returns 1. */

@@ -4,6 +4,7 @@
  * TLS records, parsed by OpenSSL; the plaintext by the poller's RESP parser). */
 #define _GNU_SOURCE
 #include "frontend/tlsio.h"
+#include "frontend/tcp.h"
 
 #include <errno.h>
 #include <stdatomic.h>
@@ -96,20 +97,7 @@ void tlsio_free(struct tlsio *io)
 
 int tlsio_listen(struct tlsio *io, int reuseport, char *err, size_t errlen)
 {
-    struct kv_engine *e = io->eng;
-    int picked = e->tls_port == 0;
-    int fd = net_bind(SOCK_STREAM | SOCK_NONBLOCK, e->cfg.bind, &e->tls_port, reuseport,
-                      reuseport && e->tls_port != 0 && !io->port_probed, "listen (TLS) on", err, errlen);
-    if (fd < 0)
-        return fd;
-    io->port_probed |= reuseport || picked;
-    if (listen(fd, e->cfg.tcp_backlog > 0 ? e->cfg.tcp_backlog : 511)) {
-        int rc = -errno;
-        snprintf(err, errlen, "cannot listen (TLS) on %s:%d: %s", e->cfg.bind, e->tls_port, strerror(-rc));
-        close(fd);
-        return rc;
-    }
-    return fd;
+    return tcp_listen_port(io->eng, &io->eng->tls_port, &io->port_probed, reuseport, "listen (TLS) on", err, errlen);
 }
 
 struct tlsio_conn *tlsio_conn_new(struct tlsio *io, int fd)
