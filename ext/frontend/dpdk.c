@@ -12,7 +12,8 @@
  * An lcore busy-polls, so it also polls for durability: each turn it sends, in order,
  * the replies whose LSN the log holds; a request that waits for the data file keeps
  * its mbuf (and the burst behind it) and runs again once the lcore's eventfd says
- * the data file moved on, while nothing new is taken from the RX ring. */
+ * the data file moved on, while nothing new is taken from the RX ring.
+ * The mbuf pool is the AF_XDP umem (see pool_create): it must be one packed run of mbufs. */
 #define _GNU_SOURCE
 #include <rte_config.h>
 
@@ -34,6 +35,8 @@
 #include <rte_launch.h>
 #include <rte_lcore.h>
 #include <rte_mbuf.h>
+#include <rte_mbuf_pool_ops.h>
+#include <rte_mempool.h>
 #include <rte_pause.h>
 #include <rte_cycles.h>
 #include <rte_udp.h>
@@ -286,6 +289,98 @@ static int lcore_main(void *arg)
     return 0;
 }
 
+/* ---- the mbuf pool, which is the AF_XDP umem
+ *
+ * The AF_XDP PMD (DPDK 22.11, unaligned-chunk mode) registers as its umem the memory from
+ * the pool's first chunk (rounded down to a page) for populated_size x object size bytes,
+ * and hands the kernel each received-into mbuf's offset in it on the fill ring. An mbuf
+ * outside that span is an invalid fill descriptor: the kernel consumes it, receives
+ * nothing into it and returns nothing, and the PMD (which refills one mbuf per packet
+ * received) never replaces it. rte_pktmbuf_pool_create without hugepages lays objects out
+ * so that none crosses a 4 KiB page: one 2,368-byte mbuf per page, a pool 1.7x longer than
+ * that span, 42 % of its mbufs outside it. A few hundred mbufs held past the lcore's cache
+ * (replies waiting for the log) make allocation walk the pool's ring through them, and
+ * each one taken for the fill ring loses a slot of it until none is left: the port stops
+ * receiving for good (the kernel counts rx_dropped, the pool still looks mostly free).
+ * So: a pool created without the page constraint (RTE_MEMPOOL_F_NO_IOVA_CONTIG: the veth's
+ * copy mode does no DMA), checked to be what the PMD registers. */
+
+struct span_check {
+    uintptr_t lo, hi; /* [lo, hi): the umem the PMD registers */
+    size_t objsz;
+    unsigned outside, chunks;
+};
+
+static void span_obj(struct rte_mempool *mp, void *arg, void *obj, unsigned idx)
+{
+    (void)idx;
+    struct span_check *c = arg;
+    uintptr_t start = (uintptr_t)obj - mp->header_size;
+    if (start < c->lo || start + c->objsz > c->hi)
+        c->outside++;
+}
+
+static void span_chunk(struct rte_mempool *mp, void *arg, struct rte_mempool_memhdr *m, unsigned idx)
+{
+    (void)mp, (void)m, (void)idx;
+    ((struct span_check *)arg)->chunks++;
+}
+
+/* 0, or how many of pool's mbufs lie outside the umem the AF_XDP PMD makes of it (-1: more
+ * than one chunk of memory, which the PMD cannot register at all). */
+static long pool_outside_umem(struct rte_mempool *mp)
+{
+    struct span_check c = {0};
+    rte_mempool_mem_iter(mp, span_chunk, &c);
+    if (c.chunks != 1)
+        return -1;
+    uintptr_t first = (uintptr_t)STAILQ_FIRST(&mp->mem_list)->addr;
+    uintptr_t page = (uintptr_t)getpagesize();
+    c.objsz = rte_mempool_calc_obj_size(mp->elt_size, mp->flags, NULL);
+    c.lo = first & ~(page - 1);
+    c.hi = c.lo + (uintptr_t)mp->populated_size * c.objsz + (first - c.lo);
+    rte_mempool_obj_iter(mp, span_obj, &c);
+    return c.outside;
+}
+
+/* rte_pktmbuf_pool_create's steps, with the objects packed (see above). */
+static struct rte_mempool *pool_create(const char *name, unsigned n, char *err, size_t errlen)
+{
+    struct rte_pktmbuf_pool_private priv = {.mbuf_data_room_size = RTE_MBUF_DEFAULT_BUF_SIZE};
+    struct rte_mempool *mp = rte_mempool_create_empty(name, n, sizeof(struct rte_mbuf) + RTE_MBUF_DEFAULT_BUF_SIZE,
+                                                      MBUF_CACHE, sizeof priv, (int)rte_socket_id(),
+                                                      RTE_MEMPOOL_F_NO_IOVA_CONTIG);
+    if (!mp) {
+        snprintf(err, errlen, "mbuf pool: %s", rte_strerror(rte_errno));
+        return NULL;
+    }
+    int rc = rte_mempool_set_ops_byname(mp, rte_mbuf_best_mempool_ops(), NULL);
+    if (rc) {
+        snprintf(err, errlen, "mbuf pool ops: %s", rte_strerror(-rc));
+        goto fail;
+    }
+    rte_pktmbuf_pool_init(mp, &priv);
+    rc = rte_mempool_populate_default(mp);
+    if (rc < 0 || (unsigned)rc != n) {
+        snprintf(err, errlen, "mbuf pool: %d of %u mbufs: %s", rc < 0 ? 0 : rc, n, rc < 0 ? rte_strerror(-rc) : "");
+        goto fail;
+    }
+    rte_mempool_obj_iter(mp, rte_pktmbuf_init, NULL);
+    long out = pool_outside_umem(mp);
+    if (out) {
+        if (out < 0)
+            snprintf(err, errlen, "mbuf pool: not one run of memory, so not an AF_XDP umem");
+        else
+            snprintf(err, errlen, "mbuf pool: %ld of %u mbufs outside the AF_XDP umem (they would be lost "
+                                  "on the fill ring)", out, n);
+        goto fail;
+    }
+    return mp;
+fail:
+    rte_mempool_free(mp);
+    return NULL;
+}
+
 /* ---- lifecycle */
 
 /* "--lcores" value: main lcore 0 floats over every allowed CPU (it is the control
@@ -411,10 +506,8 @@ static int dp_create(void **out, struct kv_engine *eng, char *err, size_t errlen
         rc = -EINVAL;
         goto fail;
     }
-    d->pool = rte_pktmbuf_pool_create("kv_mbuf", NB_MBUF, MBUF_CACHE, 0, RTE_MBUF_DEFAULT_BUF_SIZE,
-                                      (int)rte_socket_id());
+    d->pool = pool_create("kv_mbuf", NB_MBUF, err, errlen);
     if (!d->pool) {
-        snprintf(err, errlen, "mbuf pool: %s", rte_strerror(rte_errno));
         rc = -ENOMEM;
         goto fail;
     }
