@@ -233,9 +233,10 @@ def cores_note(pinned="", shares=""):
     return f"{n}-CPU VM; " + "; ".join(parts)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def free_port(udp=False):
+    """A port no socket of that kind (TCP, or UDP) holds on 127.0.0.1 now."""
+    with socket.socket(type=socket.SOCK_DGRAM if udp else socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0" if udp else "127.0.0.1", 0))  # UDP servers here bind other addresses too
         return s.getsockname()[1]
 
 

@@ -55,7 +55,6 @@ QUICK = ["--archs", "threadpool", "poller-direct", "udp", "dpdk", "--rounds", "1
          "--keyspace", "50000", "--conns", "20", "--workers", "8", "32", "--full-memory", "4mb"]
 ROWS = ["N", "NH", "NHD", "NHL", "NHDL"]
 ARCHS = ["threadpool", "poller-strict", "poller-flexpoll", "poller-direct", "udp", "dpdk"]
-UDP_PORT = 6390
 PAPER = {"LinuxTCP thread pool": [799_706, 540_093, 417_006, 300_796, 250_405],
          "mTCP/DPDK pollers": [2_208_262, 897_920, 634_251, 740_663, 624_477]}
 TOGETHER = ("N", "NH")  # rows whose servers run at once, measured in alternation
@@ -96,7 +95,8 @@ def settings_for(row, unit, args, peer_addr, dpdk_host=None):
     elif arch.startswith("poller"):
         s.update(threads=args.pollers, poll_policy=arch.split("-")[1])
     else:
-        s.update(arch=arch, udp_port=UDP_PORT, udp_workers=args.udp_workers)
+        # a free port each: the N and NH servers of an arch run at once
+        s.update(arch=arch, udp_port=common.free_port(udp=True), udp_workers=args.udp_workers)
         if arch == "dpdk":
             s["dpdk_iface"] = dpdk_host.host_if
     if row == "N":
@@ -408,12 +408,12 @@ def draw(rows, path):
                                color=col)
     ax.axhline(1, color="grey", lw=0.8)
     ax.set_ylim(bottom=0)
-    ax.set_ylabel("X / NH (bars: min-max of the rounds)")
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    ax.set_ylabel("X / NH (pool: best size of X over best of NH; bars: min-max)", fontsize=8)
     side = any(r.get("group") == "+".join(TOGETHER) for r in rows)
     ax.set_title("what each row keeps of the in-memory rate, round by round\n(paper's pollers: NHD/NH 0.71, "
                  f"NHL/NH 0.82; {'N and NH measured side by side' if side else 'rows measured apart'})",
                  fontsize=9)
-    ax.legend(fontsize=7, ncol=2)
     common.save_figure(fig, path)
 
 
