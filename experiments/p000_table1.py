@@ -73,6 +73,21 @@ def units(args):
     return out
 
 
+def schedule(rows, us, rounds):
+    """The measuring order: [(group, [(round, row, unit), ...])], one entry per group of rows
+    whose servers run at once. In a round the rows of a group alternate per unit (N a, NH a,
+    N b, NH b ...), so the rows of an arch are measured seconds apart; every other round
+    runs in reverse, so no unit always goes first."""
+    out = []
+    for g in groups(rows):
+        units_rows = [(row, u) for u in us for row in g]
+        pts = []
+        for rnd in range(rounds):
+            pts += [(rnd, row, u) for row, u in (units_rows if rnd % 2 == 0 else reversed(units_rows))]
+        out.append((g, pts))
+    return out
+
+
 def groups(rows):
     """Rows in measuring order, those of TOGETHER (when more than one is chosen) as one group."""
     together = [r for r in rows if r in TOGETHER]
@@ -143,17 +158,20 @@ def dpdk_unavailable():
     return ""
 
 
-def make_hosts(archs, ndpdk=1):
+def make_hosts(archs, ndpdk=1, base=17):
     """Test hosts for the clients ('tcp': every kernel-socket arch; 'dpdk', 'dpdk2' ...: one
-    per dpdk server running at once, each takes over its own pair), or {} without root."""
+    per dpdk server running at once, each takes over its own pair), or {} without root.
+    base: the first /30's index (198.18.<base>.0/30) and the names' number; two runs at once
+    need bases at least 4 apart (a host's create() removes a namespace of the same name)."""
     ok, why = netns.available()
     if not ok:
         print(f"note: {why}: clients and the log peer run on loopback", file=sys.stderr)
         return {}
-    hosts = {"peer": netns.TestHost("kvt1peer", index=17).create(),
-             "tcp": netns.TestHost("kvt1cli", index=18).create()}
+    tag = "t1" if base == 17 else str(base)
+    hosts = {"peer": netns.TestHost(f"kv{tag}peer", index=base).create(),
+             "tcp": netns.TestHost(f"kv{tag}cli", index=base + 1).create()}
     for i in range(ndpdk if "dpdk" in archs else 0):
-        h = hosts[dpdk_key(i)] = netns.TestHost("kvt1dp" + (str(i + 1) if i else ""), index=19 + i).create()
+        h = hosts[dpdk_key(i)] = netns.TestHost(f"kv{tag}dp" + (str(i + 1) if i else ""), index=base + 2 + i).create()
         h.tx_checksum_offload_off()  # or every reply built from an offloaded frame is dropped
         h.set_neighbour(h.local_addr, h.mac())  # the bypassed end answers no ARP
     return hosts
@@ -187,7 +205,7 @@ def measure(args):
     us = units(args)
     try:
         # before any thread that a fork could inherit a lock from
-        hosts = make_hosts(args.archs, max(len(g) for g in groups(args.rows)))
+        hosts = make_hosts(args.archs, max(len(g) for g in groups(args.rows)), args.netns_base)
         sweep = common.Sweep(args.csv, ("row", "arch", "round"), len(args.rows) * len(us) * args.rounds, args,
                              selected=lambda r: r["row"] in args.rows and r["arch"] in us, desc="table 1")
         shares = "servers, clients" + (", log peers" if any("L" in r for r in args.rows) else "")
@@ -200,10 +218,9 @@ def measure(args):
                 return Target(h, h.local_addr, True, args)
             return Target(hosts.get("tcp"), hosts["tcp"].local_addr if hosts else "127.0.0.1", udp, args)
 
-        for group in groups(args.rows):
+        for group, points in schedule(args.rows, us, args.rounds):
             servers, peers, dirs = {}, [], []
-            todo = [(row, u) for row in group for u in us
-                    if any(not sweep.has(row=row, arch=u, round=i) for i in range(args.rounds))]
+            todo = list(dict.fromkeys((row, u) for rnd, row, u in points if not sweep.has(row=row, arch=u, round=rnd)))
             try:
                 for row, u in todo:
                     i = group.index(row)
@@ -224,33 +241,31 @@ def measure(args):
                     port = n.udp_port if udp else n.port
                     target(u, i).bench(port, 1 if udp else 16, args.conns if udp else 50, args.keyspace,
                                        args.keyspace, args.value_size)
-                for rnd in range(args.rounds):
-                    order = todo if rnd % 2 == 0 else list(reversed(todo))
-                    for row, u in order:
-                        if sweep.has(row=row, arch=u, round=rnd):
-                            continue
-                        n = servers[(row, u)]
-                        udp = u in ("udp", "dpdk")
-                        port = n.udp_port if udp else n.port
-                        busy0 = int(n.stats()["udp_busy_us"]) if udp else 0
-                        cpu0 = common.cpu_seconds(n.pid)
-                        r = target(u, group.index(row)).bench(port, args.pipeline, args.conns, args.requests,
-                                                              args.keyspace, args.value_size)
-                        cpu = common.cpu_seconds(n.pid) - cpu0
-                        busy = int(n.stats()["udp_busy_us"]) - busy0 if udp else ""
-                        sweep.add({"round": rnd, "row": row, "arch": u, "pipeline": args.pipeline,
-                                   "conns": args.conns, "requests": args.requests,
-                                   "throughput": round(r["throughput"]), "p50_us": round(r["lat_p50_us"], 1),
-                                   "p99_us": round(r["lat_p99_us"], 1), "timeouts": r.get("timeouts", 0),
-                                   "server_cpu_s": round(cpu, 3),
-                                   "server_cpu_us_per_req": round(cpu * 1e6 / max(1, r["requests"]), 2),
-                                   "udp_busy_us_per_req": round(busy / max(1, r["requests"]), 3) if udp else "",
-                                   "net": "netns" if hosts else "loopback",
-                                   "workers": u.rsplit("-", 1)[1] if kind(u) == "threadpool" else "",
-                                   "group": "+".join(group), "client_threads": args.client_threads,
-                                   "client_cpus": args.client_cpus, "ncpu": os.cpu_count(), "shares": shares},
-                                  f"[{row:4s} round {rnd + 1}/{args.rounds}] {u:16s} {r['throughput']:>10,.0f} "
-                                  f"SET/s p99 {r['lat_p99_us']:8.0f} us cpu {cpu:5.2f} s")
+                for rnd, row, u in points:
+                    if sweep.has(row=row, arch=u, round=rnd):
+                        continue
+                    n = servers[(row, u)]
+                    udp = u in ("udp", "dpdk")
+                    port = n.udp_port if udp else n.port
+                    busy0 = int(n.stats()["udp_busy_us"]) if udp else 0
+                    cpu0 = common.cpu_seconds(n.pid)
+                    r = target(u, group.index(row)).bench(port, args.pipeline, args.conns, args.requests,
+                                                          args.keyspace, args.value_size)
+                    cpu = common.cpu_seconds(n.pid) - cpu0
+                    busy = int(n.stats()["udp_busy_us"]) - busy0 if udp else ""
+                    sweep.add({"round": rnd, "row": row, "arch": u, "pipeline": args.pipeline,
+                               "conns": args.conns, "requests": args.requests,
+                               "throughput": round(r["throughput"]), "p50_us": round(r["lat_p50_us"], 1),
+                               "p99_us": round(r["lat_p99_us"], 1), "timeouts": r.get("timeouts", 0),
+                               "server_cpu_s": round(cpu, 3),
+                               "server_cpu_us_per_req": round(cpu * 1e6 / max(1, r["requests"]), 2),
+                               "udp_busy_us_per_req": round(busy / max(1, r["requests"]), 3) if udp else "",
+                               "net": "netns" if hosts else "loopback",
+                               "workers": u.rsplit("-", 1)[1] if kind(u) == "threadpool" else "",
+                               "group": "+".join(group), "client_threads": args.client_threads,
+                               "client_cpus": args.client_cpus, "ncpu": os.cpu_count(), "shares": shares},
+                              f"[{row:4s} round {rnd + 1}/{args.rounds}] {u:16s} {r['throughput']:>10,.0f} "
+                              f"SET/s p99 {r['lat_p99_us']:8.0f} us cpu {cpu:5.2f} s")
             finally:
                 for n in list(servers.values()) + peers:
                     n.stop()
@@ -326,7 +341,7 @@ def report(rows):
         print(f"{'paper ' + name:17.17s}" + "".join(f"{v:>24,}" for v in vals))
     print("server CPU us/request (median)")
     for u in us:
-        print(f"{u:17s}" + "".join(f"{cpu.get((r, u), 0):>24.2f}" for r in ROWS))
+        print(f"{u:17s}" + "".join(f"{cpu[(r, u)]:>24.2f}" if (r, u) in cpu else f"{'-':>24s}" for r in ROWS))
     busy = medians([r for r in rows if r.get("udp_busy_us_per_req") not in (None, "")], "udp_busy_us_per_req")
     if busy:
         print("UDP worker busy time, us/request (median; a dpdk lcore busy-polls, so its CPU time is all of it)")
@@ -345,7 +360,7 @@ def report(rows):
             print(f"{u:17s} N/NH ({how}) {x:.2f} [{per[0]:.2f}-{per[-1]:.2f}]")
     for u in us:
         nh = med.get(("NH", u))
-        if nh:
+        if nh and any((r, u) in med for r in ("NHD", "NHL", "NHDL")):
             print(f"{u:17s} ratios to NH (medians): " + ", ".join(
                 f"{r}/NH {med[(r, u)] / nh:.2f}" for r in ("NHD", "NHL", "NHDL") if (r, u) in med))
     # ratios of points measured side by side (same row and round), then their median:
@@ -433,6 +448,9 @@ def add_args(ap):
     ap.add_argument("--client-threads", type=int, default=2, help="kvstore bench threads")
     ap.add_argument("--client-cpus", default="", help="pin the client to these CPUs (taskset -c), e.g. 0")
     ap.add_argument("--full-memory", default="48mb", help="--max-memory of the D rows")
+    ap.add_argument("--netns-base", type=int, default=17,
+                    help="the test hosts' first 198.18.X.0/30 (X = this, +1, +2 ...); another run at once needs "
+                         "another base, 4 or more apart")
     common.add_sweep_args(ap)
 
 
