@@ -114,7 +114,7 @@ def draw(rows, path):
     med = [statistics.median(pts[x]) / 1e6 for x in xs]
     cpu = {x: statistics.median(v) for x, v in by_batch(rows, "node_cpu_per_s").items()}
     pcpu = {x: statistics.median(v) for x, v in by_batch(rows, "peer_cpu_per_s").items()}
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(8, 5.6))
     ax.errorbar(xs, med, yerr=[[m - min(pts[x]) / 1e6 for x, m in zip(xs, med)],
                                [max(pts[x]) / 1e6 - m for x, m in zip(xs, med)]],
                 fmt="o-", capsize=3, label=f"kvstore, median of {max(len(v) for v in pts.values())} rounds "
@@ -132,7 +132,7 @@ def draw(rows, path):
     ax2.set_ylabel("CPU (cores busy, median)")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="center right", fontsize=8)
+    ax.legend(h1 + h2, l1 + l2, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8)
     ax.grid(alpha=0.3)
     ax.set_title(f"Fig. 4 reproduced: {int(rows[0]['record_bytes'])}-byte logs shipped every 100 us to a peer "
                  "on loopback\n" + common.cores_note(shares="node (generator, sender, local log), peer"),
