@@ -52,7 +52,8 @@ from kvstore.experiments import common
 
 NAME = "p000_table1"
 QUICK = ["--archs", "threadpool", "poller-direct", "udp", "dpdk", "--rounds", "1", "--requests", "20000",
-         "--keyspace", "50000", "--conns", "20", "--workers", "8", "32", "--full-memory", "4mb"]
+         "--keyspace", "50000", "--conns", "20", "--workers", "8", "--full-memory", "4mb", "--warmup-seconds", "10",
+         "--point-seconds", "4"]
 ROWS = ["N", "NH", "NHD", "NHL", "NHDL"]
 ARCHS = ["threadpool", "poller-strict", "poller-flexpoll", "poller-direct", "udp", "dpdk"]
 PAPER = {"LinuxTCP thread pool": [799_706, 540_093, 417_006, 300_796, 250_405],
@@ -130,11 +131,13 @@ class Target:
     def __init__(self, host, addr, udp, args):
         self.host, self.addr, self.udp, self.args = host, addr, udp, args
 
-    def bench(self, port, pipeline, conns, requests, keyspace, value_size):
+    def bench(self, port, pipeline, conns, requests, keyspace, value_size, seconds=120):
+        """--requests, or fewer if --seconds pass first (a slow unit, e.g. 8 workers each
+        waiting for the peer's ack, must not stretch the run)."""
         cmd = [sys.executable, "-m", "kvstore.cli", "bench", "--host", self.addr, "-p", str(port),
                "-t", str(self.args.client_threads),
                "-c", str(conns), "-P", str(pipeline), "-n", str(requests), "-r", str(keyspace),
-               "-d", str(value_size), "--ratio", "1:0", "--duration", "120", "--json"]
+               "-d", str(value_size), "--ratio", "1:0", "--duration", str(seconds), "--json"]
         if self.udp:
             cmd += ["--udp", "--timeout-ms", "2000"]
         if self.args.client_cpus:
@@ -235,12 +238,13 @@ def measure(args):
                     n = Node(bind=bind, port=0, data_dir=d,
                              **settings_for(row, u, args, peer_addr, hosts.get(dpdk_key(i))))
                     servers[(row, u)] = n.start(60)
-                    # warm up: a full pass of the key space (fills memory for D); the UDP front
-                    # ends one datagram in flight per socket (see the README on AF_XDP bursts)
+                    # warm up: a pass of the key space, at most --warmup-seconds (D: 120 s, it must
+                    # fill memory); the UDP front ends one datagram in flight per socket (see
+                    # the README on AF_XDP bursts)
                     udp = u in ("udp", "dpdk")
                     port = n.udp_port if udp else n.port
                     target(u, i).bench(port, 1 if udp else 16, args.conns if udp else 50, args.keyspace,
-                                       args.keyspace, args.value_size)
+                                       args.keyspace, args.value_size, 120 if "D" in row else args.warmup_seconds)
                 for rnd, row, u in points:
                     if sweep.has(row=row, arch=u, round=rnd):
                         continue
@@ -250,11 +254,11 @@ def measure(args):
                     busy0 = int(n.stats()["udp_busy_us"]) if udp else 0
                     cpu0 = common.cpu_seconds(n.pid)
                     r = target(u, group.index(row)).bench(port, args.pipeline, args.conns, args.requests,
-                                                          args.keyspace, args.value_size)
+                                                          args.keyspace, args.value_size, args.point_seconds)
                     cpu = common.cpu_seconds(n.pid) - cpu0
                     busy = int(n.stats()["udp_busy_us"]) - busy0 if udp else ""
                     sweep.add({"round": rnd, "row": row, "arch": u, "pipeline": args.pipeline,
-                               "conns": args.conns, "requests": args.requests,
+                               "conns": args.conns, "requests": r["requests"],
                                "throughput": round(r["throughput"]), "p50_us": round(r["lat_p50_us"], 1),
                                "p99_us": round(r["lat_p99_us"], 1), "timeouts": r.get("timeouts", 0),
                                "server_cpu_s": round(cpu, 3),
@@ -436,7 +440,11 @@ def add_args(ap):
     ap.add_argument("--rows", nargs="+", default=ROWS, choices=ROWS)
     ap.add_argument("--archs", nargs="+", default=ARCHS, choices=ARCHS)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--requests", type=int, default=200_000)
+    ap.add_argument("--requests", type=int, default=200_000, help="per point, or fewer if --point-seconds pass first")
+    ap.add_argument("--point-seconds", type=float, default=6.0, help="a point's time bound")
+    ap.add_argument("--warmup-seconds", type=float, default=20.0,
+                    help="a server's warm-up pass over the key space ends after this long (D rows: 120 s, to "
+                         "fill memory)")
     ap.add_argument("--keyspace", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=85)
     ap.add_argument("--conns", type=int, default=100)
