@@ -25,8 +25,9 @@ Topology: every client runs in a test host's namespace and crosses a veth pair t
 servers (198.18.18.0/30; dpdk gets its own pair, 198.18.19.0/30, whose host end it takes
 over with AF_XDP). Load: kvstore bench, SET, 85-byte values, fresh random keys (1 M key
 space), --conns connections (UDP: sockets) at pipeline --pipeline (UDP: datagrams in
-flight per socket). The servers of a row are measured in alternation (A B C ..., then
-reversed), medians of --rounds with their min-max; server CPU time is recorded too (a dpdk
+flight per socket), each point --requests or --point-seconds, whichever ends first. The
+servers of a row are measured in alternation (A B C ..., then reversed), medians of
+--rounds with their min-max; server CPU time is recorded too (a dpdk
 lcore busy-polls: its CPU time is its whole run). N and NH are one group: the servers of
 both rows run at once and alternate (N a, NH a, N b, NH b ..., reversed the next round),
 so N/NH compares points measured seconds apart, not minutes apart, on a VM whose speed
