@@ -170,9 +170,73 @@ def save_figure(fig, path, dpi=110, tight=True):
     log(f"wrote {path}")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+def spread(values):
+    """(median, median - min, max - median) of a point's rounds: a bar's height and its
+    min-max error bar as matplotlib's yerr wants it."""
+    v = sorted(float(x) for x in values)
+    m = statistics.median(v)
+    return m, m - v[0], v[-1] - m
+
+
+def bar_chart(ax, groups, series, values, labels=None, colors=None, annotate=None):
+    """Grouped bars with min-max error bars on ax: one group per x tick (groups), one bar
+    per series in each group. values: {(group, series): [round values]}; a missing point
+    leaves a gap. labels: {series: legend text}. annotate: {(group, series): text} drawn
+    above the bar. Returns {series: x of that series' bar in each group} (for markers)."""
+    w = 0.8 / max(1, len(series))
+    xs = {}
+    for i, s in enumerate(series):
+        x, h, lo, hi = [], [], [], []
+        for g, grp in enumerate(groups):
+            if values.get((grp, s)):
+                m, dl, dh = spread(values[(grp, s)])
+                x.append(g + (i - (len(series) - 1) / 2) * w)
+                h.append(m), lo.append(dl), hi.append(dh)
+        xs[s] = dict(zip([grp for grp in groups if values.get((grp, s))], x))
+        if not x:
+            continue
+        ax.bar(x, h, w, yerr=[lo, hi], capsize=2, error_kw={"elinewidth": 0.8},
+               label=(labels or {}).get(s, s), color=(colors or {}).get(s))
+        for grp, xx, hh, dh in zip([grp for grp in groups if values.get((grp, s))], x, h, hi):
+            if annotate and annotate.get((grp, s)):
+                ax.annotate(annotate[(grp, s)], (xx, hh + dh), textcoords="offset points", xytext=(0, 2),
+                            ha="center", fontsize=6)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels(groups)
+    ax.grid(axis="y", alpha=0.3)
+    return xs
+
+
+PAPER_STYLE = {"color": "black", "marker": "_", "s": 500, "linewidths": 2.5, "zorder": 5}
+
+
+def paper_marks(ax, xs, ys, label="paper", **style):
+    """The paper's values as short black bars at (xs, ys) (points without a value, None,
+    are skipped), with one legend entry."""
+    pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
+    if pts:
+        ax.scatter([p[0] for p in pts], [p[1] for p in pts], label=label, **{**PAPER_STYLE, **style})
+
+
+def paper_line(ax, y, label, **style):
+    """A paper's single value (a peak, a ratio) as a dashed horizontal line."""
+    ax.axhline(y, **{"color": "black", "ls": "--", "lw": 1, **style}, label=label)
+
+
+def cores_note(pinned="", shares=""):
+    """A title's second line: what is pinned and what shares this machine's CPUs, e.g.
+    cores_note("servers on CPU 1, clients on CPU 0") or cores_note(shares="server, clients, peer")."""
+    n = os.cpu_count()
+    parts = [pinned or "nothing pinned"]
+    if shares:
+        parts.append(f"{shares} share the {n} CPUs" if not pinned else f"sharing: {shares}")
+    return f"{n}-CPU VM; " + "; ".join(parts)
+
+
+def free_port(udp=False):
+    """A port no socket of that kind (TCP, or UDP) holds on 127.0.0.1 now."""
+    with socket.socket(type=socket.SOCK_DGRAM if udp else socket.SOCK_STREAM) as s:
+        s.bind(("0.0.0.0" if udp else "127.0.0.1", 0))  # UDP servers here bind other addresses too
         return s.getsockname()[1]
 
 

@@ -6,7 +6,8 @@ fdatasync. Its effective update rate (records made durable in the data file per
 second of sweep time) grows with the updates per block, so with the request rate
 and with the memory that holds the pending updates. The baseline is the naive
 way: every update reads its block, modifies it, writes it back in place and
-syncs it.
+syncs it, on a file written in full first (as BOSC's data file is), so each
+update overwrites an allocated block.
 
 Every point runs the real flusher (kvstore.durability.DataFile over a Store, as
 in the server) on a data file on this machine's disk:
@@ -104,7 +105,7 @@ def add_args(ap):
     ap.add_argument("--interval-ms", type=int, default=1000, help="sweep interval of the rate series")
     ap.add_argument("--seconds", type=float, default=4.0, help="length of a point")
     ap.add_argument("--naive-updates", type=int, default=2000)
-    ap.add_argument("--rounds", type=int, default=3, help="points are repeated, interleaved; medians")
+    ap.add_argument("--rounds", type=int, default=5, help="points are repeated, interleaved; medians and min-max")
     ap.add_argument("--dir", default=None, help="where the data files go (default: the system's temporary "
                                                 "directory; it must be on a real disk, not tmpfs)")
 
@@ -143,7 +144,8 @@ def measure(args):
                      "records_per_sweep": round(statistics.median(r["records"] / max(1, r["sweeps"]) for r in rs)),
                      "rounds": len(rs), "runs": " ".join(str(round(r["updates_per_s"])) for r in rs),
                      # the setup, for the plot's labels when it is redrawn from the CSV
-                     "keys": args.keys, "buckets": args.buckets, "interval_ms": args.interval_ms})
+                     "keys": args.keys, "buckets": args.buckets, "interval_ms": args.interval_ms,
+                     "naive_file": "preallocated"})
     common.write_csv(args.csv, rows)
     common.log(f"wrote {args.csv}")
     return common.read_csv(args.csv)
@@ -154,18 +156,25 @@ def draw(rows, path):
     # CSVs written before the setup columns existed were made with the default setup
     setup = {k: int(rows[0].get(k) or common.parser(sys.modules[__name__]).get_default(k))
              for k in ("keys", "buckets", "interval_ms")}
-    naive = next(float(r["updates_per_s"]) for r in rows if r["series"] == "naive")
+    naive_row = next(r for r in rows if r["series"] == "naive")
+    naive = float(naive_row["updates_per_s"])
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     for ax, kind, xkey, xlabel in ((axes[0], "memory", "memory_mb", "memory bound (MB), writers at full speed"),
                                    (axes[1], "rate", "rate", f"request rate (updates/s), a sweep every "
                                                              f"{setup['interval_ms']} ms")):
         rs = sorted((r for r in rows if r["series"] == kind), key=lambda r: float(r[xkey]))
         xs, ys = [float(r[xkey]) for r in rs], [float(r["updates_per_s"]) for r in rs]
-        ax.plot(xs, ys, "o-", label="BOSC sweep")
+        runs = [[float(x) for x in str(r.get("runs") or r["updates_per_s"]).split()] for r in rs]
+        ax.errorbar(xs, ys, yerr=[[y - min(v) for y, v in zip(ys, runs)], [max(v) - y for y, v in zip(ys, runs)]],
+                    fmt="o-", capsize=3, label="BOSC sweep (median, bars: min-max of rounds)")
         for r, x, y in zip(rs, xs, ys):
             ax.annotate(f"{float(r['records_per_block']):.1f}/blk", (x, y),
                         textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
-        ax.axhline(naive, color="tab:red", ls="--", label=f"naive in place (+fdatasync): {naive:,.0f}/s")
+        nv = [float(x) for x in str(naive_row.get("runs") or naive).split()]
+        ax.axhline(naive, color="tab:red", ls="--",
+                   label=f"naive in place (+fdatasync{', file preallocated' if naive_row.get('naive_file') else ''})"
+                         f": {naive:,.0f}/s")
+        ax.axhspan(min(nv), max(nv), color="tab:red", alpha=0.1)
         ax.axhline(10 * naive, color="tab:red", ls=":", label="10 x naive (target)")
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -174,7 +183,8 @@ def draw(rows, path):
         ax.legend(fontsize=8)
     axes[0].set_ylabel("effective disk updates / s")
     fig.suptitle(f"BOSC effective updates: {setup['keys']:,} keys in {setup['buckets']:,} blocks, {VALUE}-byte "
-                 f"values (medians of {rows[0]['rounds']})", fontsize=10)
+                 f"values (medians of {rows[0]['rounds']}); writers and the flusher in one process, "
+                 f"{common.cores_note()}", fontsize=9)
     common.save_figure(fig, path, dpi=120)
 
 

@@ -80,33 +80,63 @@ def one_point(max_batch, logs, record_bytes, interval_us):
         shutil.rmtree(local_dir, ignore_errors=True)
 
 
+def by_batch(rows, field):
+    """{max batch: [field of each round]}."""
+    out = {}
+    for r in rows:
+        out.setdefault(int(r["max_batch_records"]), []).append(float(r[field]))
+    return dict(sorted(out.items()))
+
+
+def headline(rows):
+    """(max batch, median logs/s, min, max) of the batch size with the highest MEDIAN over
+    rounds: the figure's headline. Not the best single round: this VM flips between a
+    fast and a slow mode for whole runs, and a best round quotes the fast mode alone."""
+    pts = by_batch(rows, "logs_per_s")
+    b = max(pts, key=lambda x: statistics.median(pts[x]))
+    return b, statistics.median(pts[b]), min(pts[b]), max(pts[b])
+
+
+def report(rows):
+    pts = by_batch(rows, "logs_per_s")
+    print("max batch   median M logs/s   [min-max]   rounds")
+    for b, v in pts.items():
+        print(f"{b:>9}   {statistics.median(v) / 1e6:>15.2f}   [{min(v) / 1e6:.2f}-{max(v) / 1e6:.2f}]   {len(v)}")
+    b, m, lo, hi = headline(rows)
+    print(f"headline: {m / 1e6:.2f} M logs/s (median of rounds, min-max {lo / 1e6:.2f}-{hi / 1e6:.2f}) at max batch "
+          f"{b}; paper ~{PAPER_PEAK / 1e6:.0f} M logs/s peak")
+
+
 def draw(rows, path):
     plt = common.pyplot()
-    xs = sorted({int(r["max_batch_records"]) for r in rows})
-    med = {x: statistics.median(float(r["logs_per_s"]) for r in rows if int(r["max_batch_records"]) == x) for x in xs}
-    cpu = {x: statistics.median(float(r["node_cpu_per_s"]) for r in rows if int(r["max_batch_records"]) == x)
-           for x in xs}
-    pcpu = {x: statistics.median(float(r["peer_cpu_per_s"]) for r in rows if int(r["max_batch_records"]) == x)
-            for x in xs}
-    lo = {x: min(float(r["logs_per_s"]) for r in rows if int(r["max_batch_records"]) == x) for x in xs}
-    hi = {x: max(float(r["logs_per_s"]) for r in rows if int(r["max_batch_records"]) == x) for x in xs}
-    fig, ax = plt.subplots(figsize=(8, 5))
-    ax.fill_between(xs, [lo[x] / 1e6 for x in xs], [hi[x] / 1e6 for x in xs], alpha=0.2,
-                    label="min-max over rounds")
-    ax.plot(xs, [med[x] / 1e6 for x in xs], "o-", label="kvstore median (loopback, 2-core VM)")
-    ax.axhline(PAPER_PEAK / 1e6, color="grey", ls="--", label="paper: ~8 M logs/s peak")
+    pts = by_batch(rows, "logs_per_s")
+    xs = list(pts)
+    med = [statistics.median(pts[x]) / 1e6 for x in xs]
+    cpu = {x: statistics.median(v) for x, v in by_batch(rows, "node_cpu_per_s").items()}
+    pcpu = {x: statistics.median(v) for x, v in by_batch(rows, "peer_cpu_per_s").items()}
+    fig, ax = plt.subplots(figsize=(8, 5.6))
+    ax.errorbar(xs, med, yerr=[[m - min(pts[x]) / 1e6 for x, m in zip(xs, med)],
+                               [max(pts[x]) / 1e6 - m for x, m in zip(xs, med)]],
+                fmt="o-", capsize=3, label=f"kvstore, median of {max(len(v) for v in pts.values())} rounds "
+                                           "(bars: min-max)")
+    common.paper_line(ax, PAPER_PEAK / 1e6, "paper: ~8 M logs/s peak")
+    b, m, lo, hi = headline(rows)
+    ax.annotate(f"median peak {m / 1e6:.1f} M/s\n(rounds {lo / 1e6:.1f}-{hi / 1e6:.1f})", (b, m / 1e6),
+                textcoords="offset points", xytext=(0, -34), ha="center", fontsize=8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("maximum logs per batch")
-    ax.set_ylabel("remote-log throughput (M logs/s, median)")
+    ax.set_ylabel("remote-log throughput (M logs/s)")
     ax2 = ax.twinx()
     ax2.plot(xs, [cpu[x] for x in xs], "s:", color="#d62728", label="node CPU incl. generator (cores)")
     ax2.plot(xs, [pcpu[x] for x in xs], "^:", color="#2ca02c", label="peer CPU (cores)")
-    ax2.set_ylabel("CPU (cores busy)")
+    ax2.set_ylabel("CPU (cores busy, median)")
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="center right")
+    ax.legend(h1 + h2, l1 + l2, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8)
     ax.grid(alpha=0.3)
-    ax.set_title(f"Fig. 4 reproduced: {int(rows[0]['record_bytes'])}-byte logs shipped every 100 us to a peer")
+    ax.set_title(f"Fig. 4 reproduced: {int(rows[0]['record_bytes'])}-byte logs shipped every 100 us to a peer "
+                 "on loopback\n" + common.cores_note(shares="node (generator, sender, local log), peer"),
+                 fontsize=9)
     common.save_figure(fig, path)
 
 
@@ -115,7 +145,7 @@ def add_args(ap):
     ap.add_argument("--record-bytes", type=int, default=85)
     ap.add_argument("--interval-us", type=int, default=100)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16, 64, 256, 1024, 4096, 16384, 65536])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of every point (the VM drifts); medians")
 
 
 def measure(args):

@@ -10,7 +10,10 @@ Rows (the paper's columns):
         network namespace (a veth pair, 198.18.0.0/15), so log batches cross a (virtual) network
   NHDL  all of them
 Architectures:
-  threadpool        a pool of workers, one blocking request at a time (the paper's LinuxTCP)
+  threadpool        a pool of workers, one blocking request at a time (the paper's LinuxTCP);
+                    every --workers size is measured (threadpool-8, threadpool-32, ...) and the
+                    table reports the pool at its best per row: in the L rows each worker
+                    blocks for the peer's ack, so a small pool caps the row by Little's law
   poller-strict, poller-flexpoll, poller-direct
                     the per-core epoll pollers with each EPOLLOUT policy (kernel TCP)
   udp               the UDP front end on kernel sockets (recvmmsg/sendmmsg)
@@ -22,10 +25,17 @@ Topology: every client runs in a test host's namespace and crosses a veth pair t
 servers (198.18.18.0/30; dpdk gets its own pair, 198.18.19.0/30, whose host end it takes
 over with AF_XDP). Load: kvstore bench, SET, 85-byte values, fresh random keys (1 M key
 space), --conns connections (UDP: sockets) at pipeline --pipeline (UDP: datagrams in
-flight per socket). The servers of a row are measured in alternation (A B C ..., then
-reversed), medians of --rounds; server CPU time is recorded too (a dpdk lcore busy-polls:
-its CPU time is its whole run). Needs root for the namespaces; without root everything
-runs on loopback and dpdk is left out (and it says so).
+flight per socket), each point --requests or --point-seconds, whichever ends first. The
+servers of a row are measured in alternation (A B C ..., then reversed), medians of
+--rounds with their min-max; server CPU time is recorded too (a dpdk
+lcore busy-polls: its CPU time is its whole run). N and NH are one group: the servers of
+both rows run at once and alternate (N a, NH a, N b, NH b ..., reversed the next round),
+so N/NH compares points measured seconds apart, not minutes apart, on a VM whose speed
+drifts (measured row after row, the thread pool's N came out below its NH: 3 rounds
+spanning 126-283 K for N and 99-258 K for NH). Nothing is pinned unless --client-cpus
+pins the client; servers, clients and log peers share the machine's CPUs. Needs root for
+the namespaces; without root everything runs on loopback and dpdk is left out (and it
+says so).
 
     kvstore experiment run p000_table1        -> OUT/p000_table1.{csv,png}
 """
@@ -43,24 +53,69 @@ from kvstore.experiments import common
 
 NAME = "p000_table1"
 QUICK = ["--archs", "threadpool", "poller-direct", "udp", "dpdk", "--rounds", "1", "--requests", "20000",
-         "--keyspace", "50000", "--conns", "20", "--workers", "8", "--full-memory", "4mb"]
+         "--keyspace", "50000", "--conns", "20", "--workers", "8", "--full-memory", "4mb", "--warmup-seconds", "10",
+         "--point-seconds", "4"]
 ROWS = ["N", "NH", "NHD", "NHL", "NHDL"]
 ARCHS = ["threadpool", "poller-strict", "poller-flexpoll", "poller-direct", "udp", "dpdk"]
-UDP_PORT = 6390
 PAPER = {"LinuxTCP thread pool": [799_706, 540_093, 417_006, 300_796, 250_405],
          "mTCP/DPDK pollers": [2_208_262, 897_920, 634_251, 740_663, 624_477]}
+TOGETHER = ("N", "NH")  # rows whose servers run at once, measured in alternation
 
 
-def settings_for(row, arch, args, peer_addr, hosts):
+def kind(unit):
+    """The architecture of a measured unit: 'threadpool-32' -> 'threadpool'."""
+    return "threadpool" if unit.startswith("threadpool") else unit
+
+
+def units(args):
+    """The servers of a row: every architecture, the thread pool once per --workers size."""
+    out = []
+    for a in args.archs:
+        out += [f"threadpool-{w}" for w in args.workers] if a == "threadpool" else [a]
+    return out
+
+
+def schedule(rows, us, rounds):
+    """The measuring order: [(group, [(round, row, unit), ...])], one entry per group of rows
+    whose servers run at once. In a round the rows of a group alternate per unit (N a, NH a,
+    N b, NH b ...), so the rows of an arch are measured seconds apart; every other round
+    runs in reverse, so no unit always goes first."""
+    out = []
+    for g in groups(rows):
+        units_rows = [(row, u) for u in us for row in g]
+        pts = []
+        for rnd in range(rounds):
+            pts += [(rnd, row, u) for row, u in (units_rows if rnd % 2 == 0 else reversed(units_rows))]
+        out.append((g, pts))
+    return out
+
+
+def groups(rows):
+    """Rows in measuring order, those of TOGETHER (when more than one is chosen) as one group."""
+    together = [r for r in rows if r in TOGETHER]
+    out, done = [], False
+    for r in rows:
+        if r in TOGETHER and len(together) > 1:
+            if not done:
+                out.append(together)
+                done = True
+        else:
+            out.append([r])
+    return out
+
+
+def settings_for(row, unit, args, peer_addr, dpdk_host=None):
     s = {"durability": "none"}  # memory only unless the row has the remote log (L)
+    arch = kind(unit)
     if arch == "threadpool":
-        s.update(arch="threadpool", threads=args.workers)
+        s.update(arch="threadpool", threads=int(unit.rsplit("-", 1)[1]))
     elif arch.startswith("poller"):
         s.update(threads=args.pollers, poll_policy=arch.split("-")[1])
     else:
-        s.update(arch=arch, udp_port=UDP_PORT, udp_workers=args.udp_workers)
+        # a free port each: the N and NH servers of an arch run at once
+        s.update(arch=arch, udp_port=common.free_port(udp=True), udp_workers=args.udp_workers)
         if arch == "dpdk":
-            s["dpdk_iface"] = hosts["dpdk"].host_if
+            s["dpdk_iface"] = dpdk_host.host_if
     if row == "N":
         s["network_only"] = True
     if "D" in row:
@@ -77,11 +132,13 @@ class Target:
     def __init__(self, host, addr, udp, args):
         self.host, self.addr, self.udp, self.args = host, addr, udp, args
 
-    def bench(self, port, pipeline, conns, requests, keyspace, value_size):
+    def bench(self, port, pipeline, conns, requests, keyspace, value_size, seconds=120):
+        """--requests, or fewer if --seconds pass first (a slow unit, e.g. 8 workers each
+        waiting for the peer's ack, must not stretch the run)."""
         cmd = [sys.executable, "-m", "kvstore.cli", "bench", "--host", self.addr, "-p", str(port),
                "-t", str(self.args.client_threads),
                "-c", str(conns), "-P", str(pipeline), "-n", str(requests), "-r", str(keyspace),
-               "-d", str(value_size), "--ratio", "1:0", "--duration", "120", "--json"]
+               "-d", str(value_size), "--ratio", "1:0", "--duration", str(seconds), "--json"]
         if self.udp:
             cmd += ["--udp", "--timeout-ms", "2000"]
         if self.args.client_cpus:
@@ -105,19 +162,27 @@ def dpdk_unavailable():
     return ""
 
 
-def make_hosts(archs):
-    """Test hosts for the clients ('tcp': every kernel-socket arch; 'dpdk'), or {} without root."""
+def make_hosts(archs, ndpdk=1, base=17):
+    """Test hosts for the clients ('tcp': every kernel-socket arch; 'dpdk', 'dpdk2' ...: one
+    per dpdk server running at once, each takes over its own pair), or {} without root.
+    base: the first /30's index (198.18.<base>.0/30) and the names' number; two runs at once
+    need bases at least 4 apart (a host's create() removes a namespace of the same name)."""
     ok, why = netns.available()
     if not ok:
         print(f"note: {why}: clients and the log peer run on loopback", file=sys.stderr)
         return {}
-    hosts = {"peer": netns.TestHost("kvt1peer", index=17).create(),
-             "tcp": netns.TestHost("kvt1cli", index=18).create()}
-    if "dpdk" in archs:
-        h = hosts["dpdk"] = netns.TestHost("kvt1dp", index=19).create()
+    tag = "t1" if base == 17 else str(base)
+    hosts = {"peer": netns.TestHost(f"kv{tag}peer", index=base).create(),
+             "tcp": netns.TestHost(f"kv{tag}cli", index=base + 1).create()}
+    for i in range(ndpdk if "dpdk" in archs else 0):
+        h = hosts[dpdk_key(i)] = netns.TestHost(f"kv{tag}dp" + (str(i + 1) if i else ""), index=base + 2 + i).create()
         h.tx_checksum_offload_off()  # or every reply built from an offloaded frame is dropped
         h.set_neighbour(h.local_addr, h.mac())  # the bypassed end answers no ARP
     return hosts
+
+
+def dpdk_key(i):
+    return "dpdk" + (str(i + 1) if i else "")
 
 
 def start_peer(hosts, d):
@@ -141,62 +206,71 @@ def measure(args):
     old_term = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     hosts = {}
     sweep = None
+    us = units(args)
     try:
-        hosts = make_hosts(args.archs)  # before any thread that a fork could inherit a lock from
-        sweep = common.Sweep(args.csv, ("row", "arch", "round"), len(args.rows) * len(args.archs) * args.rounds, args,
-                             selected=lambda r: r["row"] in args.rows and r["arch"] in args.archs, desc="table 1")
+        # before any thread that a fork could inherit a lock from
+        hosts = make_hosts(args.archs, max(len(g) for g in groups(args.rows)), args.netns_base)
+        sweep = common.Sweep(args.csv, ("row", "arch", "round"), len(args.rows) * len(us) * args.rounds, args,
+                             selected=lambda r: r["row"] in args.rows and r["arch"] in us, desc="table 1")
+        shares = "servers, clients" + (", log peers" if any("L" in r for r in args.rows) else "")
 
-        def target(arch):
-            udp = arch in ("udp", "dpdk")
-            if arch == "dpdk":
-                return Target(hosts["dpdk"], hosts["dpdk"].local_addr, True, args)
+        def target(unit, i):
+            """Where unit's clients run; i: the unit's row within its group (its dpdk pair)."""
+            udp = unit in ("udp", "dpdk")
+            if unit == "dpdk":
+                h = hosts[dpdk_key(i)]
+                return Target(h, h.local_addr, True, args)
             return Target(hosts.get("tcp"), hosts["tcp"].local_addr if hosts else "127.0.0.1", udp, args)
 
-        for row in args.rows:
+        for group, points in schedule(args.rows, us, args.rounds):
             servers, peers, dirs = {}, [], []
-            archs = [a for a in args.archs if any(not sweep.has(row=row, arch=a, round=i) for i in range(args.rounds))]
+            todo = list(dict.fromkeys((row, u) for rnd, row, u in points if not sweep.has(row=row, arch=u, round=rnd)))
             try:
-                for arch in archs:
+                for row, u in todo:
+                    i = group.index(row)
                     d = tempfile.mkdtemp(prefix=f"kv-t1-{row}-")
                     dirs.append(d)
-                    bind = hosts["tcp"].local_addr if hosts and arch != "dpdk" else "127.0.0.1"
+                    bind = hosts["tcp"].local_addr if hosts and u != "dpdk" else "127.0.0.1"
                     peer_addr = None
                     if "L" in row:
                         dirs.append(tempfile.mkdtemp(prefix=f"kv-t1-{row}-peer-"))
                         peer, peer_addr = start_peer(hosts, dirs[-1])
                         peers.append(peer)
-                    n = Node(bind=bind, port=0, data_dir=d, **settings_for(row, arch, args, peer_addr, hosts))
-                    servers[arch] = n.start(60)
-                    # warm up: a full pass of the key space (fills memory for D); the UDP front
-                    # ends one datagram in flight per socket (see the README on AF_XDP bursts)
-                    udp = arch in ("udp", "dpdk")
+                    n = Node(bind=bind, port=0, data_dir=d,
+                             **settings_for(row, u, args, peer_addr, hosts.get(dpdk_key(i))))
+                    servers[(row, u)] = n.start(60)
+                    # warm up: a pass of the key space, at most --warmup-seconds (D: 120 s, it must
+                    # fill memory); the UDP front ends one datagram in flight per socket (see
+                    # the README on AF_XDP bursts)
+                    udp = u in ("udp", "dpdk")
                     port = n.udp_port if udp else n.port
-                    target(arch).bench(port, 1 if udp else 16, args.conns if udp else 50, args.keyspace,
-                                       args.keyspace, args.value_size)
-                for rnd in range(args.rounds):
-                    order = archs if rnd % 2 == 0 else list(reversed(archs))
-                    for arch in order:
-                        if sweep.has(row=row, arch=arch, round=rnd):
-                            continue
-                        n = servers[arch]
-                        port = n.udp_port if arch in ("udp", "dpdk") else n.port
-                        udp = arch in ("udp", "dpdk")
-                        busy0 = int(n.stats()["udp_busy_us"]) if udp else 0
-                        cpu0 = common.cpu_seconds(n.pid)
-                        r = target(arch).bench(port, args.pipeline, args.conns, args.requests, args.keyspace,
-                                               args.value_size)
-                        cpu = common.cpu_seconds(n.pid) - cpu0
-                        busy = int(n.stats()["udp_busy_us"]) - busy0 if udp else ""
-                        sweep.add({"round": rnd, "row": row, "arch": arch, "pipeline": args.pipeline,
-                                   "conns": args.conns, "requests": args.requests,
-                                   "throughput": round(r["throughput"]), "p50_us": round(r["lat_p50_us"], 1),
-                                   "p99_us": round(r["lat_p99_us"], 1), "timeouts": r.get("timeouts", 0),
-                                   "server_cpu_s": round(cpu, 3),
-                                   "server_cpu_us_per_req": round(cpu * 1e6 / max(1, r["requests"]), 2),
-                                   "udp_busy_us_per_req": round(busy / max(1, r["requests"]), 3) if udp else "",
-                                   "net": "netns" if hosts else "loopback"},
-                                  f"[{row:4s} round {rnd + 1}/{args.rounds}] {arch:16s} {r['throughput']:>10,.0f} "
-                                  f"SET/s p99 {r['lat_p99_us']:8.0f} us cpu {cpu:5.2f} s")
+                    target(u, i).bench(port, 1 if udp else 16, args.conns if udp else 50, args.keyspace,
+                                       args.keyspace, args.value_size, 120 if "D" in row else args.warmup_seconds)
+                for rnd, row, u in points:
+                    if sweep.has(row=row, arch=u, round=rnd):
+                        continue
+                    n = servers[(row, u)]
+                    udp = u in ("udp", "dpdk")
+                    port = n.udp_port if udp else n.port
+                    busy0 = int(n.stats()["udp_busy_us"]) if udp else 0
+                    cpu0 = common.cpu_seconds(n.pid)
+                    r = target(u, group.index(row)).bench(port, args.pipeline, args.conns, args.requests,
+                                                          args.keyspace, args.value_size, args.point_seconds)
+                    cpu = common.cpu_seconds(n.pid) - cpu0
+                    busy = int(n.stats()["udp_busy_us"]) - busy0 if udp else ""
+                    sweep.add({"round": rnd, "row": row, "arch": u, "pipeline": args.pipeline,
+                               "conns": args.conns, "requests": r["requests"],
+                               "throughput": round(r["throughput"]), "p50_us": round(r["lat_p50_us"], 1),
+                               "p99_us": round(r["lat_p99_us"], 1), "timeouts": r.get("timeouts", 0),
+                               "server_cpu_s": round(cpu, 3),
+                               "server_cpu_us_per_req": round(cpu * 1e6 / max(1, r["requests"]), 2),
+                               "udp_busy_us_per_req": round(busy / max(1, r["requests"]), 3) if udp else "",
+                               "net": "netns" if hosts else "loopback",
+                               "workers": u.rsplit("-", 1)[1] if kind(u) == "threadpool" else "",
+                               "group": "+".join(group), "client_threads": args.client_threads,
+                               "client_cpus": args.client_cpus, "ncpu": os.cpu_count(), "shares": shares},
+                              f"[{row:4s} round {rnd + 1}/{args.rounds}] {u:16s} {r['throughput']:>10,.0f} "
+                              f"SET/s p99 {r['lat_p99_us']:8.0f} us cpu {cpu:5.2f} s")
             finally:
                 for n in list(servers.values()) + peers:
                     n.stop()
@@ -215,83 +289,177 @@ def medians(rows, field="throughput"):
     return common.medians(rows, ("row", "arch"), field)
 
 
+def rounds_of(rows, field="throughput"):
+    """{(row, unit): [value of each round]}."""
+    out = {}
+    for r in rows:
+        out.setdefault((r["row"], r["arch"]), []).append(float(r[field]))
+    return out
+
+
+def best_pool(rows):
+    """{row: the thread-pool unit with the highest median in that row} (the pool at its best)."""
+    med = medians(rows)
+    best = {}
+    for (row, u), v in med.items():
+        if kind(u) == "threadpool" and (row not in best or v > med[(row, best[row])]):
+            best[row] = u
+    return best
+
+
+def shown_units(rows):
+    """The units measured, in the table's order: pool sizes ascending, then the other archs."""
+    seen = {r["arch"] for r in rows}
+    pools = sorted((u for u in seen if kind(u) == "threadpool"), key=lambda u: int(u.rsplit("-", 1)[1])
+                   if "-" in u else 0)
+    return pools + [a for a in ARCHS if a != "threadpool" and a in seen]
+
+
+def setup_title(rows):
+    r = rows[0] if rows else {}
+    pinned = f"client pinned to CPU {r['client_cpus']}" if r.get("client_cpus") else ""
+    net = "over a veth pair" if r.get("net") == "netns" else "on loopback"
+    return (f"kvstore, P{r.get('pipeline', 1)}, {r.get('conns', '?')} conns, clients {net}\n"
+            + common.cores_note(pinned, r.get("shares") or "servers, clients, log peers"))
+
+
 def report(rows):
     med = medians(rows)
+    rnd = rounds_of(rows)
     cpu = medians(rows, "server_cpu_us_per_req")
-    archs = [a for a in ARCHS if any(k[1] == a for k in med)]
-    print("req/s (median) " + "".join(f"{r:>12s}" for r in ROWS))
-    for a in archs:
-        print(f"{a:15s}" + "".join(f"{med.get((r, a), 0):>12,.0f}" for r in ROWS))
+    us = shown_units(rows)
+    best = best_pool(rows)
+    print("req/s: median [min-max] of " + str(max(len(v) for v in rnd.values())) + " rounds")
+    print(f"{'':17s}" + "".join(f"{r:>24s}" for r in ROWS))
+
+    def cell(row, u):
+        v = rnd.get((row, u))
+        return f"{med[(row, u)]:>10,.0f} [{min(v) / 1e3:,.0f}-{max(v) / 1e3:,.0f}K]" if v else f"{'-':>23s}"
+
+    if best:
+        print(f"{'threadpool best':17s}" + "".join(f" {cell(r, best[r]) if r in best else '-':>23s}" for r in ROWS))
+        print(f"{'  (workers)':17s}" + "".join(f"{best[r].rsplit('-', 1)[-1] if r in best else '-':>24s}"
+                                               for r in ROWS))
+    for u in us:
+        print(f"{u:17s}" + "".join(f" {cell(r, u)}" for r in ROWS))
     for name, vals in PAPER.items():
-        print(f"{'paper ' + name:15.15s}" + "".join(f"{v:>12,}" for v in vals))
+        print(f"{'paper ' + name:17.17s}" + "".join(f"{v:>24,}" for v in vals))
     print("server CPU us/request (median)")
-    for a in archs:
-        print(f"{a:15s}" + "".join(f"{cpu.get((r, a), 0):>12.2f}" for r in ROWS))
+    for u in us:
+        print(f"{u:17s}" + "".join(f"{cpu[(r, u)]:>24.2f}" if (r, u) in cpu else f"{'-':>24s}" for r in ROWS))
     busy = medians([r for r in rows if r.get("udp_busy_us_per_req") not in (None, "")], "udp_busy_us_per_req")
     if busy:
         print("UDP worker busy time, us/request (median; a dpdk lcore busy-polls, so its CPU time is all of it)")
         for a in ("udp", "dpdk"):
             if any(k[1] == a for k in busy):
-                print(f"{a:15s}" + "".join(f"{busy.get((r, a), 0):>12.3f}" for r in ROWS))
-    for a in archs:
-        nh = med.get(("NH", a))
-        if nh:
-            print(f"{a:15s} ratios to NH: " + ", ".join(
-                f"{r}/NH {med[(r, a)] / nh:.2f}" for r in ("N", "NHD", "NHL", "NHDL") if (r, a) in med))
+                print(f"{a:17s}" + "".join(f"{busy.get((r, a), 0):>24.3f}" for r in ROWS))
+    # N and NH run side by side (one group): their ratio is paired by round
+    side = any(r.get("group") == "+".join(TOGETHER) for r in rows)
+    how = "side by side, same round" if side else "same round index, rows measured apart"
+    for u in us:
+        x = common.paired(rows, "row", "N", "NH", arch=u)
+        if x is not None:
+            per = sorted(float(a["throughput"]) / float(b["throughput"]) for a in rows for b in rows
+                         if a["arch"] == b["arch"] == u and a["row"] == "N" and b["row"] == "NH"
+                         and a["round"] == b["round"])
+            print(f"{u:17s} N/NH ({how}) {x:.2f} [{per[0]:.2f}-{per[-1]:.2f}]")
+    for u in us:
+        nh = med.get(("NH", u))
+        if nh and any((r, u) in med for r in ("NHD", "NHL", "NHDL")):
+            print(f"{u:17s} ratios to NH (medians): " + ", ".join(
+                f"{r}/NH {med[(r, u)] / nh:.2f}" for r in ("NHD", "NHL", "NHDL") if (r, u) in med))
     # ratios of points measured side by side (same row and round), then their median:
     # steadier than a ratio of medians when the machine's speed drifts between rounds
-    for base in ("threadpool", "udp"):
-        for a in archs:
-            if a == base or (base == "udp" and a != "dpdk"):
-                continue
-            pairs = [(row, common.paired(rows, "arch", a, base, row=row)) for row in ROWS]
-            pairs = [(row, x) for row, x in pairs if x is not None]
-            if pairs:
-                print(f"{a} / {base} (paired): " + ", ".join(f"{r} {x:.2f}x" for r, x in pairs))
+    for u in us:
+        if kind(u) == "threadpool":
+            continue
+        pairs = [(row, common.paired(rows, "arch", u, best[row], row=row)) for row in ROWS if row in best]
+        pairs = [(row, x) for row, x in pairs if x is not None]
+        if pairs:
+            print(f"{u} / best threadpool (paired): " + ", ".join(f"{r} {x:.2f}x" for r, x in pairs))
+    if "udp" in us and "dpdk" in us:
+        pairs = [(row, common.paired(rows, "arch", "dpdk", "udp", row=row)) for row in ROWS]
+        print("dpdk / udp (paired): " + ", ".join(f"{r} {x:.2f}x" for r, x in pairs if x is not None))
     print("paper mTCP / LinuxTCP: " + ", ".join(f"{r} {m / l:.2f}x" for r, m, l in
                                                 zip(ROWS, PAPER["mTCP/DPDK pollers"], PAPER["LinuxTCP thread pool"])))
 
 
 def draw(rows, path):
     plt = common.pyplot()
-    med = medians(rows)
-    archs = [a for a in ARCHS if any(k[1] == a for k in med)]
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.8))
-    w = 0.8 / len(archs)
-    for i, a in enumerate(archs):
-        axes[0].bar([x + i * w for x in range(len(ROWS))], [med.get((r, a), 0) for r in ROWS], w, label=a)
-    net = rows[0].get("net", "loopback") if rows else "loopback"
-    axes[0].set_title(f"kvstore on this 2-core VM (clients over {'a veth pair' if net == 'netns' else net})",
-                      fontsize=10)
-    w2 = 0.8 / len(PAPER)
-    for i, (name, vals) in enumerate(PAPER.items()):
-        axes[1].bar([x + i * w2 for x in range(len(ROWS))], vals, w2, label=name)
-    axes[1].set_title("paper 000, Table 1 (4 machines, 10 GbE)", fontsize=10)
-    for ax, ww in ((axes[0], w), (axes[1], w2)):
-        n = len(archs) if ax is axes[0] else len(PAPER)
-        ax.set_xticks([x + ww * (n - 1) / 2 for x in range(len(ROWS))])
-        ax.set_xticklabels(ROWS)
-        ax.set_ylabel("inserts/s")
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
+    rnd = rounds_of(rows)
+    best = best_pool(rows)
+    others = [u for u in shown_units(rows) if kind(u) != "threadpool"]
+    series = (["threadpool"] if best else []) + others
+    values = {(row, u): rnd[(row, u)] for row in ROWS for u in others if (row, u) in rnd}
+    values.update({(row, "threadpool"): rnd[(row, u)] for row, u in best.items()})
+    note = {(row, "threadpool"): f"{u.rsplit('-', 1)[-1]} w" for row, u in best.items() if "-" in u}
+    labels = {"threadpool": "threadpool (best pool size, workers above)"}
+    fig, axes = plt.subplots(1, 2, figsize=(15, 5.2), gridspec_kw={"width_ratios": [3, 2]})
+    ax = axes[0]
+    xs = common.bar_chart(ax, ROWS, series, values, labels=labels, annotate=note)
+    # the paper's two columns, over the bars they correspond to
+    lin, mtcp = PAPER["LinuxTCP thread pool"], PAPER["mTCP/DPDK pollers"]
+    bypass = "dpdk" if "dpdk" in xs else ("poller-direct" if "poller-direct" in xs else None)
+    if "threadpool" in xs:
+        common.paper_marks(ax, [xs["threadpool"].get(r) for r in ROWS], lin, label="paper: LinuxTCP thread pool")
+    if bypass:
+        common.paper_marks(ax, [xs[bypass].get(r) for r in ROWS], mtcp, label="paper: mTCP/DPDK pollers",
+                           color="dimgrey")
+    ax.set_yscale("log")
+    ax.set_ylabel("inserts/s (median, bars: min-max of rounds)")
+    ax.set_title(setup_title(rows), fontsize=9)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    # right: what durability keeps of the in-memory rate, X/NH per round
+    ax = axes[1]
+    ratio_rows = ["N", "NHD", "NHL", "NHDL"]
+    rv = {}
+    for u in series:
+        for row in ratio_rows:
+            a = values.get((row, u)) if u != "threadpool" else rnd.get((row, best.get(row)))
+            nh = values.get(("NH", u))
+            if a and nh:
+                rv[(row, u)] = [x / y for x, y in zip(a, nh)]  # round i over round i
+    xs = common.bar_chart(ax, ratio_rows, series, rv, labels=labels)
+    for name, vals, col in (("LinuxTCP", lin, "black"), ("mTCP/DPDK", mtcp, "dimgrey")):
+        u = "threadpool" if name == "LinuxTCP" else bypass
+        if u in xs:
+            common.paper_marks(ax, [xs[u].get(r) for r in ratio_rows],
+                               [vals[ROWS.index(r)] / vals[1] for r in ratio_rows], label=f"paper: {name}",
+                               color=col)
+    ax.axhline(1, color="grey", lw=0.8)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    ax.set_ylabel("X / NH (pool: best size of X over best of NH; bars: min-max)", fontsize=8)
+    side = any(r.get("group") == "+".join(TOGETHER) for r in rows)
+    ax.set_title("what each row keeps of the in-memory rate, round by round\n(paper's pollers: NHD/NH 0.71, "
+                 f"NHL/NH 0.82; {'N and NH measured side by side' if side else 'rows measured apart'})",
+                 fontsize=9)
     common.save_figure(fig, path)
 
 
 def add_args(ap):
     ap.add_argument("--rows", nargs="+", default=ROWS, choices=ROWS)
     ap.add_argument("--archs", nargs="+", default=ARCHS, choices=ARCHS)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=500_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=200_000, help="per point, or fewer if --point-seconds pass first")
+    ap.add_argument("--point-seconds", type=float, default=6.0, help="a point's time bound")
+    ap.add_argument("--warmup-seconds", type=float, default=20.0,
+                    help="a server's warm-up pass over the key space ends after this long (D rows: 120 s, to "
+                         "fill memory)")
     ap.add_argument("--keyspace", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=85)
     ap.add_argument("--conns", type=int, default=100)
     ap.add_argument("--pipeline", type=int, default=1)
     ap.add_argument("--pollers", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=32, help="threadpool size")
+    ap.add_argument("--workers", type=int, nargs="+", default=[8, 32, 128, 512],
+                    help="thread-pool sizes, each measured (the table reports the best per row)")
     ap.add_argument("--udp-workers", type=int, default=1, help="threads (udp) or lcores (dpdk) of the UDP front ends")
     ap.add_argument("--client-threads", type=int, default=2, help="kvstore bench threads")
     ap.add_argument("--client-cpus", default="", help="pin the client to these CPUs (taskset -c), e.g. 0")
     ap.add_argument("--full-memory", default="48mb", help="--max-memory of the D rows")
+    ap.add_argument("--netns-base", type=int, default=17,
+                    help="the test hosts' first 198.18.X.0/30 (X = this, +1, +2 ...); another run at once needs "
+                         "another base, 4 or more apart")
     common.add_sweep_args(ap)
 
 

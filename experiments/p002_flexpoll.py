@@ -132,27 +132,35 @@ def report(rows):
 
 def draw(rows, path):
     plt = common.pyplot()
-    med, ctl = medians(rows), medians(rows, "epoll_ctl_per_req")
     loads = list(dict.fromkeys(r["load"] for r in rows))
-    fig, axes = plt.subplots(2, 1, figsize=(12, 7), sharex=True)
-    w = 0.27
-    for i, p in enumerate(POLICIES):
-        xs = [x + i * w for x in range(len(loads))]
-        axes[0].bar(xs, [med[(ld, p)] for ld in loads], w, label=p)
-        axes[1].bar(xs, [ctl[(ld, p)] for ld in loads], w, label=p)
-    axes[0].set_ylabel("requests/s (median)")
+    fig, axes = plt.subplots(2, 1, figsize=(12, 7.5), sharex=True)
+    xs = {}
+    for ax, field in ((axes[0], "throughput"), (axes[1], "epoll_ctl_per_req")):
+        vals = {}
+        for r in rows:
+            vals.setdefault((r["load"], r["policy"]), []).append(float(r[field]))
+        xs[field] = common.bar_chart(ax, loads, POLICIES, vals)
+    # the paper reports FlexPoll / Redis (strict): marked over flexpoll's bar as strict's median x that ratio
+    med = medians(rows)
+    common.paper_marks(axes[0], [xs["throughput"]["flexpoll"].get(ld) for ld in loads], [med[(ld, "strict")] * (PAPER["real-world"] if "mix" in ld.lower()
+                                                             else PAPER["micro"]) for ld in loads],
+                       label=f"paper: flexpoll = strict x {PAPER['micro']} (micro), x {PAPER['real-world']} "
+                             "(real-world)", s=250)
+    axes[0].set_ylabel("requests/s (median, bars: min-max)")
     axes[1].set_ylabel("epoll_ctl calls per request")
-    axes[1].set_xticks([x + w for x in range(len(loads))])
     axes[1].set_xticklabels(loads, rotation=30, ha="right", fontsize=8)
-    for ax in axes:
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[0].set_title("EPOLLOUT policies on kvstore (2 pollers, 2-core VM shared with the client)", fontsize=10)
+    axes[0].set_ylim(top=axes[0].get_ylim()[1] * 1.3)  # room for the legend above the paper's marks
+    axes[0].legend(fontsize=8, ncol=4, loc="upper left")
+    axes[1].legend(fontsize=8, ncol=3, loc="upper right")
+    pinned = rows and str(rows[0].get("pinned")) in ("1", "True")
+    axes[0].set_title("EPOLLOUT policies on kvstore (2 pollers; the client is redis-benchmark or kvstore bench)\n"
+                      + common.cores_note("servers on CPU 1, clients on CPU 0" if pinned else "",
+                                          "" if pinned else "servers, clients"), fontsize=9)
     common.save_figure(fig, path)
 
 
 def add_args(ap):
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of every load (the VM drifts); medians, min-max")
     ap.add_argument("--requests", type=int, default=1_000_000, help="per P16 run (P1: a fifth)")
     ap.add_argument("--conns", type=int, nargs="+", default=[50, 1000])
     ap.add_argument("--pipelines", type=int, nargs="+", default=[1, 16])

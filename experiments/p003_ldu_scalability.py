@@ -186,7 +186,8 @@ def draw(med, path):
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("threads")
     ax.set_ylabel("operations / s (millions; median, bars = min-max of rounds)")
-    ax.set_title(f"update-heavy shared list ({read_pct}% traversals): throughput")
+    ax.set_title(f"update-heavy shared list ({read_pct}% traversals): throughput\n(paper: LDU + unordered Harris "
+                 "1.7x stock Linux on AIM7, 120 cores; nothing pinned)", fontsize=9)
     ax.grid(alpha=0.3)
 
     ax2.set_xscale("log", base=2)
@@ -196,6 +197,8 @@ def draw(med, path):
     ax2.set_title("Table 2.1 analogue: time waiting for locks")
     ax2.set_ylim(0, 100)
     ax2.grid(alpha=0.3)
+    for (name, pct), ls_ in zip(PAPER_IDLE.items(), ("--", ":")):
+        common.paper_line(ax2, pct, f"paper, AIM7 on 120 cores: {name} {pct} % idle", ls=ls_)
     ax2.legend(loc="upper left", fontsize=8)
     cores = os.cpu_count() or 1
     above = [x for x in xs if x > cores]
@@ -207,6 +210,34 @@ def draw(med, path):
                    fontsize=8, color="dimgrey")
     machine_note(fig, med, xs)
     common.save_figure(fig, path, tight=False)
+
+
+PAPER_IDLE = {"stock Linux (mutex)": 51, "LDU": 21}  # % idle on AIM7, 120 cores (paper 003, Table 2.1)
+
+
+def report_table(med, col):
+    """Medians (M ops/s) of every variant by `col` (threads or read_pct), then each variant
+    over the mutex: the numbers the README's text quotes, Harris's lists beside LDU's."""
+    variants = [v for v in VARIANTS if any(r["variant"] == v for r in med)]
+    keys = sorted({int(r[col]) for r in med}, reverse=(col == "read_pct"))
+    by = {(r["variant"], int(r[col])): r for r in med}
+    print(f"M ops/s, median [min-max]; rows: {col}")
+    print(f"{col:>9s}" + "".join(f"{v:>22s}" for v in variants))
+    for k in keys:
+        print(f"{k:>9d}" + "".join(
+            f"{float(by[(v, k)]['ops_per_s']) / 1e6:>9.1f} [{float(by[(v, k)]['ops_per_s_min']) / 1e6:.1f}-"
+            f"{float(by[(v, k)]['ops_per_s_max']) / 1e6:.1f}]".rjust(22) if (v, k) in by else f"{'-':>22s}"
+            for v in variants))
+    if "mutex" in variants:
+        print("over the mutex (ratio of medians)")
+        for k in keys:
+            m = float(by[("mutex", k)]["ops_per_s"]) if ("mutex", k) in by else 0
+            print(f"{k:>9d}" + "".join(f"{float(by[(v, k)]['ops_per_s']) / m:>21.2f}x" if m and (v, k) in by
+                                       else f"{'-':>22s}" for v in variants))
+
+
+def report(med):
+    report_table(med, "threads")
 
 
 def parse_list(s, what):
