@@ -208,6 +208,7 @@ def run_one(s, tool, p, pinning, halves, args, rnd):
 
 SERVERS = ["kvstore-none", "kvstore-none-full", "kvstore-disk", "kvstore-disk-full", "kvstore-remote",
            "kvstore-remote-full", "redis-aof-always", "redis-aof-everysec"]
+MARK = "paper 000's ratio x NH"
 COLORS = ["#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#084594", "#d62728", "#fc9272"]
 
 
@@ -259,26 +260,31 @@ def report(rows):
             print(f"{tool} P{p} {pinning}: node CPU per request, remote / none = {x:.2f}x (the issue's target <= 1.25x)")
 
 
-def _bars(ax, groups, servers, colors, values, paper=False):
-    """Grouped bars: values[(group..., server)] = (median, min, max), min-max as error bars;
-    paper: mark the paper's ratio times the group's kvstore-none median on its server's bar."""
-    w = 0.8 / len(servers)
-    for si, (s, c) in enumerate(zip(servers, colors)):
+def _bars(ax, groups, servers, values, paper=False):
+    """Grouped bars of the servers measured: values[(group..., server)] = (median, min, max),
+    min-max as error bars; paper: mark the paper's ratio times the group's kvstore-none
+    median on its server's bar. Returns the servers drawn, in order."""
+    servers = [s for s in servers if any((*g, s) in values for g in groups)]
+    w = 0.8 / max(1, len(servers))
+    for si, s in enumerate(servers):
         xs, ys, lo, hi = [], [], [], []
         for gi, g in enumerate(groups):
             v = values.get((*g, s))
-            if v:
-                xs.append(gi + si * w)
-                ys.append(v[0])
-                lo.append(v[0] - v[1])
-                hi.append(v[2] - v[0])
+            if not v:
+                continue
+            xs.append(gi + si * w)
+            ys.append(v[0])
+            lo.append(v[0] - v[1])
+            hi.append(v[2] - v[0])
             nh = values.get((*g, "kvstore-none"))
             if paper and s in PAPER and nh:
                 ax.plot([gi + si * w - w / 2, gi + si * w + w / 2], [nh[0] * PAPER[s][1]] * 2, color="k", lw=2,
-                        label="paper 000's ratio x NH" if (gi, s) == (0, "kvstore-none-full") else None)
-        ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=s, color=c, error_kw={"elinewidth": 0.8})
-    ax.set_xticks([gi + 0.4 - w / 2 for gi in range(len(groups))])
+                        label=None if MARK in ax.get_legend_handles_labels()[1] else MARK)
+        ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=s, color=COLORS[SERVERS.index(s)],
+               error_kw={"elinewidth": 0.8})
+    ax.set_xticks([gi + (len(servers) - 1) * w / 2 for gi in range(len(groups))])
     ax.grid(axis="y", alpha=0.3)
+    return servers
 
 
 def draw(rows, path):
@@ -287,7 +293,7 @@ def draw(rows, path):
     groups = sorted({k[:3] for k in med}, key=lambda g: (g[0], -g[1], g[2] != "none"))
     halves = cpu_halves()
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(13, 9), gridspec_kw={"height_ratios": [3, 2]})
-    _bars(ax, groups, SERVERS, COLORS, med, paper=True)
+    _bars(ax, groups, SERVERS, med, paper=True)
     ax.set_xticklabels([f"{t}\nSET P{p}\n{'pinned' if pin == 'pinned' else 'not pinned'}" for t, p, pin in groups],
                        fontsize=8)
     ax.set_ylabel("acknowledged SET/s (median, min-max of rounds)")
@@ -300,14 +306,15 @@ def draw(rows, path):
     cpu, peer = spread(rows, "cpu_us_per_req"), spread(rows, "peer_cpu_us_per_req")
     cgroups = [g for g in groups if any((*g, s) in cpu for s in kv)]
     if cgroups:
-        _bars(bx, cgroups, kv, COLORS[:len(kv)], cpu)
-        w = 0.8 / len(kv)
-        for si, s in enumerate(kv):  # the peer's CPU stacked on its node's bar, hatched
+        drawn = _bars(bx, cgroups, kv, cpu)
+        w, labelled = 0.8 / len(drawn), False
+        for si, s in enumerate(drawn):  # the peer's CPU stacked on its node's bar, hatched
             for gi, g in enumerate(cgroups):
                 pc, nc = peer.get((*g, s)), cpu.get((*g, s))
                 if pc and nc and pc[0]:
                     bx.bar(gi + si * w, pc[0], w, bottom=nc[0], color="none", edgecolor="k", hatch="//", lw=0.5,
-                           label="the log peer's CPU" if (gi, si) == (0, kv.index("kvstore-remote")) else None)
+                           label=None if labelled else "the log peer's CPU")
+                    labelled = True
         bx.set_xticklabels([f"{t} P{p} {'pinned' if pin == 'pinned' else 'not pinned'}" for t, p, pin in cgroups],
                            fontsize=8)
         bx.set_ylabel("CPU us per request (median, min-max)")
