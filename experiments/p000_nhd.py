@@ -419,9 +419,9 @@ def draw(rows, path):
 
 def add_args(ap):
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--max-memory", type=parse_size, default="3gb",
-                    help="NHD's --max-memory (bytes or Redis units): a key of 85 B takes ~230 B of memory today "
-                         "and eviction runs from 90 %% down to 60 %%, so 3gb holds 10-13 M keys")
+    ap.add_argument("--max-memory", type=parse_size, default="4gb",
+                    help="NHD's --max-memory (bytes or Redis units): a key with 85 B takes ~230 B of memory with a "
+                         "data file today and eviction runs from 90 %% down to 60 %%, so 4gb holds 11-16 M keys")
     ap.add_argument("--data-buckets", type=int,
                     help="NHD's home blocks (default: max-memory / 4 KiB: the two home copies alone make 2x memory)")
     ap.add_argument("--file-ratio", type=float, default=2.0,
@@ -436,7 +436,8 @@ def add_args(ap):
     ap.add_argument("--bench-threads", type=int, default=2)
     ap.add_argument("--fio-size", default="2g", help="fio's file")
     ap.add_argument("--fio-seconds", type=int, default=10, help="bound of each fio job")
-    ap.add_argument("--dir", help="where the run's temp dir goes (default: $TMPDIR); needs ~4x --max-memory free")
+    ap.add_argument("--dir", help="where the run's temp dir goes (default: $TMPDIR); needs ~5x --max-memory free "
+                                  "(the data file ends at 4-5x memory) and fio's file")
 
 
 def check_args(args):
