@@ -9,15 +9,16 @@ NHD = kvstore --durability none --data-file --max-memory M (a cache that spills 
 Each round runs, for each pipeline depth, NH then NHD (A B A B ...) with `kvstore bench`
 inserting NEW keys (keyspace 10^12, a fresh seed per run), bounded in requests and seconds.
 Per NHD point, from the deltas of INFO persistence over the run: records per block written,
-the data file's write and read MB/s (over the run's wall time, and over the sweeps' own time
-when the server reports datafile_sweep_seconds), the flusher thread's CPU (INFO
-datafile_sweep_cpu_seconds, else /proc/PID/task/TID/stat of the thread named for the flusher,
-else of the busiest unnamed non-main thread: the CSV's flusher_cpu_source says which) and
-server CPU per request for both. fio's sequential 1 MiB O_DIRECT write and read bandwidth on
-the same filesystem is measured in the same run (before and after the rounds) as the bar the
-sweep is held to (the issue's target: >= 50 %). Paper 000: NHD/NH = 0.71 (160 M records in
-memory); the issue's targets: NHD/NH >= 0.5 at P16, >= 8 records per block written, with
->= 10 M keys in memory (the report says how many NHD held).
+KiB per write and read system call (when the server counts its calls), the data file's write
+and read MB/s (over the run's wall time, and over the sweeps' own time when the server reports
+datafile_sweep_seconds), the flusher thread's CPU (INFO datafile_sweep_cpu_seconds, else
+/proc/PID/task/TID/stat of a thread named for the flusher, else of the busiest unnamed
+non-main thread: the CSV's flusher_cpu_source says which) and server CPU per request for
+both. fio's sequential 1 MiB O_DIRECT write and read bandwidth on the same filesystem is
+measured in the same run (before and after the rounds) as the bar the sweep is held to (the
+issue's target: >= 50 %). Paper 000: NHD/NH = 0.71 (160 M records in memory); the issue's
+targets: NHD/NH >= 0.5 at P16, >= 8 records per block written, with >= 10 M keys in memory
+(the report says how many NHD held).
 All files (both data dirs, fio's file) live in one temp dir (--dir), removed at the end.
 
     kvstore experiment run p000_nhd            -> OUT/p000_nhd.{csv,png}
@@ -100,6 +101,8 @@ def datafile_counters(node):
     c["bytes_source"] = "info" if "datafile_bytes_written" in i else "blocks"
     c["sweep_s"] = float(i["datafile_sweep_seconds"]) if "datafile_sweep_seconds" in i else None
     c["io_s"] = float(i["datafile_io_seconds"]) if "datafile_io_seconds" in i else None
+    for k in ("write_calls", "read_calls"):  # how far the sweep coalesces its blocks into one system call
+        c[k] = int(i[f"datafile_{k}"]) if f"datafile_{k}" in i else None
     c["flusher_cpu"], c["flusher_source"] = flusher_cpu(node, i)
     return c
 
@@ -231,6 +234,10 @@ def point(srv, load, pipeline, args, rnd):
                        sweep_read_MBps=round(d["bytes_r"] / sweep / 1e6, 1) if sweep > 0 else "")
         if after["io_s"] is not None:
             row["io_s"] = round(after["io_s"] - before["io_s"], 3)
+        for k, b in (("write_calls", "bytes_w"), ("read_calls", "bytes_r")):
+            if after[k] is not None:
+                calls = after[k] - before[k]
+                row[f"KiB_per_{k[:-1]}"] = round(d[b] / calls / 1024, 1) if calls else ""
         if after["flusher_cpu"] is not None and before["flusher_cpu"] is not None:
             fc = after["flusher_cpu"] - before["flusher_cpu"]
             row.update(flusher_cpu_s=round(fc, 3), flusher_cpu_source=after["flusher_source"],
@@ -292,7 +299,8 @@ def summary(rows):
         for label in ("NH", "NHD"):
             rr = [r for r in ins if int(r["pipeline"]) == p and r["server"] == label]
             for f in ("throughput", "cpu_us_per_req", "records_per_block", "write_MBps", "read_MBps",
-                      "sweep_write_MBps", "sweep_read_MBps", "flusher_us_per_record", "file_to_memory"):
+                      "sweep_write_MBps", "sweep_read_MBps", "flusher_us_per_record", "file_to_memory",
+                      "KiB_per_write_call", "KiB_per_read_call"):
                 v = [x for x in (_num(r.get(f)) for r in rr) if x is not None]
                 if v:
                     pt[(label, f)] = (statistics.median(v), min(v), max(v))
@@ -340,6 +348,9 @@ def report(rows):
             fl = med(("NHD", "flusher_us_per_record"))
             if fl is not None:
                 line += f"; flusher CPU {fl:.2f} us per record written"
+            io = [med(("NHD", f"KiB_per_{k}_call")) for k in ("write", "read")]
+            if io[0] is not None:
+                line += f"; {io[0]:,.0f} KiB per write call, {io[1] or 0:,.0f} KiB per read call"
             ftm = med(("NHD", "file_to_memory"))
             if ftm is not None:
                 line += f"; file {ftm:.1f}x memory"
