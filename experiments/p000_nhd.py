@@ -7,7 +7,10 @@ NHD = kvstore --durability none --data-file --max-memory M (a cache that spills 
       --file-ratio x M on disk, so every measured insert waits for the flusher to make room.
 
 Each round runs, for each pipeline depth, NH then NHD (A B A B ...) with `kvstore bench`
-inserting NEW keys (keyspace 10^12, a fresh seed per run), bounded in requests and seconds.
+inserting NEW keys (keyspace 10^12, a fresh seed per run), bounded in requests (by default
+as many as NHD's memory holds: a run shorter than an eviction cycle measures inserts that
+never wait) and in seconds. NH is emptied and refilled (unmeasured) when its runs have
+grown it past 1.5x NHD's memory keys.
 Per NHD point, from the deltas of INFO persistence over the run: records per block written,
 KiB per write and read system call (when the server counts its calls), the data file's write
 and read MB/s (over the run's wall time, and over the sweeps' own time when the server reports
@@ -37,7 +40,7 @@ from kvstore.config import parse_size
 from kvstore.experiments import common
 
 NAME = "p000_nhd"
-QUICK = ["--rounds", "1", "--max-memory", "16mb", "--requests", "150000", "--max-seconds", "8",
+QUICK = ["--rounds", "1", "--max-memory", "16mb", "--max-seconds", "8",
          "--fio-size", "64mb", "--fio-seconds", "2", "--prefill-seconds", "15"]
 
 KEYSPACE = 10 ** 12  # new keys: with a fresh seed per run, a repeat is a one-in-10^5 event at 10 M keys
@@ -174,10 +177,22 @@ def prefill(nhd, nh, load, args):
     else:
         common.log(f"prefill NHD: stopped at --prefill-seconds {args.prefill_seconds}: the file has "
                    f"{file_size(nhd.data_path)[1] / args.max_memory:.2f}x memory")
-    keys = datafile_counters(nhd.node)["memory_keys"]
+    return datafile_counters(nhd.node)["memory_keys"]
+
+
+def refill_nh(nh, load, keys, args):
+    """NH holding `keys` keys, as NHD holds in memory: filled at the start, and emptied
+    (FLUSHALL) and filled again once its runs have grown it past 1.5x that, so its table
+    stays the size of NHD's memory and the machine's RAM holds the run (not measured)."""
+    with nh.node.client() as c:
+        have = c.dbsize()
+        if have and have < 1.5 * keys:
+            return
+        if have:
+            c.flushall()
     t0 = time.monotonic()
     load.run(nh.node.port, 16, keys, args.prefill_seconds)
-    common.log(f"prefill NH: {keys:,} keys in {time.monotonic() - t0:.1f} s")
+    common.log(f"fill NH: {keys:,} keys in {time.monotonic() - t0:.1f} s")
 
 
 def fio(directory, rw, args):
@@ -208,8 +223,7 @@ def measure_fio(base, args, rows, when):
     shutil.rmtree(d, ignore_errors=True)
 
 
-def point(srv, load, pipeline, args, rnd):
-    n = args.requests if pipeline > 1 else max(1, args.requests // 8)
+def point(srv, load, pipeline, n, args, rnd):
     before = datafile_counters(srv.node) if srv.label == "NHD" else None
     cpu0, w0 = srv.cpu(), time.monotonic()
     r = load.run(srv.node.port, pipeline, n, args.max_seconds)
@@ -256,12 +270,16 @@ def measure(args):
         servers = [nh, nhd]
         for s in servers:
             s.start()
-        prefill(nhd, nh, load, args)
+        keys = prefill(nhd, nh, load, args)
+        n = args.requests or keys  # the default: as many new keys as NHD's memory holds
+        common.log(f"each run: {n:,} new keys (or --max-seconds {args.max_seconds:g})")
         bar = common.Progress(args.rounds * len(args.pipelines) * 2, "NH/NHD points")
         for rnd in range(args.rounds):
             for p in args.pipelines:
                 for s in servers:  # A B, A B ...
-                    row = point(s, load, p, args, rnd)
+                    if s is nh:
+                        refill_nh(nh, load, keys, args)
+                    row = point(s, load, p, n, args, rnd)
                     rows.append(row)
                     common.write_csv(args.csv, rows)
                     note = f"round {rnd} P{p:<2d} {s.label:3s} {row['throughput']:>10,} SET/s cpu {row['cpu_us_per_req']:.1f} us/req"
@@ -438,8 +456,10 @@ def add_args(ap):
     ap.add_argument("--file-ratio", type=float, default=2.0,
                     help="grow NHD's file to this many times --max-memory (on disk) before measuring")
     ap.add_argument("--prefill-seconds", type=float, default=900, help="bound of each prefill (NHD, then NH)")
-    ap.add_argument("--requests", type=int, default=4_000_000, help="inserts per P16 run (P1 runs: an eighth)")
-    ap.add_argument("--max-seconds", type=float, default=120, help="bound of each measured run")
+    ap.add_argument("--requests", type=int, default=0,
+                    help="inserts per run; 0: as many as NHD holds in memory after the prefill, so that a run spans "
+                         "eviction cycles (90 %% -> 60 %% of memory), not a stretch between two of them")
+    ap.add_argument("--max-seconds", type=float, default=90, help="bound of each measured run")
     ap.add_argument("--pipelines", type=int, nargs="+", default=[16, 1])
     ap.add_argument("--conns", type=int, default=50)
     ap.add_argument("--value-size", type=int, default=85)
