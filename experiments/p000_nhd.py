@@ -9,8 +9,9 @@ NHD = kvstore --durability none --data-file --max-memory M (a cache that spills 
 Each round runs, for each pipeline depth, NH then NHD (A B A B ...) with `kvstore bench`
 inserting NEW keys (keyspace 10^12, a fresh seed per run), bounded in requests (by default
 as many as NHD's memory holds: a run shorter than an eviction cycle measures inserts that
-never wait) and in seconds. NH is emptied and refilled (unmeasured) when its runs have
-grown it past 1.5x NHD's memory keys.
+never wait) and in seconds. Before each NHD run its memory is topped up to --start-full
+(the flusher has made room while NH ran); NH is emptied and refilled when its runs have
+grown it past 1.5x NHD's memory keys (neither measured).
 Per NHD point, from the deltas of INFO persistence over the run: records per block written,
 KiB per write and read system call (when the server counts its calls), the data file's write
 and read MB/s (over the run's wall time, and over the sweeps' own time when the server reports
@@ -223,6 +224,28 @@ def measure_fio(base, args, rows, when):
     shutil.rmtree(d, ignore_errors=True)
 
 
+def used_memory(node):
+    with node.client() as c:
+        return int(c.info("memory")["used_memory"])
+
+
+def top_up(nhd, load, args):
+    """NHD's memory back to >= --start-full of --max-memory before its run (unmeasured): while
+    NH runs, the flusher cleans and evicts NHD's backlog, so a run that started right away would
+    first fill the room made meanwhile and measure inserts that never wait. Returns the share
+    of memory used at the start."""
+    deadline = time.monotonic() + args.prefill_seconds
+    while time.monotonic() < deadline:
+        used = used_memory(nhd.node)
+        if used >= args.start_full * args.max_memory:
+            break
+        keys = datafile_counters(nhd.node)["memory_keys"]
+        per_key = used / keys if keys else 300
+        load.run(nhd.node.port, 16, max(1000, int((args.start_full * args.max_memory - used) / per_key) + 1000),
+                 max(1.0, deadline - time.monotonic()))
+    return used_memory(nhd.node) / args.max_memory
+
+
 def point(srv, load, pipeline, n, args, rnd):
     before = datafile_counters(srv.node) if srv.label == "NHD" else None
     cpu0, w0 = srv.cpu(), time.monotonic()
@@ -277,9 +300,10 @@ def measure(args):
         for rnd in range(args.rounds):
             for p in args.pipelines:
                 for s in servers:  # A B, A B ...
-                    if s is nh:
-                        refill_nh(nh, load, keys, args)
+                    full = refill_nh(nh, load, keys, args) if s is nh else top_up(nhd, load, args)
                     row = point(s, load, p, n, args, rnd)
+                    if s is nhd:
+                        row["start_full"] = round(full, 3)
                     rows.append(row)
                     common.write_csv(args.csv, rows)
                     note = f"round {rnd} P{p:<2d} {s.label:3s} {row['throughput']:>10,} SET/s cpu {row['cpu_us_per_req']:.1f} us/req"
@@ -461,6 +485,8 @@ def add_args(ap):
                     help="inserts per run; 0: as many as NHD holds in memory after the prefill, so that a run spans "
                          "eviction cycles (90 %% -> 60 %% of memory), not a stretch between two of them")
     ap.add_argument("--max-seconds", type=float, default=90, help="bound of each measured run")
+    ap.add_argument("--start-full", type=float, default=0.85,
+                    help="NHD's memory is filled to this share of --max-memory before each run (unmeasured)")
     ap.add_argument("--pipelines", type=int, nargs="+", default=[16, 1])
     ap.add_argument("--conns", type=int, default=50)
     ap.add_argument("--value-size", type=int, default=85)
