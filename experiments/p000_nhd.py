@@ -9,9 +9,10 @@ NHD = kvstore --durability none --data-file --max-memory M (a cache that spills 
 Each round runs, for each pipeline depth, NH then NHD (A B A B ...) with `kvstore bench`
 inserting NEW keys (keyspace 10^12, a fresh seed per run), bounded in requests (by default
 as many as NHD's memory holds: a run shorter than an eviction cycle measures inserts that
-never wait) and in seconds. Before each NHD run its memory is topped up to --start-full
-(the flusher has made room while NH ran); NH is emptied and refilled when its runs have
-grown it past 1.5x NHD's memory keys (neither measured).
+never wait) and in seconds. Right before each NHD run, as many new keys as its memory
+holds are inserted at P16 (while NH ran, the flusher cleaned NHD's backlog: a run started
+on that evicts clean keys for free); NH is emptied and refilled when its runs have grown it
+past 1.5x NHD's memory keys (neither measured).
 Per NHD point, from the deltas of INFO persistence over the run: records per block written,
 KiB per write and read system call (when the server counts its calls), the data file's write
 and read MB/s (over the run's wall time, and over the sweeps' own time when the server reports
@@ -229,20 +230,13 @@ def used_memory(node):
         return int(c.info("memory")["used_memory"])
 
 
-def top_up(nhd, load, args):
-    """NHD's memory back to >= --start-full of --max-memory before its run (unmeasured): while
-    NH runs, the flusher cleans and evicts NHD's backlog, so a run that started right away would
-    first fill the room made meanwhile and measure inserts that never wait. Returns the share
-    of memory used at the start."""
-    deadline = time.monotonic() + args.prefill_seconds
-    while time.monotonic() < deadline:
-        used = used_memory(nhd.node)
-        if used >= args.start_full * args.max_memory:
-            break
-        keys = datafile_counters(nhd.node)["memory_keys"]
-        per_key = used / keys if keys else 300
-        load.run(nhd.node.port, 16, max(1000, int((args.start_full * args.max_memory - used) / per_key) + 1000),
-                 max(1.0, deadline - time.monotonic()))
+def warm(nhd, load, keys, args):
+    """NHD in its steady state right before its run (unmeasured): as many new keys as its memory
+    holds, inserted at P16. While NH ran, NHD's flusher cleaned its backlog; a run started on
+    that evicts clean keys for free and never waits for a write (a 512 MiB run inserted 1.5 M
+    keys and wrote no block). After a whole memory's worth of inserts, memory holds only this
+    load's keys, dirty or written while it ran. Returns the share of memory then used."""
+    load.run(nhd.node.port, 16, keys, args.prefill_seconds)
     return used_memory(nhd.node) / args.max_memory
 
 
@@ -300,7 +294,7 @@ def measure(args):
         for rnd in range(args.rounds):
             for p in args.pipelines:
                 for s in servers:  # A B, A B ...
-                    full = refill_nh(nh, load, keys, args) if s is nh else top_up(nhd, load, args)
+                    full = refill_nh(nh, load, keys, args) if s is nh else warm(nhd, load, keys, args)
                     row = point(s, load, p, n, args, rnd)
                     if s is nhd:
                         row["start_full"] = round(full, 3)
@@ -480,13 +474,12 @@ def add_args(ap):
                     help="NHD's home blocks (default: max-memory / 4 KiB: the two home copies alone make 2x memory)")
     ap.add_argument("--file-ratio", type=float, default=2.0,
                     help="grow NHD's file to this many times --max-memory (on disk) before measuring")
-    ap.add_argument("--prefill-seconds", type=float, default=900, help="bound of each prefill (NHD, then NH)")
+    ap.add_argument("--prefill-seconds", type=float, default=900,
+                    help="bound of each unmeasured fill: NHD's first, NH's, NHD's warm-up before each run")
     ap.add_argument("--requests", type=int, default=0,
                     help="inserts per run; 0: as many as NHD holds in memory after the prefill, so that a run spans "
                          "eviction cycles (90 %% -> 60 %% of memory), not a stretch between two of them")
-    ap.add_argument("--max-seconds", type=float, default=90, help="bound of each measured run")
-    ap.add_argument("--start-full", type=float, default=0.85,
-                    help="NHD's memory is filled to this share of --max-memory before each run (unmeasured)")
+    ap.add_argument("--max-seconds", type=float, default=60, help="bound of each measured run")
     ap.add_argument("--pipelines", type=int, nargs="+", default=[16, 1])
     ap.add_argument("--conns", type=int, default=50)
     ap.add_argument("--value-size", type=int, default=85)
