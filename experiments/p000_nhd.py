@@ -6,13 +6,14 @@ NHD = kvstore --durability none --data-file --max-memory M (a cache that spills 
       BOSC data file): memory is filled first, then the file is grown until it holds
       --file-ratio x M on disk, so every measured insert waits for the flusher to make room.
 
-Each round runs, for each pipeline depth, NH then NHD (A B A B ...) with `kvstore bench`
+Each round runs NH at each pipeline depth, then NHD (A B, A B ... by round) with `kvstore bench`
 inserting NEW keys (keyspace 10^12, a fresh seed per run), bounded in requests (by default
 as many as NHD's memory holds: a run shorter than an eviction cycle measures inserts that
-never wait) and in seconds. Right before each NHD run, as many new keys as its memory
-holds are inserted at P16 (while NH ran, the flusher cleaned NHD's backlog: a run started
-on that evicts clean keys for free); NH is emptied and refilled when its runs have grown it
-past 1.5x NHD's memory keys (neither measured).
+never wait) and in seconds. Right before NHD's runs of a round, as many new keys as its
+memory holds are inserted at P16 (while NH ran, the flusher cleaned NHD's backlog: a run
+started on that evicts clean keys for free); NH is emptied and refilled when its runs have
+grown it past 1.5x NHD's memory keys (neither measured). At the default scale (4gb) a run
+takes ~30 min, ~10 GB of RAM and ~35 GB of disk (the file ends at ~7x memory).
 Per NHD point, from the deltas of INFO persistence over the run: records per block written,
 KiB per write and read system call (when the server counts its calls), the data file's write
 and read MB/s (over the run's wall time, and over the sweeps' own time when the server reports
@@ -292,12 +293,17 @@ def measure(args):
         common.log(f"each run: {n:,} new keys (or --max-seconds {args.max_seconds:g})")
         bar = common.Progress(args.rounds * len(args.pipelines) * 2, "NH/NHD points")
         for rnd in range(args.rounds):
-            for p in args.pipelines:
-                for s in servers:  # A B, A B ...
-                    full = refill_nh(nh, load, keys, args) if s is nh else warm(nhd, load, keys, args)
+            # NH's pipelines, then NHD's (A B, A B ... by round): NHD's runs follow each other, so
+            # one warm-up a round keeps it in its steady state (see warm), and the disk holds the run
+            for s in servers:
+                full = warm(nhd, load, keys, args) if s is nhd else None
+                for p in args.pipelines:
+                    if s is nh:
+                        refill_nh(nh, load, keys, args)
                     row = point(s, load, p, n, args, rnd)
-                    if s is nhd:
+                    if full is not None:
                         row["start_full"] = round(full, 3)
+                        full = None
                     rows.append(row)
                     common.write_csv(args.csv, rows)
                     note = f"round {rnd} P{p:<2d} {s.label:3s} {row['throughput']:>10,} SET/s cpu {row['cpu_us_per_req']:.1f} us/req"
