@@ -12,8 +12,9 @@ ARGS ?=
 # Serving needs only a C compiler, libffi (cffi) and Python's headers and venv (checked below).
 RUN_APT := gcc libffi-dev libssl-dev
 # The suite and the benchmarks drive these besides: redis-server, redis-cli and redis-benchmark
-# as the reference, memcached, ip (network namespaces), promtool (the metrics tests).
-TEST_APT := $(RUN_APT) redis-server redis-tools memcached iproute2 prometheus openssl
+# as the reference, memcached, ip (network namespaces), promtool (the metrics tests), fio (the
+# disk bar p000_nhd holds the data file's sweep to).
+TEST_APT := $(RUN_APT) redis-server redis-tools memcached iproute2 prometheus openssl fio
 # DPDK 22.11 for --arch dpdk (built in only when pkg-config finds libdpdk) and ethtool (its
 # test turns veth checksum offload off), so CI runs that test; `make test DPDK=0` leaves
 # them out: everything else builds and runs, and --arch dpdk then says it is missing.

@@ -14,8 +14,20 @@ logging keeps most of the in-memory speed (NHL/NH = 0.82 in the paper; NHD/NH
 always. Every server is warmed up first with one pass of the load, so the -full
 ones start with memory full.
 
+What the paper's setup isolates (the peer on its own machine) is measured two ways:
+- CPU: the node's CPU per request (all its threads, from /proc) apart from its
+  peer's, so remote vs none compares what logging costs the node itself (the issue's
+  target: remote <= 1.25x none at P16);
+- pinning (--pinning none pinned, kvstore bench only): in `pinned` loads every server
+  (kvstore node, Redis) runs on the first half of the CPUs, and the peer and the load
+  generator on the other half (on 2 cores: node on CPU 0, peer + load on CPU 1), so
+  the peer takes no cycles from the node; `none` leaves everything to the scheduler.
+Rounds alternate the servers A B C ... within each load; the plot shows medians with
+the min-max of the rounds and marks the paper's ratios on the NH bar.
+
     kvstore experiment run p000_durability      -> OUT/p000_durability.{csv,png}
 """
+import os
 import shutil
 import statistics
 import sys
@@ -28,6 +40,40 @@ from kvstore.experiments import common
 NAME = "p000_durability"
 QUICK = ["--rounds", "1", "--requests", "20000", "--keyspace", "50000", "--pipelines", "16",
          "--full-memory", "2mb"]
+PAPER = {"kvstore-none-full": ("NHD/NH", 0.71), "kvstore-remote": ("NHL/NH", 0.82),
+         "kvstore-remote-full": ("NHDL/NH", 0.70)}
+
+
+def cpu_halves():
+    """(the node's CPUs, the peer's and load generator's CPUs) for pinned loads, or None
+    with fewer than 2 CPUs to split."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return set(cpus[:len(cpus) // 2]), set(cpus[len(cpus) // 2:])
+
+
+ALL_CPUS = set(os.sched_getaffinity(0))
+
+
+def pin(pid, cpus):
+    """Every thread of process pid onto cpus (sched_setaffinity moves one thread: a
+    process's threads are moved one by one; threads started later inherit from their
+    creator). A thread that ended meanwhile is skipped."""
+    if pid is None:
+        return
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+
+
+def pinned_title(halves):
+    if not halves:
+        return "nothing pinned"
+    node, rest = (",".join(map(str, sorted(c))) for c in halves)
+    return f"pinned loads: server on CPU {node}; log peer + load generator on CPU {rest}"
 
 
 class KvServer:
@@ -59,7 +105,13 @@ class KvServer:
         return self
 
     def cpu(self):
-        return common.cpu_seconds(self.node.pid) + (common.cpu_seconds(self.peer.pid) if self.peer else 0)
+        """(the node's CPU seconds, its peer's: 0 without one)."""
+        return common.cpu_seconds(self.node.pid), (common.cpu_seconds(self.peer.pid) if self.peer else 0.0)
+
+    def pin(self, node_cpus, other_cpus):
+        pin(self.node.pid, node_cpus)
+        if self.peer:
+            pin(self.peer.pid, other_cpus)
 
     def stop(self):
         self.node.stop()
@@ -83,7 +135,10 @@ class RedisServer:
         return self
 
     def cpu(self):
-        return common.cpu_seconds(self.proc.pid)
+        return common.cpu_seconds(self.proc.pid), 0.0
+
+    def pin(self, node_cpus, other_cpus):
+        pin(self.proc.pid, node_cpus)
 
     def stop(self):
         self.proc.stop()
@@ -101,77 +156,178 @@ def measure(args):
             common.log(f"warming up {s.name} ...")
             common.run_kvstore_bench(s.port, "resp", "SET", 16, args.conns, args.keyspace, args.keyspace,
                                      args.value_size, 2)
-        loads = [(tool, p) for tool in ("redis-benchmark", "kvstore-bench") for p in args.pipelines]
+        halves = cpu_halves()
+        if "pinned" in args.pinning and not halves:
+            common.log("one CPU only: no pinned loads")
+        loads = [(tool, p, "none") for tool in ("redis-benchmark", "kvstore-bench") for p in args.pipelines]
+        loads += [("kvstore-bench", p, "pinned") for p in args.pipelines if "pinned" in args.pinning and halves]
+        if "none" not in args.pinning:
+            loads = [ld for ld in loads if ld[2] != "none"]
         total = args.rounds * len(loads) * len(servers)
         for rnd in range(args.rounds):
-            for tool, p in loads:
+            for tool, p, pinning in loads:
                 for s in servers:
-                    n = args.requests if p > 1 else args.requests // 8
-                    cpu0, w0 = s.cpu(), time.monotonic()
-                    if tool == "redis-benchmark":
-                        r = common.run_redis_benchmark(s.port, "SET", p, args.conns, n, args.keyspace, args.value_size)
-                    else:
-                        r = common.run_kvstore_bench(s.port, "resp", "SET", p, args.conns, n, args.keyspace,
-                                                     args.value_size, 2)
-                    cpu = s.cpu() - cpu0
-                    rows.append({"round": rnd, "tool": tool, "server": s.name, "pipeline": p, "requests": n,
-                                 "throughput": round(r["throughput"]), "p50_us": round(r["p50_us"], 1),
-                                 "p99_us": round(r["p99_us"], 1), "wall_s": round(time.monotonic() - w0, 3),
-                                 "server_cpu_s": round(cpu, 3)})
+                    rows.append(run_one(s, tool, p, pinning, halves, args, rnd))
                     common.write_csv(args.csv, rows)
-                    common.log(f"[{len(rows)}/{total}] {tool:15s} P{p:<2d} {s.name:19s} {r['throughput']:>11,.0f} "
-                               f"SET/s p99 {r['p99_us']:7.0f} us  cpu {cpu:.2f} s")
+                    r = rows[-1]
+                    common.log(f"[{len(rows)}/{total}] {tool:15s} P{p:<2d} {pinning:6s} {s.name:19s} "
+                               f"{r['throughput']:>11,} SET/s p99 {r['p99_us']:7.0f} us  node cpu "
+                               f"{r['cpu_us_per_req']:.2f} us/req  peer {r['peer_cpu_us_per_req']:.2f}")
     finally:
         for s in servers:
             s.stop()
     return rows
 
 
-def medians(rows):
+def run_one(s, tool, p, pinning, halves, args, rnd):
+    """One load on server s, pinned or not; the node's and the peer's CPU apart."""
+    n = args.requests if p > 1 else args.requests // 8
+    mine = os.sched_getaffinity(0)
+    if pinning == "pinned":
+        s.pin(*halves)
+        os.sched_setaffinity(0, halves[1])  # the load generator's C threads inherit this thread's CPUs
+    else:
+        s.pin(ALL_CPUS, ALL_CPUS)
+    try:
+        (node0, peer0), w0 = s.cpu(), time.monotonic()
+        if tool == "redis-benchmark":
+            r = common.run_redis_benchmark(s.port, "SET", p, args.conns, n, args.keyspace, args.value_size)
+        else:
+            r = common.run_kvstore_bench(s.port, "resp", "SET", p, args.conns, n, args.keyspace,
+                                         args.value_size, 2)
+        node1, peer1 = s.cpu()
+    finally:
+        os.sched_setaffinity(0, mine)
+    node, peer = node1 - node0, peer1 - peer0
+    return {"round": rnd, "tool": tool, "server": s.name, "pipeline": p, "pinning": pinning, "requests": n,
+            "throughput": round(r["throughput"]), "p50_us": round(r["p50_us"], 1), "p99_us": round(r["p99_us"], 1),
+            "wall_s": round(time.monotonic() - w0, 3), "server_cpu_s": round(node + peer, 3),
+            "node_cpu_s": round(node, 3), "peer_cpu_s": round(peer, 3), "cpu_us_per_req": round(node / n * 1e6, 2),
+            "peer_cpu_us_per_req": round(peer / n * 1e6, 2)}
+
+
+SERVERS = ["kvstore-none", "kvstore-none-full", "kvstore-disk", "kvstore-disk-full", "kvstore-remote",
+           "kvstore-remote-full", "redis-aof-always", "redis-aof-everysec"]
+MARK = "paper 000's ratio x NH"
+COLORS = ["#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#084594", "#d62728", "#fc9272"]
+
+
+def _rows(rows):
+    """The CSV's rows with the columns older runs lacked: pinning 'none' (they pinned
+    nothing); no node/peer CPU split (their server_cpu_s is the two together)."""
+    return [{"pinning": "none", **r} for r in rows]
+
+
+def spread(rows, field="throughput"):
+    """{(tool, pipeline, pinning, server): (median, min, max)} of field over the rounds."""
     out = {}
-    for r in rows:
-        out.setdefault((r["tool"], int(r["pipeline"]), r["server"]), []).append(float(r["throughput"]))
-    return {k: statistics.median(v) for k, v in out.items()}
+    for r in _rows(rows):
+        if r.get(field) in ("", None):
+            continue
+        out.setdefault((r["tool"], int(r["pipeline"]), r["pinning"], r["server"]), []).append(float(r[field]))
+    return {k: (statistics.median(v), min(v), max(v)) for k, v in out.items()}
+
+
+def medians(rows):
+    return {k: v[0] for k, v in spread(rows).items()}
+
+
+def ratio(rows, tool, p, pinning, a, b="kvstore-none", field="throughput"):
+    """Median over rounds of a/b measured in the same round and load."""
+    return common.paired(_rows(rows), "server", a, b, field, tool=tool, pipeline=p, pinning=pinning)
 
 
 def report(rows):
-    med = medians(rows)
-    for (tool, p, server), v in sorted(med.items()):
-        line = f"{tool:15s} P{p:<2d} {server:19s} {v:>11,.0f} SET/s"
-        base = med.get((tool, p, "kvstore-none"))
-        paper = {"kvstore-none-full": ("NHD/NH", 0.71), "kvstore-remote": ("NHL/NH", 0.82),
-                 "kvstore-remote-full": ("NHDL/NH", 0.70)}
-        if server in paper and base:
-            line += f"   {paper[server][0]} {v / base:.2f} (paper {paper[server][1]:.2f})"
-        if server == "kvstore-disk":
-            line += f"   disk/redis-always {v / med[(tool, p, 'redis-aof-always')]:.2f}x"
+    med, cpu, peer = spread(rows), spread(rows, "cpu_us_per_req"), spread(rows, "peer_cpu_us_per_req")
+    for (tool, p, pinning, server), (v, lo, hi) in sorted(med.items()):
+        line = f"{tool:15s} P{p:<2d} {pinning:6s} {server:19s} {v:>11,.0f} SET/s ({lo:,.0f}-{hi:,.0f})"
+        if server in PAPER:
+            x = ratio(rows, tool, p, pinning, server)
+            if x is not None:
+                line += f"   {PAPER[server][0]} {x:.2f} (paper {PAPER[server][1]:.2f})"
+        if server == "kvstore-disk" and (tool, p, pinning, "redis-aof-always") in med:
+            line += f"   disk/redis-always {v / med[(tool, p, pinning, 'redis-aof-always')][0]:.2f}x"
+        c = cpu.get((tool, p, pinning, server))
+        if c:
+            line += f"   node CPU {c[0]:.2f} us/req"
+            pc = peer.get((tool, p, pinning, server))
+            if pc and pc[0]:
+                line += f" + peer {pc[0]:.2f}"
         print(line)
+    for tool, p, pinning in sorted({k[:3] for k in cpu}):
+        x = ratio(rows, tool, p, pinning, "kvstore-remote", field="cpu_us_per_req")
+        if x is not None:
+            print(f"{tool} P{p} {pinning}: node CPU per request, remote / none = {x:.2f}x (the issue's target <= 1.25x)")
+
+
+def _bars(ax, groups, servers, values, paper=False):
+    """Grouped bars of the servers measured: values[(group..., server)] = (median, min, max),
+    min-max as error bars; paper: mark the paper's ratio times the group's kvstore-none
+    median on its server's bar. Returns the servers drawn, in order."""
+    servers = [s for s in servers if any((*g, s) in values for g in groups)]
+    w = 0.8 / max(1, len(servers))
+    for si, s in enumerate(servers):
+        xs, ys, lo, hi = [], [], [], []
+        for gi, g in enumerate(groups):
+            v = values.get((*g, s))
+            if not v:
+                continue
+            xs.append(gi + si * w)
+            ys.append(v[0])
+            lo.append(v[0] - v[1])
+            hi.append(v[2] - v[0])
+            nh = values.get((*g, "kvstore-none"))
+            if paper and s in PAPER and nh:
+                ax.plot([gi + si * w - w / 2, gi + si * w + w / 2], [nh[0] * PAPER[s][1]] * 2, color="k", lw=2,
+                        label=None if MARK in ax.get_legend_handles_labels()[1] else MARK)
+        ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=s, color=COLORS[SERVERS.index(s)],
+               error_kw={"elinewidth": 0.8})
+    ax.set_xticks([gi + (len(servers) - 1) * w / 2 for gi in range(len(groups))])
+    ax.grid(axis="y", alpha=0.3)
+    return servers
 
 
 def draw(rows, path):
     plt = common.pyplot()
-    med = medians(rows)
-    groups = sorted({(k[0], k[1]) for k in med})
-    servers = ["kvstore-none", "kvstore-none-full", "kvstore-disk", "kvstore-disk-full", "kvstore-remote",
-               "kvstore-remote-full", "redis-aof-always", "redis-aof-everysec"]
-    colors = ["#c6dbef", "#9ecae1", "#6baed6", "#4292c6", "#2171b5", "#084594", "#d62728", "#fc9272"]
-    fig, ax = plt.subplots(figsize=(11, 5))
-    w = 0.8 / len(servers)
-    for si, (s, c) in enumerate(zip(servers, colors)):
-        ax.bar([gi + si * w for gi in range(len(groups))], [med.get((g[0], g[1], s), 0) for g in groups], w,
-               label=s, color=c)
-    ax.set_xticks([gi + 0.4 - w / 2 for gi in range(len(groups))])
-    ax.set_xticklabels([f"{t}\nSET P{p}" for t, p in groups])
-    ax.set_ylabel("acknowledged SET/s (median)")
-    ax.set_title("Durable writes: kvstore disk (group commit) / remote (peer memory), -full = memory full "
-                 "(BOSC flushing), vs Redis AOF — 85 B, 50 conns, 2-core VM", fontsize=9)
-    ax.legend()
-    ax.grid(axis="y", alpha=0.3)
+    med = spread(rows)
+    groups = sorted({k[:3] for k in med}, key=lambda g: (g[0], -g[1], g[2] != "none"))
+    halves = cpu_halves()
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(13, 9), gridspec_kw={"height_ratios": [3, 2]})
+    _bars(ax, groups, SERVERS, med, paper=True)
+    ax.set_xticklabels([f"{t}\nSET P{p}\n{'pinned' if pin == 'pinned' else 'not pinned'}" for t, p, pin in groups],
+                       fontsize=8)
+    ax.set_ylabel("acknowledged SET/s (median, min-max of rounds)")
+    rounds = len({r["round"] for r in rows})
+    ax.set_title("Durable writes: kvstore disk (group commit) / remote (peer memory), -full = memory full (BOSC "
+                 f"flushing), vs Redis AOF — 85 B, 50 conns, {rounds} rounds, 2-core VM\n"
+                 f"not pinned: servers, peer and load generator share both cores; {pinned_title(halves)}", fontsize=9)
+    ax.legend(fontsize=7, ncol=3)
+    kv = [s for s in SERVERS if s.startswith("kvstore")]
+    cpu, peer = spread(rows, "cpu_us_per_req"), spread(rows, "peer_cpu_us_per_req")
+    cgroups = [g for g in groups if any((*g, s) in cpu for s in kv)]
+    if cgroups:
+        drawn = _bars(bx, cgroups, kv, cpu)
+        w, labelled = 0.8 / len(drawn), False
+        for si, s in enumerate(drawn):  # the peer's CPU stacked on its node's bar, hatched
+            for gi, g in enumerate(cgroups):
+                pc, nc = peer.get((*g, s)), cpu.get((*g, s))
+                if pc and nc and pc[0]:
+                    bx.bar(gi + si * w, pc[0], w, bottom=nc[0], color="none", edgecolor="k", hatch="//", lw=0.5,
+                           label=None if labelled else "the log peer's CPU")
+                    labelled = True
+        bx.set_xticklabels([f"{t} P{p} {'pinned' if pin == 'pinned' else 'not pinned'}" for t, p, pin in cgroups],
+                           fontsize=8)
+        bx.set_ylabel("CPU us per request (median, min-max)")
+        bx.set_title("The node's CPU per request (all its threads); hatched on top: its log peer's", fontsize=9)
+        bx.legend(fontsize=7, ncol=4)
+    else:
+        bx.set_axis_off()
+        bx.text(0.5, 0.5, "no node/peer CPU split in this CSV (an older run)", ha="center", transform=bx.transAxes)
     common.save_figure(fig, path)
 
 
 def add_args(ap):
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=1_000_000, help="per P16 run (P1 runs: an eighth)")
     ap.add_argument("--keyspace", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=85)
@@ -180,6 +336,9 @@ def add_args(ap):
     ap.add_argument("--kv-threads", type=int, default=2)
     ap.add_argument("--full-memory", default="48mb", help="--max-memory of the -full servers")
     ap.add_argument("--servers", nargs="+", help="only these (e.g. kvstore-disk redis-aof-always)")
+    ap.add_argument("--pinning", nargs="+", choices=("none", "pinned"), default=["none", "pinned"],
+                    help="none: the scheduler places everything; pinned (kvstore bench loads only): each server on "
+                         "the first half of the CPUs, the log peer and the load generator on the other half")
 
 
 def main(argv=None):
