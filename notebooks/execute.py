@@ -65,6 +65,9 @@ def main(argv=None):
     # progress bars off: a committed notebook shows each point's line and the report, not a
     # widget that GitHub cannot draw (interactive JupyterLab keeps its bars)
     os.environ.setdefault("TQDM_DISABLE", "1")
+    # and tqdm.auto's warning that ipywidgets (the notebook extra) is missing, which it is here
+    os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [os.environ.get("PYTHONWARNINGS"),
+                                                          "ignore:IProgress not found"]))
     failed = []
     for path in args.notebooks or sorted(HERE.glob("*.ipynb")):
         t0 = time.monotonic()
