@@ -128,7 +128,7 @@ clean:
 	rm -rf build *.egg-info kvstore/_ext*.so kvstore/_ext.c kvstore/_bench*.so kvstore/_bench.c tests/c/bin \
 		$(INSTALLED) $(EXTRAS)
 
-.PHONY: notebooks example-config
+.PHONY: notebooks notebooks-run example-config
 NOTEBOOK_PORT ?= 8888
 
 # JupyterLab on 127.0.0.1 over notebooks/ (the `notebook` extra: JupyterLab, ipywidgets for the
@@ -138,6 +138,14 @@ notebooks: dev
 	@# --allow-root: JupyterLab refuses to run as root otherwise (containers, CI machines)
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --port $(NOTEBOOK_PORT) --no-browser --notebook-dir notebooks \
 		$$([ "$$(id -u)" = 0 ] && echo --allow-root)
+
+# Execute every notebook in place and save its outputs (plots, tables, reports), as committed:
+# at the small scale, or `make notebooks-run KVSTORE_NOTEBOOK_SCALE=full` (the README's scale, hours,
+# root for Table 1's namespaces and dpdk). NOTEBOOKS= picks some; a notebook whose cell fails is
+# left unchanged and the target fails. Needs only the test extra (nbclient, ipykernel).
+NOTEBOOKS ?=
+notebooks-run: dev
+	$(PY) notebooks/execute.py $(NOTEBOOKS)
 
 # kvstore.example.toml from the settings' declarations (kvstore/config.py); run after adding or
 # changing a setting (tests/integration/test_deploy.py fails until the committed file matches).

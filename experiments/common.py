@@ -122,15 +122,68 @@ def main(mod, argv=None, prog=None):
     return rows
 
 
+NOTEBOOK_SCALES = ("small", "full")
+NOTEBOOK_TABLE_ROWS = 60  # rows of a result CSV a notebook cell shows (the CSV has them all)
+
+
+def notebook_argv(mod, scale):
+    """The experiment's arguments at a notebook scale: "small" is its QUICK (what
+    `kvstore experiment run NAME --quick` runs), "full" none at all, i.e. its defaults,
+    the scale of the committed results/ (`kvstore experiment run NAME -- --update-results`)."""
+    if scale not in NOTEBOOK_SCALES:
+        raise ValueError(f"KVSTORE_NOTEBOOK_SCALE: expected one of {', '.join(NOTEBOOK_SCALES)}, got {scale!r}")
+    return list(mod.QUICK) if scale == "small" else []
+
+
+class CsvTable:
+    """A result CSV's rows for a notebook: an HTML table (what Jupyter and GitHub show) and
+    a plain-text one (nbconvert to text, terminals); at most NOTEBOOK_TABLE_ROWS rows."""
+
+    def __init__(self, rows, path):
+        self.rows, self.path = rows, path
+        self.cols = list(rows[0]) if rows else []
+
+    def _shown(self):
+        left = len(self.rows) - NOTEBOOK_TABLE_ROWS
+        note = f"{self.path}: {len(self.rows)} rows" + (f", the first {NOTEBOOK_TABLE_ROWS} shown" if left > 0 else "")
+        return self.rows[:NOTEBOOK_TABLE_ROWS], note
+
+    def _repr_html_(self):
+        import html
+        rows, note = self._shown()
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.cols)
+        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in self.cols) + "</tr>"
+                       for r in rows)
+        return (f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+                f"<p><small>{html.escape(note)}</small></p>")
+
+    def __repr__(self):
+        rows, note = self._shown()
+        cells = [self.cols] + [[str(r.get(c, "")) for c in self.cols] for r in rows]
+        width = [max(len(row[i]) for row in cells) for i in range(len(self.cols))]
+        lines = ["  ".join(v.ljust(w) for v, w in zip(row, width)).rstrip() for row in cells]
+        return "\n".join(lines + [note])
+
+
 def notebook_run(mod):
-    """A notebook cell's run of experiment mod: at its QUICK scale, or at the README's scale
-    with KVSTORE_NOTEBOOK_SCALE=full, into fresh_out_dir() (under the notebook's directory,
-    or $KVSTORE_RESULTS), never into results/; returns its plot (an IPython Image) to display."""
-    from IPython.display import Image
+    """A notebook cell's run of experiment mod (a module, or its name: "p000_nhd"): at its
+    QUICK scale, or with KVSTORE_NOTEBOOK_SCALE=full at its defaults, the scale of the
+    committed results/ (notebook_argv), into fresh_out_dir() (under the notebook's directory,
+    or $KVSTORE_RESULTS), never into results/. Displays its plot, then its CSV as a table;
+    its report (medians, ratios, the paper's numbers) is printed as the experiment runs."""
+    import importlib
+    from IPython.display import Image, display
+    if isinstance(mod, str):
+        mod = importlib.import_module(f"{__package__}.{mod}")
+    scale = os.environ.get("KVSTORE_NOTEBOOK_SCALE", "small")
+    argv = notebook_argv(mod, scale)
     out = fresh_out_dir(mod.NAME)
-    quick = os.environ.get("KVSTORE_NOTEBOOK_SCALE", "small") == "small"
-    main(mod, (list(mod.QUICK) if quick else []) + ["--out", out])
-    return Image(os.path.join(out, mod.NAME + ".png"))
+    log(f"{mod.NAME} at the {scale} scale: kvstore experiment run {mod.NAME}"
+        + (" --quick" if scale == "small" else ""))
+    rows = main(mod, argv + ["--out", out])
+    display(Image(os.path.join(out, mod.NAME + ".png")))
+    csv_path = os.path.join(out, mod.NAME + ".csv")
+    display(CsvTable(read_csv(csv_path) if os.path.exists(csv_path) else list(rows or []), csv_path))
 
 
 class Progress:
