@@ -171,6 +171,19 @@ long rl_io_send(struct rl_link *l, const void *buf, size_t n, int more)
     return w < 0 ? -errno : (long)w;
 }
 
+long rl_io_sendv(struct rl_link *l, const struct iovec *iov, int n)
+{
+    l->want = 0;
+    struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+    ssize_t w;
+    do
+        w = sendmsg(l->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (w < 0 && errno == EINTR);
+    if (w < 0 && errno == EAGAIN)
+        l->want = POLLOUT;
+    return w < 0 ? -errno : (long)w;
+}
+
 /* TLS: a read takes a whole record from OpenSSL (n >= TLS_RECORD_MAX leaves
  * nothing decrypted inside it), so every byte read but not yet taken is in rbuf,
  * where rl_link_pending sees it; a large read goes straight to the caller. */
@@ -217,6 +230,44 @@ static int send_all(struct rl_link *l, const void *buf, size_t n, uint64_t deadl
         if (w > 0) {
             p += w;
             n -= (size_t)w;
+            continue;
+        }
+        if (w != -EAGAIN)
+            return w ? (int)w : -EIO;
+        uint64_t now = now_ms();
+        if (now >= deadline)
+            return -ETIMEDOUT;
+        int r = rl_link_wait(l, POLLOUT, (deadline - now) * 1000);
+        if (r <= 0)
+            return r ? r : -ETIMEDOUT;
+    }
+    return 0;
+}
+
+/* send_all for a gather list (plain TCP): iov is consumed as it is sent. */
+static int sendv_all(struct rl_link *l, struct iovec *iov, int n, uint64_t deadline)
+{
+    while (n && !iov->iov_len) {
+        iov++;
+        n--;
+    }
+    while (n) {
+        long w = rl_io_sendv(l, iov, n);
+        if (w > 0) {
+            size_t k = (size_t)w;
+            while (n && k >= iov->iov_len) { /* whole parts sent (and empty ones skipped) */
+                k -= iov->iov_len;
+                iov++;
+                n--;
+            }
+            if (n) {
+                iov->iov_base = (char *)iov->iov_base + k;
+                iov->iov_len -= k;
+            }
+            while (n && !iov->iov_len) {
+                iov++;
+                n--;
+            }
             continue;
         }
         if (w != -EAGAIN)
@@ -279,14 +330,22 @@ int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, cons
         l->send_seq += l->authed && !rc;
         return rc;
     }
-    /* MSG_MORE until the frame's last part: a small frame (an ACK) leaves as one segment */
-    int rc = send_all(l, h, HDR, deadline, len || l->authed);
-    if (!rc && len)
-        rc = send_all(l, payload, len, deadline, l->authed);
-    if (!rc && l->authed) {
-        rc = send_all(l, mac, RL_MAC, deadline, 0);
-        l->send_seq++;
+    if (l->tls) {
+        /* MSG_MORE is moot in TLS: each part is its own record */
+        int rc = send_all(l, h, HDR, deadline, 0);
+        if (!rc && len)
+            rc = send_all(l, payload, len, deadline, 0);
+        if (!rc && l->authed) {
+            rc = send_all(l, mac, RL_MAC, deadline, 0);
+            l->send_seq++;
+        }
+        return rc;
     }
+    /* Plain TCP: header, payload and MAC in one sendmsg (a batch is one system
+     * call, not three), the payload sent from the caller's buffer as it is. */
+    struct iovec iov[3] = {{h, HDR}, {(void *)payload, len}, {mac, l->authed ? RL_MAC : 0}};
+    int rc = sendv_all(l, iov, 3, deadline);
+    l->send_seq += l->authed && !rc;
     return rc;
 }
 

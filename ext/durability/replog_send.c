@@ -140,10 +140,28 @@ static void s_set(struct rl_sender *s, int connected, int degraded)
     }
 }
 
-/* Send the records in buf[0..n) as BATCH frames of at most max_batch_records. */
-static int ship_records(struct rl_sender *s, const unsigned char *buf, size_t n, uint64_t *sent)
+/* Send the records in buf[0..n) as BATCH frames of at most max_batch_records.
+ * first/last: their LSNs when known (what wal_take_ship gave: consecutive
+ * LSNs), 0 when not (a range read from the files): a batch that fits in one
+ * frame is then sent as it is, without walking its records. */
+static int ship_records(struct rl_sender *s, const unsigned char *buf, size_t n, uint64_t first_lsn,
+                        uint64_t last_lsn, uint64_t *sent)
 {
     size_t off = 0;
+    if (first_lsn && last_lsn >= first_lsn && last_lsn - first_lsn < s->cfg.max_batch_records &&
+        n <= MAX_BATCH_BYTES && n) {
+        int rc = rl_send_frame(&s->link, F_BATCH, first_lsn, last_lsn, buf, n, (int)s->cfg.timeout_ms);
+        if (rc)
+            return rc;
+        *sent = last_lsn;
+        pthread_mutex_lock(&s->stat_lock);
+        s->st.batches++;
+        s->st.records += last_lsn - first_lsn + 1;
+        s->st.bytes += n;
+        s->st.sent_lsn = last_lsn;
+        pthread_mutex_unlock(&s->stat_lock);
+        return 0;
+    }
     while (off < n) {
         size_t start = off;
         uint64_t first = 0, last = 0, cnt = 0;
@@ -343,10 +361,14 @@ static void *sender_main(void *arg)
         /* Gather what was appended meanwhile. */
         uint64_t first, last = wal_take_ship(s->w, &s->ship, &first);
         if (last) {
-            if (!s->pend.len)
+            if (!s->pend.len) { /* the common case: take the buffer, do not copy it */
+                struct kvbuf t = s->pend;
+                s->pend = s->ship;
+                s->ship = t;
                 s->pend_first = first;
-            if (!rc && kvbuf_append(&s->pend, s->ship.p, s->ship.len))
+            } else if (!rc && kvbuf_append(&s->pend, s->ship.p, s->ship.len)) {
                 rc = -ENOMEM;
+            }
             s->pend_last = last;
         }
         if (!rc && s->pend.len && s->pend_first < next)
@@ -361,7 +383,7 @@ static void *sender_main(void *arg)
                 if (got < 0) {
                     rc = (int)got;
                 } else if (got > 0) {
-                    rc = ship_records(s, (unsigned char *)s->cat.p, s->cat.len, &sent);
+                    rc = ship_records(s, (unsigned char *)s->cat.p, s->cat.len, 0, 0, &sent);
                     pthread_mutex_lock(&s->stat_lock);
                     s->st.catchup_records += (uint64_t)got - next + 1;
                     pthread_mutex_unlock(&s->stat_lock);
@@ -372,7 +394,7 @@ static void *sender_main(void *arg)
             }
         }
         if (!rc && s->pend.len && s->pend_first == next) {
-            rc = ship_records(s, (unsigned char *)s->pend.p, s->pend.len, &sent);
+            rc = ship_records(s, (unsigned char *)s->pend.p, s->pend.len, s->pend_first, s->pend_last, &sent);
             next = s->pend_last + 1;
             s->pend.len = 0;
             if (!rc && !unacked_since)
