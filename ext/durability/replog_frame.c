@@ -220,54 +220,30 @@ long rl_io_recv(struct rl_link *l, void *buf, size_t n)
     return r < 0 ? -errno : (long)r;
 }
 
-/* Send all n bytes by the absolute deadline (ms, CLOCK_MONOTONIC): a peer that
- * reads one byte a second must not keep a frame going for ever. */
-static int send_all(struct rl_link *l, const void *buf, size_t n, uint64_t deadline, int more)
+/* Send iov[0..n) whole by the absolute deadline (ms, CLOCK_MONOTONIC): a peer
+ * that reads one byte a second must not keep a frame going for ever. Plain TCP
+ * gathers the parts into one sendmsg; TLS writes them one by one (each its own
+ * record). iov is consumed as it is sent. */
+static int send_all(struct rl_link *l, struct iovec *iov, int n, uint64_t deadline)
 {
-    const char *p = buf;
     while (n) {
-        long w = rl_io_send(l, p, n, more);
-        if (w > 0) {
-            p += w;
-            n -= (size_t)w;
+        if (!iov->iov_len) { /* a part sent whole, or empty */
+            iov++;
+            n--;
             continue;
         }
-        if (w != -EAGAIN)
-            return w ? (int)w : -EIO;
-        uint64_t now = now_ms();
-        if (now >= deadline)
-            return -ETIMEDOUT;
-        int r = rl_link_wait(l, POLLOUT, (deadline - now) * 1000);
-        if (r <= 0)
-            return r ? r : -ETIMEDOUT;
-    }
-    return 0;
-}
-
-/* send_all for a gather list (plain TCP): iov is consumed as it is sent. */
-static int sendv_all(struct rl_link *l, struct iovec *iov, int n, uint64_t deadline)
-{
-    while (n && !iov->iov_len) {
-        iov++;
-        n--;
-    }
-    while (n) {
-        long w = rl_io_sendv(l, iov, n);
+        long w = l->tls ? rl_io_send(l, iov->iov_base, iov->iov_len, 0) : rl_io_sendv(l, iov, n);
         if (w > 0) {
             size_t k = (size_t)w;
-            while (n && k >= iov->iov_len) { /* whole parts sent (and empty ones skipped) */
+            while (k >= iov->iov_len) { /* w <= the bytes left: stops inside the list */
                 k -= iov->iov_len;
                 iov++;
                 n--;
+                if (!n)
+                    return 0;
             }
-            if (n) {
-                iov->iov_base = (char *)iov->iov_base + k;
-                iov->iov_len -= k;
-            }
-            while (n && !iov->iov_len) {
-                iov++;
-                n--;
-            }
+            iov->iov_base = (char *)iov->iov_base + k;
+            iov->iov_len -= k;
             continue;
         }
         if (w != -EAGAIN)
@@ -326,25 +302,15 @@ int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, cons
             memcpy(one + HDR, payload, len);
         if (l->authed)
             memcpy(one + HDR + len, mac, RL_MAC);
-        int rc = send_all(l, one, HDR + len + (l->authed ? RL_MAC : 0), deadline, 0);
+        struct iovec v = {one, HDR + len + (l->authed ? RL_MAC : 0)};
+        int rc = send_all(l, &v, 1, deadline);
         l->send_seq += l->authed && !rc;
         return rc;
     }
-    if (l->tls) {
-        /* MSG_MORE is moot in TLS: each part is its own record */
-        int rc = send_all(l, h, HDR, deadline, 0);
-        if (!rc && len)
-            rc = send_all(l, payload, len, deadline, 0);
-        if (!rc && l->authed) {
-            rc = send_all(l, mac, RL_MAC, deadline, 0);
-            l->send_seq++;
-        }
-        return rc;
-    }
-    /* Plain TCP: header, payload and MAC in one sendmsg (a batch is one system
+    /* Header, payload and MAC: on plain TCP in one sendmsg (a batch is one system
      * call, not three), the payload sent from the caller's buffer as it is. */
     struct iovec iov[3] = {{h, HDR}, {(void *)payload, len}, {mac, l->authed ? RL_MAC : 0}};
-    int rc = sendv_all(l, iov, 3, deadline);
+    int rc = send_all(l, iov, 3, deadline);
     l->send_seq += l->authed && !rc;
     return rc;
 }
