@@ -199,7 +199,8 @@ class ServerConfig:
         -1, "Run a log receiver on this port, storing a peer's log so that it survives the loss of that machine "
             "(0 = any free port).", min=-1, max=65535, accepts="-1 (off) or a port from 0 to 65535", shown="off")
     ship_interval_us: int = setting(
-        100, "remote: ship gathered log records every N µs.", min=1)
+        100, "remote: ship gathered log records at most every N µs, once the previous batch is acknowledged "
+             "(or after 10 intervals without its ack).", min=1)
     max_batch_records: int = setting(
         65536, "remote: at most N records per shipped batch.", min=1)
     peer_timeout_ms: int = setting(

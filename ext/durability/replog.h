@@ -1,8 +1,10 @@
 /* replog.h - synchronous log replication into a peer's memory (paper 000's remote logging).
  *
- * Sender (one thread per node in remote mode): every interval_us it takes the
- * records appended since the last round (wal_take_ship) and ships them in
- * BATCH frames of at most max_batch_records; the peer's ACK frames carry the
+ * Sender (one thread per node in remote mode): at most every interval_us, and
+ * once the previous batch is acknowledged (one batch in flight: the batch grows
+ * with the round trip), it takes the records appended since the last round
+ * (wal_take_ship) and ships them in BATCH frames of at most max_batch_records;
+ * idle, it sleeps until an append wakes it (wal_ship_sleep). The peer's ACK frames carry the
  * highest LSN it holds, which becomes the durable LSN (wal_publish_durable), so
  * a write is acknowledged once both memories hold it. If an ack is overdue by
  * timeout_ms, or the peer cannot be reached, the sender falls back: the local
@@ -41,7 +43,8 @@ struct rl_sender_config {
     int port;
     uint8_t node_id[16];       /* names this node's log at the peer */
     uint8_t key[32];           /* the pair's key: SHA-256 of the replication secret file */
-    uint32_t interval_us;      /* ship every this often (default 100) */
+    uint32_t interval_us;      /* ship at most this often (default 100); a batch waits for the
+                                  previous one's ack at most 10 intervals */
     uint32_t max_batch_records;/* at most this many records per BATCH frame (default 65536) */
     uint32_t timeout_ms;       /* an ack overdue this long = peer lost (default 1000) */
     struct rl_tls_files tls;   /* --repl-tls (files read at start: an error fails rl_sender_start) */

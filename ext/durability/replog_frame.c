@@ -171,6 +171,19 @@ long rl_io_send(struct rl_link *l, const void *buf, size_t n, int more)
     return w < 0 ? -errno : (long)w;
 }
 
+long rl_io_sendv(struct rl_link *l, const struct iovec *iov, int n)
+{
+    l->want = 0;
+    struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+    ssize_t w;
+    do
+        w = sendmsg(l->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    while (w < 0 && errno == EINTR);
+    if (w < 0 && errno == EAGAIN)
+        l->want = POLLOUT;
+    return w < 0 ? -errno : (long)w;
+}
+
 /* TLS: a read takes a whole record from OpenSSL (n >= TLS_RECORD_MAX leaves
  * nothing decrypted inside it), so every byte read but not yet taken is in rbuf,
  * where rl_link_pending sees it; a large read goes straight to the caller. */
@@ -207,16 +220,30 @@ long rl_io_recv(struct rl_link *l, void *buf, size_t n)
     return r < 0 ? -errno : (long)r;
 }
 
-/* Send all n bytes by the absolute deadline (ms, CLOCK_MONOTONIC): a peer that
- * reads one byte a second must not keep a frame going for ever. */
-static int send_all(struct rl_link *l, const void *buf, size_t n, uint64_t deadline, int more)
+/* Send iov[0..n) whole by the absolute deadline (ms, CLOCK_MONOTONIC): a peer
+ * that reads one byte a second must not keep a frame going for ever. Plain TCP
+ * gathers the parts into one sendmsg; TLS writes them one by one (each its own
+ * record). iov is consumed as it is sent. */
+static int send_all(struct rl_link *l, struct iovec *iov, int n, uint64_t deadline)
 {
-    const char *p = buf;
     while (n) {
-        long w = rl_io_send(l, p, n, more);
+        if (!iov->iov_len) { /* a part sent whole, or empty */
+            iov++;
+            n--;
+            continue;
+        }
+        long w = l->tls ? rl_io_send(l, iov->iov_base, iov->iov_len, 0) : rl_io_sendv(l, iov, n);
         if (w > 0) {
-            p += w;
-            n -= (size_t)w;
+            size_t k = (size_t)w;
+            while (k >= iov->iov_len) { /* w <= the bytes left: stops inside the list */
+                k -= iov->iov_len;
+                iov++;
+                n--;
+                if (!n)
+                    return 0;
+            }
+            iov->iov_base = (char *)iov->iov_base + k;
+            iov->iov_len -= k;
             continue;
         }
         if (w != -EAGAIN)
@@ -275,18 +302,16 @@ int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, cons
             memcpy(one + HDR, payload, len);
         if (l->authed)
             memcpy(one + HDR + len, mac, RL_MAC);
-        int rc = send_all(l, one, HDR + len + (l->authed ? RL_MAC : 0), deadline, 0);
+        struct iovec v = {one, HDR + len + (l->authed ? RL_MAC : 0)};
+        int rc = send_all(l, &v, 1, deadline);
         l->send_seq += l->authed && !rc;
         return rc;
     }
-    /* MSG_MORE until the frame's last part: a small frame (an ACK) leaves as one segment */
-    int rc = send_all(l, h, HDR, deadline, len || l->authed);
-    if (!rc && len)
-        rc = send_all(l, payload, len, deadline, l->authed);
-    if (!rc && l->authed) {
-        rc = send_all(l, mac, RL_MAC, deadline, 0);
-        l->send_seq++;
-    }
+    /* Header, payload and MAC: on plain TCP in one sendmsg (a batch is one system
+     * call, not three), the payload sent from the caller's buffer as it is. */
+    struct iovec iov[3] = {{h, HDR}, {(void *)payload, len}, {mac, l->authed ? RL_MAC : 0}};
+    int rc = send_all(l, iov, 3, deadline);
+    l->send_seq += l->authed && !rc;
     return rc;
 }
 

@@ -90,12 +90,16 @@ static inline short rl_link_events(const struct rl_link *l) { return l->want ? l
 int rl_link_set_session(struct rl_link *l, const unsigned char key[RL_KEY]);
 
 /* The link's only socket I/O: every byte of every replication connection goes
- * through these two (plain TCP, or TLS with --repl-tls). Non-blocking: the bytes
+ * through these three (plain TCP, or TLS with --repl-tls). Non-blocking: the bytes
  * moved (> 0), 0 = the peer closed (recv only), -EAGAIN (l->want says for what:
  * TLS may need to write to read), or -errno. more: the rest of the frame follows
  * at once (MSG_MORE: one TCP segment, not three; TLS: ignored, rl_send_frame
  * gathers a small frame into one record). */
 long rl_io_send(struct rl_link *l, const void *buf, size_t n, int more);
+/* Plain TCP only: send iov[0..n) in one sendmsg (a frame's parts, gathered);
+ * the bytes moved, -EAGAIN or -errno as rl_io_send. */
+struct iovec;
+long rl_io_sendv(struct rl_link *l, const struct iovec *iov, int n);
 long rl_io_recv(struct rl_link *l, void *buf, size_t n);
 
 static inline uint64_t now_ms(void)

@@ -140,10 +140,28 @@ static void s_set(struct rl_sender *s, int connected, int degraded)
     }
 }
 
-/* Send the records in buf[0..n) as BATCH frames of at most max_batch_records. */
-static int ship_records(struct rl_sender *s, const unsigned char *buf, size_t n, uint64_t *sent)
+/* Send the records in buf[0..n) as BATCH frames of at most max_batch_records.
+ * first/last: their LSNs when known (what wal_take_ship gave: consecutive
+ * LSNs), 0 when not (a range read from the files): a batch that fits in one
+ * frame is then sent as it is, without walking its records. */
+static int ship_records(struct rl_sender *s, const unsigned char *buf, size_t n, uint64_t first_lsn,
+                        uint64_t last_lsn, uint64_t *sent)
 {
     size_t off = 0;
+    if (first_lsn && last_lsn >= first_lsn && last_lsn - first_lsn < s->cfg.max_batch_records &&
+        n <= MAX_BATCH_BYTES && n) {
+        int rc = rl_send_frame(&s->link, F_BATCH, first_lsn, last_lsn, buf, n, (int)s->cfg.timeout_ms);
+        if (rc)
+            return rc;
+        *sent = last_lsn;
+        pthread_mutex_lock(&s->stat_lock);
+        s->st.batches++;
+        s->st.records += last_lsn - first_lsn + 1;
+        s->st.bytes += n;
+        s->st.sent_lsn = last_lsn;
+        pthread_mutex_unlock(&s->stat_lock);
+        return 0;
+    }
     while (off < n) {
         size_t start = off;
         uint64_t first = 0, last = 0, cnt = 0;
@@ -188,13 +206,41 @@ static void pend_skip_below(struct rl_sender *s, uint64_t lsn)
     }
 }
 
+/* How long a batch may wait for the previous one's ack, in ship intervals: an
+ * ack that never covers all that was sent (a catch-up range from the files may
+ * end inside a unit: the peer acknowledges whole units only) must not hold
+ * shipping back for longer. */
+#define SHIP_MAX_WAIT_INTERVALS 10
+#define IDLE_WAKE_US 100000 /* idle and caught up: wake this often (the marker, stats) */
+
+/* Sleep until the peer sends something (an ack) or a record the sender may take
+ * is appended (the log's eventfd), at most timeout_us. Returns 1 if the link
+ * is readable, 0 otherwise, -errno. Only while nothing is in flight: then the
+ * appenders, not a timer, wake the sender. */
+static int wait_idle(struct rl_sender *s, uint64_t timeout_us)
+{
+    if (rl_link_pending(&s->link))
+        return 1;
+    if (!wal_ship_sleep(s->w, 1))
+        return 0; /* records came meanwhile: ship them */
+    struct pollfd pf[2] = {{.fd = s->link.fd, .events = rl_link_events(&s->link)},
+                           {.fd = wal_ship_fd(s->w), .events = POLLIN}};
+    struct timespec ts = {.tv_sec = (time_t)(timeout_us / 1000000), .tv_nsec = (long)(timeout_us % 1000000) * 1000};
+    int r = ppoll(pf, 2, &ts, NULL);
+    int e = errno;
+    wal_ship_sleep(s->w, 0);
+    if (r < 0)
+        return e == EINTR ? 0 : -e;
+    return r > 0 && pf[0].revents ? 1 : 0;
+}
+
 static void *sender_main(void *arg)
 {
     struct rl_sender *s = arg;
     char err[256];
     uint64_t acked = 0, sent = 0, next = 0; /* next: the LSN the peer needs next (0 = unknown) */
-    uint64_t unacked_since = 0, next_ship = 0;
-    int connected = 0;
+    uint64_t unacked_since = 0, last_ship = 0;
+    int connected = 0, caught_up = 0;
     while (!atomic_load_explicit(&s->stop, memory_order_acquire)) {
         marker_maybe_write(s, connected);
         if (!connected) {
@@ -266,13 +312,26 @@ static void *sender_main(void *arg)
             unacked_since = 0;
             wal_publish_durable(s->w, acked);
             s_set(s, 1, 1); /* still degraded until caught up */
+            caught_up = 0;
         }
-        /* Until the next ship time, handle acks the moment they arrive: a reply
-         * waits for its ack, so an ack read late is latency added to every write. */
-        uint64_t now = now_us();
-        if (next_ship <= now)
-            next_ship = now + s->cfg.interval_us;
-        int w = rl_link_wait(&s->link, POLLIN, next_ship - now);
+        /* Self-clocked shipping: a batch leaves at most every interval_us, and
+         * while the previous one is unacknowledged it waits for that ack (at
+         * most SHIP_MAX_WAIT_INTERVALS intervals): one batch in flight, so the
+         * batch grows with the round trip and each batch, ack and wake-up of
+         * the pollers carries as many records as the load gives — under load
+         * the sender is woken by acks, not by a timer. Acks are handled the
+         * moment they arrive: a reply waits for its ack, so an ack read late is
+         * latency added to every write. Idle (caught up, nothing in flight or
+         * pending), it sleeps until an append wakes it. */
+        uint64_t now = now_us(), interval = s->cfg.interval_us;
+        uint64_t due = last_ship + interval, max_due = last_ship + interval * SHIP_MAX_WAIT_INTERVALS;
+        int w = 0;
+        if (acked < sent)
+            w = rl_link_wait(&s->link, POLLIN, max_due > now ? max_due - now : 0);
+        else if (caught_up && !s->pend.len && (w = wait_idle(s, IDLE_WAKE_US)) == 0 && (now = now_us()) < due)
+            w = rl_link_wait(&s->link, POLLIN, due - now); /* woken early: the interval still holds */
+        else if (!caught_up || s->pend.len)
+            w = rl_link_wait(&s->link, POLLIN, due > now ? due - now : 0);
         int rc = 0;
         while (w > 0 && !rc) {
             struct frame f;
@@ -291,20 +350,25 @@ static void *sender_main(void *arg)
         }
         if (!rc && w < 0)
             rc = w;
-        if (!rc && now_us() < next_ship) { /* woken by acks: not yet time to ship */
+        now = now_us();
+        if (!rc && (now < due || (acked < sent && now < max_due))) { /* not yet time to ship */
             pthread_mutex_lock(&s->stat_lock);
             s->st.acked_lsn = acked;
             pthread_mutex_unlock(&s->stat_lock);
             continue;
         }
-        next_ship += s->cfg.interval_us;
+        last_ship = now;
         /* Gather what was appended meanwhile. */
         uint64_t first, last = wal_take_ship(s->w, &s->ship, &first);
         if (last) {
-            if (!s->pend.len)
+            if (!s->pend.len) { /* the common case: take the buffer, do not copy it */
+                struct kvbuf t = s->pend;
+                s->pend = s->ship;
+                s->ship = t;
                 s->pend_first = first;
-            if (!rc && kvbuf_append(&s->pend, s->ship.p, s->ship.len))
+            } else if (!rc && kvbuf_append(&s->pend, s->ship.p, s->ship.len)) {
                 rc = -ENOMEM;
+            }
             s->pend_last = last;
         }
         if (!rc && s->pend.len && s->pend_first < next)
@@ -319,7 +383,7 @@ static void *sender_main(void *arg)
                 if (got < 0) {
                     rc = (int)got;
                 } else if (got > 0) {
-                    rc = ship_records(s, (unsigned char *)s->cat.p, s->cat.len, &sent);
+                    rc = ship_records(s, (unsigned char *)s->cat.p, s->cat.len, 0, 0, &sent);
                     pthread_mutex_lock(&s->stat_lock);
                     s->st.catchup_records += (uint64_t)got - next + 1;
                     pthread_mutex_unlock(&s->stat_lock);
@@ -330,7 +394,7 @@ static void *sender_main(void *arg)
             }
         }
         if (!rc && s->pend.len && s->pend_first == next) {
-            rc = ship_records(s, (unsigned char *)s->pend.p, s->pend.len, &sent);
+            rc = ship_records(s, (unsigned char *)s->pend.p, s->pend.len, s->pend_first, s->pend_last, &sent);
             next = s->pend_last + 1;
             s->pend.len = 0;
             if (!rc && !unacked_since)
@@ -343,6 +407,7 @@ static void *sender_main(void *arg)
             pthread_mutex_unlock(&s->stat_lock);
             if (deg)
                 s_set(s, 1, 0);
+            caught_up = 1;
         }
         if (!rc && unacked_since && acked < sent && now_ms() - unacked_since > s->cfg.timeout_ms) {
             snprintf(err, sizeof err, "peer %s:%d did not acknowledge LSN %" PRIu64 " within %u ms",
@@ -357,6 +422,7 @@ static void *sender_main(void *arg)
             }
             rl_link_close(&s->link);
             connected = 0;
+            caught_up = 0;
             s_set(s, 0, 1);
         }
         pthread_mutex_lock(&s->stat_lock);

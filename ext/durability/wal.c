@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -49,6 +50,16 @@ struct wal {
     int ship;                 /* keep a copy of every record for a log sender */
     struct kvbuf sbuf;        /* records not yet taken by the sender (under lock) */
     uint64_t sfirst;          /* LSN of sbuf's first record */
+    /* The sender's wake-up (ship mode): ship_pending is 1 once a record the
+     * sender may take (not inside an open unit) was appended since its last
+     * wal_take_ship; ship_idle is 1 while the sender sleeps on ship_evfd with
+     * nothing in flight. An appender that raises ship_pending and sees
+     * ship_idle writes ship_evfd; both sides use seq_cst (store one flag, then
+     * load the other: Dekker), so either the sender sees the record before it
+     * sleeps or the appender sees the sleeper. Only the edge 0 -> 1 of
+     * ship_pending costs an appender anything (one load otherwise). */
+    _Atomic int ship_pending, ship_idle;
+    int ship_evfd;
     _Atomic uint64_t written_lsn; /* last LSN written to the segment file (not necessarily synced) */
     _Atomic uint64_t synced_lsn;  /* last LSN made durable on the local disk */
     uint64_t seg_limit, seg_size, max_pending;
@@ -104,60 +115,6 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-int wal_write_all(int fd, const void *buf, size_t n)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0) {
-            if (errno == EINTR)
-                continue;
-            return -errno;
-        }
-        p += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-static void seg_name(char *dst, size_t n, const char *dir, uint64_t first)
-{
-    snprintf(dst, n, "%s/wal-%016" PRIx64 ".log", dir, first);
-}
-
-int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t errlen)
-{
-    char path[4096];
-    seg_name(path, sizeof path, dir, first);
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0 && errno == EEXIST) {
-        /* Recovery (which always runs first) ended before LSN first, so this file
-         * holds no valid record: a segment created just before a crash. Replace it. */
-        unlink(path);
-        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
-    }
-    if (fd < 0) {
-        int e = errno;
-        snprintf(err, errlen, "cannot create log segment %s: %s", path, strerror(e));
-        return -e;
-    }
-    unsigned char hdr[WAL_SEG_HDR];
-    memcpy(hdr, WAL_SEG_MAGIC, 8);
-    put64(hdr + 8, first);
-    int rc = wal_write_all(fd, (const char *)hdr, sizeof hdr);
-    if (!rc && fdatasync(fd))
-        rc = -errno;
-    if (!rc && fsync(dirfd))
-        rc = -errno;
-    if (rc) {
-        snprintf(err, errlen, "cannot write log segment %s: %s", path, strerror(-rc));
-        close(fd);
-        unlink(path); /* (a disk full: a segment without its header would read as damage) */
-        return rc;
-    }
-    return fd;
-}
-
 /* Create the segment whose first record has LSN first; its name and header are
  * synced (file and directory) so a crash cannot lose the file holding synced records. */
 static int seg_create(struct wal *w, uint64_t first, char *err, size_t errlen)
@@ -182,7 +139,7 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
     struct wal *w = calloc(1, sizeof *w);
     if (!w)
         return -ENOMEM;
-    w->fd = w->dirfd = -1;
+    w->fd = w->dirfd = w->ship_evfd = -1;
     w->dir = strdup(cfg->dir);
     atomic_init(&w->sync, cfg->sync);
     w->sync_delay_us = cfg->sync_delay_us;
@@ -199,6 +156,12 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
     pthread_mutex_init(&w->notify_lock, NULL);
+    if (w->ship && (w->ship_evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
+        int e = errno;
+        snprintf(err, errlen, "cannot create the log sender's eventfd: %s", strerror(e));
+        wal_close(w);
+        return -e;
+    }
     if (mkdir(cfg->dir, 0755) && errno != EEXIST) {
         int e = errno;
         snprintf(err, errlen, "cannot create log directory %s: %s", cfg->dir, strerror(e));
@@ -276,6 +239,24 @@ static inline __attribute__((always_inline)) uint64_t do_put(struct wal *w, int 
     return lsn;
 }
 
+/* Records the sender may take were appended (ship mode; caller holds w->lock,
+ * no unit open): raise ship_pending on its edge. Returns 1 if the sender sleeps
+ * and must be woken (ship_wake, after the lock is released). */
+static inline int ship_mark(struct wal *w)
+{
+    if (!w->ship || atomic_load_explicit(&w->ship_pending, memory_order_relaxed))
+        return 0;
+    atomic_store_explicit(&w->ship_pending, 1, memory_order_seq_cst); /* then look for the sleeper */
+    return atomic_load_explicit(&w->ship_idle, memory_order_seq_cst);
+}
+
+static __attribute__((noinline)) void ship_wake(struct wal *w)
+{
+    uint64_t one = 1;
+    ssize_t r = write(w->ship_evfd, &one, sizeof one);
+    (void)r; /* EAGAIN: the counter is non-zero already, the sender wakes */
+}
+
 /* Append inside a unit (in_unit), or while another thread's unit is open: the
  * rare path, out of line so that the common one stays as short as before units.
  * Caller holds w->lock; this releases it. */
@@ -351,9 +332,12 @@ int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const 
     }
     int was_empty = b->len == 0;
     uint64_t lsn = do_put(w, was_empty, hdr, crc, rec, key, klen, v1, n1, v2, n2);
+    int wake = ship_mark(w);
     pthread_mutex_unlock(&w->lock);
     if (was_empty) /* the log thread sleeps only while the buffer is empty */
         pthread_cond_signal(&w->cond);
+    if (__builtin_expect(wake, 0))
+        ship_wake(w);
     return (int64_t)lsn;
 }
 
@@ -395,9 +379,12 @@ int64_t wal_unit_end(struct wal *w)
         }
         w->unit_open = 0;
     }
+    int wake = rc > 0 && ship_mark(w); /* the unit may be shipped now */
     pthread_mutex_unlock(&w->lock);
     if (rc > 0) /* the log thread may be waiting for the unit to close */
         pthread_cond_signal(&w->cond);
+    if (wake)
+        ship_wake(w);
     return rc;
 }
 
@@ -648,6 +635,9 @@ uint64_t wal_take_ship(struct wal *w, struct kvbuf *out, uint64_t *first)
      * buffer, with room for its COMMIT): the peer acknowledges only whole units,
      * and what is shipped ends where the durable LSN may. */
     pthread_mutex_lock(&w->lock);
+    /* Everything the sender may take is taken now: a later append raises it again
+     * (the unit kept back below raises it with its COMMIT). */
+    atomic_store_explicit(&w->ship_pending, 0, memory_order_relaxed);
     size_t keep = w->unit_open ? w->sbuf.len - w->unit_soff : 0;
     struct kvbuf tmp = *out;
     tmp.len = 0;
@@ -670,6 +660,24 @@ uint64_t wal_take_ship(struct wal *w, struct kvbuf *out, uint64_t *first)
     }
     pthread_mutex_unlock(&w->lock);
     return last;
+}
+
+int wal_ship_fd(struct wal *w) { return w->ship_evfd; }
+
+int wal_ship_sleep(struct wal *w, int sleep)
+{
+    if (!sleep) {
+        atomic_store_explicit(&w->ship_idle, 0, memory_order_relaxed);
+        uint64_t v;
+        ssize_t r = read(w->ship_evfd, &v, sizeof v);
+        (void)r; /* EAGAIN: nobody wrote it */
+        return 0;
+    }
+    atomic_store_explicit(&w->ship_idle, 1, memory_order_seq_cst); /* then look for records */
+    if (!atomic_load_explicit(&w->ship_pending, memory_order_seq_cst))
+        return 1;
+    atomic_store_explicit(&w->ship_idle, 0, memory_order_relaxed);
+    return 0;
 }
 
 uint64_t wal_written_lsn(struct wal *w)
@@ -709,6 +717,8 @@ void wal_close(struct wal *w)
     }
     if (w->dirfd >= 0)
         close(w->dirfd);
+    if (w->ship_evfd >= 0)
+        close(w->ship_evfd);
     kvbuf_free(&w->buf[0]);
     kvbuf_free(&w->buf[1]);
     kvbuf_free(&w->sbuf);

@@ -143,6 +143,15 @@ void wal_set_sync(struct wal *w, int sync);
  * 0 if none; *first = the first. */
 struct kvbuf;
 uint64_t wal_take_ship(struct wal *w, struct kvbuf *out, uint64_t *first);
+/* The sender's sleep (ship mode). wal_ship_sleep(w, 1): the sender is about
+ * to sleep with nothing in flight: returns 1 if nothing it may take was
+ * appended since its last wal_take_ship (it may then sleep: the next append it
+ * may take, or a unit's COMMIT, writes 1 to wal_ship_fd, an eventfd), 0 if
+ * something was (ship it, do not sleep). wal_ship_sleep(w, 0): it woke (or did
+ * not sleep): appenders stop writing the eventfd, which is drained; returns 0.
+ * wal_ship_fd: -1 without ship mode. The sender thread only. */
+int wal_ship_fd(struct wal *w);
+int wal_ship_sleep(struct wal *w, int sleep);
 /* Last LSN written to the current segment file (readable, maybe not synced). */
 uint64_t wal_written_lsn(struct wal *w);
 /* Last LSN synced to the local disk; last LSN appended. */

@@ -1,4 +1,6 @@
-/* wal_manifest.c - the log's manifest, <dir>/wal.manifest: the first LSN of the
+/* wal_manifest.c - the log's files: segments created (wal_seg_create, with
+ * wal_write_all; the log thread and the peer's receiver) and the log's
+ * manifest, <dir>/wal.manifest: the first LSN of the
  * newest segment the log thread created, written (and synced, file and
  * directory) each time it creates one. Recovery checks that a segment at least
  * that new is present, so a deleted last segment is reported as lost records
@@ -17,6 +19,60 @@
 #include "core/bytes.h"
 #include "core/crc32c.h"
 #include "durability/wal.h"
+
+int wal_write_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void seg_name(char *dst, size_t n, const char *dir, uint64_t first)
+{
+    snprintf(dst, n, "%s/wal-%016" PRIx64 ".log", dir, first);
+}
+
+int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t errlen)
+{
+    char path[4096];
+    seg_name(path, sizeof path, dir, first);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 && errno == EEXIST) {
+        /* Recovery (which always runs first) ended before LSN first, so this file
+         * holds no valid record: a segment created just before a crash. Replace it. */
+        unlink(path);
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+    }
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "cannot create log segment %s: %s", path, strerror(e));
+        return -e;
+    }
+    unsigned char hdr[WAL_SEG_HDR];
+    memcpy(hdr, WAL_SEG_MAGIC, 8);
+    put64(hdr + 8, first);
+    int rc = wal_write_all(fd, (const char *)hdr, sizeof hdr);
+    if (!rc && fdatasync(fd))
+        rc = -errno;
+    if (!rc && fsync(dirfd))
+        rc = -errno;
+    if (rc) {
+        snprintf(err, errlen, "cannot write log segment %s: %s", path, strerror(-rc));
+        close(fd);
+        unlink(path); /* (a disk full: a segment without its header would read as damage) */
+        return rc;
+    }
+    return fd;
+}
 
 #define MANIFEST "wal.manifest"
 #define MAGIC "KVSWALM1"

@@ -308,3 +308,46 @@ def test_a_ghost_connection_does_not_lock_the_node_out(pair):
     s.sock.settimeout(5)
     assert s.sock.recv(100) == b""
     s.close()
+
+
+# ---------------------------------------------------------------- sender wake-ups
+
+def thread_switches(pid, name):
+    """Context switches (voluntary + not) of pid's threads named name, from /proc."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                if f.read().strip() != name:
+                    continue
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        except FileNotFoundError:
+            continue
+    return total
+
+
+@pytest.mark.timeout(90)
+def test_an_idle_sender_sleeps_until_a_write_and_ships_it(pair):
+    """Caught up and idle, the log sender sleeps until an append wakes it (it used to wake
+    every --ship-interval-us, 100 µs: thousands of times a second with nothing to do); a write
+    then, and a MULTI unit (its COMMIT wakes the sender), are still shipped and acknowledged."""
+    pair.start_both()
+    a = pair.nodes["a"]
+    c = kv(a.port)
+    c.set("warm", "1")
+    pair.wait_in_sync("a")
+    time.sleep(0.3)  # past the catch-up: idle now
+    s0, t0 = thread_switches(a.pid, "kv-logsend"), time.monotonic()
+    time.sleep(1.0)
+    s1, dt = thread_switches(a.pid, "kv-logsend"), time.monotonic() - t0
+    # idle wake-ups: ~10 a second (IDLE_WAKE_US); a 100 µs timer gives thousands
+    assert s1 - s0 < 500 * dt, f"the idle sender woke {s1 - s0} times in {dt:.1f} s"
+    assert c.set("after-idle", "2") is True
+    p = c.pipeline(transaction=True)
+    p.set("unit-1", "a")
+    p.set("unit-2", "b")
+    assert p.execute() == [True, True]
+    c.close()
+    _, ip, ir = pair.wait_in_sync("a")
+    assert ir["log_receiver_held_lsn"] == ip["log_appended_lsn"]
