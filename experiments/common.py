@@ -5,6 +5,7 @@ import argparse
 import base64
 import csv
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -313,6 +314,35 @@ def cpu_seconds(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_jiffies(cpus=None):
+    """(busy, total) jiffies summed over the CPUs in cpus (all when None), from /proc/stat:
+    busy_share(a, b) of two readings is the share of the time those CPUs were busy."""
+    busy = total = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name = line.split(" ", 1)[0]
+            if not name.startswith("cpu") or name == "cpu" or (cpus is not None and int(name[3:]) not in cpus):
+                continue
+            v = [int(x) for x in line.split()[1:]]
+            idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+            t = sum(v[:8])  # guest time is already counted in user
+            busy, total = busy + t - idle, total + t
+    return busy, total
+
+
+def busy_share(before, after):
+    """Share (0-1) of the time the CPUs of two cpu_jiffies readings were busy between them."""
+    dt = after[1] - before[1]
+    return (after[0] - before[0]) / dt if dt > 0 else 0.0
+
+
+def own_cpu_seconds():
+    """CPU seconds of this process (all threads: the in-process load generator's too) plus
+    its waited-for children (redis-benchmark)."""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
 class Proc(Process):

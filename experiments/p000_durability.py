@@ -23,7 +23,10 @@ What the paper's setup isolates (the peer on its own machine) is measured two wa
   generator on the other half (on 2 cores: node on CPU 0, peer + load on CPU 1), so
   the peer takes no cycles from the node; `none` leaves everything to the scheduler.
 Rounds alternate the servers A B C ... within each load; the plot shows medians with
-the min-max of the rounds and marks the paper's ratios on the NH bar.
+the min-max of the rounds and marks the paper's ratios (times this run's NH) on the
+NHD, NHL and NHDL bars (none-full, remote, remote-full). Pinned loads record the load
+generator's CPU and how busy the peer's + generator's CPUs were (gen_cpus_saturated: over
+90 %, the pinned load measures those CPUs, not the node).
 
     kvstore experiment run p000_durability      -> OUT/p000_durability.{csv,png}
 """
@@ -73,7 +76,9 @@ def pinned_title(halves):
     if not halves:
         return "nothing pinned"
     node, rest = (",".join(map(str, sorted(c))) for c in halves)
-    return f"pinned loads: server on CPU {node}; log peer + load generator on CPU {rest}"
+    return (f"pinned loads: server on CPU {node}; log peer + load generator on CPU {rest}\n"
+            "loopback TCP bills part of the receiver's softirq work to the sender's CPU: the node's CPU "
+            "in remote includes some of its peer's receive path")
 
 
 class KvServer:
@@ -172,7 +177,8 @@ def measure(args):
                     r = rows[-1]
                     common.log(f"[{len(rows)}/{total}] {tool:15s} P{p:<2d} {pinning:6s} {s.name:19s} "
                                f"{r['throughput']:>11,} SET/s p99 {r['p99_us']:7.0f} us  node cpu "
-                               f"{r['cpu_us_per_req']:.2f} us/req  peer {r['peer_cpu_us_per_req']:.2f}")
+                               f"{r['cpu_us_per_req']:.2f} us/req  peer {r['peer_cpu_us_per_req']:.2f}"
+                               + (f"  load CPUs {r['gen_cpus_busy']:.0%} busy" if pinning == "pinned" else ""))
     finally:
         for s in servers:
             s.stop()
@@ -188,7 +194,11 @@ def run_one(s, tool, p, pinning, halves, args, rnd):
         os.sched_setaffinity(0, halves[1])  # the load generator's C threads inherit this thread's CPUs
     else:
         s.pin(ALL_CPUS, ALL_CPUS)
+    # the load generator's CPU (this process: kvstore bench runs in it; redis-benchmark is a
+    # waited child) and how busy the generator's CPUs were: pinned, the peer shares them
+    gen_cpus = halves[1] if pinning == "pinned" else None
     try:
+        gen0, busy0 = common.own_cpu_seconds(), common.cpu_jiffies(gen_cpus)
         (node0, peer0), w0 = s.cpu(), time.monotonic()
         if tool == "redis-benchmark":
             r = common.run_redis_benchmark(s.port, "SET", p, args.conns, n, args.keyspace, args.value_size)
@@ -196,6 +206,7 @@ def run_one(s, tool, p, pinning, halves, args, rnd):
             r = common.run_kvstore_bench(s.port, "resp", "SET", p, args.conns, n, args.keyspace,
                                          args.value_size, 2)
         node1, peer1 = s.cpu()
+        gen, busy = common.own_cpu_seconds() - gen0, common.busy_share(busy0, common.cpu_jiffies(gen_cpus))
     finally:
         os.sched_setaffinity(0, mine)
     node, peer = node1 - node0, peer1 - peer0
@@ -203,7 +214,10 @@ def run_one(s, tool, p, pinning, halves, args, rnd):
             "throughput": round(r["throughput"]), "p50_us": round(r["p50_us"], 1), "p99_us": round(r["p99_us"], 1),
             "wall_s": round(time.monotonic() - w0, 3), "server_cpu_s": round(node + peer, 3),
             "node_cpu_s": round(node, 3), "peer_cpu_s": round(peer, 3), "cpu_us_per_req": round(node / n * 1e6, 2),
-            "peer_cpu_us_per_req": round(peer / n * 1e6, 2)}
+            "peer_cpu_us_per_req": round(peer / n * 1e6, 2), "loadgen_cpu_s": round(gen, 3),
+            # pinned: the peer's + load generator's CPUs; not pinned: all CPUs. Over 90 % busy, the
+            # pinned load is bound by those CPUs (peer and generator compete), not by the node
+            "gen_cpus_busy": round(busy, 3), "gen_cpus_saturated": int(busy > 0.9)}
 
 
 SERVERS = ["kvstore-none", "kvstore-none-full", "kvstore-disk", "kvstore-disk-full", "kvstore-remote",
@@ -254,6 +268,11 @@ def report(rows):
             if pc and pc[0]:
                 line += f" + peer {pc[0]:.2f}"
         print(line)
+    sat = [r for r in _rows(rows) if r["pinning"] == "pinned" and str(r.get("gen_cpus_saturated")) == "1"]
+    if sat:
+        print(f"warning: {len(sat)} pinned loads ran with the peer's + load generator's CPUs > 90 % busy: "
+              "those loads are bound by that CPU, not by the node: " +
+              ", ".join(sorted({f"{r['server']} P{r['pipeline']}" for r in sat})))
     for tool, p, pinning in sorted({k[:3] for k in cpu}):
         x = ratio(rows, tool, p, pinning, "kvstore-remote", field="cpu_us_per_req")
         if x is not None:
@@ -294,8 +313,10 @@ def draw(rows, path):
     halves = cpu_halves()
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(13, 9), gridspec_kw={"height_ratios": [3, 2]})
     _bars(ax, groups, SERVERS, med, paper=True)
-    ax.set_xticklabels([f"{t}\nSET P{p}\n{'pinned' if pin == 'pinned' else 'not pinned'}" for t, p, pin in groups],
-                       fontsize=8)
+    sat = {(r["tool"], int(r["pipeline"]), r["pinning"]) for r in _rows(rows) if str(r.get("gen_cpus_saturated")) == "1"}
+    ax.set_xticklabels([f"{t}\nSET P{p}\n{'pinned' if pin == 'pinned' else 'not pinned'}"
+                        + ("\npeer+load CPU > 90 % busy" if pin == "pinned" and (t, p, pin) in sat else "")
+                        for t, p, pin in groups], fontsize=8)
     ax.set_ylabel("acknowledged SET/s (median, min-max of rounds)")
     rounds = len({r["round"] for r in rows})
     ax.set_title("Durable writes: kvstore disk (group commit) / remote (peer memory), -full = memory full (BOSC "
