@@ -13,7 +13,8 @@ never wait) and in seconds. Right before NHD's runs of a round, as many new keys
 memory holds are inserted at P16 (while NH ran, the flusher cleaned NHD's backlog: a run
 started on that evicts clean keys for free); NH is emptied and refilled when its runs have
 grown it past 1.5x NHD's memory keys (neither measured). At the default scale (4gb) a run
-takes ~30 min, ~10 GB of RAM and ~35 GB of disk (the file ends at up to ~7x memory: see --dir).
+takes ~30 min (plus up to --idle-seconds per NH run waiting for NHD's flusher), ~10 GB of RAM and
+~35 GB of disk (the file ends at up to ~7x memory: see --dir).
 Before each NH run NHD's flusher must have stopped writing (bounded by --idle-seconds), and
 NHD's CPU during NH's runs is in the CSV (NHD_cpu_s) as the check; the order of NH and NHD
 is reversed every other round.

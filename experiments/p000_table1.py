@@ -37,6 +37,13 @@ pins the client; servers, clients and log peers share the machine's CPUs. Needs 
 the namespaces; without root everything runs on loopback and dpdk is left out (and it
 says so).
 
+Run time at the defaults: 5 rows x 9 units (4 pool sizes + 5 architectures) x 5 rounds = 225
+points, each up to --point-seconds (6 s); plus each server's warm-up (up to --warmup-seconds,
+D rows --full-warmup-seconds) and, before each of the 90 D points, a re-fill of up to
+--rewarm-seconds: the bounds add up to ~80 min, a run on a quiet machine takes less (the
+warm-ups and re-fills end when their key count is done). --rows/--archs/--workers/--rounds
+cut it down.
+
     kvstore experiment run p000_table1        -> OUT/p000_table1.{csv,png}
 """
 import json
