@@ -316,6 +316,19 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def pin_process(pid, cpus):
+    """Every thread of process pid onto cpus (sched_setaffinity moves one thread: a
+    process's threads are moved one by one; threads started later inherit from their
+    creator). A thread that ended meanwhile is skipped; pid None does nothing."""
+    if pid is None:
+        return
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+
+
 def cpu_jiffies(cpus=None):
     """(busy, total) jiffies summed over the CPUs in cpus (all when None), from /proc/stat:
     busy_share(a, b) of two readings is the share of the time those CPUs were busy."""
@@ -465,11 +478,17 @@ def medians(rows, keys, field="throughput"):
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def paired_rounds(rows, side, a, b, field="throughput", **where):
+    """[a/b of each round both have] (values of column `side`), among the rows matching
+    `where`, paired by the round column (not by the rows' order), in round order."""
+    t = {(str(r[side]), str(r["round"])): float(r[field]) for r in rows
+         if all(str(r[k]) == str(v) for k, v in where.items())}
+    return [t[(a, rnd)] / t[(b, rnd)] for (s, rnd) in sorted(t) if s == a and (b, rnd) in t and t[(b, rnd)]]
+
+
 def paired(rows, side, a, b, field="throughput", **where):
     """Median over rounds of a/b (values of column `side`) for points measured side by side,
     in the same round, among the rows matching `where`: steadier than a ratio of medians
     when the machine's speed drifts between rounds. None without a pair."""
-    t = {(str(r[side]), str(r["round"])): float(r[field]) for r in rows
-         if all(str(r[k]) == str(v) for k, v in where.items())}
-    x = [t[(a, rnd)] / t[(b, rnd)] for (s, rnd) in t if s == a and (b, rnd) in t]
+    x = paired_rounds(rows, side, a, b, field, **where)
     return statistics.median(x) if x else None

@@ -59,17 +59,7 @@ def cpu_halves():
 ALL_CPUS = set(os.sched_getaffinity(0))
 
 
-def pin(pid, cpus):
-    """Every thread of process pid onto cpus (sched_setaffinity moves one thread: a
-    process's threads are moved one by one; threads started later inherit from their
-    creator). A thread that ended meanwhile is skipped."""
-    if pid is None:
-        return
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except (ProcessLookupError, FileNotFoundError):
-            pass
+pin = common.pin_process  # every thread of a process onto a set of CPUs
 
 
 def pinned_title(halves):

@@ -394,13 +394,8 @@ def summary(rows):
                 v = [x for x in (_num(r.get(f)) for r in rr) if x is not None]
                 if v:
                     pt[(label, f)] = (statistics.median(v), min(v), max(v))
-        ratio = common.paired([r for r in ins if int(r["pipeline"]) == p], "server", "NHD", "NH")
-        pt["ratio"] = ratio
-        rounds = {}
-        for r in ins:
-            if int(r["pipeline"]) == p:
-                rounds.setdefault(r["round"], {})[r["server"]] = float(r["throughput"])
-        rs = [v["NHD"] / v["NH"] for v in rounds.values() if "NH" in v and "NHD" in v and v["NH"]]
+        rs = common.paired_rounds([r for r in ins if int(r["pipeline"]) == p], "server", "NHD", "NH")
+        pt["ratio"] = statistics.median(rs) if rs else None
         pt["ratio_range"] = (min(rs), max(rs)) if rs else None
         out[p] = pt
     return out
@@ -454,21 +449,18 @@ def report(rows):
 
 
 def _bars(ax, groups, series, colors, med_err, ylabel):
-    """Grouped bars of medians with min-max error bars: med_err(group, series) -> (med, lo, hi) or None."""
-    w = 0.8 / len(series)
-    for si, (name, c) in enumerate(zip(series, colors)):
-        xs, ys, lo, hi = [], [], [], []
-        for gi, g in enumerate(groups):
-            v = med_err(g, name)
+    """common.bar_chart of medians with min-max error bars: med_err(group, series) -> (med,
+    lo, hi) or None (the summary keeps those three per point: as a point's "rounds" they give
+    bar_chart's spread() the same median, min and max). Returns bar_chart's x positions."""
+    values = {}
+    for g in groups:
+        for n in series:
+            v = med_err(g, n)
             if v:
-                xs.append(gi + si * w)
-                ys.append(v[0])
-                lo.append(v[0] - v[1])
-                hi.append(v[2] - v[0])
-        ax.bar(xs, ys, w, yerr=[lo, hi], capsize=3, label=name, color=c)
-    ax.set_xticks([gi + 0.4 - w / 2 for gi in range(len(groups))])
+                values[(g, n)] = [v[1], v[0], v[2]]
+    xs = common.bar_chart(ax, groups, series, values, colors=dict(zip(series, colors)))
     ax.set_ylabel(ylabel)
-    ax.grid(axis="y", alpha=0.3)
+    return xs
 
 
 def draw(rows, path):
@@ -478,14 +470,13 @@ def draw(rows, path):
     mem = [r for r in rows if r.get("server") == "NHD" and r.get("memory_keys")]
     fig, axs = plt.subplots(2, 2, figsize=(12, 8))
     ax = axs[0][0]
-    _bars(ax, ps, ["NH", "NHD"], ["#9ecae1", "#2171b5"], lambda p, n: s[p].get((n, "throughput")),
-          "inserts of new keys / s (median, min-max)")
+    xs = _bars(ax, ps, ["NH", "NHD"], ["#9ecae1", "#2171b5"], lambda p, n: s[p].get((n, "throughput")),
+               "inserts of new keys / s (median, min-max)")
     ax.set_xticklabels([f"P{p}" + (f"\nNHD/NH {s[p]['ratio']:.2f}" if s[p]["ratio"] else "") for p in ps])
-    for gi, p in enumerate(ps):  # the paper's ratio, applied to this run's NH
-        nh = s[p].get(("NH", "throughput"))
-        if nh:
-            ax.plot([gi + 0.25, gi + 0.55], [nh[0] * PAPER["NHD/NH"]] * 2, "r--", lw=1.5,
-                    label="paper NHD = 0.71 x NH" if gi == 0 else None)
+    nh = {p: s[p].get(("NH", "throughput")) for p in ps}  # the paper's ratio, applied to this run's NH
+    marked = [p for p in ps if nh[p] and p in xs.get("NHD", {})]
+    common.paper_marks(ax, [xs["NHD"][p] for p in marked], [nh[p][0] * PAPER["NHD/NH"] for p in marked],
+                       label="paper NHD = 0.71 x NH", color="r")
     ax.legend(fontsize=8)
     ax.set_title("Throughput (paired NHD/NH under each group)", fontsize=9)
     ax = axs[0][1]

@@ -50,6 +50,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -410,12 +411,9 @@ def report(rows):
     side = any(r.get("group") == "+".join(TOGETHER) for r in rows)
     how = "side by side, same round" if side else "same round index, rows measured apart"
     for u in us:
-        x = common.paired(rows, "row", "N", "NH", arch=u)
-        if x is not None:
-            per = sorted(float(a["throughput"]) / float(b["throughput"]) for a in rows for b in rows
-                         if a["arch"] == b["arch"] == u and a["row"] == "N" and b["row"] == "NH"
-                         and a["round"] == b["round"])
-            print(f"{u:17s} N/NH ({how}) {x:.2f} [{per[0]:.2f}-{per[-1]:.2f}]")
+        per = common.paired_rounds(rows, "row", "N", "NH", arch=u)
+        if per:
+            print(f"{u:17s} N/NH ({how}) {statistics.median(per):.2f} [{min(per):.2f}-{max(per):.2f}]")
     for u in us:
         nh = med.get(("NH", u))
         if nh and any((r, u) in med for r in ("NHD", "NHL", "NHDL")):
