@@ -309,11 +309,17 @@ def repl_secret():
     return _SECRET[0]
 
 
-def cpu_seconds(pid):
-    """User + system CPU seconds of a process, all threads (from /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
+def stat_cpu_seconds(path):
+    """User + system CPU seconds in a /proc stat file (/proc/PID/stat: the process, all its
+    threads; /proc/PID/task/TID/stat: one thread). Raises OSError once it is gone."""
+    with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process, all threads (from /proc)."""
+    return stat_cpu_seconds(f"/proc/{pid}/stat")
 
 
 def pin_process(pid, cpus):

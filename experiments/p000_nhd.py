@@ -65,7 +65,7 @@ def persistence(node):
 
 def thread_cpu(pid):
     """{tid: (comm, CPU seconds)} of every thread of pid (empty once it is gone)."""
-    out, hz = {}, os.sysconf("SC_CLK_TCK")
+    out = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -74,11 +74,10 @@ def thread_cpu(pid):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 comm = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            cpu = common.stat_cpu_seconds(f"/proc/{pid}/task/{tid}/stat")
         except OSError:
             continue  # the thread ended meanwhile
-        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / hz)
+        out[int(tid)] = (comm, cpu)
     return out
 
 
