@@ -270,30 +270,19 @@ def report(rows):
 
 
 def _bars(ax, groups, servers, values, paper=False):
-    """Grouped bars of the servers measured: values[(group..., server)] = (median, min, max),
-    min-max as error bars; paper: mark the paper's ratio times the group's kvstore-none
-    median on its server's bar. Returns the servers drawn, in order."""
+    """common.bar_chart of the servers measured: values[(group..., server)] = (median, min,
+    max), min-max as error bars (as a point's "rounds" the three give bar_chart's spread()
+    the same median, min and max); paper: mark the paper's ratio times the group's
+    kvstore-none median on its server's bar. Returns ({server: {group: x}}, bar width)."""
     servers = [s for s in servers if any((*g, s) in values for g in groups)]
-    w = 0.8 / max(1, len(servers))
-    for si, s in enumerate(servers):
-        xs, ys, lo, hi = [], [], [], []
-        for gi, g in enumerate(groups):
-            v = values.get((*g, s))
-            if not v:
-                continue
-            xs.append(gi + si * w)
-            ys.append(v[0])
-            lo.append(v[0] - v[1])
-            hi.append(v[2] - v[0])
-            nh = values.get((*g, "kvstore-none"))
-            if paper and s in PAPER and nh:
-                ax.plot([gi + si * w - w / 2, gi + si * w + w / 2], [nh[0] * PAPER[s][1]] * 2, color="k", lw=2,
-                        label=None if MARK in ax.get_legend_handles_labels()[1] else MARK)
-        ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=s, color=COLORS[SERVERS.index(s)],
-               error_kw={"elinewidth": 0.8})
-    ax.set_xticks([gi + (len(servers) - 1) * w / 2 for gi in range(len(groups))])
-    ax.grid(axis="y", alpha=0.3)
-    return servers
+    v = {(g, s): [values[(*g, s)][1], values[(*g, s)][0], values[(*g, s)][2]]
+         for g in groups for s in servers if (*g, s) in values}
+    xs = common.bar_chart(ax, groups, servers, v, colors={s: COLORS[SERVERS.index(s)] for s in servers})
+    if paper:
+        marks = [(xs[s][g], values[(*g, "kvstore-none")][0] * PAPER[s][1]) for s in servers if s in PAPER
+                 for g in groups if g in xs[s] and (*g, "kvstore-none") in values]
+        common.paper_marks(ax, [m[0] for m in marks], [m[1] for m in marks], label=MARK)
+    return xs, 0.8 / max(1, len(servers))
 
 
 def draw(rows, path):
@@ -317,13 +306,13 @@ def draw(rows, path):
     cpu, peer = spread(rows, "cpu_us_per_req"), spread(rows, "peer_cpu_us_per_req")
     cgroups = [g for g in groups if any((*g, s) in cpu for s in kv)]
     if cgroups:
-        drawn = _bars(bx, cgroups, kv, cpu)
-        w, labelled = 0.8 / len(drawn), False
-        for si, s in enumerate(drawn):  # the peer's CPU stacked on its node's bar, hatched
-            for gi, g in enumerate(cgroups):
+        xs, w = _bars(bx, cgroups, kv, cpu)
+        labelled = False
+        for s, at in xs.items():  # the peer's CPU stacked on its node's bar, hatched
+            for g, x in at.items():
                 pc, nc = peer.get((*g, s)), cpu.get((*g, s))
                 if pc and nc and pc[0]:
-                    bx.bar(gi + si * w, pc[0], w, bottom=nc[0], color="none", edgecolor="k", hatch="//", lw=0.5,
+                    bx.bar(x, pc[0], w, bottom=nc[0], color="none", edgecolor="k", hatch="//", lw=0.5,
                            label=None if labelled else "the log peer's CPU")
                     labelled = True
         bx.set_xticklabels([f"{t} P{p} {'pinned' if pin == 'pinned' else 'not pinned'}" for t, p, pin in cgroups],
