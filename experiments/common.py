@@ -5,6 +5,7 @@ import argparse
 import base64
 import csv
 import os
+import resource
 import shutil
 import socket
 import statistics
@@ -308,11 +309,59 @@ def repl_secret():
     return _SECRET[0]
 
 
-def cpu_seconds(pid):
-    """User + system CPU seconds of a process, all threads (from /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
+def stat_cpu_seconds(path):
+    """User + system CPU seconds in a /proc stat file (/proc/PID/stat: the process, all its
+    threads; /proc/PID/task/TID/stat: one thread). Raises OSError once it is gone."""
+    with open(path) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process, all threads (from /proc)."""
+    return stat_cpu_seconds(f"/proc/{pid}/stat")
+
+
+def pin_process(pid, cpus):
+    """Every thread of process pid onto cpus (sched_setaffinity moves one thread: a
+    process's threads are moved one by one; threads started later inherit from their
+    creator). A thread that ended meanwhile is skipped; pid None does nothing."""
+    if pid is None:
+        return
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, FileNotFoundError):
+            pass
+
+
+def cpu_jiffies(cpus=None):
+    """(busy, total) jiffies summed over the CPUs in cpus (all when None), from /proc/stat:
+    busy_share(a, b) of two readings is the share of the time those CPUs were busy."""
+    busy = total = 0
+    with open("/proc/stat") as f:
+        for line in f:
+            name = line.split(" ", 1)[0]
+            if not name.startswith("cpu") or name == "cpu" or (cpus is not None and int(name[3:]) not in cpus):
+                continue
+            v = [int(x) for x in line.split()[1:]]
+            idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+            t = sum(v[:8])  # guest time is already counted in user
+            busy, total = busy + t - idle, total + t
+    return busy, total
+
+
+def busy_share(before, after):
+    """Share (0-1) of the time the CPUs of two cpu_jiffies readings were busy between them."""
+    dt = after[1] - before[1]
+    return (after[0] - before[0]) / dt if dt > 0 else 0.0
+
+
+def own_cpu_seconds():
+    """CPU seconds of this process (all threads: the in-process load generator's too) plus
+    its waited-for children (redis-benchmark)."""
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
 
 
 class Proc(Process):
@@ -435,11 +484,17 @@ def medians(rows, keys, field="throughput"):
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def paired_rounds(rows, side, a, b, field="throughput", **where):
+    """[a/b of each round both have] (values of column `side`), among the rows matching
+    `where`, paired by the round column (not by the rows' order), in round order."""
+    t = {(str(r[side]), str(r["round"])): float(r[field]) for r in rows
+         if all(str(r[k]) == str(v) for k, v in where.items())}
+    return [t[(a, rnd)] / t[(b, rnd)] for (s, rnd) in sorted(t) if s == a and (b, rnd) in t and t[(b, rnd)]]
+
+
 def paired(rows, side, a, b, field="throughput", **where):
     """Median over rounds of a/b (values of column `side`) for points measured side by side,
     in the same round, among the rows matching `where`: steadier than a ratio of medians
     when the machine's speed drifts between rounds. None without a pair."""
-    t = {(str(r[side]), str(r["round"])): float(r[field]) for r in rows
-         if all(str(r[k]) == str(v) for k, v in where.items())}
-    x = [t[(a, rnd)] / t[(b, rnd)] for (s, rnd) in t if s == a and (b, rnd) in t]
+    x = paired_rounds(rows, side, a, b, field, **where)
     return statistics.median(x) if x else None

@@ -6,8 +6,10 @@ fdatasync. Its effective update rate (records made durable in the data file per
 second of sweep time) grows with the updates per block, so with the request rate
 and with the memory that holds the pending updates. The baseline is the naive
 way: every update reads its block, modifies it, writes it back in place and
-syncs it, on a file written in full first (as BOSC's data file is), so each
-update overwrites an allocated block.
+syncs it, on a file written in full first, so each update overwrites an
+allocated block. BOSC's data file is created sparse, but every point preloads
+--keys keys (200 K into 16,384 blocks by default) before its clock starts, which
+writes every home block: BOSC's updates overwrite allocated blocks too.
 
 Every point runs the real flusher (kvstore.durability.DataFile over a Store, as
 in the server) on a data file on this machine's disk:
@@ -50,7 +52,7 @@ def preload(store, datafile, keys):
 
 def run_point(workdir, buckets, nkeys, seconds, interval_ms, max_memory=0, rate=0.0, seed=1):
     """Random updates for `seconds` through a real flusher. Returns the flusher's counters."""
-    d = tempfile.mkdtemp(dir=workdir)
+    d = tempfile.mkdtemp(dir=workdir)  # removed after the point: points must not fill the disk
     store = Store(max_memory=0)  # unbounded while preloading
     df = durability.DataFile(store, d, buckets=buckets, flush_interval_ms=interval_ms, truncate_log=False)
     df.start(None)
@@ -80,6 +82,7 @@ def run_point(workdir, buckets, nkeys, seconds, interval_ms, max_memory=0, rate=
         s1 = df.stats()
     finally:
         df.close()
+        shutil.rmtree(d, ignore_errors=True)
     recs = s1["records"] - s0["records"]
     sweep_s = (s1["sweep_ns"] - s0["sweep_ns"]) / 1e9
     return {"updates": n, "records": recs, "sweeps": s1["sweeps"] - s0["sweeps"],
@@ -89,8 +92,11 @@ def run_point(workdir, buckets, nkeys, seconds, interval_ms, max_memory=0, rate=
 
 
 def naive_point(workdir, buckets, n, seed=1):
-    path = os.path.join(tempfile.mkdtemp(dir=workdir), "naive.dat")
-    s = lib.bosc_bench_naive(path.encode(), buckets, n, VALUE, seed)
+    d = tempfile.mkdtemp(dir=workdir)
+    try:
+        s = lib.bosc_bench_naive(os.path.join(d, "naive.dat").encode(), buckets, n, VALUE, seed)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
     if s < 0:
         raise OSError(-int(s), os.strerror(-int(s)))
     return {"updates": n, "records": n, "sweeps": 0, "blocks_written": n, "sweep_s": s,

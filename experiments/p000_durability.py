@@ -23,7 +23,10 @@ What the paper's setup isolates (the peer on its own machine) is measured two wa
   generator on the other half (on 2 cores: node on CPU 0, peer + load on CPU 1), so
   the peer takes no cycles from the node; `none` leaves everything to the scheduler.
 Rounds alternate the servers A B C ... within each load; the plot shows medians with
-the min-max of the rounds and marks the paper's ratios on the NH bar.
+the min-max of the rounds and marks the paper's ratios (times this run's NH) on the
+NHD, NHL and NHDL bars (none-full, remote, remote-full). Pinned loads record the load
+generator's CPU and how busy the peer's + generator's CPUs were (gen_cpus_saturated: over
+90 %, the pinned load measures those CPUs, not the node).
 
     kvstore experiment run p000_durability      -> OUT/p000_durability.{csv,png}
 """
@@ -56,24 +59,16 @@ def cpu_halves():
 ALL_CPUS = set(os.sched_getaffinity(0))
 
 
-def pin(pid, cpus):
-    """Every thread of process pid onto cpus (sched_setaffinity moves one thread: a
-    process's threads are moved one by one; threads started later inherit from their
-    creator). A thread that ended meanwhile is skipped."""
-    if pid is None:
-        return
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except (ProcessLookupError, FileNotFoundError):
-            pass
+pin = common.pin_process  # every thread of a process onto a set of CPUs
 
 
 def pinned_title(halves):
     if not halves:
         return "nothing pinned"
     node, rest = (",".join(map(str, sorted(c))) for c in halves)
-    return f"pinned loads: server on CPU {node}; log peer + load generator on CPU {rest}"
+    return (f"pinned loads: server on CPU {node}; log peer + load generator on CPU {rest}\n"
+            "loopback TCP bills part of the receiver's softirq work to the sender's CPU: the node's CPU "
+            "in remote includes some of its peer's receive path")
 
 
 class KvServer:
@@ -172,7 +167,8 @@ def measure(args):
                     r = rows[-1]
                     common.log(f"[{len(rows)}/{total}] {tool:15s} P{p:<2d} {pinning:6s} {s.name:19s} "
                                f"{r['throughput']:>11,} SET/s p99 {r['p99_us']:7.0f} us  node cpu "
-                               f"{r['cpu_us_per_req']:.2f} us/req  peer {r['peer_cpu_us_per_req']:.2f}")
+                               f"{r['cpu_us_per_req']:.2f} us/req  peer {r['peer_cpu_us_per_req']:.2f}"
+                               + (f"  load CPUs {r['gen_cpus_busy']:.0%} busy" if pinning == "pinned" else ""))
     finally:
         for s in servers:
             s.stop()
@@ -188,7 +184,11 @@ def run_one(s, tool, p, pinning, halves, args, rnd):
         os.sched_setaffinity(0, halves[1])  # the load generator's C threads inherit this thread's CPUs
     else:
         s.pin(ALL_CPUS, ALL_CPUS)
+    # the load generator's CPU (this process: kvstore bench runs in it; redis-benchmark is a
+    # waited child) and how busy the generator's CPUs were: pinned, the peer shares them
+    gen_cpus = halves[1] if pinning == "pinned" else None
     try:
+        gen0, busy0 = common.own_cpu_seconds(), common.cpu_jiffies(gen_cpus)
         (node0, peer0), w0 = s.cpu(), time.monotonic()
         if tool == "redis-benchmark":
             r = common.run_redis_benchmark(s.port, "SET", p, args.conns, n, args.keyspace, args.value_size)
@@ -196,6 +196,7 @@ def run_one(s, tool, p, pinning, halves, args, rnd):
             r = common.run_kvstore_bench(s.port, "resp", "SET", p, args.conns, n, args.keyspace,
                                          args.value_size, 2)
         node1, peer1 = s.cpu()
+        gen, busy = common.own_cpu_seconds() - gen0, common.busy_share(busy0, common.cpu_jiffies(gen_cpus))
     finally:
         os.sched_setaffinity(0, mine)
     node, peer = node1 - node0, peer1 - peer0
@@ -203,7 +204,10 @@ def run_one(s, tool, p, pinning, halves, args, rnd):
             "throughput": round(r["throughput"]), "p50_us": round(r["p50_us"], 1), "p99_us": round(r["p99_us"], 1),
             "wall_s": round(time.monotonic() - w0, 3), "server_cpu_s": round(node + peer, 3),
             "node_cpu_s": round(node, 3), "peer_cpu_s": round(peer, 3), "cpu_us_per_req": round(node / n * 1e6, 2),
-            "peer_cpu_us_per_req": round(peer / n * 1e6, 2)}
+            "peer_cpu_us_per_req": round(peer / n * 1e6, 2), "loadgen_cpu_s": round(gen, 3),
+            # pinned: the peer's + load generator's CPUs; not pinned: all CPUs. Over 90 % busy, the
+            # pinned load is bound by those CPUs (peer and generator compete), not by the node
+            "gen_cpus_busy": round(busy, 3), "gen_cpus_saturated": int(busy > 0.9)}
 
 
 SERVERS = ["kvstore-none", "kvstore-none-full", "kvstore-disk", "kvstore-disk-full", "kvstore-remote",
@@ -254,6 +258,11 @@ def report(rows):
             if pc and pc[0]:
                 line += f" + peer {pc[0]:.2f}"
         print(line)
+    sat = [r for r in _rows(rows) if r["pinning"] == "pinned" and str(r.get("gen_cpus_saturated")) == "1"]
+    if sat:
+        print(f"warning: {len(sat)} pinned loads ran with the peer's + load generator's CPUs > 90 % busy: "
+              "those loads are bound by that CPU, not by the node: " +
+              ", ".join(sorted({f"{r['server']} P{r['pipeline']}" for r in sat})))
     for tool, p, pinning in sorted({k[:3] for k in cpu}):
         x = ratio(rows, tool, p, pinning, "kvstore-remote", field="cpu_us_per_req")
         if x is not None:
@@ -261,30 +270,19 @@ def report(rows):
 
 
 def _bars(ax, groups, servers, values, paper=False):
-    """Grouped bars of the servers measured: values[(group..., server)] = (median, min, max),
-    min-max as error bars; paper: mark the paper's ratio times the group's kvstore-none
-    median on its server's bar. Returns the servers drawn, in order."""
+    """common.bar_chart of the servers measured: values[(group..., server)] = (median, min,
+    max), min-max as error bars (as a point's "rounds" the three give bar_chart's spread()
+    the same median, min and max); paper: mark the paper's ratio times the group's
+    kvstore-none median on its server's bar. Returns ({server: {group: x}}, bar width)."""
     servers = [s for s in servers if any((*g, s) in values for g in groups)]
-    w = 0.8 / max(1, len(servers))
-    for si, s in enumerate(servers):
-        xs, ys, lo, hi = [], [], [], []
-        for gi, g in enumerate(groups):
-            v = values.get((*g, s))
-            if not v:
-                continue
-            xs.append(gi + si * w)
-            ys.append(v[0])
-            lo.append(v[0] - v[1])
-            hi.append(v[2] - v[0])
-            nh = values.get((*g, "kvstore-none"))
-            if paper and s in PAPER and nh:
-                ax.plot([gi + si * w - w / 2, gi + si * w + w / 2], [nh[0] * PAPER[s][1]] * 2, color="k", lw=2,
-                        label=None if MARK in ax.get_legend_handles_labels()[1] else MARK)
-        ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=s, color=COLORS[SERVERS.index(s)],
-               error_kw={"elinewidth": 0.8})
-    ax.set_xticks([gi + (len(servers) - 1) * w / 2 for gi in range(len(groups))])
-    ax.grid(axis="y", alpha=0.3)
-    return servers
+    v = {(g, s): [values[(*g, s)][1], values[(*g, s)][0], values[(*g, s)][2]]
+         for g in groups for s in servers if (*g, s) in values}
+    xs = common.bar_chart(ax, groups, servers, v, colors={s: COLORS[SERVERS.index(s)] for s in servers})
+    if paper:
+        marks = [(xs[s][g], values[(*g, "kvstore-none")][0] * PAPER[s][1]) for s in servers if s in PAPER
+                 for g in groups if g in xs[s] and (*g, "kvstore-none") in values]
+        common.paper_marks(ax, [m[0] for m in marks], [m[1] for m in marks], label=MARK)
+    return xs, 0.8 / max(1, len(servers))
 
 
 def draw(rows, path):
@@ -294,8 +292,10 @@ def draw(rows, path):
     halves = cpu_halves()
     fig, (ax, bx) = plt.subplots(2, 1, figsize=(13, 9), gridspec_kw={"height_ratios": [3, 2]})
     _bars(ax, groups, SERVERS, med, paper=True)
-    ax.set_xticklabels([f"{t}\nSET P{p}\n{'pinned' if pin == 'pinned' else 'not pinned'}" for t, p, pin in groups],
-                       fontsize=8)
+    sat = {(r["tool"], int(r["pipeline"]), r["pinning"]) for r in _rows(rows) if str(r.get("gen_cpus_saturated")) == "1"}
+    ax.set_xticklabels([f"{t}\nSET P{p}\n{'pinned' if pin == 'pinned' else 'not pinned'}"
+                        + ("\npeer+load CPU > 90 % busy" if pin == "pinned" and (t, p, pin) in sat else "")
+                        for t, p, pin in groups], fontsize=8)
     ax.set_ylabel("acknowledged SET/s (median, min-max of rounds)")
     rounds = len({r["round"] for r in rows})
     ax.set_title("Durable writes: kvstore disk (group commit) / remote (peer memory), -full = memory full (BOSC "
@@ -306,13 +306,13 @@ def draw(rows, path):
     cpu, peer = spread(rows, "cpu_us_per_req"), spread(rows, "peer_cpu_us_per_req")
     cgroups = [g for g in groups if any((*g, s) in cpu for s in kv)]
     if cgroups:
-        drawn = _bars(bx, cgroups, kv, cpu)
-        w, labelled = 0.8 / len(drawn), False
-        for si, s in enumerate(drawn):  # the peer's CPU stacked on its node's bar, hatched
-            for gi, g in enumerate(cgroups):
+        xs, w = _bars(bx, cgroups, kv, cpu)
+        labelled = False
+        for s, at in xs.items():  # the peer's CPU stacked on its node's bar, hatched
+            for g, x in at.items():
                 pc, nc = peer.get((*g, s)), cpu.get((*g, s))
                 if pc and nc and pc[0]:
-                    bx.bar(gi + si * w, pc[0], w, bottom=nc[0], color="none", edgecolor="k", hatch="//", lw=0.5,
+                    bx.bar(x, pc[0], w, bottom=nc[0], color="none", edgecolor="k", hatch="//", lw=0.5,
                            label=None if labelled else "the log peer's CPU")
                     labelled = True
         bx.set_xticklabels([f"{t} P{p} {'pinned' if pin == 'pinned' else 'not pinned'}" for t, p, pin in cgroups],

@@ -1,9 +1,10 @@
 """Paper 000, Fig. 4: remote-log throughput (logs/s) vs the maximum logs per batch.
 
 As in the paper, ~85-byte log records are generated inside the node (rl_generate
-appends them straight to the log) and the log sender ships them every 100 us to
-the peer's log receiver, a separate kvstore process (here on loopback); a point
-is the time from the first append until the peer has acknowledged the last one.
+appends them straight to the log) and the log sender ships them every --interval-us
+(default 100 us) to the peer's log receiver, a separate kvstore process (here on
+loopback); a point is the time from the first append until the peer has acknowledged
+the last one.
 The local copy of the log goes to /dev/shm so the local disk is not what is
 measured. CPU: this process (generator + sender + local log) and the peer, in
 CPU-seconds per second of the run (1.0 = one core busy).
@@ -64,7 +65,7 @@ def one_point(max_batch, logs, record_bytes, interval_us):
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         st = sender.stats()
         node_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
-        return {"max_batch_records": max_batch, "logs": logs, "record_bytes": record_bytes,
+        return {"max_batch_records": max_batch, "logs": logs, "record_bytes": record_bytes, "interval_us": interval_us,
                 "seconds": round(wall, 4), "logs_per_s": round(logs / wall),
                 "mb_per_s": round(logs * record_bytes / wall / 1e6, 1),
                 "batches": st["batches"], "avg_records_per_batch": round(st["records"] / max(1, st["batches"]), 1),
@@ -134,7 +135,9 @@ def draw(rows, path):
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, fontsize=8)
     ax.grid(alpha=0.3)
-    ax.set_title(f"Fig. 4 reproduced: {int(rows[0]['record_bytes'])}-byte logs shipped every 100 us to a peer "
+    every = rows[0].get("interval_us")  # older CSVs lack it: they ran at the default, 100 us
+    ax.set_title(f"Fig. 4 reproduced: {int(rows[0]['record_bytes'])}-byte logs shipped every "
+                 f"{int(float(every)) if every not in (None, '') else 100} us to a peer "
                  "on loopback\n" + common.cores_note(shares="node (generator, sender, local log), peer"),
                  fontsize=9)
     common.save_figure(fig, path)

@@ -6,14 +6,18 @@ NHD = kvstore --durability none --data-file --max-memory M (a cache that spills 
       BOSC data file): memory is filled first, then the file is grown until it holds
       --file-ratio x M on disk, so every measured insert waits for the flusher to make room.
 
-Each round runs NH at each pipeline depth, then NHD (A B, A B ... by round) with `kvstore bench`
+Each round runs NH at each pipeline depth, then NHD (A B, B A ... by round) with `kvstore bench`
 inserting NEW keys (keyspace 10^12, a fresh seed per run), bounded in requests (by default
 as many as NHD's memory holds: a run shorter than an eviction cycle measures inserts that
 never wait) and in seconds. Right before NHD's runs of a round, as many new keys as its
 memory holds are inserted at P16 (while NH ran, the flusher cleaned NHD's backlog: a run
 started on that evicts clean keys for free); NH is emptied and refilled when its runs have
 grown it past 1.5x NHD's memory keys (neither measured). At the default scale (4gb) a run
-takes ~30 min, ~10 GB of RAM and ~35 GB of disk (the file ends at ~7x memory).
+takes ~30 min (plus up to --idle-seconds per NH run waiting for NHD's flusher), ~10 GB of RAM and
+~35 GB of disk (the file ends at up to ~7x memory: see --dir).
+Before each NH run NHD's flusher must have stopped writing (bounded by --idle-seconds), and
+NHD's CPU during NH's runs is in the CSV (NHD_cpu_s) as the check; the order of NH and NHD
+is reversed every other round.
 Per NHD point, from the deltas of INFO persistence over the run: records per block written,
 KiB per write and read system call (when the server counts its calls), the data file's write
 and read MB/s (over the run's wall time, and over the sweeps' own time when the server reports
@@ -61,7 +65,7 @@ def persistence(node):
 
 def thread_cpu(pid):
     """{tid: (comm, CPU seconds)} of every thread of pid (empty once it is gone)."""
-    out, hz = {}, os.sysconf("SC_CLK_TCK")
+    out = {}
     try:
         tids = os.listdir(f"/proc/{pid}/task")
     except OSError:
@@ -70,34 +74,39 @@ def thread_cpu(pid):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 comm = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
+            cpu = common.stat_cpu_seconds(f"/proc/{pid}/task/{tid}/stat")
         except OSError:
             continue  # the thread ended meanwhile
-        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / hz)
+        out[int(tid)] = (comm, cpu)
     return out
 
 
-def flusher_cpu(node, info):
-    """(CPU seconds of the data file's flusher so far, where the number comes from)."""
+def flusher_cpu(node, info, tid=None):
+    """(CPU seconds of the data file's flusher so far, where the number comes from, the thread
+    read when it is the busiest unnamed one). Pass the tid returned at the start of a run to
+    read the same thread at its end: the busiest thread may change during the run."""
     if "datafile_sweep_cpu_seconds" in info:
-        return float(info["datafile_sweep_cpu_seconds"]), "info"
+        return float(info["datafile_sweep_cpu_seconds"]), "info", None
     threads = thread_cpu(node.pid)
     named = [cpu for comm, cpu in threads.values() if any(w in comm for w in ("flush", "bosc", "sweep"))]
     if named:
-        return sum(named), "thread-name"
+        return sum(named), "thread-name", None
+    if tid is not None:  # the thread chosen at the start of the run (None if it has gone)
+        return (threads[tid][1], "busiest-unnamed-thread", tid) if tid in threads else (None, "none", None)
     # The flusher is unnamed today: the process's own name, like the main thread and the
     # loader (which reads only for misses on evicted keys, none with new keys): take the busiest.
     main = threads.get(node.pid, ("", 0))[0]
-    unnamed = [cpu for tid, (comm, cpu) in threads.items() if tid != node.pid and comm == main]
+    unnamed = [(cpu, t) for t, (comm, cpu) in threads.items() if t != node.pid and comm == main]
     if unnamed:
-        return max(unnamed), "busiest-unnamed-thread"
-    return None, "none"
+        cpu, t = max(unnamed)
+        return cpu, "busiest-unnamed-thread", t
+    return None, "none", None
 
 
-def datafile_counters(node):
+def datafile_counters(node, flusher_tid=None):
     """The data file's counters now: bytes from the INFO byte counters when the server has
-    them, else blocks x 4 KiB; sweep seconds only when reported."""
+    them, else blocks x 4 KiB; sweep seconds only when reported. flusher_tid: the thread
+    whose CPU to read as the flusher's (the one chosen by an earlier call, see flusher_cpu)."""
     i = persistence(node)
     c = {"records": int(i.get("datafile_records_written", 0)), "blocks_w": int(i.get("datafile_blocks_written", 0)),
          "blocks_r": int(i.get("datafile_blocks_read", 0)), "memory_keys": int(i.get("memory_keys", 0)),
@@ -109,8 +118,25 @@ def datafile_counters(node):
     c["io_s"] = float(i["datafile_io_seconds"]) if "datafile_io_seconds" in i else None
     for k in ("write_calls", "read_calls"):  # how far the sweep coalesces its blocks into one system call
         c[k] = int(i[f"datafile_{k}"]) if f"datafile_{k}" in i else None
-    c["flusher_cpu"], c["flusher_source"] = flusher_cpu(node, i)
+    c["flusher_cpu"], c["flusher_source"], c["flusher_tid"] = flusher_cpu(node, i, flusher_tid)
     return c
+
+
+def wait_flusher_idle(node, args):
+    """Wait (bounded by --idle-seconds) until NHD's flusher has stopped writing: INFO's blocks
+    written unchanged over two reads 0.5 s apart. Measuring NH while NHD's flusher writes out
+    its backlog on the same cores would slow NH and flatter NHD/NH. Returns the seconds waited
+    and whether it went idle."""
+    t0 = time.monotonic()
+    last = datafile_counters(node)["blocks_w"]
+    while time.monotonic() - t0 < args.idle_seconds:
+        time.sleep(0.5)
+        now = datafile_counters(node)["blocks_w"]
+        if now == last:
+            return time.monotonic() - t0, True
+        last = now
+    common.log(f"NHD's flusher still writing after --idle-seconds {args.idle_seconds:g}")
+    return time.monotonic() - t0, False
 
 
 def file_size(path):
@@ -163,11 +189,12 @@ class Load:
         return r
 
 
-def prefill(nhd, nh, load, args):
+def prefill(nhd, load, args):
     """Fill NHD's memory (until it evicts), then grow its file to --file-ratio x memory
-    (bounded by --prefill-seconds); then give NH as many keys as NHD holds in memory."""
+    (bounded by --prefill-seconds). Returns how many keys NHD then holds in memory (NH is
+    filled with as many by refill_nh)."""
     deadline = time.monotonic() + args.prefill_seconds
-    step = max(20_000, args.max_memory // 400)  # ~a quarter of memory per step at ~100 B a record
+    step = max(20_000, args.max_memory // 400)  # ~2/3 of memory per step at ~270 B a key (see --max-memory)
     target = args.file_ratio * args.max_memory
     while time.monotonic() < deadline:
         load.run(nhd.node.port, 16, step, max(1.0, deadline - time.monotonic()))
@@ -241,16 +268,29 @@ def warm(nhd, load, keys, args):
     return used_memory(nhd.node) / args.max_memory
 
 
-def point(srv, load, pipeline, n, args, rnd):
+def table_buckets(node):
+    with node.client() as c:
+        return int(c.info("memory").get("table_buckets", 0))
+
+
+def point(srv, load, pipeline, n, args, rnd, other=None):
+    """One measured run on srv; other: the server not measured (its CPU over the run is
+    recorded as a check: NHD's flusher must not be working while NH is measured)."""
     before = datafile_counters(srv.node) if srv.label == "NHD" else None
+    buckets0 = table_buckets(srv.node)
+    ocpu0 = other.cpu() if other else None
     cpu0, w0 = srv.cpu(), time.monotonic()
     r = load.run(srv.node.port, pipeline, n, args.max_seconds)
     wall, cpu = time.monotonic() - w0, srv.cpu() - cpu0
     row = {"round": rnd, "server": srv.label, "pipeline": pipeline, "kind": "insert", "requests": r["requests"],
            "throughput": round(r["throughput"]), "p99_us": round(r["lat_p99_us"], 1), "wall_s": round(wall, 3),
-           "server_cpu_s": round(cpu, 3), "cpu_us_per_req": round(cpu / max(1, r["requests"]) * 1e6, 2)}
+           "server_cpu_s": round(cpu, 3), "cpu_us_per_req": round(cpu / max(1, r["requests"]) * 1e6, 2),
+           # the hash table grew (an incremental rehash ran) during the run: NH grows, NHD's memory is bounded
+           "table_buckets_grew": int(table_buckets(srv.node) > buckets0)}
+    if other:
+        row[f"{other.label}_cpu_s"] = round(other.cpu() - ocpu0, 3)
     if before:
-        after = datafile_counters(srv.node)
+        after = datafile_counters(srv.node, before["flusher_tid"])
         d = {k: after[k] - before[k] for k in ("records", "blocks_w", "blocks_r", "bytes_w", "bytes_r")}
         size, alloc = file_size(srv.data_path)
         row.update(records_written=d["records"], blocks_written=d["blocks_w"], blocks_read=d["blocks_r"],
@@ -288,19 +328,26 @@ def measure(args):
         servers = [nh, nhd]
         for s in servers:
             s.start()
-        keys = prefill(nhd, nh, load, args)
+        keys = prefill(nhd, load, args)
         n = args.requests or keys  # the default: as many new keys as NHD's memory holds
         common.log(f"each run: {n:,} new keys (or --max-seconds {args.max_seconds:g})")
         bar = common.Progress(args.rounds * len(args.pipelines) * 2, "NH/NHD points")
         for rnd in range(args.rounds):
-            # NH's pipelines, then NHD's (A B, A B ... by round): NHD's runs follow each other, so
-            # one warm-up a round keeps it in its steady state (see warm), and the disk holds the run
-            for s in servers:
+            # NH's pipelines, then NHD's, NHD's then NH's the next round (A B, B A ...): neither
+            # side always runs on a machine the other has just warmed or loaded. NHD's runs
+            # follow each other, so one warm-up keeps it in its steady state (see warm); before
+            # each NH run NHD's flusher must have finished writing out its backlog (it would share
+            # the cores with NH), and NHD's CPU over the NH run is recorded (NHD_cpu_s) to show it.
+            for s in (servers if rnd % 2 == 0 else servers[::-1]):
                 full = warm(nhd, load, keys, args) if s is nhd else None
                 for p in args.pipelines:
+                    waited = None
                     if s is nh:
                         refill_nh(nh, load, keys, args)
-                    row = point(s, load, p, n, args, rnd)
+                        waited = wait_flusher_idle(nhd.node, args)
+                    row = point(s, load, p, n, args, rnd, other=nhd if s is nh else None)
+                    if waited is not None:
+                        row.update(NHD_idle_wait_s=round(waited[0], 1), NHD_went_idle=int(waited[1]))
                     if full is not None:
                         row["start_full"] = round(full, 3)
                         full = None
@@ -346,13 +393,8 @@ def summary(rows):
                 v = [x for x in (_num(r.get(f)) for r in rr) if x is not None]
                 if v:
                     pt[(label, f)] = (statistics.median(v), min(v), max(v))
-        ratio = common.paired([r for r in ins if int(r["pipeline"]) == p], "server", "NHD", "NH")
-        pt["ratio"] = ratio
-        rounds = {}
-        for r in ins:
-            if int(r["pipeline"]) == p:
-                rounds.setdefault(r["round"], {})[r["server"]] = float(r["throughput"])
-        rs = [v["NHD"] / v["NH"] for v in rounds.values() if "NH" in v and "NHD" in v and v["NH"]]
+        rs = common.paired_rounds([r for r in ins if int(r["pipeline"]) == p], "server", "NHD", "NH")
+        pt["ratio"] = statistics.median(rs) if rs else None
         pt["ratio_range"] = (min(rs), max(rs)) if rs else None
         out[p] = pt
     return out
@@ -364,6 +406,12 @@ def report(rows):
     keys = [int(r["memory_keys"]) for r in rows if r.get("server") == "NHD" and r.get("memory_keys")]
     if keys:
         print(f"NHD held {min(keys):,}-{max(keys):,} keys in memory at the end of its runs")
+    grew = [r for r in rows if r.get("server") == "NH" and str(r.get("table_buckets_grew")) == "1"]
+    if grew:
+        print(f"check: NH's hash table grew (an incremental rehash) during {len(grew)} of its runs; NHD's never does")
+    busy = [_num(r.get("NHD_cpu_s")) for r in rows if r.get("server") == "NH" and _num(r.get("NHD_cpu_s")) is not None]
+    if busy:
+        print(f"check: NHD's CPU during NH's runs: max {max(busy):.2f} s (its flusher should be idle)")
     print(f"fio sequential 1 MiB direct: write {fw or 0:,.0f} MB/s, read {fr or 0:,.0f} MB/s (median of before/after)")
     for p, pt in s.items():
         if p == "fio":
@@ -400,21 +448,18 @@ def report(rows):
 
 
 def _bars(ax, groups, series, colors, med_err, ylabel):
-    """Grouped bars of medians with min-max error bars: med_err(group, series) -> (med, lo, hi) or None."""
-    w = 0.8 / len(series)
-    for si, (name, c) in enumerate(zip(series, colors)):
-        xs, ys, lo, hi = [], [], [], []
-        for gi, g in enumerate(groups):
-            v = med_err(g, name)
+    """common.bar_chart of medians with min-max error bars: med_err(group, series) -> (med,
+    lo, hi) or None (the summary keeps those three per point: as a point's "rounds" they give
+    bar_chart's spread() the same median, min and max). Returns bar_chart's x positions."""
+    values = {}
+    for g in groups:
+        for n in series:
+            v = med_err(g, n)
             if v:
-                xs.append(gi + si * w)
-                ys.append(v[0])
-                lo.append(v[0] - v[1])
-                hi.append(v[2] - v[0])
-        ax.bar(xs, ys, w, yerr=[lo, hi], capsize=3, label=name, color=c)
-    ax.set_xticks([gi + 0.4 - w / 2 for gi in range(len(groups))])
+                values[(g, n)] = [v[1], v[0], v[2]]
+    xs = common.bar_chart(ax, groups, series, values, colors=dict(zip(series, colors)))
     ax.set_ylabel(ylabel)
-    ax.grid(axis="y", alpha=0.3)
+    return xs
 
 
 def draw(rows, path):
@@ -424,14 +469,13 @@ def draw(rows, path):
     mem = [r for r in rows if r.get("server") == "NHD" and r.get("memory_keys")]
     fig, axs = plt.subplots(2, 2, figsize=(12, 8))
     ax = axs[0][0]
-    _bars(ax, ps, ["NH", "NHD"], ["#9ecae1", "#2171b5"], lambda p, n: s[p].get((n, "throughput")),
-          "inserts of new keys / s (median, min-max)")
+    xs = _bars(ax, ps, ["NH", "NHD"], ["#9ecae1", "#2171b5"], lambda p, n: s[p].get((n, "throughput")),
+               "inserts of new keys / s (median, min-max)")
     ax.set_xticklabels([f"P{p}" + (f"\nNHD/NH {s[p]['ratio']:.2f}" if s[p]["ratio"] else "") for p in ps])
-    for gi, p in enumerate(ps):  # the paper's ratio, applied to this run's NH
-        nh = s[p].get(("NH", "throughput"))
-        if nh:
-            ax.plot([gi + 0.25, gi + 0.55], [nh[0] * PAPER["NHD/NH"]] * 2, "r--", lw=1.5,
-                    label="paper NHD = 0.71 x NH" if gi == 0 else None)
+    nh = {p: s[p].get(("NH", "throughput")) for p in ps}  # the paper's ratio, applied to this run's NH
+    marked = [p for p in ps if nh[p] and p in xs.get("NHD", {})]
+    common.paper_marks(ax, [xs["NHD"][p] for p in marked], [nh[p][0] * PAPER["NHD/NH"] for p in marked],
+                       label="paper NHD = 0.71 x NH", color="r")
     ax.legend(fontsize=8)
     ax.set_title("Throughput (paired NHD/NH under each group)", fontsize=9)
     ax = axs[0][1]
@@ -486,6 +530,8 @@ def add_args(ap):
                     help="inserts per run; 0: as many as NHD holds in memory after the prefill, so that a run spans "
                          "eviction cycles (90 %% -> 60 %% of memory), not a stretch between two of them")
     ap.add_argument("--max-seconds", type=float, default=60, help="bound of each measured run")
+    ap.add_argument("--idle-seconds", type=float, default=120,
+                    help="bound of the wait, before each NH run, for NHD's flusher to stop writing")
     ap.add_argument("--pipelines", type=int, nargs="+", default=[16, 1])
     ap.add_argument("--conns", type=int, default=50)
     ap.add_argument("--value-size", type=int, default=85)
@@ -493,8 +539,9 @@ def add_args(ap):
     ap.add_argument("--bench-threads", type=int, default=2)
     ap.add_argument("--fio-size", default="2g", help="fio's file")
     ap.add_argument("--fio-seconds", type=int, default=10, help="bound of each fio job")
-    ap.add_argument("--dir", help="where the run's temp dir goes (default: $TMPDIR); needs ~5x --max-memory free "
-                                  "(the data file ends at 4-5x memory) and fio's file")
+    ap.add_argument("--dir", help="where the run's temp dir goes (default: $TMPDIR); needs ~8x --max-memory free: the "
+                                  "data file starts at --file-ratio x memory and grows with every run, to up to ~7x "
+                                  "memory at the default scale; plus fio's file")
 
 
 def check_args(args):

@@ -37,12 +37,20 @@ pins the client; servers, clients and log peers share the machine's CPUs. Needs 
 the namespaces; without root everything runs on loopback and dpdk is left out (and it
 says so).
 
+Run time at the defaults: 5 rows x 9 units (4 pool sizes + 5 architectures) x 5 rounds = 225
+points, each up to --point-seconds (6 s); plus each server's warm-up (up to --warmup-seconds,
+D rows --full-warmup-seconds) and, before each of the 90 D points, a re-fill of up to
+--rewarm-seconds: the bounds add up to ~80 min, a run on a quiet machine takes less (the
+warm-ups and re-fills end when their key count is done). --rows/--archs/--workers/--rounds
+cut it down.
+
     kvstore experiment run p000_table1        -> OUT/p000_table1.{csv,png}
 """
 import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,7 +62,7 @@ from kvstore.experiments import common
 NAME = "p000_table1"
 QUICK = ["--archs", "threadpool", "poller-direct", "udp", "dpdk", "--rounds", "1", "--requests", "20000",
          "--keyspace", "50000", "--conns", "20", "--workers", "8", "--full-memory", "4mb", "--warmup-seconds", "10",
-         "--point-seconds", "4"]
+         "--full-warmup-seconds", "20", "--rewarm-seconds", "3", "--point-seconds", "4"]
 ROWS = ["N", "NH", "NHD", "NHL", "NHDL"]
 ARCHS = ["threadpool", "poller-strict", "poller-flexpoll", "poller-direct", "udp", "dpdk"]
 PAPER = {"LinuxTCP thread pool": [799_706, 540_093, 417_006, 300_796, 250_405],
@@ -154,6 +162,12 @@ class Target:
         return out
 
 
+def persistence(node):
+    """INFO persistence of a server (datafile_* counters of the D rows)."""
+    with node.client() as c:
+        return c.info("persistence")
+
+
 def dpdk_unavailable():
     if os.geteuid() != 0:
         return "not root"
@@ -239,25 +253,39 @@ def measure(args):
                     n = Node(bind=bind, port=0, data_dir=d,
                              **settings_for(row, u, args, peer_addr, hosts.get(dpdk_key(i))))
                     servers[(row, u)] = n.start(60)
-                    # warm up: a pass of the key space, at most --warmup-seconds (D: 120 s, it must
-                    # fill memory); the UDP front ends one datagram in flight per socket (see
-                    # the README on AF_XDP bursts)
+                    # warm up: a pass of the key space, at most --warmup-seconds (D:
+                    # --full-warmup-seconds, it must fill memory); the UDP front ends one datagram
+                    # in flight per socket (see the README on AF_XDP bursts)
                     udp = u in ("udp", "dpdk")
                     port = n.udp_port if udp else n.port
                     target(u, i).bench(port, 1 if udp else 16, args.conns if udp else 50, args.keyspace,
-                                       args.keyspace, args.value_size, 120 if "D" in row else args.warmup_seconds)
+                                       args.keyspace, args.value_size,
+                                       args.full_warmup_seconds if "D" in row else args.warmup_seconds)
                 for rnd, row, u in points:
                     if sweep.has(row=row, arch=u, round=rnd):
                         continue
                     n = servers[(row, u)]
                     udp = u in ("udp", "dpdk")
                     port = n.udp_port if udp else n.port
+                    blocks0 = None
+                    if "D" in row:
+                        # A D server sat idle while the group's other units were measured and its
+                        # flusher cleaned memory meanwhile: a point started on that evicts clean keys
+                        # for free. Insert a memory's worth of keys first (unmeasured) so memory is
+                        # full and dirty again, then count the blocks the point itself writes.
+                        d0 = persistence(n)
+                        target(u, group.index(row)).bench(port, 1 if udp else 16, args.conns if udp else 50,
+                                                          max(1000, int(d0.get("memory_keys", 0)) or args.keyspace),
+                                                          args.keyspace, args.value_size, args.rewarm_seconds)
+                        blocks0 = int(persistence(n).get("datafile_blocks_written", 0))
                     busy0 = int(n.stats()["udp_busy_us"]) if udp else 0
                     cpu0 = common.cpu_seconds(n.pid)
                     r = target(u, group.index(row)).bench(port, args.pipeline, args.conns, args.requests,
                                                           args.keyspace, args.value_size, args.point_seconds)
                     cpu = common.cpu_seconds(n.pid) - cpu0
                     busy = int(n.stats()["udp_busy_us"]) - busy0 if udp else ""
+                    # D rows: blocks the flusher wrote during the point (0: it evicted clean keys only)
+                    blocks = int(persistence(n).get("datafile_blocks_written", 0)) - blocks0 if blocks0 is not None else ""
                     sweep.add({"round": rnd, "row": row, "arch": u, "pipeline": args.pipeline,
                                "conns": args.conns, "requests": r["requests"],
                                "throughput": round(r["throughput"]), "p50_us": round(r["lat_p50_us"], 1),
@@ -265,6 +293,7 @@ def measure(args):
                                "server_cpu_s": round(cpu, 3),
                                "server_cpu_us_per_req": round(cpu * 1e6 / max(1, r["requests"]), 2),
                                "udp_busy_us_per_req": round(busy / max(1, r["requests"]), 3) if udp else "",
+                               "blocks_written": blocks,
                                "net": "netns" if hosts else "loopback",
                                "workers": u.rsplit("-", 1)[1] if kind(u) == "threadpool" else "",
                                "group": "+".join(group), "client_threads": args.client_threads,
@@ -294,6 +323,26 @@ def rounds_of(rows, field="throughput"):
     out = {}
     for r in rows:
         out.setdefault((r["row"], r["arch"]), []).append(float(r[field]))
+    return out
+
+
+def by_round(rows, row, unit, field="throughput"):
+    """{round: value} of one row's unit: CSV order is not round order after --resume/--rerun."""
+    return {str(r["round"]): float(r[field]) for r in rows if r["row"] == row and r["arch"] == unit}
+
+
+def ratios_to_nh(rows, series, ratio_rows, best):
+    """{(row, series): [X/NH of each round both have]}: round k's X over round k's NH, paired
+    by the round column (CSV order is not round order after --resume/--rerun); the thread
+    pool's series pairs the best pool size of X with the best of NH."""
+    out = {}
+    for u in series:
+        nh = by_round(rows, "NH", best.get("NH") if u == "threadpool" else u)
+        for row in ratio_rows:
+            a = by_round(rows, row, best.get(row) if u == "threadpool" else u)
+            x = [a[k] / nh[k] for k in sorted(a) if k in nh and nh[k]]
+            if x:
+                out[(row, u)] = x
     return out
 
 
@@ -337,6 +386,7 @@ def report(rows):
         return f"{med[(row, u)]:>10,.0f} [{min(v) / 1e3:,.0f}-{max(v) / 1e3:,.0f}K]" if v else f"{'-':>23s}"
 
     if best:
+        print("threadpool best: in each row, the pool size with the highest median of rounds")
         print(f"{'threadpool best':17s}" + "".join(f" {cell(r, best[r]) if r in best else '-':>23s}" for r in ROWS))
         print(f"{'  (workers)':17s}" + "".join(f"{best[r].rsplit('-', 1)[-1] if r in best else '-':>24s}"
                                                for r in ROWS))
@@ -353,16 +403,17 @@ def report(rows):
         for a in ("udp", "dpdk"):
             if any(k[1] == a for k in busy):
                 print(f"{a:17s}" + "".join(f"{busy.get((r, a), 0):>24.3f}" for r in ROWS))
+    idle = [r for r in rows if "D" in r["row"] and str(r.get("blocks_written")) == "0"]
+    if idle:  # a D point whose flusher wrote nothing evicted clean keys only: not memory-full inserts
+        print("D points that wrote no data-file block: " + ", ".join(
+            f"{r['row']} {r['arch']} round {r['round']}" for r in idle))
     # N and NH run side by side (one group): their ratio is paired by round
     side = any(r.get("group") == "+".join(TOGETHER) for r in rows)
     how = "side by side, same round" if side else "same round index, rows measured apart"
     for u in us:
-        x = common.paired(rows, "row", "N", "NH", arch=u)
-        if x is not None:
-            per = sorted(float(a["throughput"]) / float(b["throughput"]) for a in rows for b in rows
-                         if a["arch"] == b["arch"] == u and a["row"] == "N" and b["row"] == "NH"
-                         and a["round"] == b["round"])
-            print(f"{u:17s} N/NH ({how}) {x:.2f} [{per[0]:.2f}-{per[-1]:.2f}]")
+        per = common.paired_rounds(rows, "row", "N", "NH", arch=u)
+        if per:
+            print(f"{u:17s} N/NH ({how}) {statistics.median(per):.2f} [{min(per):.2f}-{max(per):.2f}]")
     for u in us:
         nh = med.get(("NH", u))
         if nh and any((r, u) in med for r in ("NHD", "NHL", "NHDL")):
@@ -393,7 +444,7 @@ def draw(rows, path):
     values = {(row, u): rnd[(row, u)] for row in ROWS for u in others if (row, u) in rnd}
     values.update({(row, "threadpool"): rnd[(row, u)] for row, u in best.items()})
     note = {(row, "threadpool"): f"{u.rsplit('-', 1)[-1]} w" for row, u in best.items() if "-" in u}
-    labels = {"threadpool": "threadpool (best pool size, workers above)"}
+    labels = {"threadpool": "threadpool (best pool size by median of rounds, workers above)"}
     fig, axes = plt.subplots(1, 2, figsize=(15, 5.2), gridspec_kw={"width_ratios": [3, 2]})
     ax = axes[0]
     xs = common.bar_chart(ax, ROWS, series, values, labels=labels, annotate=note)
@@ -412,13 +463,7 @@ def draw(rows, path):
     # right: what durability keeps of the in-memory rate, X/NH per round
     ax = axes[1]
     ratio_rows = ["N", "NHD", "NHL", "NHDL"]
-    rv = {}
-    for u in series:
-        for row in ratio_rows:
-            a = values.get((row, u)) if u != "threadpool" else rnd.get((row, best.get(row)))
-            nh = values.get(("NH", u))
-            if a and nh:
-                rv[(row, u)] = [x / y for x, y in zip(a, nh)]  # round i over round i
+    rv = ratios_to_nh(rows, series, ratio_rows, best)
     xs = common.bar_chart(ax, ratio_rows, series, rv, labels=labels)
     for name, vals, col in (("LinuxTCP", lin, "black"), ("mTCP/DPDK", mtcp, "dimgrey")):
         u = "threadpool" if name == "LinuxTCP" else bypass
@@ -444,8 +489,13 @@ def add_args(ap):
     ap.add_argument("--requests", type=int, default=200_000, help="per point, or fewer if --point-seconds pass first")
     ap.add_argument("--point-seconds", type=float, default=6.0, help="a point's time bound")
     ap.add_argument("--warmup-seconds", type=float, default=20.0,
-                    help="a server's warm-up pass over the key space ends after this long (D rows: 120 s, to "
-                         "fill memory)")
+                    help="a server's warm-up pass over the key space ends after this long (D rows: "
+                         "--full-warmup-seconds)")
+    ap.add_argument("--full-warmup-seconds", type=float, default=120.0,
+                    help="the D rows' first warm-up pass (it must fill memory) ends after this long")
+    ap.add_argument("--rewarm-seconds", type=float, default=10.0,
+                    help="bound of the D rows' unmeasured re-fill right before each point (a memory's worth of "
+                         "new inserts, so the point starts with memory full and dirty)")
     ap.add_argument("--keyspace", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=85)
     ap.add_argument("--conns", type=int, default=100)

@@ -71,8 +71,7 @@ def measure(args):
             nodes[pol] = Node(port=0, threads=args.threads, data_dir=d, poll_policy=pol, maxclients=4000,
                               durability="none").start()
             if args.pin:  # every thread of the server on CPU 1, the client on CPU 0
-                subprocess.run(["taskset", "-a", "-p", "-c", "1", str(nodes[pol].pid)], check=True,
-                               capture_output=True)
+                common.pin_process(nodes[pol].pid, {1})
             common.run_redis_benchmark(nodes[pol].port, "SET", 16, 50, 200_000, 1_000_000, 85)  # keys for GET
         for rnd in range(args.rounds):
             for op, p, conns in loads:

@@ -343,8 +343,10 @@ static long pool_outside_umem(struct rte_mempool *mp)
     return c.outside;
 }
 
-/* rte_pktmbuf_pool_create's steps, with the objects packed (see above). */
-static struct rte_mempool *pool_create(const char *name, unsigned n, char *err, size_t errlen)
+/* rte_pktmbuf_pool_create's steps, with the objects packed (see above). Returns 0 with
+ * *res set, or -errno: DPDK's cause where it gives one, -ENOMEM for a short pool,
+ * -ENOTSUP when the memory cannot be the AF_XDP umem (not one run, or mbufs outside it). */
+static int pool_create(const char *name, unsigned n, struct rte_mempool **res, char *err, size_t errlen)
 {
     struct rte_pktmbuf_pool_private priv = {.mbuf_data_room_size = RTE_MBUF_DEFAULT_BUF_SIZE};
     struct rte_mempool *mp = rte_mempool_create_empty(name, n, sizeof(struct rte_mbuf) + RTE_MBUF_DEFAULT_BUF_SIZE,
@@ -352,7 +354,7 @@ static struct rte_mempool *pool_create(const char *name, unsigned n, char *err, 
                                                       RTE_MEMPOOL_F_NO_IOVA_CONTIG);
     if (!mp) {
         snprintf(err, errlen, "mbuf pool: %s", rte_strerror(rte_errno));
-        return NULL;
+        return -(rte_errno ? rte_errno : ENOMEM);
     }
     int rc = rte_mempool_set_ops_byname(mp, rte_mbuf_best_mempool_ops(), NULL);
     if (rc) {
@@ -363,6 +365,7 @@ static struct rte_mempool *pool_create(const char *name, unsigned n, char *err, 
     rc = rte_mempool_populate_default(mp);
     if (rc < 0 || (unsigned)rc != n) {
         snprintf(err, errlen, "mbuf pool: %d of %u mbufs: %s", rc < 0 ? 0 : rc, n, rc < 0 ? rte_strerror(-rc) : "");
+        rc = rc < 0 ? rc : -ENOMEM;
         goto fail;
     }
     rte_mempool_obj_iter(mp, rte_pktmbuf_init, NULL);
@@ -373,12 +376,14 @@ static struct rte_mempool *pool_create(const char *name, unsigned n, char *err, 
         else
             snprintf(err, errlen, "mbuf pool: %ld of %u mbufs outside the AF_XDP umem (they would be lost "
                                   "on the fill ring)", out, n);
+        rc = -ENOTSUP;
         goto fail;
     }
-    return mp;
+    *res = mp;
+    return 0;
 fail:
     rte_mempool_free(mp);
-    return NULL;
+    return rc;
 }
 
 /* ---- lifecycle */
@@ -506,11 +511,9 @@ static int dp_create(void **out, struct kv_engine *eng, char *err, size_t errlen
         rc = -EINVAL;
         goto fail;
     }
-    d->pool = pool_create("kv_mbuf", NB_MBUF, err, errlen);
-    if (!d->pool) {
-        rc = -ENOMEM;
+    rc = pool_create("kv_mbuf", NB_MBUF, &d->pool, err, errlen);
+    if (rc)
         goto fail;
-    }
     struct rte_eth_conf conf;
     memset(&conf, 0, sizeof conf);
     rc = rte_eth_dev_configure(d->port_id, (uint16_t)lcores, (uint16_t)lcores, &conf);

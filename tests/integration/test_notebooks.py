@@ -75,8 +75,10 @@ def test_every_reproduced_paper_has_a_notebook():
 
 def test_notebooks_are_committed_with_outputs():
     """Each experiment cell keeps the plot and the table of the run it was committed with
-    (readable on GitHub without running anything)."""
+    (readable on GitHub without running anything), made by the experiment's current code:
+    notebooks/execute.py stamps each cell with the hash of the experiment module it ran."""
     nbformat = pytest.importorskip("nbformat")
+    ex = runner()
     for path in NOTEBOOKS:
         nb = nbformat.read(path, as_version=4)
         runs = [c for c in nb.cells if c.cell_type == "code" and "notebook_run(" in c.source]
@@ -86,6 +88,27 @@ def test_notebooks_are_committed_with_outputs():
                 f"{path.name}: a cell has no plot: `make notebooks-run` executes and saves them"
             assert any("text/html" in o.get("data", {}) for o in c.outputs), \
                 f"{path.name}: a cell has no table: `make notebooks-run` executes and saves them"
+            made_by = c.metadata.get("kvstore", {}).get("source_sha256", {})
+            for name in ex.experiments_of(c):
+                assert made_by.get(name) == ex.source_hash(name), \
+                    (f"{path.name}: {name}'s outputs were made by another version of experiments/{name}.py "
+                     "(or before cells were stamped): `make notebooks-run` executes and saves them again")
+
+
+def test_the_runner_stamps_each_cell_with_its_experiment_source(tmp_path):
+    """What test_notebooks_are_committed_with_outputs checks: a cell's stamp is the hash of
+    the experiment module as it was when the cell ran."""
+    nbformat = pytest.importorskip("nbformat")
+    from nbformat.v4 import new_code_cell, new_notebook
+    ex = runner()
+    cells = [new_code_cell("notebook_run = print  # the experiment's stand-in"),
+             new_code_cell("notebook_run(\"p000_fig4\")")]
+    path = tmp_path / "stamp.ipynb"
+    nbformat.write(new_notebook(cells=cells), path)
+    nb = ex.run(path, 60, tmp_path)
+    assert ex.source_hash("p000_fig4")
+    assert nb.cells[1].metadata["kvstore"]["source_sha256"] == {"p000_fig4": ex.source_hash("p000_fig4")}
+    assert "kvstore" not in nb.cells[0].metadata
 
 
 def test_full_scale_is_the_scale_of_the_committed_results():
@@ -111,3 +134,19 @@ def test_full_scale_is_the_scale_of_the_committed_results():
     assert seen >= 5
     with pytest.raises(ValueError, match="KVSTORE_NOTEBOOK_SCALE"):
         common.notebook_argv(mod, "FULL")
+
+
+@pytest.mark.timeout(120)
+def test_a_cell_that_ignores_its_interrupt_has_its_kernel_killed(tmp_path):
+    """nbclient answers a timeout with an interrupt, then waits another timeout, interrupts
+    again ... forever if the cell ignores SIGINT: the runner kills the kernel kill_after
+    seconds after the interrupt and fails the notebook."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from nbformat.v4 import new_code_cell, new_notebook
+    cell = "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nprint('started', flush=True)\ntime.sleep(90)"
+    path = tmp_path / "deaf.ipynb"
+    nbformat.write(new_notebook(cells=[new_code_cell(cell)]), path)
+    with pytest.raises(nbclient.exceptions.CellExecutionError) as info:
+        runner().run(path, 3, tmp_path, kill_after=3)
+    assert "kernel was killed" in str(info.value)

@@ -105,9 +105,48 @@ def test_flusher_cpu_falls_back_to_the_busiest_unnamed_thread():
         main = open(f"/proc/{os.getpid()}/comm").read().strip()
         if open(f"/proc/{os.getpid()}/task/{t.native_id}/comm").read().strip() != main:
             pytest.skip("this Python names its threads")
-        cpu, source = nhd.flusher_cpu(me, {})
-        assert source == "busiest-unnamed-thread" and cpu >= 0.25
-        assert nhd.flusher_cpu(me, {"datafile_sweep_cpu_seconds": "1.5"}) == (1.5, "info")  # INFO first
+        cpu, source, tid = nhd.flusher_cpu(me, {})
+        assert source == "busiest-unnamed-thread" and cpu >= 0.25 and tid == t.native_id
+        assert nhd.flusher_cpu(me, {"datafile_sweep_cpu_seconds": "1.5"}) == (1.5, "info", None)  # INFO first
     finally:
         done.set()
         t.join()
+
+
+def test_flusher_cpu_reads_the_same_thread_at_the_end_of_a_run_as_at_its_start():
+    """The busiest unnamed thread may change during a run: the end of the run reads the
+    thread chosen at its start, not the busiest one then (two threads' CPU would mix)."""
+    import threading
+
+    def spinner(seconds, spun, done):
+        def busy():
+            end = time.thread_time() + seconds
+            while time.thread_time() < end:
+                pass
+            spun.set()
+            done.wait(10)
+        return threading.Thread(target=busy)
+
+    done = threading.Event()
+    s1, s2 = threading.Event(), threading.Event()
+    first = spinner(0.2, s1, done)
+    first.start()
+    try:
+        s1.wait(10)
+        me = type("Me", (), {"pid": os.getpid()})
+        main = open(f"/proc/{os.getpid()}/comm").read().strip()
+        if open(f"/proc/{os.getpid()}/task/{first.native_id}/comm").read().strip() != main:
+            pytest.skip("this Python names its threads")
+        cpu0, _, tid = nhd.flusher_cpu(me, {})
+        assert tid == first.native_id
+        second = spinner(0.6, s2, done)  # busier than the first by the end of the "run"
+        second.start()
+        s2.wait(10)
+        assert nhd.flusher_cpu(me, {})[2] == second.native_id  # a fresh pick takes the other thread
+        cpu1, source, tid1 = nhd.flusher_cpu(me, {}, tid)
+        assert tid1 == tid and source == "busiest-unnamed-thread" and cpu1 - cpu0 < 0.15
+    finally:
+        done.set()
+        first.join()
+        if "second" in locals():
+            second.join()

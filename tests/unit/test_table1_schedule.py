@@ -36,3 +36,14 @@ def test_every_pool_size_is_measured_and_the_best_is_reported_per_row():
             for rnd, v in enumerate(vals)]
     # by median, not by the best round (NH: 128's 500 is one round)
     assert t1.best_pool(rows) == {"NH": "threadpool-8", "NHL": "threadpool-128"}
+
+
+def test_x_over_nh_pairs_rounds_by_their_number_not_their_place_in_the_csv():
+    """After --resume/--rerun the CSV's rows are not in round order: round 1 of NHD must be
+    divided by round 1 of NH, and a round only one side has is left out."""
+    rows = [{"row": "NH", "arch": "udp", "round": "0", "throughput": "100"},
+            {"row": "NH", "arch": "udp", "round": "1", "throughput": "200"},
+            {"row": "NHD", "arch": "udp", "round": "1", "throughput": "100"},  # rerun: written first
+            {"row": "NHD", "arch": "udp", "round": "0", "throughput": "50"},
+            {"row": "NHD", "arch": "udp", "round": "2", "throughput": "70"}]  # no NH of round 2
+    assert t1.ratios_to_nh(rows, ["udp"], ["NHD"], {}) == {("NHD", "udp"): [0.5, 0.5]}
