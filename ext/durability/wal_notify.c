@@ -39,7 +39,7 @@ uint64_t wal_notify_want(struct wal_notify *nt, int *slot, int evfd, uint64_t ls
             ;
         pthread_mutex_unlock(&nt->lock);
         if (i == n)
-            return 0; /* not subscribed: no wake-up to spare, look now */
+            return atomic_load(durable); /* not subscribed: never woken, as before */
         *slot = i;
     }
     /* Dekker with wal_notify_wake: the want is stored before the LSN is read,
