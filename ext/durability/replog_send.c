@@ -333,14 +333,14 @@ static void *sender_main(void *arg)
         else if (!caught_up || s->pend.len)
             w = rl_link_wait(&s->link, POLLIN, due > now ? due - now : 0);
         int rc = 0;
+        uint64_t acked0 = acked;
         while (w > 0 && !rc) {
             struct frame f;
             rc = rl_recv_frame(&s->link, &f, &s->pl, (int)s->cfg.timeout_ms);
             if (!rc && f.type == F_ACK && f.a > sent) {
                 rc = -EPROTO; /* acknowledging what was never sent: a confused peer */
             } else if (!rc && f.type == F_ACK && f.a > acked) {
-                acked = f.a;
-                wal_publish_durable(s->w, acked);
+                acked = f.a; /* published once for every ack read here */
                 unacked_since = acked < sent ? now_ms() : 0;
             } else if (!rc && f.type != F_ACK) {
                 rc = -EPROTO;
@@ -348,6 +348,8 @@ static void *sender_main(void *arg)
             if (!rc)
                 w = rl_link_wait(&s->link, POLLIN, 0);
         }
+        if (acked > acked0)
+            wal_publish_durable(s->w, acked);
         if (!rc && w < 0)
             rc = w;
         now = now_us();

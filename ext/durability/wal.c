@@ -11,6 +11,7 @@
  * appends are refused meanwhile (write_group_retrying); nothing stops for good. */
 #define _GNU_SOURCE
 #include "durability/wal.h"
+#include "durability/wal_notify.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -32,7 +33,6 @@
 #include "core/log.h"
 #include "core/table.h"
 
-#define MAX_NOTIFY 1024
 
 static void fail(struct wal *w, const char *what, int e);
 
@@ -86,8 +86,7 @@ struct wal {
     char werr_msg[256];
     _Atomic uint64_t write_errors;
     uint64_t werr_since;      /* log thread: when the current run of failures began */
-    pthread_mutex_t notify_lock;
-    int notify[MAX_NOTIFY], nnotify;
+    struct wal_notify notify;
     _Atomic uint64_t groups, records, bytes, syncs, sync_ns_total, sync_ns_max, max_group;
     _Atomic uint64_t sync_hist[WAL_SYNC_BUCKETS]; /* written by the log thread only */
     struct latmon *_Atomic latmon; /* LATENCY's monitor (set by the engine while running) */
@@ -155,7 +154,7 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
     atomic_init(&w->synced_lsn, w->next_lsn - 1);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
-    pthread_mutex_init(&w->notify_lock, NULL);
+    wal_notify_init(&w->notify);
     if (w->ship && (w->ship_evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
         int e = errno;
         snprintf(err, errlen, "cannot create the log sender's eventfd: %s", strerror(e));
@@ -403,17 +402,6 @@ int64_t wal_log_fn(void *arg, int op, const void *key, size_t klen, const void *
     return wal_append(arg, op, key, (uint32_t)klen, v1, (uint32_t)n1, v2, (uint32_t)n2, expire_ms);
 }
 
-static void notify_all(struct wal *w)
-{
-    uint64_t one = 1;
-    pthread_mutex_lock(&w->notify_lock);
-    for (int i = 0; i < w->nnotify; i++) {
-        ssize_t r = write(w->notify[i], &one, sizeof one);
-        (void)r; /* EAGAIN: the counter is already non-zero, the poller will wake */
-    }
-    pthread_mutex_unlock(&w->notify_lock);
-}
-
 static void fail(struct wal *w, const char *what, int e)
 {
     /* The first failure names the error (the log thread, or an appender that
@@ -423,7 +411,7 @@ static void fail(struct wal *w, const char *what, int e)
     snprintf(w->error, sizeof w->error, "%s: %s", what, strerror(e));
     atomic_store_explicit(&w->failed, 1, memory_order_release);
     kvlog(KVLOG_WARNING, "durability log failed (%s): writes are refused until a restart", w->error);
-    notify_all(w);
+    wal_notify_wake(&w->notify, 0, 1);
 }
 
 /* Write group b (first: its first LSN) at the end of the current segment
@@ -612,9 +600,9 @@ void wal_publish_durable(struct wal *w, uint64_t lsn)
     uint64_t cur = atomic_load_explicit(&w->durable_lsn, memory_order_relaxed);
     while (lsn > cur) {
         /* release: a poller that reads this LSN may tell clients their writes are safe */
-        if (atomic_compare_exchange_weak_explicit(&w->durable_lsn, &cur, lsn, memory_order_release,
+        if (atomic_compare_exchange_weak_explicit(&w->durable_lsn, &cur, lsn, memory_order_seq_cst,
                                                   memory_order_relaxed)) {
-            notify_all(w);
+            wal_notify_wake(&w->notify, lsn, 0);
             return;
         }
     }
@@ -724,7 +712,7 @@ void wal_close(struct wal *w)
     kvbuf_free(&w->sbuf);
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->cond);
-    pthread_mutex_destroy(&w->notify_lock);
+    wal_notify_destroy(&w->notify);
     free(w->dir);
     free(w);
 }
@@ -749,16 +737,11 @@ int wal_write_error(struct wal *w, char *msg, size_t n)
 }
 const char *wal_error(struct wal *w) { return wal_failed(w) ? w->error : ""; }
 
-int wal_subscribe(struct wal *w, int evfd)
+int wal_subscribe(struct wal *w, int evfd) { return wal_notify_add(&w->notify, evfd); }
+
+uint64_t wal_want(struct wal *w, int *slot, int evfd, uint64_t lsn)
 {
-    pthread_mutex_lock(&w->notify_lock);
-    int rc = -ENOSPC;
-    if (w->nnotify < MAX_NOTIFY) {
-        w->notify[w->nnotify++] = evfd;
-        rc = 0;
-    }
-    pthread_mutex_unlock(&w->notify_lock);
-    return rc;
+    return wal_notify_want(&w->notify, slot, evfd, lsn, &w->durable_lsn);
 }
 
 void wal_set_latmon(struct wal *w, struct latmon *lm)

@@ -4,7 +4,8 @@
  * is apply order) append records into an in-memory buffer and get an LSN; they
  * never block on I/O. One log thread swaps the buffer, writes it with one write()
  * and makes it durable with one fdatasync() (group commit), then publishes the
- * durable LSN and wakes every subscribed poller through its eventfd. Recovery
+ * durable LSN and wakes, through its eventfd, each subscribed poller asleep with
+ * a reply held for an LSN now durable (wal_want, wal_notify.h). Recovery
  * reads the segments back, checks every record's CRC32C and stops at the first
  * bad one. Files: <dir>/wal-<first LSN, 16 hex>.log, each opening with a 16-byte
  * header. Record layout (little-endian, offsets in the 32-byte header):
@@ -171,8 +172,16 @@ const char *wal_error(struct wal *w);
  * wal_unit_begin return -EIO except inside a unit already begun; once a retry
  * succeeds this returns 0 again and appends are accepted. Any thread. */
 int wal_write_error(struct wal *w, char *msg, size_t n);
-/* After every group the log thread writes 1 to each subscribed eventfd. */
+/* When the durable LSN moves on (and when the log fails) the log writes 1 to
+ * each subscribed eventfd whose subscriber wants it (wal_want; by default at
+ * every move). */
 int wal_subscribe(struct wal *w, int evfd);
+/* The subscriber of evfd (its thread only) wants a wake-up once the durable LSN
+ * reaches lsn, no earlier: UINT64_MAX for none (awake, or no reply held), 0 for
+ * every move. Returns the durable LSN read after the want is published: if it
+ * is >= lsn already, no wake-up may come for it — look now. *slot caches
+ * evfd's place (start with -1). A failure of the log wakes every subscriber. */
+uint64_t wal_want(struct wal *w, int *slot, int evfd, uint64_t lsn);
 void wal_get_stats(struct wal *w, struct wal_stats *st);
 struct latmon;
 /* Report each sync's duration to lm (core/latmon.h, event log-sync), NULL: none. Any thread. */

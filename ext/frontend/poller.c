@@ -528,6 +528,23 @@ static void drain_event(struct poller *p)
     cmd_monitor_take(p->ps->eng, p->evfd, monitor_ready, p); /* lines other threads queued */
 }
 
+/* Before sleeping: the log wakes this poller only once its first held reply is
+ * durable (awake, it looks here at each round's end and is not woken). Returns
+ * 1 if that is so already: the replies went out, look again without sleeping. */
+static int log_arm(struct poller *p, struct wal *w)
+{
+    uint64_t want = UINT64_MAX;
+    for (struct list *n = p->waiting.next; n != &p->waiting; n = n->next) {
+        struct session *s = &list_entry(n, struct conn, wait_node)->ses;
+        uint64_t l = s->hold_n ? s->holds[s->hold_head].lsn : 0;
+        want = l < want ? l : want;
+    }
+    if (wal_want(w, &p->log_slot, p->evfd, want) < want)
+        return 0;
+    release_waiting(p);
+    return 1;
+}
+
 static void flush_round(struct poller *p)
 {
     const struct pp_policy *pol = p->ps->policy;
@@ -555,8 +572,13 @@ void *poller_main(void *arg)
     struct poller_server *ps = p->ps;
     struct epoll_event ev[MAX_EVENTS];
     int edge = ps->policy->edge;
+    p->log_slot = -1;
     while (!atomic_load_explicit(&ps->stopping, memory_order_acquire)) {
-        int n = epoll_wait(p->epfd, ev, MAX_EVENTS, TCP_CRON_MS);
+        struct wal *w = ps->eng->wal;
+        int released = w && log_arm(p, w);
+        int n = epoll_wait(p->epfd, ev, MAX_EVENTS, released ? 0 : TCP_CRON_MS);
+        if (w)
+            wal_want(w, &p->log_slot, p->evfd, UINT64_MAX); /* awake: no wake-ups */
         st_inc(&p->st->epoll_wait, 1);
         p->now = tcp_mono_ms();
         for (int i = 0; i < n; i++) {

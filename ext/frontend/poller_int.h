@@ -42,6 +42,7 @@ struct poller {
     pthread_t th;
     int started;
     int epfd, lfd, evfd;
+    int log_slot;                /* evfd's place in the log's wake-up list (wal_want) */
     int tls_lfd, tls_listener_tag; /* the TLS listener (tls-port) and its epoll tag, or -1 */
     int listener_tag, event_tag; /* addresses used as epoll tags */
     struct tcp_thread *st;       /* its counters (in ps->tcp) */

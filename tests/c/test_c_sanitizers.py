@@ -11,6 +11,9 @@
   session_test.c  ext/engine/session.c, the request runner, on a real table, log and
                   data file with memory far below the data: DONE/HOLD/STALL, blocking and
                   eventfd waits, MGET resumed over stalls, held replies; TSan and ASan/UBSan
+  wal_notify_test.c  the log's wake-up list: a poller asleep for an LSN is woken once it
+                  is durable, never lost; one that wants nothing is not
+                  woken (until a failure wakes all); built with each sanitizer
   wal_diskfull_test.c  the log while RLIMIT_FSIZE (a full disk's stand-in) refuses its
                   writes round after round: the error is reported, appends refused, the
                   refused group kept and written once the limit is raised, recovery
@@ -94,8 +97,8 @@ def _ext(*names):
 
 # The C files each stress binary links (paths under ext/), by component.
 TABLE = [str(p) for p in sorted(EXT.glob("core/table*.c"))] + _ext("core/siphash.c", "core/ldu.c")
-WAL = _ext("durability/wal.c", "durability/wal_recover.c", "durability/wal_manifest.c", "core/crc32c.c",
-           "core/log.c", "core/latmon.c")
+WAL = [str(p) for p in sorted(EXT.glob("durability/wal*.c"))] + _ext(  # the log's parts, however split
+    "core/crc32c.c", "core/log.c", "core/latmon.c")
 BOSC = [str(p) for p in sorted(EXT.glob("durability/bosc_*.c"))]  # the data file's parts, however split
 
 def layer_sources(*layers):
@@ -119,6 +122,8 @@ BUILDS = {
     "hashenc_fuzz_asan": (["hashenc_fuzz.c", *_ext("core/hashenc.c", "core/siphash.c")], ASAN_UBSAN),
     "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN),
     "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN),
+    "wal_notify_test_tsan": (["wal_notify_test.c", *_ext("durability/wal_notify.c")], TSAN),
+    "wal_notify_test_asan": (["wal_notify_test.c", *_ext("durability/wal_notify.c")], ASAN_UBSAN),
     "wal_diskfull_test_tsan": (["wal_diskfull_test.c", *WAL, *TABLE], TSAN),
     "wal_diskfull_test_asan": (["wal_diskfull_test.c", *WAL, *TABLE], ASAN_UBSAN),
     "ldu_stress_tsan": (["ldu_stress.c", *_ext("core/ldu.c")], TSAN),
@@ -215,6 +220,13 @@ def test_hashenc_fuzz_asan_ubsan(binaries, seed_offset):
 def test_wal_stress(binaries, build, tmp_path):
     out = _run(binaries(build), SEED, 20_000, tmp_path / "log")
     assert "recovered the same table" in out and "none inside a unit" in out
+
+
+@pytest.mark.parametrize("build", ["wal_notify_test_tsan", "wal_notify_test_asan"])
+def test_wal_notify(binaries, build):
+    # The log wakes a poller asleep for an LSN once it is durable: no wake-up lost.
+    out = _run(binaries(build), 20_000)
+    assert "no wake-up lost" in out
 
 
 @pytest.mark.parametrize("build", ["wal_diskfull_test_tsan", "wal_diskfull_test_asan"])
