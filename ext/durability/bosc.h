@@ -87,6 +87,11 @@ struct bosc_stats {
     uint64_t expired_found, expired_reclaimed, expire_pass_blocks, expire_passes;
     /* key listings served, blocks they read, ready ones dropped untaken */
     uint64_t key_listings, key_listing_blocks, key_listings_dropped;
+    /* bytes read from the file (sweeps, loads, listings, the expiry pass); the
+     * read and write system calls that moved them and bytes_written (blocks
+     * per call: how well the I/O is coalesced); the flusher thread's CPU time
+     * (CLOCK_THREAD_CPUTIME_ID: sweeps, evictions, expiry passes) */
+    uint64_t bytes_read, read_calls, write_calls, flusher_cpu_ns;
     int failed;
     char error[256];
 };

@@ -79,6 +79,7 @@ int bosc_block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t nex
     bosc_block_seal(p, BLK_MAGIC, no, next, gen, used, home, b->wseq);
     add(&b->st.blocks_written, 1);
     add(&b->st.bytes_written, BLK);
+    add(&b->st.write_calls, 1);
     if (b->tear_at && no < b->first_over && ++b->home_writes == b->tear_at) {
         pwrite_all(b->fd, p, BLK / 2, (off_t)no * BLK); /* the fault hook (bosc_int.h): a torn write */
         kill(getpid(), SIGKILL);
@@ -119,6 +120,8 @@ static int home_pick(struct bosc *b, uint32_t bucket, unsigned char *two, uint64
         return rc;
     }
     add(&b->st.blocks_read, 2);
+    add(&b->st.bytes_read, 2 * BLK);
+    add(&b->st.read_calls, 1);
     char why[2][256];
     int v[2], best = -1;
     for (int c = 0; c < 2; c++) {
@@ -211,6 +214,8 @@ int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf 
             return rc;
         }
         add(&b->st.blocks_read, 1);
+        add(&b->st.bytes_read, BLK);
+        add(&b->st.read_calls, 1);
         rc = bosc_block_check(b, blk, no, BLK_MAGIC, err, errlen);
         if (rc < 0)
             return rc;

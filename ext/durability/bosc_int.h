@@ -157,6 +157,7 @@ struct bosc {
         _Atomic uint64_t sweep_ns, io_ns, deferred, loads, load_reads, evicted, evicted_bytes, truncated;
         _Atomic uint64_t expired_found, expired_reclaimed, expire_pass_blocks, expire_passes;
         _Atomic uint64_t key_listings, key_listing_blocks, key_listings_dropped;
+        _Atomic uint64_t bytes_read, read_calls, write_calls, flusher_cpu_ns;
     } st;
     uint32_t sweep_no;
     /* Fault hook for tests (KVSTORE_FAULT_TEAR_HOME_WRITE=n in the environment):

@@ -591,6 +591,15 @@ int bosc_write_error(struct bosc *b, char *msg, size_t n, uint64_t *errors)
     return e;
 }
 
+/* The flusher thread's CPU time so far, for INFO (datafile_sweep_cpu_seconds). Flusher. */
+static void note_cpu(struct bosc *b)
+{
+    struct timespec ts;
+    if (!clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts))
+        atomic_store_explicit(&b->st.flusher_cpu_ns, (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec,
+                              memory_order_relaxed);
+}
+
 void *bosc_flusher_main(void *arg)
 {
     struct bosc *b = arg;
@@ -614,6 +623,7 @@ void *bosc_flusher_main(void *arg)
                 kvt_set_spill_stuck(b->t, 1);
             }
             last_pass = now_ns();
+            note_cpu(b);
             pthread_mutex_lock(&b->lock);
             continue;
         }
@@ -669,6 +679,7 @@ void *bosc_flusher_main(void *arg)
             kvt_set_spill_stuck(b->t, 1); /* writes get an error instead of waiting forever */
         last = now_ns();
         note_stall(b, &stall, forced, started);
+        note_cpu(b);
         pthread_mutex_lock(&b->lock);
         b->sync_done = req;
         pthread_cond_broadcast(&b->done);
