@@ -75,7 +75,59 @@ struct item {                /* one dirty key in a sweep */
     struct kvt_snap snap;
     size_t voff;             /* value in the sweep's buffer */
     int written;
+    uint8_t present;         /* its key was in the block before the sweep */
 };
+
+/* ---- bosc_io.c: the sweep's coalesced I/O (flusher only)
+ *
+ * Read window: blocks [first, first + n) of the file, read with one pread; the
+ * sweep fills it with the home copies of a run of dirty buckets and reads their
+ * chains through it (bosc_chain_read_w), so a dense run costs one system call
+ * instead of one per bucket (overflow blocks likewise, OV_BLOCKS at a time,
+ * through a second window), and asks the kernel to read the next run ahead
+ * meanwhile (posix_fadvise WILLNEED).
+ * Write batch: the blocks of several buckets' new chains, sealed, written in
+ * ascending block order with one pwritev per run of consecutive blocks,
+ * overflow blocks before home blocks (a home copy never points at a block not
+ * yet written, even when a write fails half way). The staged buckets' versions
+ * stay odd, and b->gen_lock held, until the batch is written. */
+#define RWIN_BLOCKS 512      /* read window: 2 MiB, 256 buckets' home pairs */
+#define RWIN_GAP 16          /* a run of dirty buckets ends at a gap of more buckets than this */
+#define WB_BLOCKS 512        /* write batch: flushed when this many blocks are staged */
+#define OV_BLOCKS 32         /* overflow reads: a missed block and the 31 after it (a sweep
+                                allocates a run's chains in ascending order, so they follow) */
+
+struct bosc_rwin {
+    uint64_t first, n;
+    unsigned char *buf;
+};
+
+struct wb_bucket {           /* a bucket whose new chain is staged */
+    uint32_t bucket, after;  /* after: its record count once written */
+    size_t first_item, nitems;
+    size_t blk_lo, blk_hi;   /* its blocks in the batch */
+    size_t freed_lo, freed_hi; /* the old chain's blocks it put on b->freed */
+    int ok;
+};
+
+struct bosc_wbatch {
+    unsigned char *buf;      /* WB_BLOCKS sealed blocks, in staging order */
+    uint32_t *no;            /* their block numbers */
+    uint8_t *done;           /* per block: written */
+    size_t n;
+    struct wb_bucket *bk;
+    size_t nbk, capbk;
+    int locked;              /* this batch holds b->gen_lock */
+};
+
+int bosc_rwin_fill(struct bosc *b, struct bosc_rwin *w, uint64_t first, uint64_t n);
+void bosc_rwin_advise(struct bosc *b, uint64_t first, uint64_t n);
+int bosc_wb_init(struct bosc_wbatch *wb);
+void bosc_wb_free(struct bosc_wbatch *wb);
+int bosc_wb_stage(struct bosc *b, struct bosc_wbatch *wb, uint32_t bucket, uint64_t gen, const struct kvbuf *s,
+                  const uint32_t *chain, size_t nchain, struct wb_bucket **out);
+int bosc_wb_write(struct bosc *b, struct bosc_wbatch *wb);
+void bosc_wb_undo(struct bosc *b, struct bosc_wbatch *wb);
 
 struct bosc {
     struct kv_table *t;
@@ -251,9 +303,13 @@ void bosc_block_seal(unsigned char *p, uint32_t magic, uint32_t no, uint32_t nex
                      uint32_t home, uint64_t seq);
 int bosc_block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t next, uint64_t gen,
                 uint32_t used, uint32_t home);
+int bosc_block_put(struct bosc *b, const unsigned char *p, uint32_t no);
 int bosc_push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x);
 int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
                size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err, size_t errlen);
+int bosc_chain_read_w(struct bosc *b, const struct bosc_rwin *w, struct bosc_rwin *ov, uint32_t bucket, uint64_t gen, struct kvbuf *s,
+                      uint32_t **chain, size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err,
+                      size_t errlen);
 int64_t bosc_stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg);
 int bosc_stream_damaged(struct bosc *b, uint32_t bucket, char *err, size_t errlen);
 int bosc_layout(struct bosc *b, char *err, size_t errlen);
@@ -297,6 +353,12 @@ static inline void ttl_mark(struct bosc *b, uint32_t bucket, int64_t expire_ms)
     if (!b->exp_min[bucket] || s < b->exp_min[bucket])
         b->exp_min[bucket] = s;
 }
+
+/* ---- bosc_expire.c: expired records found in the file (flusher only) */
+
+int bosc_expire_found(struct bosc *b, uint64_t gen, const unsigned char *key, uint32_t klen, int64_t expire);
+int bosc_expire_pass(struct bosc *b, struct kvbuf *stream, uint32_t **chain, size_t *nchain, size_t *capchain,
+                     char *err, size_t errlen);
 
 /* ---- bosc_sweep.c: the flusher thread */
 

@@ -1,9 +1,8 @@
 /* bosc_sweep.c - the flusher thread: takes the dirty queue, sweeps the blocks in
  * ascending order (read, apply the keys' states in LSN order, write), syncs,
  * records the flushed LSN in the superblock, deletes log segments below it and
- * evicts clean entries past the memory bound; between sweeps a gentle pass over
- * the buckets finds expired records no sweep reads; bosc_kick/bosc_sync for
- * others. The flusher owns the free-block lists and the expiry pass's bits;
+ * evicts clean entries past the memory bound; between sweeps it runs the expiry
+ * pass (bosc_expire.c); bosc_kick/bosc_sync for others. The flusher owns the free-block lists and the expiry pass's bits;
  * bucket versions are odd while written. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -40,20 +39,6 @@ struct rewrite {                 /* applying a block's updates to its record str
     uint64_t gen;
 };
 
-/* A record whose expire time has passed (and which no state in the sweep
- * replaces): its expiry becomes a logged deletion, a tombstone the next sweep
- * writes like any DEL, so the key count stays exact and the log says when the
- * key went. The record stays until then. Not while a FLUSHALL has emptied the
- * file meanwhile (its blocks are gone already). */
-static int expire_found(struct bosc *b, uint64_t gen, const unsigned char *key, uint32_t klen, int64_t expire)
-{
-    add(&b->st.expired_found, 1);
-    if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen || kvt_expire_disk(b->t, key, klen, expire) <= 0)
-        return 0;
-    add(&b->st.expired_reclaimed, 1);
-    return 1;
-}
-
 static void keep_rec(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,
                      uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire, int type)
 {
@@ -70,7 +55,7 @@ static void keep_rec(void *arg, const unsigned char *rec, size_t reclen, const u
         }
     }
     if (expire && expire <= w->now)
-        expire_found(w->b, w->gen, key, klen, expire);
+        bosc_expire_found(w->b, w->gen, key, klen, expire);
     if (kvbuf_append(w->out, (const char *)rec, reclen))
         w->oom = 1;
 }
@@ -158,7 +143,84 @@ struct sweep_ctx {
     size_t nchain, capchain;
     uint8_t *present;
     size_t cappresent;
+    struct bosc_rwin win;        /* the home copies of the current run of dirty buckets */
+    struct bosc_rwin ovw;        /* overflow blocks read ahead (OV_BLOCKS) */
+    struct bosc_wbatch wb;       /* staged chains (bosc_io.c) */
 };
+
+/* Write the staged chains and settle their buckets: versions even again, record
+ * counts and the entries' "in the block" bits for those written whole; then
+ * release gen_lock. Returns 0 or -errno (err set, c->write_failed: the chains
+ * not written are undone, their keys stay dirty). */
+static int batch_flush(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
+{
+    if (!c->wb.locked)
+        return 0;
+    uint64_t t0 = now_ns();
+    int rc = bosc_wb_write(b, &c->wb);
+    add(&b->st.io_ns, now_ns() - t0);
+    if (rc)
+        bosc_wb_undo(b, &c->wb);
+    for (size_t e = 0; e < c->wb.nbk; e++) {
+        struct wb_bucket *x = &c->wb.bk[e];
+        struct item *it = c->items + x->first_item;
+        if (x->ok)
+            atomic_store_explicit(&b->nkeys[x->bucket], x->after, memory_order_relaxed);
+        /* release: a loader that sees the even version sees the blocks' new contents */
+        atomic_fetch_add_explicit(&b->ver[x->bucket], 1, memory_order_release);
+        if (!x->ok)
+            continue;
+        for (size_t i = 0; i < x->nitems; i++) {
+            kvt_written(b->t, it[i].d, &it[i].snap, it[i].present);
+            it[i].written = 1;
+        }
+        add(&b->st.records, x->nitems);
+    }
+    c->wb.n = c->wb.nbk = 0;
+    c->wb.locked = 0;
+    pthread_mutex_unlock(&b->gen_lock);
+    if (rc) {
+        snprintf(err, errlen, "cannot write data file %s: %s", b->path, strerror(-rc));
+        c->write_failed = 1;
+    }
+    return rc;
+}
+
+/* Take gen_lock for the batch (held until batch_flush). 1 if the file is still
+ * of generation gen (no FLUSHALL since the sweep began). */
+static int batch_lock(struct bosc *b, struct sweep_ctx *c, uint64_t gen)
+{
+    if (!c->wb.locked) {
+        pthread_mutex_lock(&b->gen_lock);
+        c->wb.locked = 1;
+    }
+    return atomic_load_explicit(&b->gen, memory_order_relaxed) == gen;
+}
+
+/* Before the sweep applies the bucket of items[i]: if the read window does not
+ * hold its home copies, read those of the run of dirty buckets starting there
+ * (gaps of at most RWIN_GAP buckets, RWIN_BLOCKS blocks) with one call, and
+ * have the kernel read the next run ahead meanwhile. A failed read leaves the
+ * window empty: the buckets are then read one by one (and the error reported). */
+static void window_for(struct bosc *b, struct sweep_ctx *c, size_t i)
+{
+    uint64_t h = home_of(b, c->items[i].bucket);
+    if (c->win.n && h >= c->win.first && h + 2 <= c->win.first + c->win.n)
+        return;
+    uint32_t first = c->items[i].bucket, last = first;
+    size_t k = i;
+    while (k < c->n && c->items[k].bucket - last <= RWIN_GAP &&
+           2 * (uint64_t)(c->items[k].bucket - first) + 2 <= RWIN_BLOCKS)
+        last = c->items[k++].bucket;
+    c->win.n = 0;
+    if (last == first)
+        return; /* a lone bucket: its own read */
+    uint64_t t0 = now_ns();
+    (void)bosc_rwin_fill(b, &c->win, h, 2 * (uint64_t)(last - first) + 2);
+    add(&b->st.io_ns, now_ns() - t0);
+    if (k < c->n)
+        bosc_rwin_advise(b, home_of(b, c->items[k].bucket), RWIN_BLOCKS);
+}
 
 /* Apply the items [0, n) of one bucket. Returns 0 or -errno (err set). */
 static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, size_t n, uint64_t gen,
@@ -187,7 +249,8 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
     if (!live)
         return 0;
     qsort(it, n, sizeof *it, lsn_cmp); /* settled items last, updates in LSN order */
-    int rc = bosc_chain_read(b, bucket, gen, &c->stream, &c->chain, &c->nchain, &c->capchain, NULL, err, errlen);
+    int rc = bosc_chain_read_w(b, &c->win, &c->ovw, bucket, gen, &c->stream, &c->chain, &c->nchain, &c->capchain, NULL, err,
+                               errlen);
     if (rc)
         return rc;
     if (live > c->cappresent) {
@@ -225,36 +288,55 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
         w.changed = 1;
         after++;
     }
-    int written = 1;
-    pthread_mutex_lock(&b->gen_lock);
-    if (atomic_load_explicit(&b->gen, memory_order_relaxed) != gen) {
-        written = 0; /* FLUSHALL meanwhile: these states are gone or queued again */
-    } else {
-        if (w.changed) {
-            /* seqlock: odd while the chain is rewritten; release so a loader that
-             * sees the even value after also sees the blocks' new contents */
-            atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_acq_rel);
-            uint64_t t0 = now_ns();
-            rc = chain_write(b, bucket, gen, &c->out, c->chain, c->nchain);
-            add(&b->st.io_ns, now_ns() - t0);
-            atomic_store_explicit(&b->nkeys[bucket], (uint32_t)after, memory_order_relaxed);
-            atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_release);
-        }
-        /* Unchanged blocks too: the entries learn whether their key is in the block
-         * (a tombstone of a key that never reached it becomes evictable). */
-        if (!rc) {
-            for (size_t i = 0; i < live; i++)
-                kvt_written(b->t, it[i].d, &it[i].snap, c->present[i]);
-        }
-    }
-    pthread_mutex_unlock(&b->gen_lock);
-    if (rc) {
-        snprintf(err, errlen, "cannot write data file %s: %s", b->path, strerror(-rc));
-        c->write_failed = rc != -ENOMEM;
-        return rc;
-    }
     for (size_t i = 0; i < live; i++)
-        it[i].written = written;
+        it[i].present = c->present[i];
+    size_t need = c->out.len ? (c->out.len + PAYLOAD - 1) / PAYLOAD : 1;
+    if (w.changed && c->wb.n + need > WB_BLOCKS && (rc = batch_flush(b, c, err, errlen)))
+        return rc;
+    if (!batch_lock(b, c, gen)) {
+        add(&b->st.records, live); /* FLUSHALL meanwhile: these states are gone or queued again */
+        return 0;
+    }
+    if (w.changed && need <= WB_BLOCKS) {
+        /* seqlock: odd while the chain is rewritten (until the batch is written) */
+        atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_acq_rel);
+        struct wb_bucket *x;
+        rc = bosc_wb_stage(b, &c->wb, bucket, gen, &c->out, c->chain, c->nchain, &x);
+        if (rc) {
+            atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_release);
+            snprintf(err, errlen, "cannot write data file %s: %s", b->path, strerror(-rc));
+            c->write_failed = rc != -ENOMEM;
+            return rc;
+        }
+        x->after = (uint32_t)after;
+        x->first_item = (size_t)(it - c->items);
+        x->nitems = live;
+        return 0; /* settled by batch_flush */
+    }
+    if (w.changed) {
+        /* A chain longer than a batch (a huge value): written on its own, as it goes */
+        if ((rc = batch_flush(b, c, err, errlen)))
+            return rc;
+        batch_lock(b, c, gen); /* (the generation cannot change while the sweep holds gen_lock) */
+        atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_acq_rel);
+        uint64_t t0 = now_ns();
+        rc = chain_write(b, bucket, gen, &c->out, c->chain, c->nchain);
+        add(&b->st.io_ns, now_ns() - t0);
+        if (!rc)
+            atomic_store_explicit(&b->nkeys[bucket], (uint32_t)after, memory_order_relaxed);
+        atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_release);
+        if (rc) {
+            snprintf(err, errlen, "cannot write data file %s: %s", b->path, strerror(-rc));
+            c->write_failed = rc != -ENOMEM;
+            return rc;
+        }
+    }
+    /* Unchanged blocks too: the entries learn whether their key is in the block
+     * (a tombstone of a key that never reached it becomes evictable). */
+    for (size_t i = 0; i < live; i++) {
+        kvt_written(b->t, it[i].d, &it[i].snap, it[i].present);
+        it[i].written = 1;
+    }
     add(&b->st.records, live);
     return 0;
 }
@@ -342,13 +424,20 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     int rc = 0, any_skipped = 0;
     c->flushed_bound = durable;
     size_t i = 0;
+    c->win.n = c->ovw.n = 0;
     while (i < c->n && !rc) {
         size_t j = i;
         while (j < c->n && c->items[j].bucket == c->items[i].bucket)
             j++;
+        window_for(b, c, i);
         rc = sweep_bucket(b, c, c->items + i, j - i, gen, err, errlen);
         i = j;
     }
+    /* the last batch (after an error too: what is staged is written or undone,
+     * and gen_lock released) */
+    int frc = batch_flush(b, c, err, errlen);
+    if (!rc)
+        rc = frc;
     if (rc) {
         if (c->write_failed)
             requeue(b, c, i);
@@ -434,64 +523,6 @@ static int sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     latmon_add(atomic_load_explicit(&b->latmon, memory_order_acquire), LM_FLUSHER_SWEEP, took);
     kvlog(took > 2000000000u ? KVLOG_NOTICE : KVLOG_DEBUG, "data file sweep: %zu keys in %.3f s%s", c->n,
           (double)took / 1e9, took > 2000000000u ? " (slow: the disk is behind)" : "");
-    return 0;
-}
-
-/* ---- the expiry pass */
-
-struct pass_arg {
-    struct bosc *b;
-    uint64_t gen;
-    int64_t now;
-    int64_t next;                /* the earliest expire time the chain keeps (0: none) */
-};
-
-static void pass_rec(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,
-                     uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire, int type)
-{
-    struct pass_arg *a = arg;
-    if (!expire || (expire <= a->now && expire_found(a->b, a->gen, key, klen, expire)))
-        return; /* no expire time, or its deletion is recorded: the next sweep takes it */
-    if (!a->next || expire < a->next)
-        a->next = expire; /* (one whose deletion could not be recorded: next turn again) */
-}
-
-/* Expired records in blocks that no write touches would stay forever (a sweep
- * reads only the blocks it writes): go on from the cursor over the buckets whose
- * earliest expire time has come, reading at most pass_budget blocks, and turn
- * what expired into logged deletions for the next sweep. A file without TTLs,
- * or whose TTLs are all ahead, is never read. Flusher thread, between sweeps.
- * Returns 0 or -errno (err set: a damaged block fails the data file, as a
- * sweep's would). */
-static int expire_pass(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
-{
-    uint32_t budget = b->pass_budget;
-    int64_t now = kvt_now_ms();
-    uint32_t now_s = exp_sec(now);
-    for (uint32_t seen = 0; seen < b->nbuckets && budget && b->ttl_buckets; seen++) {
-        uint32_t bk = b->pass_cursor;
-        if (++b->pass_cursor == b->nbuckets) {
-            b->pass_cursor = 0;
-            add(&b->st.expire_passes, 1);
-        }
-        if (!b->exp_min[bk] || b->exp_min[bk] >= now_s) /* (rounded down: < is surely past) */
-            continue;
-        struct pass_arg a = {b, atomic_load_explicit(&b->gen, memory_order_acquire), now, 0};
-        if (atomic_load_explicit(&b->nkeys[bk], memory_order_relaxed)) {
-            int rc = bosc_chain_read(b, bk, a.gen, &c->stream, &c->chain, &c->nchain, &c->capchain, NULL, err,
-                                     errlen);
-            if (rc)
-                return rc;
-            add(&b->st.expire_pass_blocks, c->nchain);
-            budget = c->nchain < budget ? budget - (uint32_t)c->nchain : 0;
-            if (bosc_stream_walk((unsigned char *)c->stream.p, c->stream.len, pass_rec, &a) < 0)
-                return bosc_stream_damaged(b, bk, err, errlen);
-        }
-        b->exp_min[bk] = 0;
-        b->ttl_buckets--;
-        if (a.next)
-            ttl_mark(b, bk, a.next);
-    }
     return 0;
 }
 
@@ -605,6 +636,10 @@ void *bosc_flusher_main(void *arg)
     struct bosc *b = arg;
     struct sweep_ctx c = {0};
     char err[256];
+    if (bosc_wb_init(&c.wb)) {
+        fail(b, "out of memory for the flusher's write batch");
+        kvt_set_spill_stuck(b->t, 1);
+    }
     uint64_t last = now_ns(), last_pass = last;
     uint64_t retry_at = 0, werr_since = 0; /* while the disk refuses: the next sweep's earliest time */
     uint32_t backoff = RETRY_FIRST_MS;
@@ -617,7 +652,7 @@ void *bosc_flusher_main(void *arg)
         if (b->ttl_buckets && now_ns() - last_pass >= interval_ns && !b->kick && b->sync_req == b->sync_done &&
             !atomic_load(&b->failed)) {
             pthread_mutex_unlock(&b->lock);
-            int rc = expire_pass(b, &c, err, sizeof err);
+            int rc = bosc_expire_pass(b, &c.stream, &c.chain, &c.nchain, &c.capchain, err, sizeof err);
             if (rc && rc != -ENOMEM) { /* (out of memory: the next pass tries again) */
                 fail(b, err);
                 kvt_set_spill_stuck(b->t, 1);
@@ -697,6 +732,9 @@ void *bosc_flusher_main(void *arg)
     free(c.out.p);
     free(c.chain);
     free(c.present);
+    free(c.win.buf);
+    free(c.ovw.buf);
+    bosc_wb_free(&c.wb);
     return NULL;
 }
 
