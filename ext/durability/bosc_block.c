@@ -232,8 +232,17 @@ int bosc_chain_read_w(struct bosc *b, const struct bosc_rwin *w, struct bosc_rwi
             return -EILSEQ;
         }
         int rc = 0;
-        if (ov && !(no >= ov->first && no < ov->first + ov->n))
-            rc = bosc_rwin_fill(b, ov, no, nb - no < OV_BLOCKS ? nb - no : OV_BLOCKS);
+        if (ov && !(no >= ov->first && no < ov->first + ov->n)) {
+            /* how far to read ahead: by how much of the last read was used */
+            if (!ov->ahead || (ov->n && ov->used * 2 < ov->n))
+                ov->ahead = ov->ahead > 1 ? ov->ahead / 2 : 1;
+            else if (ov->n)
+                ov->ahead = ov->ahead * 2 > OV_BLOCKS ? OV_BLOCKS : ov->ahead * 2;
+            rc = bosc_rwin_fill(b, ov, no, nb - no < ov->ahead ? nb - no : ov->ahead);
+            ov->used = 0;
+        }
+        if (ov)
+            ov->used++;
         if (!rc && ov) {
             memcpy(blk, ov->buf + (no - ov->first) * BLK, BLK);
         } else if (!rc) {

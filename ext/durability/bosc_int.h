@@ -92,14 +92,18 @@ struct item {                /* one dirty key in a sweep */
  * yet written, even when a write fails half way). The staged buckets' versions
  * stay odd, and b->gen_lock held, until the batch is written. */
 #define RWIN_BLOCKS 512      /* read window: 2 MiB, 256 buckets' home pairs */
-#define RWIN_GAP 16          /* a run of dirty buckets ends at a gap of more buckets than this */
+#define RWIN_GAP 2           /* a run of dirty buckets ends at a gap of more buckets than this
+                                (the blocks of a gap are read for nothing) */
 #define WB_BLOCKS 512        /* write batch: flushed when this many blocks are staged */
-#define OV_BLOCKS 32         /* overflow reads: a missed block and the 31 after it (a sweep
-                                allocates a run's chains in ascending order, so they follow) */
+#define OV_BLOCKS 32         /* overflow reads: a missed block and up to 31 after it (a sweep
+                                allocates a run's chains in ascending order, so they often
+                                follow; blocks reused from the free list do not): the count
+                                doubles while at least half of a read is used, else halves */
 
 struct bosc_rwin {
     uint64_t first, n;
     unsigned char *buf;
+    uint32_t used, ahead;    /* overflow window: blocks of the last read used; the next read's size */
 };
 
 struct wb_bucket {           /* a bucket whose new chain is staged */
