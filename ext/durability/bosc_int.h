@@ -39,7 +39,11 @@
 #define MAX_REC (512u * 1024 * 1024)
 #define MAX_BLOCKS (UINT32_MAX - 1)
 #define HIGH_PCT 90          /* evict when memory passes this share of the bound ... */
-#define LOW_PCT 60           /* ... down to this share: room for the next batch of dirty keys */
+#define LOW_PCT 25           /* ... down to this share: room for the next batch of dirty keys.
+                                Low, so most of memory can be dirty at a sweep: the records a
+                                block write carries grow with the dirty share of memory (about
+                                34 x dirty share x memory / file for one-block chains of
+                                ~120-byte records): 60 gave ~30 % dirty, ~3 records a block */
 #define MAX_SUBS 1024
 #define KEYS_SLOTS BOSC_KEYS_SLOTS
 #define KEYS_STEP 16         /* buckets a listing reads before the loader serves waiting loads */
