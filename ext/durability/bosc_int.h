@@ -1,7 +1,8 @@
 /* bosc_int.h - the BOSC data file's internal state and the helpers its files
  * share: bosc_block.c (blocks, superblock, free blocks), bosc_load.c (the table's
  * hooks, the loader), bosc_keys.c (the key listing the loader serves),
- * bosc_sweep.c (the flusher's sweep, expiry pass, eviction, sync) and
+ * bosc_sweep.c (a sweep), bosc_flusher.c (the flusher thread: when to sweep,
+ * eviction), bosc_expire.c (the expiry pass) and
  * bosc_open.c (open, scan, close, stats). Not a public interface (bosc.h is);
  * ext/bench/bosc_naive.c uses the block layout and the I/O loops. Threads and
  * locking are described in bosc_open.c's header. */
@@ -368,8 +369,29 @@ int bosc_expire_found(struct bosc *b, uint64_t gen, const unsigned char *key, ui
 int bosc_expire_pass(struct bosc *b, struct kvbuf *stream, uint32_t **chain, size_t *nchain, size_t *capchain,
                      char *err, size_t errlen);
 
-/* ---- bosc_sweep.c: the flusher thread */
+/* ---- bosc_sweep.c: one sweep; bosc_flusher.c: the flusher thread */
 
+struct sweep_ctx {
+    uint64_t flushed_bound;      /* the file holds every change up to here (sweep) */
+    int write_failed;            /* the last sweep failed writing or syncing (the disk): retried */
+    int need_sync;               /* blocks written by a failed sweep are not known synced */
+    struct item *items;
+    size_t n, cap;
+    struct kvbuf vals, stream, out;
+    uint32_t *chain;
+    size_t nchain, capchain;
+    uint8_t *present;
+    uint64_t *tag;               /* per live item of a bucket: key_tag */
+    size_t cappresent;
+    uint32_t *dest;              /* per item: its place sorted by bucket (counting sort) */
+    size_t capdest;
+    uint32_t *bcount;            /* per bucket: items (counting sort), b->nbuckets + 1 */
+    struct bosc_rwin win;        /* the home copies of the current run of dirty buckets */
+    struct bosc_rwin ovw;        /* overflow blocks read ahead (OV_BLOCKS) */
+    struct bosc_wbatch wb;       /* staged chains (bosc_io.c) */
+};
+
+int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen);
 void *bosc_flusher_main(void *arg);
 
 #endif
