@@ -180,6 +180,9 @@ void *bosc_flusher_main(void *arg)
         }
         uint64_t req = b->sync_req;
         int forced = b->kick; /* a writer waits for room */
+        /* wanted for room only (a writer waits, or memory passed HIGH_PCT): no
+         * sweep if evicting clean keys makes it (below) */
+        int room_only = !retry && req == b->sync_done && !(due && (dirty || behind));
         b->kick = 0;
         pthread_mutex_unlock(&b->lock);
         uint64_t started = now_ns();
@@ -187,6 +190,15 @@ void *bosc_flusher_main(void *arg)
          * the writers while this one runs (it may take a while), not only after. */
         if (!atomic_load(&b->failed))
             evict(b, forced);
+        if (room_only && !atomic_load(&b->failed) && max && kvt_used_memory(b->t) * 100 <= max * HIGH_PCT) {
+            /* Evicting made the room: the dirty keys wait until memory is full
+             * again, so the next sweep carries most of memory (records per block
+             * written), not the few keys written during the last sweep. */
+            note_stall(b, &stall, forced, started);
+            pthread_mutex_lock(&b->lock);
+            bosc_wake_all(b);
+            continue;
+        }
         atomic_store(&b->sweeping, 1);
         int was_failed = atomic_load(&b->failed);
         int rc = was_failed ? -EIO : bosc_sweep(b, &c, err, sizeof err);
