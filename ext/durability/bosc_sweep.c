@@ -461,7 +461,9 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     kvt_barrier(b->t);
     if (b->locked_queue)
         pthread_mutex_lock(&b->qlock);
-    struct ldu_node *list = ldu_reverse(ldu_take(&b->q));
+    /* Newest first, as taken: a second walk to reverse the list cost 7 % of the
+     * flusher (a cache miss per node); the items are put in queue order below. */
+    struct ldu_node *list = ldu_take(&b->q);
     if (b->locked_queue)
         pthread_mutex_unlock(&b->qlock);
     int rc = 0;
@@ -496,6 +498,20 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         it->nheld = 1;
         *mark = (uint32_t)c->n++;
     }
+    /* Queue order (oldest first), as the sort keeps it within a bucket: the
+     * items reversed, and a key's two nodes (an LDU object has two) put back in
+     * the order queued (held[0] the older: kvt_flushed defers it). */
+    for (size_t i = 0, j = c->n ? c->n - 1 : 0; i < j; i++, j--) {
+        struct item t = c->items[i];
+        c->items[i] = c->items[j];
+        c->items[j] = t;
+    }
+    for (size_t i = 0; i < c->n; i++)
+        if (c->items[i].nheld == 2) {
+            struct ldu_node *t = c->items[i].held[0];
+            c->items[i].held[0] = c->items[i].held[1];
+            c->items[i].held[1] = t;
+        }
     if (c->n > 1 && (rc = sort_items(b, c))) { /* the sweep goes up the file */
         snprintf(err, errlen, "out of memory in the flusher");
         return rc; /* (nothing taken yet is lost: the same as a failed allocation above) */
