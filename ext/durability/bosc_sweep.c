@@ -390,10 +390,10 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
         return 0; /* settled by batch_flush */
     }
     if (w.changed) {
-        /* A chain longer than a batch (a huge value): written on its own, as it goes */
-        if ((rc = batch_flush(b, c, err, errlen)))
-            return rc;
-        batch_lock(b, c, gen); /* (the generation cannot change while the sweep holds gen_lock) */
+        /* A chain longer than a batch (a huge value): written on its own, as it
+         * goes. The batch is empty here (flushed above, as this chain does not
+         * fit) and gen_lock held since batch_lock checked the generation: no
+         * FLUSHALL can come between that check and this write. */
         atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_acq_rel);
         uint64_t t0 = now_ns();
         rc = chain_write(b, bucket, gen, &c->out, c->chain, c->nchain);
