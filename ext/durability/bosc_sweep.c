@@ -469,6 +469,12 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     int rc = 0;
     b->sweep_no++;
     b->ntouched = 0; /* (a sweep that failed may have written some: they are written again) */
+    /* Nor are the blocks a failed sweep put on freed free: the chains that
+     * dropped them were not synced as the buckets' chains (their copies did
+     * not flip), so the synced chains still use them. They leak until the next
+     * open's scan finds them unused; freeing them at this sweep's sync had a
+     * later chain reuse a block a bucket's recorded chain still names. */
+    b->nfreed = 0;
     c->n = 0;
     for (struct ldu_node *n = list, *next; n; n = next) {
         next = n->next;
