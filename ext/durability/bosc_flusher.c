@@ -56,13 +56,13 @@ static void note_stall(struct bosc *b, struct stall_note *s, int forced, uint64_
  * or at once when a writer waits for room (force: it may need more than the
  * room below HIGH_PCT). "Stuck" = a writer could wait forever: memory is full,
  * nothing could be evicted and nothing is dirty (the stalled writes then get
- * -OOM). */
-static void evict(struct bosc *b, int force)
+ * -OOM). Returns the bytes evicted. */
+static uint64_t evict(struct bosc *b, int force)
 {
     uint64_t max = kvt_max_memory(b->t);
     if (!max) {
         kvt_set_spill_stuck(b->t, 0);
-        return;
+        return 0;
     }
     uint64_t used = kvt_used_memory(b->t), freed = 0;
     if (force || used * 100 > max * HIGH_PCT) {
@@ -77,6 +77,7 @@ static void evict(struct bosc *b, int force)
     int none = full && !freed && !atomic_load(&b->q.head);
     kvt_set_spill_stuck(b->t, none && b->evict_failed);
     b->evict_failed = none;
+    return freed;
 }
 
 #define RETRY_FIRST_MS 10    /* backoff after a sweep the disk refused: doubling from here ... */
@@ -188,9 +189,13 @@ void *bosc_flusher_main(void *arg)
         uint64_t started = now_ns();
         /* Evict before the sweep too: the clean keys of the last sweep make room for
          * the writers while this one runs (it may take a while), not only after. */
-        if (!atomic_load(&b->failed))
-            evict(b, forced);
-        if (room_only && !atomic_load(&b->failed) && max && kvt_used_memory(b->t) * 100 <= max * HIGH_PCT) {
+        uint64_t freed = atomic_load(&b->failed) ? 0 : evict(b, forced);
+        /* A writer's kick skips the sweep only if evicting freed something: one
+         * that needs more than the room below HIGH_PCT (a large value) would
+         * otherwise kick again and again, each eviction freeing nothing (what
+         * is left is dirty), until the flush interval came. */
+        if (room_only && !atomic_load(&b->failed) && max && kvt_used_memory(b->t) * 100 <= max * HIGH_PCT &&
+            (!forced || freed)) {
             /* Evicting made the room: the dirty keys wait until memory is full
              * again, so the next sweep carries most of memory (records per block
              * written), not the few keys written during the last sweep. */
