@@ -94,8 +94,9 @@ struct item {                /* one dirty key in a sweep */
  * Write batch: the blocks of several buckets' new chains, sealed, written in
  * ascending block order with one pwritev per run of consecutive blocks,
  * overflow blocks before home blocks (a home copy never points at a block not
- * yet written, even when a write fails half way). The staged buckets' versions
- * stay odd, and b->gen_lock held, until the batch is written. */
+ * yet written, even when a write fails half way). Staging changes nothing a
+ * reader sees; the batch's write takes b->gen_lock and makes the staged
+ * buckets' versions odd only while it writes (bosc_sweep.c's batch_flush). */
 #define RWIN_BLOCKS 512      /* read window: 2 MiB, 256 buckets' home pairs */
 #define RWIN_GAP 2           /* a run of dirty buckets ends at a gap of more buckets than this
                                 (the blocks of a gap are read for nothing) */
@@ -126,7 +127,6 @@ struct bosc_wbatch {
     size_t n;
     struct wb_bucket *bk;
     size_t nbk, capbk;
-    int locked;              /* this batch holds b->gen_lock */
 };
 
 int bosc_rwin_fill(struct bosc *b, struct bosc_rwin *w, uint64_t first, uint64_t n);

@@ -71,8 +71,8 @@ void bosc_wb_free(struct bosc_wbatch *wb)
 /* Stage stream s as bucket's new chain (its old chain: chain[0 .. nchain)):
  * take the blocks (the home copy that does not hold the synced chain, free
  * overflow blocks), seal them into the batch, put the old overflow blocks on
- * b->freed and the bucket on b->touched. The caller holds gen_lock, has made
- * the bucket's version odd (-E2BIG: the batch has no room for it; flush it first).
+ * b->freed and the bucket on b->touched. Nothing is written (a reader still
+ * finds the synced chain; -E2BIG: the batch has no room for it; flush it first).
  * *out: the staged bucket, for the caller's fields. Returns 0, -ENOSPC (no
  * block to be had) or -ENOMEM, nothing staged then. */
 int bosc_wb_stage(struct bosc *b, struct bosc_wbatch *wb, uint32_t bucket, uint64_t gen, const struct kvbuf *s,

@@ -215,16 +215,38 @@ static int sort_items(struct bosc *b, struct sweep_ctx *c)
     return 0;
 }
 
-/* Write the staged chains and settle their buckets: versions even again, record
- * counts and the entries' "in the block" bits for those written whole; then
- * release gen_lock. Returns 0 or -errno (err set, c->write_failed: the chains
- * not written are undone, their keys stay dirty). */
-static int batch_flush(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
+/* Write the staged chains and settle their buckets. Only here is gen_lock
+ * held and are the staged buckets' versions odd (a loader or a key listing
+ * waits on an odd version: not while the sweep reads and applies the buckets
+ * after them). Staging left the file as it was -- a staged chain's new blocks
+ * are free blocks and the home copy a reader does not pick, the synced chain
+ * intact until the sweep's sync -- so readers need not wait until now. The
+ * generation is checked here, under the lock: after a FLUSHALL since the sweep
+ * began nothing is written (the blocks go back, the items stay unwritten:
+ * their states are gone or queued again). Settles the buckets written whole:
+ * record counts, the entries' "in the block" bits. Returns 0 or -errno (err
+ * set, c->write_failed: the chains not written are undone, their keys stay
+ * dirty). */
+static int batch_flush(struct bosc *b, struct sweep_ctx *c, uint64_t gen, char *err, size_t errlen)
 {
-    if (!c->wb.locked)
+    if (!c->wb.nbk)
         return 0;
+    int rc = 0;
+    pthread_mutex_lock(&b->gen_lock);
+    if (atomic_load_explicit(&b->gen, memory_order_relaxed) != gen) {
+        for (size_t e = 0; e < c->wb.nbk; e++)
+            c->wb.bk[e].ok = 0;
+        bosc_wb_undo(b, &c->wb);
+        for (size_t e = 0; e < c->wb.nbk; e++)
+            add(&b->st.records, c->wb.bk[e].nitems); /* (as sweep_bucket counts a FLUSHALL's) */
+        c->wb.n = c->wb.nbk = 0;
+        pthread_mutex_unlock(&b->gen_lock);
+        return 0;
+    }
+    for (size_t e = 0; e < c->wb.nbk; e++) /* seqlock: odd while the chains are written */
+        atomic_fetch_add_explicit(&b->ver[c->wb.bk[e].bucket], 1, memory_order_acq_rel);
     uint64_t t0 = now_ns();
-    int rc = bosc_wb_write(b, &c->wb);
+    rc = bosc_wb_write(b, &c->wb);
     add(&b->st.io_ns, now_ns() - t0);
     if (rc)
         bosc_wb_undo(b, &c->wb);
@@ -244,24 +266,12 @@ static int batch_flush(struct bosc *b, struct sweep_ctx *c, char *err, size_t er
         add(&b->st.records, x->nitems);
     }
     c->wb.n = c->wb.nbk = 0;
-    c->wb.locked = 0;
     pthread_mutex_unlock(&b->gen_lock);
     if (rc) {
         snprintf(err, errlen, "cannot write data file %s: %s", b->path, strerror(-rc));
         c->write_failed = 1;
     }
     return rc;
-}
-
-/* Take gen_lock for the batch (held until batch_flush). 1 if the file is still
- * of generation gen (no FLUSHALL since the sweep began). */
-static int batch_lock(struct bosc *b, struct sweep_ctx *c, uint64_t gen)
-{
-    if (!c->wb.locked) {
-        pthread_mutex_lock(&b->gen_lock);
-        c->wb.locked = 1;
-    }
-    return atomic_load_explicit(&b->gen, memory_order_relaxed) == gen;
 }
 
 /* Before the sweep applies the bucket of items[i]: if the read window does not
@@ -367,19 +377,16 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
     for (size_t i = 0; i < live; i++)
         it[i].present = c->present[i];
     size_t need = c->out.len ? (c->out.len + PAYLOAD - 1) / PAYLOAD : 1;
-    if (w.changed && c->wb.n + need > WB_BLOCKS && (rc = batch_flush(b, c, err, errlen)))
+    if (w.changed && c->wb.n + need > WB_BLOCKS && (rc = batch_flush(b, c, gen, err, errlen)))
         return rc;
-    if (!batch_lock(b, c, gen)) {
+    if (atomic_load_explicit(&b->gen, memory_order_relaxed) != gen) {
         add(&b->st.records, live); /* FLUSHALL meanwhile: these states are gone or queued again */
         return 0;
     }
     if (w.changed && need <= WB_BLOCKS) {
-        /* seqlock: odd while the chain is rewritten (until the batch is written) */
-        atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_acq_rel);
         struct wb_bucket *x;
         rc = bosc_wb_stage(b, &c->wb, bucket, gen, &c->out, c->chain, c->nchain, &x);
         if (rc) {
-            atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_release);
             snprintf(err, errlen, "cannot write data file %s: %s", b->path, strerror(-rc));
             c->write_failed = rc != -ENOMEM;
             return rc;
@@ -387,13 +394,20 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
         x->after = (uint32_t)after;
         x->first_item = (size_t)(it - c->items);
         x->nitems = live;
-        return 0; /* settled by batch_flush */
+        return 0; /* written and settled by batch_flush */
+    }
+    /* A chain longer than a batch (a huge value; the batch is empty: flushed
+     * above), written on its own, as it goes; or an unchanged block, whose
+     * entries learn whether their key is in it (a tombstone of a key that never
+     * reached it becomes evictable). Both under gen_lock, the generation
+     * checked there: no FLUSHALL between the check and the write. */
+    pthread_mutex_lock(&b->gen_lock);
+    if (atomic_load_explicit(&b->gen, memory_order_relaxed) != gen) {
+        pthread_mutex_unlock(&b->gen_lock);
+        add(&b->st.records, live);
+        return 0;
     }
     if (w.changed) {
-        /* A chain longer than a batch (a huge value): written on its own, as it
-         * goes. The batch is empty here (flushed above, as this chain does not
-         * fit) and gen_lock held since batch_lock checked the generation: no
-         * FLUSHALL can come between that check and this write. */
         atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_acq_rel);
         uint64_t t0 = now_ns();
         rc = chain_write(b, bucket, gen, &c->out, c->chain, c->nchain);
@@ -402,17 +416,17 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
             atomic_store_explicit(&b->nkeys[bucket], (uint32_t)after, memory_order_relaxed);
         atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_release);
         if (rc) {
+            pthread_mutex_unlock(&b->gen_lock);
             snprintf(err, errlen, "cannot write data file %s: %s", b->path, strerror(-rc));
             c->write_failed = rc != -ENOMEM;
             return rc;
         }
     }
-    /* Unchanged blocks too: the entries learn whether their key is in the block
-     * (a tombstone of a key that never reached it becomes evictable). */
     for (size_t i = 0; i < live; i++) {
         kvt_written(b->t, it[i].d, &it[i].snap, it[i].present);
         it[i].written = 1;
     }
+    pthread_mutex_unlock(&b->gen_lock);
     add(&b->st.records, live);
     return 0;
 }
@@ -534,9 +548,8 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         rc = sweep_bucket(b, c, c->items + i, j - i, gen, err, errlen);
         i = j;
     }
-    /* the last batch (after an error too: what is staged is written or undone,
-     * and gen_lock released) */
-    int frc = batch_flush(b, c, err, errlen);
+    /* the last batch (after an error too: what is staged is written or undone) */
+    int frc = batch_flush(b, c, gen, err, errlen);
     if (!rc)
         rc = frc;
     if (rc) {
