@@ -453,6 +453,21 @@ static void requeue(struct bosc *b, struct sweep_ctx *c, size_t reached)
     c->need_sync = 1;
 }
 
+/* The item array of a sweep of much of memory (~90 bytes per dirty key, 4
+ * more for the sort) is not counted against --max-memory: give it back after
+ * the sweep rather than hold it between sweeps. (The sweep's peak stays.) */
+#define KEEP_ITEMS 16384
+static void release_items(struct sweep_ctx *c)
+{
+    if (c->cap <= KEEP_ITEMS)
+        return;
+    free(c->items);
+    free(c->dest);
+    c->items = NULL;
+    c->dest = NULL;
+    c->n = c->cap = c->capdest = 0;
+}
+
 /* One sweep: returns 0 or -errno with err set: c->write_failed says the disk
  * refused a write or sync (the keys are queued again and the flusher retries),
  * otherwise the data file is damaged or memory ran out, and the flusher stops. */
@@ -637,5 +652,6 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     latmon_add(atomic_load_explicit(&b->latmon, memory_order_acquire), LM_FLUSHER_SWEEP, took);
     kvlog(took > 2000000000u ? KVLOG_NOTICE : KVLOG_DEBUG, "data file sweep: %zu keys in %.3f s%s", c->n,
           (double)took / 1e9, took > 2000000000u ? " (slow: the disk is behind)" : "");
+    release_items(c);
     return 0;
 }
