@@ -124,7 +124,10 @@ static int home_pick(struct bosc *b, const struct bosc_rwin *w, uint32_t bucket,
     if (w && h >= w->first && h + 2 <= w->first + w->n) {
         memcpy(two, w->buf + (h - w->first) * BLK, 2 * BLK); /* (counted when the window was read) */
     } else {
+        uint64_t t0 = w ? now_ns() : 0; /* (a sweep's read: its I/O time) */
         int rc = pread_all(b->fd, two, 2 * BLK, (off_t)(h * BLK));
+        if (w)
+            add(&b->st.io_ns, now_ns() - t0);
         if (rc) {
             snprintf(err, errlen, "cannot read %s block %" PRIu64 ": %s", b->path, h, strerror(-rc));
             return rc;
@@ -232,6 +235,7 @@ int bosc_chain_read_w(struct bosc *b, const struct bosc_rwin *w, struct bosc_rwi
             return -EILSEQ;
         }
         int rc = 0;
+        uint64_t t0 = ov ? now_ns() : 0; /* (a sweep's read: its I/O time) */
         if (ov && !(no >= ov->first && no < ov->first + ov->n)) {
             /* how far to read ahead: by how much of the last read was used */
             if (!ov->ahead || (ov->n && ov->used * 2 < ov->n))
@@ -251,6 +255,8 @@ int bosc_chain_read_w(struct bosc *b, const struct bosc_rwin *w, struct bosc_rwi
             add(&b->st.bytes_read, BLK);
             add(&b->st.read_calls, 1);
         }
+        if (ov)
+            add(&b->st.io_ns, now_ns() - t0);
         if (rc) {
             snprintf(err, errlen, "cannot read %s block %" PRIu32 ": %s", b->path, no, strerror(-rc));
             return rc;

@@ -200,6 +200,7 @@ void *bosc_flusher_main(void *arg)
              * again, so the next sweep carries most of memory (records per block
              * written), not the few keys written during the last sweep. */
             note_stall(b, &stall, forced, started);
+            note_cpu(b); /* (the eviction's CPU too) */
             pthread_mutex_lock(&b->lock);
             bosc_wake_all(b);
             continue;

@@ -160,17 +160,18 @@ static int write_runs(struct bosc *b, struct bosc_wbatch *wb, const uint32_t *or
             if (r < 0)
                 return -errno;
             add(&b->st.write_calls, 1);
+            add(&b->st.bytes_written, (uint64_t)r); /* (per call: a run that fails half way counts what it wrote) */
             put += (size_t)r;
-            while (first < cnt && put >= (size_t)(first + 1) * BLK) /* whole blocks are written */
+            while (first < cnt && put >= (size_t)(first + 1) * BLK) { /* whole blocks are written */
                 wb->done[order[i + (size_t)first++]] = 1;
+                add(&b->st.blocks_written, 1);
+            }
             if (first < cnt && put > (size_t)first * BLK) { /* a short write inside a block: go on from there */
                 size_t in = put - (size_t)first * BLK;
                 iov[first].iov_base = wb->buf + (size_t)order[i + (size_t)first] * BLK + in;
                 iov[first].iov_len = BLK - in;
             }
         }
-        add(&b->st.blocks_written, j - i);
-        add(&b->st.bytes_written, total);
         i = j;
     }
     return 0;
