@@ -130,6 +130,7 @@ void *bosc_flusher_main(void *arg)
 {
     struct bosc *b = arg;
     struct sweep_ctx c = {0};
+    c.ovw.cap = OV_BLOCKS; /* (overflow reads are at most OV_BLOCKS) */
     char err[256];
     if (bosc_wb_init(&c.wb)) {
         fail(b, "out of memory for the flusher's write batch");

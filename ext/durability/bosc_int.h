@@ -98,8 +98,8 @@ struct item {                /* one dirty key in a sweep */
  * reader sees; the batch's write takes b->gen_lock and makes the staged
  * buckets' versions odd only while it writes (bosc_sweep.c's batch_flush). */
 #define RWIN_BLOCKS 512      /* read window: 2 MiB, 256 buckets' home pairs */
-#define RWIN_GAP 2           /* a run of dirty buckets ends at a gap of more buckets than this
-                                (the blocks of a gap are read for nothing) */
+#define RWIN_GAP 2           /* a run of dirty buckets ends where this many clean buckets
+                                follow each other (one alone is read for nothing, in the run) */
 #define WB_BLOCKS 512        /* write batch: flushed when this many blocks are staged */
 #define OV_BLOCKS 32         /* overflow reads: a missed block and up to 31 after it (a sweep
                                 allocates a run's chains in ascending order, so they often
@@ -108,6 +108,7 @@ struct item {                /* one dirty key in a sweep */
 
 struct bosc_rwin {
     uint64_t first, n;
+    uint64_t cap;            /* blocks its buffer holds (0: RWIN_BLOCKS), fixed before its first read */
     unsigned char *buf;
     uint32_t used, ahead;    /* overflow window: blocks of the last read used; the next read's size */
 };

@@ -17,15 +17,17 @@
 
 /* ---- the read window */
 
-/* Read blocks [first, first + n) (n <= RWIN_BLOCKS) into w with one call.
+/* Read blocks [first, first + n) (at most w->cap) into w with one call.
  * Returns 0 or -errno (w then holds nothing). */
 int bosc_rwin_fill(struct bosc *b, struct bosc_rwin *w, uint64_t first, uint64_t n)
 {
     w->n = 0;
-    if (!w->buf && !(w->buf = malloc((size_t)RWIN_BLOCKS * BLK)))
+    if (!w->cap)
+        w->cap = RWIN_BLOCKS;
+    if (!w->buf && !(w->buf = malloc((size_t)w->cap * BLK)))
         return -ENOMEM;
-    if (n > RWIN_BLOCKS)
-        n = RWIN_BLOCKS;
+    if (n > w->cap)
+        n = w->cap;
     int rc = pread_all(b->fd, w->buf, (size_t)n * BLK, (off_t)(first * BLK));
     if (rc)
         return rc;

@@ -173,13 +173,14 @@ static void sort_lsn(struct item *it, size_t n)
     }
 }
 
-/* Sort the sweep's items by bucket, stable (queue order within a bucket). A
- * large sweep (a dirty share of memory: items in the millions) by counting:
+/* Sort the sweep's items by bucket. A large sweep (a dirty share of memory:
+ * items in the millions) by counting, stably (queue order within a bucket):
  * each item's place from per-bucket counts, then the items moved there in
  * place (following the permutation's cycles: 4 bytes more per item, not a
  * second array of items), instead of qsort's n log n calls of bucket_cmp and
  * its copy of the array (5 % of the flusher's CPU). A small sweep by qsort
- * (the counts are per bucket). */
+ * (the counts are per bucket), not stably: sort_lsn then puts each bucket's
+ * items in LSN order, which is the order applying them needs. */
 static int sort_items(struct bosc *b, struct sweep_ctx *c)
 {
     if (c->n < b->nbuckets / 8) {
@@ -295,8 +296,13 @@ static void window_for(struct bosc *b, struct sweep_ctx *c, size_t i)
     uint64_t t0 = now_ns();
     (void)bosc_rwin_fill(b, &c->win, h, 2 * (uint64_t)(last - first) + 2);
     add(&b->st.io_ns, now_ns() - t0);
-    if (k < c->n)
-        bosc_rwin_advise(b, home_of(b, c->items[k].bucket), RWIN_BLOCKS);
+    if (k < c->n) { /* the next run: as far as its window will read */
+        uint32_t nfirst = c->items[k].bucket, nlast = nfirst;
+        for (size_t m = k; m < c->n && c->items[m].bucket - nlast <= RWIN_GAP &&
+                           2 * (uint64_t)(c->items[m].bucket - nfirst) + 2 <= RWIN_BLOCKS; m++)
+            nlast = c->items[m].bucket;
+        bosc_rwin_advise(b, home_of(b, nfirst), 2 * (uint64_t)(nlast - nfirst) + 2);
+    }
 }
 
 /* Apply the items [0, n) of one bucket. Returns 0 or -errno (err set). */
