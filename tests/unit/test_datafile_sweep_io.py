@@ -18,21 +18,28 @@ def fill(store, n, rnd, suffix=b""):
     return vals
 
 
-def test_a_dense_sweep_reads_and_writes_many_blocks_per_call(tmp_path):
+def second_sweep(tmp_path, buckets, first, again):
+    """Sweep what first(store) writes, then what again(store) writes: the second sweep's
+    counts (read and write blocks and calls, records)."""
     store = Store(max_memory=0)
-    df = durability.DataFile(store, str(tmp_path), buckets=BUCKETS, flush_interval_ms=600000, truncate_log=False)
+    df = durability.DataFile(store, str(tmp_path), buckets=buckets, flush_interval_ms=600000, truncate_log=False)
     df.start(None)
     try:
-        rnd = random.Random(1)
-        fill(store, 3000, rnd)
+        first(store)
         df.sync()
         before = df.stats()
-        fill(store, 3000, random.Random(1), b"x")  # every bucket dirty again, chains already on disk
+        again(store)
         df.sync()
         after = df.stats()
     finally:
         df.close()
-    d = {k: after[k] - before[k] for k in ("blocks_read", "read_calls", "blocks_written", "write_calls", "records")}
+    return {k: after[k] - before[k] for k in ("blocks_read", "read_calls", "blocks_written", "write_calls", "records")}
+
+
+def test_a_dense_sweep_reads_and_writes_many_blocks_per_call(tmp_path):
+    # the second time every bucket is dirty again, its chain already on disk
+    d = second_sweep(tmp_path, BUCKETS, lambda s: fill(s, 3000, random.Random(1)),
+                     lambda s: fill(s, 3000, random.Random(1), b"x"))
     assert d["records"] == 3000, d
     # one block per call before the sweep coalesced its I/O (2 per read: a home pair)
     assert d["blocks_written"] >= 8 * d["write_calls"], d
@@ -77,22 +84,12 @@ def test_one_block_chains_home_reads_coalesce_home_writes_are_counted(tmp_path):
     in about one call each (a layout with each copy in its own region would change
     this: see the review's finding 3)."""
     nb = 4096
-    store = Store(max_memory=0)
-    df = durability.DataFile(store, str(tmp_path), buckets=nb, flush_interval_ms=600000, truncate_log=False)
-    df.start(None)
-    try:
-        keys = [b"key:%06d" % i for i in range(20000)]
-        for k in keys:
-            store.set(k, b"v" * 30)
-        df.sync()
-        before = df.stats()
-        for k in keys:
-            store.set(k, b"w" * 30)  # every bucket dirty again, its one-block chain on disk
-        df.sync()
-        after = df.stats()
-    finally:
-        df.close()
-    d = {k: after[k] - before[k] for k in ("blocks_read", "read_calls", "blocks_written", "write_calls", "records")}
+    keys = [b"key:%06d" % i for i in range(20000)]
+
+    def put(value):
+        return lambda store: [store.set(k, value) for k in keys]
+
+    d = second_sweep(tmp_path, nb, put(b"v" * 30), put(b"w" * 30))  # one-block chains on disk, all dirty again
     assert d["records"] == 20000, d
     assert d["blocks_read"] >= 32 * d["read_calls"], d  # home windows: 2 blocks per call without them
     assert nb * 0.95 <= d["blocks_written"] <= nb, d  # one home block per bucket, no overflow
