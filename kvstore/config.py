@@ -219,7 +219,10 @@ class ServerConfig:
         shown="on with --durability disk/remote; off with none, where it makes a cache that spills to disk, "
               "not durable", cli="switch")
     data_buckets: int = setting(
-        65536, "Home blocks (4 KiB each) of a new data file; an existing file keeps its own.", min=1, max=1 << 30)
+        0, "Buckets (home blocks of 4 KiB, two copies each, sparse until written) of a new data file; an existing "
+           "file keeps its own. 0: one per 4 KiB of --max-memory, at least 65,536 (chains of about one block "
+           "with the file a few times memory: most records per block written).", min=0, max=1 << 30,
+        shown="auto")
     flush_interval_ms: int = setting(
         5000, "The flusher sweeps the dirty blocks at least this often (sooner when memory is nearly full): the "
               "longer, the more updates each block write carries.", min=1)

@@ -192,11 +192,24 @@ def data_file(data_dir):
     return os.path.join(data_dir, "data.kvd")
 
 
+AUTO_BUCKETS_MIN = 65536
+
+
+def auto_buckets(max_memory):
+    """A new data file's buckets when --data-buckets is 0: one per 4 KiB of the memory
+    bound. A sweep writes each dirty bucket's whole chain, so the records a block write
+    carries are the dirty records over the blocks of their chains: with ~170 bytes of
+    memory and ~120 bytes of file per record, this keeps chains near one block while
+    the file is 1-3x memory (fewer buckets: longer chains rewritten; more: blocks half
+    empty). Home copies are sparse, so unused buckets cost no disk."""
+    return max(AUTO_BUCKETS_MIN, min(1 << 30, max_memory // 4096))
+
+
 class DataFile:
     """The BOSC data file behind a store's table: opened (and scanned) before the
     log replays, so the replay marks its keys dirty for the flusher."""
 
-    def __init__(self, store, data_dir, buckets=65536, flush_interval_ms=5000, truncate_log=True,
+    def __init__(self, store, data_dir, buckets=0, flush_interval_ms=5000, truncate_log=True,
                  dirty_queue="ldu"):
         cfg = ffi.new("struct bosc_config *")
         # Remote mode keeps every log segment: a peer that lost its copy of this
@@ -204,7 +217,7 @@ class DataFile:
         self._keep = [ffi.new("char[]", data_file(data_dir).encode()),
                       ffi.new("char[]", log_dir(data_dir).encode()) if truncate_log else ffi.NULL]
         cfg.path, cfg.log_dir = self._keep
-        cfg.buckets = buckets
+        cfg.buckets = buckets or auto_buckets(store.max_memory)
         cfg.flush_interval_ms = flush_interval_ms
         cfg.locked_queue = 1 if dirty_queue == "locked" else 0
         info = ffi.new("struct bosc_open_info *")

@@ -76,7 +76,7 @@ struct bosc_open_info {
 
 struct bosc_stats {
     uint64_t sweeps, records, blocks_read, blocks_written, bytes_written, syncs;
-    uint64_t sweep_ns, io_ns;          /* total sweep time; of which block I/O and syncs */
+    uint64_t sweep_ns, io_ns;          /* total sweep time; of which its reads, writes and syncs of the file */
     uint64_t deferred;                 /* keys left dirty for a later sweep */
     uint64_t loads, load_reads, evicted, evicted_bytes, truncated_segments;
     uint64_t flushed_lsn, disk_keys, buckets, blocks, queued;
@@ -87,6 +87,16 @@ struct bosc_stats {
     uint64_t expired_found, expired_reclaimed, expire_pass_blocks, expire_passes;
     /* key listings served, blocks they read, ready ones dropped untaken */
     uint64_t key_listings, key_listing_blocks, key_listings_dropped;
+    /* bytes read from the file (sweeps, loads, listings, the expiry pass); the
+     * read and write system calls that moved them and bytes_written (blocks
+     * per call: how well the I/O is coalesced); the flusher thread's CPU time
+     * (CLOCK_THREAD_CPUTIME_ID: sweeps, evictions, expiry passes). Reads count
+     * what the system calls returned: a sweep reads home copies and overflow
+     * blocks in windows, so blocks_read/bytes_read include blocks read ahead
+     * and not used, and the gaps of a run of home copies; the read-ahead asked
+     * of the kernel (posix_fadvise) is not counted. Writes count what each call
+     * wrote, a call that failed part way too. */
+    uint64_t bytes_read, read_calls, write_calls, flusher_cpu_ns;
     int failed;
     char error[256];
 };

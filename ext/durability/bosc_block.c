@@ -77,8 +77,16 @@ int bosc_block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t nex
                 uint32_t used, uint32_t home)
 {
     bosc_block_seal(p, BLK_MAGIC, no, next, gen, used, home, b->wseq);
+    return bosc_block_put(b, p, no);
+}
+
+/* Write sealed block p as block no (one system call; the torn-write fault hook
+ * applies to home blocks). Flusher only. Returns 0 or -errno. */
+int bosc_block_put(struct bosc *b, const unsigned char *p, uint32_t no)
+{
     add(&b->st.blocks_written, 1);
     add(&b->st.bytes_written, BLK);
+    add(&b->st.write_calls, 1);
     if (b->tear_at && no < b->first_over && ++b->home_writes == b->tear_at) {
         pwrite_all(b->fd, p, BLK / 2, (off_t)no * BLK); /* the fault hook (bosc_int.h): a torn write */
         kill(getpid(), SIGKILL);
@@ -109,16 +117,25 @@ int bosc_push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x)
  * replaced by an older one, and the keys it held are lost. Returns the copy
  * (0, 1), 2 for an empty bucket (both copies never written), or -errno
  * (-EILSEQ with err saying which blocks and what is lost). */
-static int home_pick(struct bosc *b, uint32_t bucket, unsigned char *two, uint64_t *seq, int *lost, char *err,
-                     size_t errlen)
+static int home_pick(struct bosc *b, const struct bosc_rwin *w, uint32_t bucket, unsigned char *two,
+                     uint64_t *seq, int *lost, char *err, size_t errlen)
 {
     uint64_t h = home_of(b, bucket);
-    int rc = pread_all(b->fd, two, 2 * BLK, (off_t)(h * BLK));
-    if (rc) {
-        snprintf(err, errlen, "cannot read %s block %" PRIu64 ": %s", b->path, h, strerror(-rc));
-        return rc;
+    if (w && h >= w->first && h + 2 <= w->first + w->n) {
+        memcpy(two, w->buf + (h - w->first) * BLK, 2 * BLK); /* (counted when the window was read) */
+    } else {
+        uint64_t t0 = w ? now_ns() : 0; /* (a sweep's read: its I/O time) */
+        int rc = pread_all(b->fd, two, 2 * BLK, (off_t)(h * BLK));
+        if (w)
+            add(&b->st.io_ns, now_ns() - t0);
+        if (rc) {
+            snprintf(err, errlen, "cannot read %s block %" PRIu64 ": %s", b->path, h, strerror(-rc));
+            return rc;
+        }
+        add(&b->st.blocks_read, 2);
+        add(&b->st.bytes_read, 2 * BLK);
+        add(&b->st.read_calls, 1);
     }
-    add(&b->st.blocks_read, 2);
     char why[2][256];
     int v[2], best = -1;
     for (int c = 0; c < 2; c++) {
@@ -173,6 +190,18 @@ static int home_pick(struct bosc *b, uint32_t bucket, unsigned char *two, uint64
 int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
                size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err, size_t errlen)
 {
+    return bosc_chain_read_w(b, NULL, NULL, bucket, gen, s, chain, nchain, capchain, pick, err, errlen);
+}
+
+/* The same, the home copies taken from w when it holds them (the sweep's read
+ * window, bosc_io.c; NULL: read them), overflow blocks through ov (NULL: one
+ * read each; else a missed block is read with the OV_BLOCKS - 1 after it). The
+ * windows hold blocks read in this sweep: the sweep writes only new blocks and
+ * home copies, so a block a chain on disk uses is not written meanwhile. */
+int bosc_chain_read_w(struct bosc *b, const struct bosc_rwin *w, struct bosc_rwin *ov, uint32_t bucket, uint64_t gen, struct kvbuf *s,
+                      uint32_t **chain, size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err,
+                      size_t errlen)
+{
     unsigned char two[2 * BLK], blk[BLK];
     uint64_t home = home_of(b, bucket), seq = 0;
     struct chain_pick none;
@@ -181,7 +210,7 @@ int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf 
     *pick = (struct chain_pick){0};
     s->len = 0;
     *nchain = 0;
-    int c = home_pick(b, bucket, two, &seq, &pick->lost, err, errlen);
+    int c = home_pick(b, w, bucket, two, &seq, &pick->lost, err, errlen);
     if (c < 0)
         return c;
     pick->seq = seq;
@@ -205,12 +234,33 @@ int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf 
                      " (out of range or a loop)", b->path, home, no);
             return -EILSEQ;
         }
-        int rc = pread_all(b->fd, blk, BLK, (off_t)no * BLK);
+        int rc = 0;
+        uint64_t t0 = ov ? now_ns() : 0; /* (a sweep's read: its I/O time) */
+        if (ov && !(no >= ov->first && no < ov->first + ov->n)) {
+            /* how far to read ahead: by how much of the last read was used */
+            if (!ov->ahead || (ov->n && ov->used * 2 < ov->n))
+                ov->ahead = ov->ahead > 1 ? ov->ahead / 2 : 1;
+            else if (ov->n)
+                ov->ahead = ov->ahead * 2 > OV_BLOCKS ? OV_BLOCKS : ov->ahead * 2;
+            rc = bosc_rwin_fill(b, ov, no, nb - no < ov->ahead ? nb - no : ov->ahead);
+            ov->used = 0;
+        }
+        if (ov)
+            ov->used++;
+        if (!rc && ov) {
+            memcpy(blk, ov->buf + (no - ov->first) * BLK, BLK);
+        } else if (!rc) {
+            rc = pread_all(b->fd, blk, BLK, (off_t)no * BLK);
+            add(&b->st.blocks_read, 1);
+            add(&b->st.bytes_read, BLK);
+            add(&b->st.read_calls, 1);
+        }
+        if (ov)
+            add(&b->st.io_ns, now_ns() - t0);
         if (rc) {
             snprintf(err, errlen, "cannot read %s block %" PRIu32 ": %s", b->path, no, strerror(-rc));
             return rc;
         }
-        add(&b->st.blocks_read, 1);
         rc = bosc_block_check(b, blk, no, BLK_MAGIC, err, errlen);
         if (rc < 0)
             return rc;

@@ -1,7 +1,8 @@
 /* bosc_int.h - the BOSC data file's internal state and the helpers its files
  * share: bosc_block.c (blocks, superblock, free blocks), bosc_load.c (the table's
  * hooks, the loader), bosc_keys.c (the key listing the loader serves),
- * bosc_sweep.c (the flusher's sweep, expiry pass, eviction, sync) and
+ * bosc_sweep.c (a sweep), bosc_flusher.c (the flusher thread: when to sweep,
+ * eviction), bosc_expire.c (the expiry pass) and
  * bosc_open.c (open, scan, close, stats). Not a public interface (bosc.h is);
  * ext/bench/bosc_naive.c uses the block layout and the I/O loops. Threads and
  * locking are described in bosc_open.c's header. */
@@ -39,7 +40,11 @@
 #define MAX_REC (512u * 1024 * 1024)
 #define MAX_BLOCKS (UINT32_MAX - 1)
 #define HIGH_PCT 90          /* evict when memory passes this share of the bound ... */
-#define LOW_PCT 60           /* ... down to this share: room for the next batch of dirty keys */
+#define LOW_PCT 25           /* ... down to this share: room for the next batch of dirty keys.
+                                Low, so most of memory can be dirty at a sweep: the records a
+                                block write carries grow with the dirty share of memory (about
+                                34 x dirty share x memory / file for one-block chains of
+                                ~120-byte records): 60 gave ~30 % dirty, ~3 records a block */
 #define MAX_SUBS 1024
 #define KEYS_SLOTS BOSC_KEYS_SLOTS
 #define KEYS_STEP 16         /* buckets a listing reads before the loader serves waiting loads */
@@ -75,7 +80,64 @@ struct item {                /* one dirty key in a sweep */
     struct kvt_snap snap;
     size_t voff;             /* value in the sweep's buffer */
     int written;
+    uint8_t present;         /* its key was in the block before the sweep */
 };
+
+/* ---- bosc_io.c: the sweep's coalesced I/O (flusher only)
+ *
+ * Read window: blocks [first, first + n) of the file, read with one pread; the
+ * sweep fills it with the home copies of a run of dirty buckets and reads their
+ * chains through it (bosc_chain_read_w), so a dense run costs one system call
+ * instead of one per bucket (overflow blocks likewise, OV_BLOCKS at a time,
+ * through a second window), and asks the kernel to read the next run ahead
+ * meanwhile (posix_fadvise WILLNEED).
+ * Write batch: the blocks of several buckets' new chains, sealed, written in
+ * ascending block order with one pwritev per run of consecutive blocks,
+ * overflow blocks before home blocks (a home copy never points at a block not
+ * yet written, even when a write fails half way). Staging changes nothing a
+ * reader sees; the batch's write takes b->gen_lock and makes the staged
+ * buckets' versions odd only while it writes (bosc_sweep.c's batch_flush). */
+#define RWIN_BLOCKS 512      /* read window: 2 MiB, 256 buckets' home pairs */
+#define RWIN_GAP 2           /* a run of dirty buckets ends where this many clean buckets
+                                follow each other (one alone is read for nothing, in the run) */
+#define WB_BLOCKS 512        /* write batch: flushed when this many blocks are staged */
+#define OV_BLOCKS 32         /* overflow reads: a missed block and up to 31 after it (a sweep
+                                allocates a run's chains in ascending order, so they often
+                                follow; blocks reused from the free list do not): the count
+                                doubles while at least half of a read is used, else halves */
+
+struct bosc_rwin {
+    uint64_t first, n;
+    uint64_t cap;            /* blocks its buffer holds (0: RWIN_BLOCKS), fixed before its first read */
+    unsigned char *buf;
+    uint32_t used, ahead;    /* overflow window: blocks of the last read used; the next read's size */
+};
+
+struct wb_bucket {           /* a bucket whose new chain is staged */
+    uint32_t bucket, after;  /* after: its record count once written */
+    size_t first_item, nitems;
+    size_t blk_lo, blk_hi;   /* its blocks in the batch */
+    size_t freed_lo, freed_hi; /* the old chain's blocks it put on b->freed */
+    int ok;
+};
+
+struct bosc_wbatch {
+    unsigned char *buf;      /* WB_BLOCKS sealed blocks, in staging order */
+    uint32_t *no;            /* their block numbers */
+    uint8_t *done;           /* per block: written */
+    size_t n;
+    struct wb_bucket *bk;
+    size_t nbk, capbk;
+};
+
+int bosc_rwin_fill(struct bosc *b, struct bosc_rwin *w, uint64_t first, uint64_t n);
+void bosc_rwin_advise(struct bosc *b, uint64_t first, uint64_t n);
+int bosc_wb_init(struct bosc_wbatch *wb);
+void bosc_wb_free(struct bosc_wbatch *wb);
+int bosc_wb_stage(struct bosc *b, struct bosc_wbatch *wb, uint32_t bucket, uint64_t gen, const struct kvbuf *s,
+                  const uint32_t *chain, size_t nchain, struct wb_bucket **out);
+int bosc_wb_write(struct bosc *b, struct bosc_wbatch *wb);
+void bosc_wb_undo(struct bosc *b, struct bosc_wbatch *wb);
 
 struct bosc {
     struct kv_table *t;
@@ -157,6 +219,7 @@ struct bosc {
         _Atomic uint64_t sweep_ns, io_ns, deferred, loads, load_reads, evicted, evicted_bytes, truncated;
         _Atomic uint64_t expired_found, expired_reclaimed, expire_pass_blocks, expire_passes;
         _Atomic uint64_t key_listings, key_listing_blocks, key_listings_dropped;
+        _Atomic uint64_t bytes_read, read_calls, write_calls, flusher_cpu_ns;
     } st;
     uint32_t sweep_no;
     /* Fault hook for tests (KVSTORE_FAULT_TEAR_HOME_WRITE=n in the environment):
@@ -250,9 +313,13 @@ void bosc_block_seal(unsigned char *p, uint32_t magic, uint32_t no, uint32_t nex
                      uint32_t home, uint64_t seq);
 int bosc_block_write(struct bosc *b, unsigned char *p, uint32_t no, uint32_t next, uint64_t gen,
                 uint32_t used, uint32_t home);
+int bosc_block_put(struct bosc *b, const unsigned char *p, uint32_t no);
 int bosc_push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x);
 int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
                size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err, size_t errlen);
+int bosc_chain_read_w(struct bosc *b, const struct bosc_rwin *w, struct bosc_rwin *ov, uint32_t bucket, uint64_t gen, struct kvbuf *s,
+                      uint32_t **chain, size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err,
+                      size_t errlen);
 int64_t bosc_stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg);
 int bosc_stream_damaged(struct bosc *b, uint32_t bucket, char *err, size_t errlen);
 int bosc_layout(struct bosc *b, char *err, size_t errlen);
@@ -297,8 +364,35 @@ static inline void ttl_mark(struct bosc *b, uint32_t bucket, int64_t expire_ms)
         b->exp_min[bucket] = s;
 }
 
-/* ---- bosc_sweep.c: the flusher thread */
+/* ---- bosc_expire.c: expired records found in the file (flusher only) */
 
+int bosc_expire_found(struct bosc *b, uint64_t gen, const unsigned char *key, uint32_t klen, int64_t expire);
+int bosc_expire_pass(struct bosc *b, struct kvbuf *stream, uint32_t **chain, size_t *nchain, size_t *capchain,
+                     char *err, size_t errlen);
+
+/* ---- bosc_sweep.c: one sweep; bosc_flusher.c: the flusher thread */
+
+struct sweep_ctx {
+    uint64_t flushed_bound;      /* the file holds every change up to here (sweep) */
+    int write_failed;            /* the last sweep failed writing or syncing (the disk): retried */
+    int need_sync;               /* blocks written by a failed sweep are not known synced */
+    struct item *items;
+    size_t n, cap;
+    struct kvbuf vals, stream, out;
+    uint32_t *chain;
+    size_t nchain, capchain;
+    uint8_t *present;
+    uint64_t *tag;               /* per live item of a bucket: key_tag */
+    size_t cappresent;
+    uint32_t *dest;              /* per item: its place sorted by bucket (counting sort) */
+    size_t capdest;
+    uint32_t *bcount;            /* per bucket: items (counting sort), b->nbuckets + 1 */
+    struct bosc_rwin win;        /* the home copies of the current run of dirty buckets */
+    struct bosc_rwin ovw;        /* overflow blocks read ahead (OV_BLOCKS) */
+    struct bosc_wbatch wb;       /* staged chains (bosc_io.c) */
+};
+
+int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen);
 void *bosc_flusher_main(void *arg);
 
 #endif

@@ -102,6 +102,7 @@ int bosc_tab_write(struct bosc *b)
             return rc;
         add(&b->st.blocks_written, 1);
         add(&b->st.bytes_written, BLK);
+        add(&b->st.write_calls, 1);
         while (i < b->ntouched && b->touched[i] / TAB_PER_PAGE == pg) /* touched is ascending */
             i++;
     }

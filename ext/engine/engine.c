@@ -160,13 +160,21 @@ static void info_persistence(void *arg, struct kvbuf *b)
                      "datafile_blocks_read:%llu\r\ndatafile_deferred:%llu\r\n"
                      "datafile_loads:%llu\r\ndatafile_evicted_keys:%llu\r\n"
                      "datafile_log_segments_deleted:%llu\r\ndatafile_failed:%d\r\n"
-                     "datafile_error:%s\r\n",
+                     "datafile_error:%s\r\n"
+                     /* ---- issue 14 (sweep): the sweep's I/O and CPU */
+                     "datafile_bytes_written:%llu\r\ndatafile_bytes_read:%llu\r\n"
+                     "datafile_write_calls:%llu\r\ndatafile_read_calls:%llu\r\n"
+                     "datafile_sweep_seconds:%.6f\r\ndatafile_io_seconds:%.6f\r\n"
+                     "datafile_sweep_cpu_seconds:%.6f\r\n",
                      (unsigned long long)bs.buckets, (unsigned long long)ts.disk_keys,
                      (unsigned long long)ts.entries, (unsigned long long)bs.flushed_lsn,
                      (unsigned long long)bs.sweeps, (unsigned long long)bs.records,
                      (unsigned long long)bs.blocks_written, (unsigned long long)bs.blocks_read,
                      (unsigned long long)bs.deferred, (unsigned long long)bs.loads, (unsigned long long)bs.evicted,
-                     (unsigned long long)bs.truncated_segments, bs.failed, bs.error);
+                     (unsigned long long)bs.truncated_segments, bs.failed, bs.error,
+                     (unsigned long long)bs.bytes_written, (unsigned long long)bs.bytes_read,
+                     (unsigned long long)bs.write_calls, (unsigned long long)bs.read_calls,
+                     (double)bs.sweep_ns / 1e9, (double)bs.io_ns / 1e9, (double)bs.flusher_cpu_ns / 1e9);
     }
 }
 

@@ -782,3 +782,30 @@ def test_hashes_leave_memory_and_come_back_whole(data_dir, nodes):
     n = nodes(data_dir, **s)
     check(n.port)
     n.stop()
+
+
+def test_a_large_write_into_memory_full_of_dirty_keys_forces_a_sweep(data_dir, nodes):
+    """Memory ~85 % full of dirty keys (below the 90 % that starts a sweep by itself),
+    then one SET whose value needs ~20 % of --max-memory (less than the quarter a write
+    may wait for): the writer waits and kicks the flusher; evicting frees nothing (every
+    key is dirty), so the flusher must sweep, not wait for the flush interval (60 s here:
+    the writer and the flusher spun until it came)."""
+    n = nodes(data_dir, max_memory="8mb", flush_interval_ms=60000, data_buckets=4096)
+    bound = 8 * MB
+    with client(n.port) as c:
+        i = 0
+        while c.info("memory")["used_memory"] < bound * 0.83:
+            p = c.pipeline(transaction=False)
+            for k in range(i, i + 20):
+                p.set(b"key:%07d" % k, b"v" * 1000)
+            assert all(r is True for r in p.execute())
+            i += 20
+        assert c.info("memory")["used_memory"] < bound * 0.88
+    big = b"B" * (bound * 20 // 100)
+    with client(n.port, socket_timeout=20) as c:
+        t0 = time.monotonic()
+        assert c.set(b"big", big) is True  # before the fix: a timeout (it waited for the interval)
+        took = time.monotonic() - t0
+        assert c.get(b"big") == big
+        assert c.get(b"key:0000000") == b"v" * 1000
+    assert took < 20, took

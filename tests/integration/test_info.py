@@ -118,7 +118,9 @@ LOG_FIELDS = ["log_appended_lsn", "log_durable_lsn", "log_groups", "log_records"
 DATAFILE_FIELDS = ["datafile_buckets", "datafile_keys", "memory_keys", "datafile_flushed_lsn", "datafile_sweeps",
                    "datafile_records_written", "datafile_blocks_written", "datafile_blocks_read",
                    "datafile_deferred", "datafile_loads", "datafile_evicted_keys", "datafile_log_segments_deleted",
-                   "datafile_failed", "datafile_error"]
+                   "datafile_failed", "datafile_error", "datafile_bytes_written", "datafile_bytes_read",
+                   "datafile_write_calls", "datafile_read_calls", "datafile_sweep_seconds", "datafile_io_seconds",
+                   "datafile_sweep_cpu_seconds"]
 DISK_LOG_FIELDS = ["aof_last_write_status", "log_write_status", "log_write_error", "log_write_errors"]
 DISK_DATAFILE_FIELDS = ["datafile_write_status", "datafile_write_error", "datafile_write_errors"]
 PEER_FIELDS = ["log_peer_connected", "log_peer_degraded", "log_peer_acked_lsn", "log_peer_sent_lsn",
