@@ -283,7 +283,8 @@ def point(srv, load, pipeline, n, args, rnd, other=None):
     r = load.run(srv.node.port, pipeline, n, args.max_seconds)
     wall, cpu = time.monotonic() - w0, srv.cpu() - cpu0
     row = {"round": rnd, "server": srv.label, "pipeline": pipeline, "kind": "insert", "requests": r["requests"],
-           "throughput": round(r["throughput"]), "p99_us": round(r["lat_p99_us"], 1), "wall_s": round(wall, 3),
+           "throughput": round(r["throughput"]), "p99_us": round(r["lat_p99_us"], 1),
+           "max_latency_ms": round(r["lat_max_us"] / 1000, 1), "wall_s": round(wall, 3),
            "server_cpu_s": round(cpu, 3), "cpu_us_per_req": round(cpu / max(1, r["requests"]) * 1e6, 2),
            # the hash table grew (an incremental rehash ran) during the run: NH grows, NHD's memory is bounded
            "table_buckets_grew": int(table_buckets(srv.node) > buckets0)}
@@ -353,7 +354,8 @@ def measure(args):
                         full = None
                     rows.append(row)
                     common.write_csv(args.csv, rows)
-                    note = f"round {rnd} P{p:<2d} {s.label:3s} {row['throughput']:>10,} SET/s cpu {row['cpu_us_per_req']:.1f} us/req"
+                    note = (f"round {rnd} P{p:<2d} {s.label:3s} {row['throughput']:>10,} SET/s cpu {row['cpu_us_per_req']:.1f} us/req"
+                            f"  max {row['max_latency_ms']:,} ms")
                     if s.label == "NHD":
                         note += (f"  {row['records_per_block']} rec/block  write {row['write_MBps']} MB/s "
                                  f"read {row['read_MBps']} MB/s  file {row['file_to_memory']}x memory")

@@ -56,7 +56,7 @@ struct lg_result {
 
 /* Runs one load test. Returns 0 on success, -errno on failure with out->error set: -EINVAL bad config,
  * connect errors as "connect to HOST:PORT: ..." (2 s limit), -EPROTO malformed reply, -EACCES AUTH
- * refused, -ECONNRESET server closed, -ETIMEDOUT no reply for 30 s, -ENOMEM. On a failure after the
+ * refused, -ECONNRESET server closed, -ETIMEDOUT no reply for 120 s, -ENOMEM. On a failure after the
  * load started, the counters in *out still hold what was measured. Safe to call concurrently. */
 int lg_run(const struct lg_config *cfg, struct lg_result *out);
 

@@ -23,7 +23,9 @@
 #define IOV_BATCH    256
 #define IDLE_NS      20000000ll       /* longest sleep, so *stop and failures are noticed promptly */
 #define DRAIN_NS     2000000000ull    /* after the deadline, wait this long for in-flight replies */
-#define STALL_NS     30000000000ull   /* nothing received for this long with requests out: server is dead */
+#define STALL_NS     120000000000ull  /* nothing received for this long with requests out: server is dead
+                                           (a data-file server whose writers wait for a whole sweep
+                                           of gigabytes of dirty keys is silent for tens of seconds) */
 #define CONNECT_MS   2000
 #define SHOW(p, n)   (int)((n) > 80 ? 80 : (n)), (p)
 
