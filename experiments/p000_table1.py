@@ -215,6 +215,15 @@ def start_peer(hosts, d):
     return peer.start(timeout=30), addr
 
 
+def pause_idle_lcores(servers, active=None):
+    """A dpdk lcore busy-polls a whole CPU even with nothing to do: every dpdk server but the
+    one being measured (active: its (row, unit)) is stopped (SIGSTOP), so that it takes no CPU
+    from the other servers' points; SIGCONT resumes it for its own."""
+    for key, n in servers.items():
+        if key[1] == "dpdk" and n.pid:
+            os.kill(n.pid, signal.SIGCONT if key == active else signal.SIGSTOP)
+
+
 def measure(args):
     # a SIGTERM unwinds the finally blocks below: servers stopped, namespaces removed
     old_term = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -261,10 +270,12 @@ def measure(args):
                     target(u, i).bench(port, 1 if udp else 16, args.conns if udp else 50, args.keyspace,
                                        args.keyspace, args.value_size,
                                        args.full_warmup_seconds if "D" in row else args.warmup_seconds)
+                    pause_idle_lcores(servers)
                 for rnd, row, u in points:
                     if sweep.has(row=row, arch=u, round=rnd):
                         continue
                     n = servers[(row, u)]
+                    pause_idle_lcores(servers, (row, u))
                     udp = u in ("udp", "dpdk")
                     port = n.udp_port if udp else n.port
                     blocks0 = None
@@ -301,6 +312,9 @@ def measure(args):
                               f"[{row:4s} round {rnd + 1}/{args.rounds}] {u:16s} {r['throughput']:>10,.0f} "
                               f"SET/s p99 {r['lat_p99_us']:8.0f} us cpu {cpu:5.2f} s")
             finally:
+                for key, n in servers.items():
+                    if key[1] == "dpdk" and n.pid:
+                        os.kill(n.pid, signal.SIGCONT)  # a stopped process cannot act on its SIGTERM
                 for n in list(servers.values()) + peers:
                     n.stop()
                 for d in dirs:
