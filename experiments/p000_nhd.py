@@ -12,7 +12,7 @@ as many as NHD's memory holds: a run shorter than an eviction cycle measures ins
 never wait) and in seconds. Right before NHD's runs of a round, as many new keys as its
 memory holds are inserted at P16 (while NH ran, the flusher cleaned NHD's backlog: a run
 started on that evicts clean keys for free); NH is emptied and refilled when its runs have
-grown it past 1.5x NHD's memory keys (neither measured). At the default scale (4gb) a run
+grown it past 1.5x NHD's memory keys (neither measured). At the default scale (3gb) a run
 takes ~30 min (plus up to --idle-seconds per NH run waiting for NHD's flusher), ~10 GB of RAM and
 ~35 GB of disk (the file ends at up to ~7x memory: see --dir).
 Before each NH run NHD's flusher must have stopped writing (bounded by --idle-seconds), and
@@ -518,10 +518,10 @@ def draw(rows, path):
 
 def add_args(ap):
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--max-memory", type=parse_size, default="4gb",
+    ap.add_argument("--max-memory", type=parse_size, default="3gb",
                     help="NHD's --max-memory (bytes or Redis units): with a data file a key with an 85 B value takes "
-                         "~270 B of memory today (1 GiB held 2.4-3.9 M keys) and eviction runs from 90 %% down to "
-                         "60 %%, so 4gb holds ~10-15 M keys; the report says how many it held")
+                         "~300-400 B of memory today and eviction runs from 90 %% down to 25 %%: 3gb held ~10 M keys at "
+                         "its high mark; the report says how many it held")
     ap.add_argument("--data-buckets", type=int,
                     help="NHD's home blocks (default: max-memory / 4 KiB: the two home copies alone make 2x memory)")
     ap.add_argument("--file-ratio", type=float, default=2.0,
@@ -531,7 +531,7 @@ def add_args(ap):
     ap.add_argument("--requests", type=int, default=0,
                     help="inserts per run; 0: as many as NHD holds in memory after the prefill, so that a run spans "
                          "eviction cycles (90 %% -> 60 %% of memory), not a stretch between two of them")
-    ap.add_argument("--max-seconds", type=float, default=60, help="bound of each measured run")
+    ap.add_argument("--max-seconds", type=float, default=40, help="bound of each measured run")
     ap.add_argument("--idle-seconds", type=float, default=120,
                     help="bound of the wait, before each NH run, for NHD's flusher to stop writing")
     ap.add_argument("--pipelines", type=int, nargs="+", default=[16, 1])

@@ -37,10 +37,10 @@ pins the client; servers, clients and log peers share the machine's CPUs. Needs 
 the namespaces; without root everything runs on loopback and dpdk is left out (and it
 says so).
 
-Run time at the defaults: 5 rows x 9 units (4 pool sizes + 5 architectures) x 5 rounds = 225
-points, each up to --point-seconds (6 s); plus each server's warm-up (up to --warmup-seconds,
-D rows --full-warmup-seconds) and, before each of the 90 D points, a re-fill of up to
---rewarm-seconds: the bounds add up to ~80 min, a run on a quiet machine takes less (the
+Run time at the defaults: 5 rows x 9 units (4 pool sizes + 5 architectures) x 3 rounds = 135
+points, each up to --point-seconds (5 s); plus each server's warm-up (up to --warmup-seconds,
+D rows --full-warmup-seconds) and, before each of the 54 D points, a re-fill of up to
+--rewarm-seconds: ~28 min here (the bounds add up to more; the
 warm-ups and re-fills end when their key count is done). --rows/--archs/--workers/--rounds
 cut it down.
 
@@ -499,9 +499,9 @@ def draw(rows, path):
 def add_args(ap):
     ap.add_argument("--rows", nargs="+", default=ROWS, choices=ROWS)
     ap.add_argument("--archs", nargs="+", default=ARCHS, choices=ARCHS)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=200_000, help="per point, or fewer if --point-seconds pass first")
-    ap.add_argument("--point-seconds", type=float, default=6.0, help="a point's time bound")
+    ap.add_argument("--point-seconds", type=float, default=5.0, help="a point's time bound")
     ap.add_argument("--warmup-seconds", type=float, default=20.0,
                     help="a server's warm-up pass over the key space ends after this long (D rows: "
                          "--full-warmup-seconds)")
