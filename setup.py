@@ -4,10 +4,14 @@
 # kvstore._ext_store (Cython) is Store's fast path and calls the table through kvstore._ext
 # (see kvstore/_table.pxd), so it compiles against the headers only. Both are named
 # _ext* so that one ignore pattern and `make clean` cover them.
+import glob
+
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
+# depends: a change to a header it includes rebuilds it (setuptools looks at sources and depends only)
 STORE = Extension("kvstore._ext_store", ["kvstore/_ext_store.pyx"], include_dirs=["ext"],
+                  depends=sorted(glob.glob("ext/core/*.h")),
                   extra_compile_args=["-O2", "-Wall", "-Wno-unused-function"])
 
 setup(

@@ -20,6 +20,7 @@ LAYERS = ["core", "proto", "durability", "cmd", "engine", "frontend", "server"]
 SOURCES = sorted(os.path.relpath(p, EXT) for layer in LAYERS
                  for p in glob.glob(os.path.join(EXT, layer, "*.c"))
                  if os.path.basename(p) not in ("dpdk.c", "ldu_bench.c"))
+HEADERS = sorted(glob.glob(os.path.join(EXT, "*", "*.h")))
 
 
 def _dpdk_flags():
@@ -90,6 +91,9 @@ ffibuilder.set_source(
     "kvstore._ext",
     "".join(f'#include "{header}"\n' for header, _ in SPEC),
     sources=[os.path.join(EXT, s) for s in SOURCES],
+    # setuptools rebuilds the module only when a file named here is newer than it: the
+    # headers too, or a change to a header alone left a stale module
+    depends=HEADERS,
     include_dirs=[EXT],
     define_macros=MACROS,
     # with DPDK its pkg-config flags apply to every file (cffi has no per-file flags):

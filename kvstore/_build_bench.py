@@ -40,6 +40,7 @@ ffibuilder.set_source(
     "kvstore._bench",
     "".join(f'#include "{header}"\n' for header, _ in SPEC if header.startswith("bench/")),
     sources=SOURCES,
+    depends=sorted(glob.glob(os.path.join(EXT, "*", "*.h"))),  # a header change rebuilds it too
     include_dirs=[EXT],
     extra_compile_args=["-std=gnu11", "-O2", "-pthread", "-Wall", "-Wno-unused-parameter",
                         "-Wno-format-truncation", "-fvisibility=hidden"],
