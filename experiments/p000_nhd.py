@@ -464,6 +464,12 @@ def _bars(ax, groups, series, colors, med_err, ylabel):
     return xs
 
 
+def _legend(ax):
+    """A legend when the panel drew something labelled (a short run may leave one empty)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
 def draw(rows, path):
     plt = common.pyplot()
     s = summary(rows)
@@ -478,21 +484,21 @@ def draw(rows, path):
     marked = [p for p in ps if nh[p] and p in xs.get("NHD", {})]
     common.paper_marks(ax, [xs["NHD"][p] for p in marked], [nh[p][0] * PAPER["NHD/NH"] for p in marked],
                        label="paper NHD = 0.71 x NH", color="r")
-    ax.legend(fontsize=8)
+    _legend(ax)
     ax.set_title("Throughput (paired NHD/NH under each group)", fontsize=9)
     ax = axs[0][1]
     _bars(ax, ps, ["NH", "NHD"], ["#9ecae1", "#2171b5"], lambda p, n: s[p].get((n, "cpu_us_per_req")),
           "server CPU per request, us (median, min-max)")
     ax.set_xticklabels([f"P{p}" for p in ps])
     ax.set_title("Server CPU per request (all threads)", fontsize=9)
-    ax.legend(fontsize=8)
+    _legend(ax)
     ax = axs[1][0]
     _bars(ax, ps, ["NHD"], ["#2171b5"], lambda p, n: s[p].get((n, "records_per_block")),
           "records per 4 KiB block written")
     ax.axhline(TARGET["records_per_block"], color="r", ls="--", lw=1, label="issue's target: 8")
     ax.set_xticklabels([f"P{p}" for p in ps])
     ax.set_title("Records per block written by the sweep", fontsize=9)
-    ax.legend(fontsize=8)
+    _legend(ax)
     ax = axs[1][1]
     sweeping = any(("NHD", "sweep_write_MBps") in s[p] for p in ps)
     kw, kr = ("sweep_write_MBps", "sweep_read_MBps") if sweeping else ("write_MBps", "read_MBps")
@@ -508,7 +514,7 @@ def draw(rows, path):
                                                               if ("NHD", k) in s[p]]
     ax.set_ylim(0.5, max(tops + [1]) * 3)
     ax.set_title("Data file I/O " + ("while sweeping" if sweeping else "over the run (wall time)"), fontsize=9)
-    ax.legend(fontsize=8)
+    _legend(ax)
     keys = f", ~{statistics.median(int(r['memory_keys']) for r in mem):,.0f} keys in memory" if mem else ""
     fig.suptitle("Paper 000 NHD: memory-full inserts of new keys vs in-memory NH, side by side per round"
                  f"{keys}\n2-core VM: server, its flusher and the load generator share both cores; nothing pinned",
