@@ -32,6 +32,7 @@ TAB_PER_PAGE = (BLOCK - BHDR) // 8
 BLK_MAGIC, TAB_MAGIC = 0x3142564B, 0x3254564B
 MB = 1 << 20
 WB_BLOCKS = 512               # bosc_int.h: a write batch; a longer chain is written on its own
+NODE_DEFAULTS = {"data_file": True}  # the nodes fixture (faults/conftest.py) starts them with the data file
 
 
 class DataFileImage:
@@ -62,6 +63,16 @@ class DataFileImage:
         """(block number, seq) of the valid home copy with the higher sequence."""
         valid = [(no, h[5]) for no, h in self.copies(bucket) if h and h[0] == BLK_MAGIC]
         return max(valid, key=lambda c: c[1]) if valid else None
+
+    def generation(self):
+        """The generation the newest valid superblock copy records (older blocks read as empty)."""
+        best = None
+        for slot in (0, 1):
+            p = self.block(slot)
+            if p[:8] == b"KVSBOSC1" and fl.crc32c(p[12:]) == struct.unpack_from("<I", p, 8)[0]:
+                seq, gen = struct.unpack_from("<Q", p, 16)[0], struct.unpack_from("<Q", p, 40)[0]
+                best = max(best or (seq, gen), (seq, gen))
+        return best[1]
 
     def recorded(self, bucket):
         """The sweep the bucket table records for bucket (its last synced write)."""
@@ -178,3 +189,118 @@ def test_blocks_of_a_failed_sweep_are_not_reused_while_a_recorded_chain_names_th
             assert all(store.get(k) is None for k in xs)        # gone with the FLUSHALL
         finally:
             df.close()
+
+
+# ================================================================ 2. FLUSHALL racing huge chains
+
+HUGE = 5 * MB // 2            # > WB_BLOCKS blocks: each such chain is written on its own
+RACE = dict(data_buckets=64, flush_interval_ms=600000, max_memory="512mb")
+
+
+def write_round(port, r, nbig=8, nsmall=300):
+    """nbig huge values and nsmall small ones for round r: {key: value}."""
+    kv = {b"big:%d:%d" % (r, i): (b"<%d.%d>" % (r, i)).ljust(8, b".") * (HUGE // 8) for i in range(nbig)}
+    kv.update({b"small:%d:%d" % (r, i): b"s%d.%d" % (r, i) * 20 for i in range(nsmall)})
+    with client(port, socket_timeout=60) as c:
+        p = c.pipeline(transaction=False)
+        for k, v in kv.items():
+            p.set(k, v)
+        assert all(x is True for x in p.execute())
+    return kv
+
+
+def sweep_in_background(port):
+    """DBSIZE on its own connection (it waits for a sweep of everything dirty); returns
+    (thread, its result: {start, end} monotonic times or an error)."""
+    out = {}
+
+    def run():
+        try:
+            with client(port, socket_timeout=60) as c:
+                out["start"] = time.monotonic()
+                c.dbsize()
+                out["end"] = time.monotonic()
+        except Exception as e:   # (the last round kills the server under it)
+            out["error"] = e
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, out
+
+
+def current_records(path, buckets):
+    """The record streams of every chain of the generation the superblock records (what a
+    restart reads; older chains read as empty), concatenated."""
+    img = DataFileImage(path, buckets)
+    gen = img.generation()
+    return b"".join(img.chain(c[0])[0] for b in range(buckets) if (c := img.newest(b)) and img.header(c[0])[2] == gen)
+
+
+@pytest.mark.timeout(240)
+def test_flushall_racing_sweeps_of_huge_chains(data_dir, nodes):
+    """Each round writes 8 values of 2.5 MiB (chains past a write batch: the sweep writes
+    each on its own, under gen_lock, the generation checked there) and 300 small keys,
+    asks for a sweep, and sends FLUSHALL from another connection at a different point of
+    the sweep each round. After each: DBSIZE is 0 once the sweep is done, the data file
+    counts no key, and once a later write is swept (the superblock then records the new
+    generation) no chain of that generation holds a key from before. The last
+    round is killed (-9) right after its FLUSHALL and a few later writes: the restart
+    holds the later writes and no key from before."""
+    path = os.path.join(str(data_dir), "data.kvd")
+    n = nodes(data_dir, **RACE)
+    write_round(n.port, 0)
+    t0 = time.monotonic()
+    with client(n.port, socket_timeout=60) as c:
+        c.dbsize()                                   # how long a round's sweep takes here
+        took = time.monotonic() - t0
+        assert c.flushall() is True
+    before, overlapped = [], 0
+    fracs = (0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95, 0.2, 0.5)
+    for r, frac in enumerate(fracs, start=1):
+        before += list(write_round(n.port, r))
+        t, out = sweep_in_background(n.port)
+        time.sleep(took * frac)
+        with client(n.port, socket_timeout=60) as c:
+            assert c.flushall() is True
+            flushed_at = time.monotonic()
+        t.join(60)
+        assert "error" not in out, out
+        overlapped += out["start"] < flushed_at < out["end"]
+        with client(n.port, socket_timeout=60) as c:
+            assert c.dbsize() == 0                   # (waits for the sweep: the race is over)
+            i = c.info("persistence")
+            assert i["datafile_keys"] == 0 and not i["datafile_failed"], i
+            assert c.set(b"mark:%d" % r, b"x")        # swept: the superblock takes the new generation
+            assert c.dbsize() == 1
+            assert c.info("persistence")["datafile_keys"] == 1
+        held = current_records(path, RACE["data_buckets"])
+        assert b"big:" not in held and b"small:" not in held, f"round {r}: keys from before the FLUSHALL in the file"
+        assert b"mark:%d" % r in held
+        before.append(b"mark:%d" % r)
+    print(f"{overlapped} of {len(fracs)} FLUSHALLs answered while the sweep ran (a sweep took {took:.2f} s)")
+
+    before += list(write_round(n.port, len(fracs) + 1))
+    t, out = sweep_in_background(n.port)
+    time.sleep(took * 0.4)
+    after = {b"after:%d" % i: b"kept-%d" % i for i in range(50)}
+    with client(n.port, socket_timeout=60) as c:
+        assert c.flushall() is True
+        for k, v in after.items():
+            assert c.set(k, v)
+    n.kill()
+    t.join(60)
+
+    n = nodes(data_dir, **RACE)
+    with client(n.port, socket_timeout=60) as c:
+        assert c.dbsize() == len(after)
+        for i in range(0, len(before), 200):
+            part = before[i:i + 200]
+            back = [k for k, v in zip(part, c.mget(part)) if v is not None]
+            assert not back, f"{len(back)} keys from before the FLUSHALL are back, e.g. {back[:3]}"
+        assert c.mget(list(after)) == list(after.values())
+        assert c.dbsize() == len(after)              # (swept: the later writes are in the file)
+        assert not c.info("persistence")["datafile_failed"]
+    assert n.stop() == 0
+    held = current_records(path, RACE["data_buckets"])
+    assert b"big:" not in held and b"small:" not in held and b"mark:" not in held, \
+        "keys from before the FLUSHALL in the data file"
+    assert all(k in held for k in after), "the later writes are not in the data file"
