@@ -6,9 +6,11 @@
      to another bucket), so the file opens and holds what the last sweeps wrote;
   2. FLUSHALL racing sweeps of huge values (chains longer than a write batch, each
      written on its own under gen_lock): after each, the data file counts and holds no
-     key from before it, and a restart after kill -9 agrees.
+     key from before it, and a restart after kill -9 agrees;
+  3. a load of a key whose bucket's chain is being written sleeps until the write is
+     done (ext/durability/bosc_load.c), instead of spinning on a CPU meanwhile.
 
-Case 1 runs the store and its data file in process (no log: only the data file meets
+Cases 1 and 3 run the store and its data file in process (no log: only the data file meets
 the full disk) on a small loop-mounted ext4 (root, as CI runs). The file is read here
 with the layout described in ext/durability/bosc.h.
 """
@@ -304,3 +306,65 @@ def test_flushall_racing_sweeps_of_huge_chains(data_dir, nodes):
     assert b"big:" not in held and b"small:" not in held and b"mark:" not in held, \
         "keys from before the FLUSHALL in the data file"
     assert all(k in held for k in after), "the later writes are not in the data file"
+
+
+# ================================================================ 3. a load waits for a chain's write
+
+def switches():
+    """This thread's involuntary context switches so far: sched_yield that let another
+    task run counts here (the thread stays runnable), a sleep on a lock does not."""
+    with open(f"/proc/self/task/{threading.get_native_id()}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("nonvoluntary_ctxt_switches"))
+
+
+def test_a_load_sleeps_while_its_buckets_chain_is_written(tmp_path):
+    """One bucket. A sweep writes a 128 MiB value (a huge chain: its bucket's version odd
+    for the whole write, block by block). A GET of a key the bucket may hold, sent once
+    the write has begun, waits for the write; the key is set meanwhile, so the load
+    reads nothing afterwards and its thread's CPU time is the wait alone. Before, the
+    load spun on sched_yield for the whole write: its thread's CPU time was most of the
+    time it waited (the whole of it with a CPU to spare); now it sleeps on gen_lock."""
+    store = Store(max_memory=0)
+    df = durability.DataFile(store, str(tmp_path), buckets=1, flush_interval_ms=600000, truncate_log=False)
+    df.start(None)
+    try:
+        store.set(b"small", b"x")
+        df.sync()                                        # the bucket holds a key: GETs ask the file
+        value = b"0123456789abcdef" * (128 * MB // 16)
+        chain = len(value) // (BLOCK - BHDR)
+        waited = []
+        for attempt in range(5):
+            store.set(b"huge", value + b"%d" % attempt)
+            base = df.stats()["blocks_written"]
+            sweep = threading.Thread(target=df.sync)
+            sweep.start()
+            while df.stats()["blocks_written"] < base + 64 and sweep.is_alive():
+                time.sleep(0.001)                        # the chain's write has begun
+            key, got = b"absent:%d" % attempt, {}
+
+            def get():
+                s0, c0, w0 = switches(), time.thread_time(), time.monotonic()
+                got["value"] = store.get(key)            # (the load runs in this thread: Store._op)
+                got["cpu"], got["wall"] = time.thread_time() - c0, time.monotonic() - w0
+                got["yields"] = switches() - s0
+            t = threading.Thread(target=get)
+            t.start()
+            while df.stats()["blocks_written"] < base + chain // 3 and sweep.is_alive():
+                time.sleep(0.001)
+            store.set(key, b"set meanwhile")
+            mid = df.stats()["blocks_written"] < base + chain   # still writing: the GET waited on it
+            t.join(60)
+            sweep.join(60)
+            assert got["value"] == b"set meanwhile"
+            if mid and got["wall"] > 0.02:
+                waited.append((got["cpu"], got["wall"], got["yields"]))
+            if len(waited) >= 2:
+                break
+        assert waited, "no GET met the chain's write (the write was over too soon every time)"
+        print("load waits (cpu s, wall s, switches away while runnable):",
+              [(round(c, 4), round(w, 3), y) for c, w, y in waited])
+        for cpu, wall, yields in waited:
+            assert cpu < wall / 5, f"the waiting load used {cpu:.3f} s of CPU in {wall:.3f} s"
+            assert yields < 15, f"the waiting load gave up the CPU {yields} times while runnable"
+    finally:
+        df.close()
