@@ -10,9 +10,10 @@
   3. a load of a key whose bucket's chain is being written sleeps until the write is
      done (ext/durability/bosc_load.c), instead of spinning on a CPU meanwhile.
 
-Cases 1 and 3 run the store and its data file in process (no log: only the data file meets
-the full disk) on a small loop-mounted ext4 (root, as CI runs). The file is read here
-with the layout described in ext/durability/bosc.h.
+Cases 1 and 3 run the store and its data file in process, without a log (case 1: only
+the data file meets the full disk, a small loop-mounted ext4: root, as CI runs); case 2
+runs `kvstore serve` in disk mode. The file is read here with the layout described in
+ext/durability/bosc.h.
 """
 import os
 import struct
@@ -97,7 +98,7 @@ class DataFileImage:
 
 
 def bucket_of_keys(img, keys):
-    """{key: bucket} for keys each found in exactly one bucket's newest chain."""
+    """{key: the bucket whose newest chain holds it} (keys that are no substring of another)."""
     found = {}
     for b in range(img.buckets):
         stream, _ = img.chain(img.newest(b)[0])
@@ -157,7 +158,9 @@ def test_blocks_of_a_failed_sweep_are_not_reused_while_a_recorded_chain_names_th
             df.sync()                                           # B: X written, Y refused (ENOSPC)
             img = DataFileImage(path, 2)
             x_b, x_bseq = img.newest(0)
-            assert x_b == x_a2 ^ 1 and x_bseq > img.recorded(0), "sweep B did not write X's other copy"
+            assert x_b == x_a2 ^ 1 and x_bseq > img.recorded(0), \
+                "sweep B did not leave X's other copy written but unrecorded: the case needs a sweep that " \
+                "writes one bucket and fails on a later one before its sync (did the sweep change?)"
             assert b"b--" + xs[0] in img.chain(x_b)[0]
             assert b"huge" * 16 not in img.chain(img.newest(1)[0])[0], "sweep B did not fail on Y"
             assert os.path.getsize(path) < 2 * MB
@@ -196,6 +199,7 @@ def test_blocks_of_a_failed_sweep_are_not_reused_while_a_recorded_chain_names_th
 # ================================================================ 2. FLUSHALL racing huge chains
 
 HUGE = 5 * MB // 2            # > WB_BLOCKS blocks: each such chain is written on its own
+assert HUGE // (BLOCK - BHDR) > WB_BLOCKS
 RACE = dict(data_buckets=64, flush_interval_ms=600000, max_memory="512mb")
 
 
