@@ -8,7 +8,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,7 +175,10 @@ static int list_bucket(struct bosc *b, struct keys_slot *k, uint32_t bucket, str
         uint32_t ver = atomic_load_explicit(&b->ver[bucket], memory_order_acquire);
         uint64_t gen = atomic_load_explicit(&b->gen, memory_order_acquire);
         if (ver & 1) {
-            sched_yield(); /* being written: wait it out */
+            /* being written: wait it out, asleep (a version is odd only while the
+             * flusher holds gen_lock: see bosc_load) */
+            pthread_mutex_lock(&b->gen_lock);
+            pthread_mutex_unlock(&b->gen_lock);
             continue;
         }
         k->out.len = mark;
