@@ -35,9 +35,31 @@ def datafile(tmp_path, io):
     return store, df
 
 
+FORCED = os.environ.get("KVSTORE_TEST_DATAFILE_IO")  # the test hook (bosc_io.c): every data file in that mode
+
+
 @pytest.fixture(autouse=True)
-def no_forced_mode(monkeypatch):
-    monkeypatch.delenv("KVSTORE_TEST_DATAFILE_IO", raising=False)
+def no_forced_mode(request, monkeypatch):
+    if request.node.name != "test_the_forced_mode_is_in_effect":
+        monkeypatch.delenv("KVSTORE_TEST_DATAFILE_IO", raising=False)
+
+
+def in_effect(path):
+    """(an O_DIRECT descriptor of path is open, an io_uring instance is open) in this process."""
+    files = open_files()
+    return (any(p == path and f & O_DIRECT for p, f in files), any("io_uring" in p for p, _ in files))
+
+
+@pytest.mark.skipif(not FORCED, reason="only when the fault suites run under a forced mode "
+                                       "(tests/faults/test_datafile_io_modes.py)")
+def test_the_forced_mode_is_in_effect(tmp_path):
+    """What test_datafile_io_modes checks ran: a data file opened as buffered is in the forced mode."""
+    store, df = datafile(tmp_path, "buffered")
+    try:
+        mode = int(FORCED)
+        assert in_effect(durability.data_file(str(tmp_path))) == (bool(mode & 1), bool(mode & 2))
+    finally:
+        df.close()
 
 
 def test_the_setting_offers_each_mode_and_defaults_to_buffered():
@@ -51,11 +73,7 @@ def test_each_mode_opens_what_it_names(tmp_path, io):
     path = durability.data_file(str(tmp_path))
     store, df = datafile(tmp_path, io)
     try:
-        files = open_files()
-        direct = [f for p, f in files if p == path and f & O_DIRECT]
-        rings = [p for p, _ in files if "io_uring" in p]
-        assert bool(direct) == ("direct" in io), files
-        assert bool(rings) == ("uring" in io), files
+        assert in_effect(path) == ("direct" in io, "uring" in io), open_files()
     finally:
         df.close()
     assert not any("io_uring" in p for p, _ in open_files())  # closed with the file
