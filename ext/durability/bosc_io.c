@@ -27,9 +27,11 @@ static void *blk_alloc(size_t blocks)
 }
 
 /* Set up mode (BOSC_IO_*) for b, whose b->fd is open: the O_DIRECT descriptor,
- * the ring. Returns 0 or -errno with err set (-EINVAL: an unknown mode;
- * -EOPNOTSUPP: io_uring not built in; the file system's or kernel's refusal of
- * O_DIRECT or io_uring as their -errno). */
+ * the ring. A mode this file system, kernel or build cannot do (O_DIRECT
+ * refused, io_uring disabled or not built in) is left out with a warning in the
+ * log: the sweep then does that part with buffered system calls, which work
+ * everywhere (the mode is a matter of speed, never a reason not to start).
+ * Returns 0 or -EINVAL (an unknown mode: err says so). */
 int bosc_io_open(struct bosc *b, int mode, char *err, size_t errlen)
 {
     struct bosc_io *io = &b->io;
@@ -48,17 +50,17 @@ int bosc_io_open(struct bosc *b, int mode, char *err, size_t errlen)
     if (mode & BOSC_IO_DIRECT) {
         io->dfd = open(b->path, O_RDWR | O_DIRECT | O_CLOEXEC);
         if (io->dfd < 0) {
-            int e = errno;
-            snprintf(err, errlen, "cannot open data file %s with O_DIRECT (--datafile-io direct): %s", b->path,
-                     strerror(e));
-            return -e;
+            kvlog(KVLOG_WARNING, "data file %s: cannot open it with O_DIRECT (%s): its sweep reads and writes "
+                  "through the page cache", b->path, strerror(errno));
+            io->mode &= ~BOSC_IO_DIRECT;
         }
     }
     if (mode & BOSC_IO_URING) {
-        int rc = bosc_uring_init(b, err, errlen);
-        if (rc) {
-            bosc_io_close(b);
-            return rc;
+        char why[256];
+        if (bosc_uring_init(b, why, sizeof why)) {
+            kvlog(KVLOG_WARNING, "data file %s: %s: its sweep uses pread/pwritev", b->path, why);
+            bosc_uring_exit(b);
+            io->mode &= ~BOSC_IO_URING;
         }
     }
     return 0;

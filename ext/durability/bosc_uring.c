@@ -14,7 +14,9 @@
 #ifdef KV_HAVE_URING
 #include <liburing.h>
 
-#define RING_ENTRIES 256
+/* A group of a batch (at most WB_BLOCKS runs) goes in one submission; the
+ * completion queue (twice as long) holds all of them and the read ahead. */
+#define RING_ENTRIES 512
 #define UD_PF UINT64_MAX     /* the read ahead's completion; a write's is its run's index */
 
 /* The ring failed in a way that leaves it unknown: stop using it (the sweep
@@ -84,8 +86,7 @@ int bosc_uring_init(struct bosc *b, char *err, size_t errlen)
     int rc = io_uring_queue_init(RING_ENTRIES, r, 0);
     if (rc < 0) {
         free(r);
-        snprintf(err, errlen, "cannot set up io_uring for data file %s (--datafile-io uring): %s", b->path,
-                 strerror(-rc));
+        snprintf(err, errlen, "cannot set up io_uring: %s", strerror(-rc));
         return rc;
     }
     io->ring = r;
@@ -257,8 +258,7 @@ int bosc_uring_take(struct bosc *b, struct bosc_rwin *w, uint64_t first, uint64_
 
 int bosc_uring_init(struct bosc *b, char *err, size_t errlen)
 {
-    snprintf(err, errlen, "--datafile-io uring: this build has no io_uring (liburing-dev was not installed when "
-             "kvstore was built; install it and rebuild, or use buffered or direct)");
+    snprintf(err, errlen, "this build has no io_uring (liburing-dev was not installed when kvstore was built)");
     return -EOPNOTSUPP;
 }
 
