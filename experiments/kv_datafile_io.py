@@ -146,10 +146,6 @@ def measure(args):
     return rows
 
 
-def _num(v):
-    return float(v) if v not in ("", None) else None
-
-
 def summary(rows, part):
     """For part's rows: {mode: {field: (median, min, max)}} and {mode: {field: (median, min,
     max) of the ratio to buffered in the same round}}."""
@@ -162,11 +158,11 @@ def summary(rows, part):
     for mode, rounds in by.items():
         med[mode], ratio[mode] = {}, {}
         for f in FIELDS[part]:
-            vals = [_num(r.get(f)) for r in rounds.values() if _num(r.get(f)) is not None]
+            vals = [nhd._num(r.get(f)) for r in rounds.values() if nhd._num(r.get(f)) is not None]
             if vals:
                 med[mode][f] = (statistics.median(vals), min(vals), max(vals))
-            q = [_num(r.get(f)) / _num(base[n].get(f)) for n, r in rounds.items()
-                 if n in base and _num(r.get(f)) is not None and _num(base[n].get(f))]
+            q = [nhd._num(r.get(f)) / nhd._num(base[n].get(f)) for n, r in rounds.items()
+                 if n in base and nhd._num(r.get(f)) is not None and nhd._num(base[n].get(f))]
             if q:
                 ratio[mode][f] = (statistics.median(q), min(q), max(q))
     return med, ratio
@@ -202,7 +198,7 @@ def draw(rows, path):
         ax.set_xticks(range(len(modes)), modes, rotation=20)
         ax.set_title(f"{part}: {f}", fontsize=9)
     fig.suptitle("--datafile-io (median, min-max of rounds; "
-                 + common.cores_note(shares="server, load generator and flusher share 2 CPUs") + ")", fontsize=9)
+                 + common.cores_note(shares="server (nhd), load generator (nhd) and flusher") + ")", fontsize=9)
     common.save_figure(fig, path)
 
 
