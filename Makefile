@@ -15,6 +15,9 @@ RUN_APT := gcc libffi-dev libssl-dev
 # as the reference, memcached, ip (network namespaces), promtool (the metrics tests), fio (the
 # disk bar p000_nhd holds the data file's sweep to).
 TEST_APT := $(RUN_APT) redis-server redis-tools memcached iproute2 prometheus openssl fio
+# liburing for --datafile-io uring/uring-direct (built in when pkg-config finds it; without
+# it those modes say so at start), so CI runs the data file's suites under io_uring too.
+TEST_APT += liburing-dev pkg-config
 # DPDK 22.11 for --arch dpdk (built in only when pkg-config finds libdpdk) and ethtool (its
 # test turns veth checksum offload off), so CI runs that test; `make test DPDK=0` leaves
 # them out: everything else builds and runs, and --arch dpdk then says it is missing.

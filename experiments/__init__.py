@@ -42,6 +42,7 @@ EXPERIMENTS = [
     Experiment("kv_accept_modes", "kv", "connection placement: SO_REUSEPORT listeners vs accept-and-hand-off"),
     Experiment("kv_build_compare", "kv", "this build against a baseline build: throughput and CPU per request"),
     Experiment("kv_store_calls", "kv", "embedded Store calls per second: the cffi path vs the Cython one"),
+    Experiment("kv_datafile_io", "kv", "the data file's sweep I/O: buffered vs O_DIRECT vs io_uring, memory-full inserts"),
     Experiment("kv_tls_cost", "kv", "TLS on the RESP port: kvstore vs Redis, plain vs TLS, P1 and P16, CPU per request"),
     Experiment("kv_repl_tls_cost", "kv", "--repl-tls: remote-mode SET with the replication link plain vs in TLS, "
                "P1 and P16, CPU per request"),

@@ -47,6 +47,23 @@ if DPDK:
     EXTRA_CFLAGS, EXTRA_LIBS = DPDK
     MACROS.append(("KV_HAVE_DPDK", "1"))
 
+
+def _have_uring():
+    """liburing (--datafile-io uring) is found by pkg-config (liburing-dev), unless
+    KVSTORE_NO_URING=1 asks for a build without it: that mode then reports it is missing."""
+    if os.environ.get("KVSTORE_NO_URING") == "1":
+        return False
+    try:
+        return subprocess.run(["pkg-config", "--exists", "liburing"]).returncode == 0
+    except OSError:
+        return False
+
+
+URING = _have_uring()
+if URING:
+    EXTRA_LIBS = EXTRA_LIBS + ["-luring"]
+    MACROS.append(("KV_HAVE_URING", "1"))
+
 # What Python uses, by the header that declares it; the declarations themselves are
 # copied from the headers at build time (_cdef.py), never written twice.
 SPEC = [

@@ -344,6 +344,15 @@ class ServerConfig:
         c="cobl_normal", to_c=lambda v, cfg: parse_output_limit(v))
     # ---- disk errors (diskfull)
     # ---- data-file integrity (integrity)
+    # ---- issue 14b (io)
+    datafile_io: str = setting(
+        "buffered", "How the data file's sweep reads and writes its runs of blocks: buffered (pread/pwritev "
+                    "through the page cache), direct (O_DIRECT from aligned buffers, no page cache copy), uring "
+                    "(io_uring: a write batch's runs in one submission, the next run read while the current one "
+                    "is applied) or uring-direct (both). Loads of evicted keys stay buffered in every mode. "
+                    "buffered measured fastest on ext4 in a VM (`kvstore experiment run kv_datafile_io`); a mode "
+                    "the file system or kernel cannot do falls back to buffered with a warning.",
+        choices=("buffered", "direct", "uring", "uring-direct"))
     config_file: str = setting(
         "", "the TOML file the settings came from (INFO shows it)", shown=None, cli=None, c="config_file")
 

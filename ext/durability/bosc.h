@@ -66,7 +66,18 @@ struct bosc_config {
     const char *log_dir;         /* log segments to delete below the flushed LSN (NULL: keep
                                     them all, as remote mode must: a peer that lost its copy
                                     of this node's log is caught up from LSN 1) */
+    /* ---- issue 14b (io) */
+    int io_mode;                 /* the sweep's batch writes and window reads (BOSC_IO_*):
+                                    buffered (0, the page cache), O_DIRECT through a second
+                                    descriptor, io_uring, or both; loads, the table and the
+                                    superblock stay buffered in every mode */
 };
+
+#define BOSC_IO_BUFFERED 0
+#define BOSC_IO_DIRECT 1             /* O_DIRECT (4 KiB-aligned buffers) */
+#define BOSC_IO_URING 2              /* io_uring: a batch's runs in one submission, the next
+                                        read window read while the current run is applied */
+#define BOSC_IO_URING_DIRECT 3       /* both */
 
 struct bosc_open_info {
     uint64_t flushed_lsn;        /* the file holds every change up to this LSN */

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -130,6 +131,44 @@ struct bosc_wbatch {
     size_t nbk, capbk;
 };
 
+/* How the sweep's I/O is done (bosc_config.io_mode, BOSC_IO_* bits). DIRECT: the
+ * window reads and batch writes go through dfd, a second descriptor of the file
+ * opened O_DIRECT, from 4 KiB-aligned buffers (the same file: fdatasync of b->fd
+ * syncs them). Coherence with the buffered reads of loads, listings and the
+ * table: Linux writes back and invalidates the page cache over a direct
+ * write's range before it, and invalidates it again after it (waiting on pages
+ * a buffered read is filling), so a later buffered read sees the new block;
+ * a buffered read racing the write sees an odd bucket version (the batch is
+ * written under it) and reads again. A direct read writes back dirty cached
+ * pages of its range first. No mapping of the file exists (it would make the
+ * invalidation fail). Without URING, direct mode has no read-ahead (a
+ * posix_fadvise hint fills the page cache, which a direct read skips).
+ * URING: ring (struct io_uring *, flusher only once started) writes a group of
+ * a batch's runs with one submission and waits for all of them; the next
+ * window is read into pf_buf while the current run is applied, and handed
+ * over by swapping buffers when the sweep asks for that range. (On ext4,
+ * which has no non-blocking buffered writes, io_uring hands each buffered
+ * write to a kernel worker thread: the flusher's CPU stays, the process's
+ * grows; measured in experiments/kv_datafile_io.py, as are the others.) */
+struct bosc_io {
+    int mode;                /* BOSC_IO_* in effect */
+    int dfd;                 /* O_DIRECT descriptor (DIRECT), else -1 */
+    void *ring;              /* struct io_uring * (URING), else NULL */
+    unsigned char *pf_buf;   /* the read ahead's buffer (RWIN_BLOCKS blocks) */
+    uint64_t pf_first, pf_n; /* its range */
+    int pf_state;            /* 0: none, 1: in flight, 2: done (pf_res) */
+    int pf_res;              /* bytes read or -errno */
+    uint64_t pf_wmark;       /* st.blocks_written when it was issued, moved on by the batches
+                                that missed its range (UINT64_MAX: stale): it is taken only if
+                                no block was written since but by those; a block written any
+                                other way (a huge chain, the torn-write hook, the bucket table)
+                                makes it stale */
+    struct iovec *iov;       /* WB_BLOCKS iovecs for a group's runs in flight */
+    uint32_t *run;           /* per run in flight: its first place in the order, then its end */
+};
+
+int bosc_io_open(struct bosc *b, int mode, char *err, size_t errlen);
+void bosc_io_close(struct bosc *b);
 int bosc_rwin_fill(struct bosc *b, struct bosc_rwin *w, uint64_t first, uint64_t n);
 void bosc_rwin_advise(struct bosc *b, uint64_t first, uint64_t n);
 int bosc_wb_init(struct bosc_wbatch *wb);
@@ -138,10 +177,20 @@ int bosc_wb_stage(struct bosc *b, struct bosc_wbatch *wb, uint32_t bucket, uint6
                   const uint32_t *chain, size_t nchain, struct wb_bucket **out);
 int bosc_wb_write(struct bosc *b, struct bosc_wbatch *wb);
 void bosc_wb_undo(struct bosc *b, struct bosc_wbatch *wb);
+int bosc_io_write_run(struct bosc *b, int fd, struct bosc_wbatch *wb, const uint32_t *order, size_t i, size_t j,
+                      size_t put);
+size_t bosc_io_run_end(const struct bosc_wbatch *wb, const uint32_t *order, size_t i, size_t hi);
+/* bosc_uring.c (without liburing at build time: init fails with -EOPNOTSUPP, the rest do nothing) */
+int bosc_uring_init(struct bosc *b, char *err, size_t errlen);
+void bosc_uring_exit(struct bosc *b);
+int bosc_uring_write_runs(struct bosc *b, int fd, struct bosc_wbatch *wb, const uint32_t *order, size_t lo, size_t hi);
+void bosc_uring_prefetch(struct bosc *b, int fd, uint64_t first, uint64_t n);
+int bosc_uring_take(struct bosc *b, struct bosc_rwin *w, uint64_t first, uint64_t n);
 
 struct bosc {
     struct kv_table *t;
     int fd;
+    struct bosc_io io;            /* the sweep's I/O mode (bosc_io.c) */
     char path[4096];
     char log_dir[4096];
     uint32_t nbuckets;

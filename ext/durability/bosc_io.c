@@ -1,10 +1,13 @@
 /* bosc_io.c - the sweep's coalesced I/O (see bosc_int.h): a read window holding
  * the home copies of a run of dirty buckets, read with one pread, and a write
  * batch that writes several buckets' new chains with one pwritev per run of
- * consecutive blocks. Flusher thread only. Copy on write and the ordering rules
- * of bosc_sweep.c's chain writes hold: new blocks go to the home copy that does
- * not hold the synced chain and to free overflow blocks; overflow blocks are
- * written before home blocks; old blocks are freed only after the sweep's sync. */
+ * consecutive blocks -- buffered, O_DIRECT or through io_uring (bosc_uring.c)
+ * as bosc_config.io_mode says. Flusher thread only (bosc_io_open/close: the
+ * opening and closing thread, the flusher not running). Copy on write and the
+ * ordering rules of bosc_sweep.c's chain writes hold: new blocks go to the home
+ * copy that does not hold the synced chain and to free overflow blocks;
+ * overflow blocks are written before home blocks; old blocks are freed only
+ * after the sweep's sync. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -15,20 +18,84 @@
 
 #include "durability/bosc_int.h"
 
+/* ---- the I/O mode */
+
+static void *blk_alloc(size_t blocks)
+{
+    void *p = NULL; /* 4 KiB-aligned: O_DIRECT needs it, the other modes do not mind */
+    return posix_memalign(&p, BLK, blocks * BLK) ? NULL : p;
+}
+
+/* Set up mode (BOSC_IO_*) for b, whose b->fd is open: the O_DIRECT descriptor,
+ * the ring. A mode this file system, kernel or build cannot do (O_DIRECT
+ * refused, io_uring disabled or not built in) is left out with a warning in the
+ * log: the sweep then does that part with buffered system calls, which work
+ * everywhere (the mode is a matter of speed, never a reason not to start).
+ * Returns 0 or -EINVAL (an unknown mode: err says so). */
+int bosc_io_open(struct bosc *b, int mode, char *err, size_t errlen)
+{
+    struct bosc_io *io = &b->io;
+    io->dfd = -1;
+    /* Test hook (KVSTORE_TEST_DATAFILE_IO=0..3 in the environment): every data file
+     * of the process uses that mode, so the data file's suites run under each
+     * (tests/faults/test_datafile_io_modes.py). */
+    const char *force = getenv("KVSTORE_TEST_DATAFILE_IO");
+    if (force && *force)
+        mode = atoi(force);
+    if (mode & ~(BOSC_IO_DIRECT | BOSC_IO_URING)) {
+        snprintf(err, errlen, "unknown data file I/O mode %d", mode);
+        return -EINVAL;
+    }
+    io->mode = mode;
+    if (mode & BOSC_IO_DIRECT) {
+        io->dfd = open(b->path, O_RDWR | O_DIRECT | O_CLOEXEC);
+        if (io->dfd < 0) {
+            kvlog(KVLOG_WARNING, "data file %s: cannot open it with O_DIRECT (%s): its sweep reads and writes "
+                  "through the page cache", b->path, strerror(errno));
+            io->mode &= ~BOSC_IO_DIRECT;
+        }
+    }
+    if (mode & BOSC_IO_URING) {
+        char why[256];
+        if (bosc_uring_init(b, why, sizeof why)) {
+            kvlog(KVLOG_WARNING, "data file %s: %s: its sweep uses pread/pwritev", b->path, why);
+            bosc_uring_exit(b);
+            io->mode &= ~BOSC_IO_URING;
+        }
+    }
+    return 0;
+}
+
+/* Undo bosc_io_open (waits for a read ahead in flight). Safe on a zeroed or
+ * closed b->io (dfd -1). */
+void bosc_io_close(struct bosc *b)
+{
+    bosc_uring_exit(b);
+    if (b->io.dfd >= 0)
+        close(b->io.dfd);
+    b->io.dfd = -1;
+}
+
+/* The descriptor the sweep's windows and batches use. */
+static int sweep_fd(const struct bosc *b) { return b->io.dfd >= 0 ? b->io.dfd : b->fd; }
+
 /* ---- the read window */
 
-/* Read blocks [first, first + n) (at most w->cap) into w with one call.
- * Returns 0 or -errno (w then holds nothing). */
+/* Read blocks [first, first + n) (at most w->cap) into w with one call (or
+ * take them from the read ahead when it read that range). Returns 0 or -errno
+ * (w then holds nothing). */
 int bosc_rwin_fill(struct bosc *b, struct bosc_rwin *w, uint64_t first, uint64_t n)
 {
     w->n = 0;
     if (!w->cap)
         w->cap = RWIN_BLOCKS;
-    if (!w->buf && !(w->buf = malloc((size_t)w->cap * BLK)))
+    if (!w->buf && !(w->buf = blk_alloc(w->cap)))
         return -ENOMEM;
     if (n > w->cap)
         n = w->cap;
-    int rc = pread_all(b->fd, w->buf, (size_t)n * BLK, (off_t)(first * BLK));
+    if ((b->io.mode & BOSC_IO_URING) && bosc_uring_take(b, w, first, n))
+        return 0;
+    int rc = pread_all(sweep_fd(b), w->buf, (size_t)n * BLK, (off_t)(first * BLK));
     if (rc)
         return rc;
     add(&b->st.blocks_read, n);
@@ -39,11 +106,15 @@ int bosc_rwin_fill(struct bosc *b, struct bosc_rwin *w, uint64_t first, uint64_t
     return 0;
 }
 
-/* Ask the kernel to read blocks [first, first + n) ahead, while the sweep
- * applies the current run (no wait; a hint only). */
+/* Have blocks [first, first + n) read ahead, while the sweep applies the
+ * current run (no wait): with io_uring into the read-ahead buffer, buffered by
+ * the kernel (posix_fadvise, a hint), O_DIRECT alone not at all. */
 void bosc_rwin_advise(struct bosc *b, uint64_t first, uint64_t n)
 {
-    (void)posix_fadvise(b->fd, (off_t)(first * BLK), (off_t)(n * BLK), POSIX_FADV_WILLNEED);
+    if (b->io.mode & BOSC_IO_URING)
+        bosc_uring_prefetch(b, sweep_fd(b), first, n > RWIN_BLOCKS ? RWIN_BLOCKS : n);
+    else if (!(b->io.mode & BOSC_IO_DIRECT))
+        (void)posix_fadvise(b->fd, (off_t)(first * BLK), (off_t)(n * BLK), POSIX_FADV_WILLNEED);
 }
 
 /* ---- the write batch */
@@ -51,7 +122,7 @@ void bosc_rwin_advise(struct bosc *b, uint64_t first, uint64_t n)
 int bosc_wb_init(struct bosc_wbatch *wb)
 {
     memset(wb, 0, sizeof *wb);
-    wb->buf = malloc((size_t)WB_BLOCKS * BLK);
+    wb->buf = blk_alloc(WB_BLOCKS);
     wb->no = malloc(WB_BLOCKS * sizeof *wb->no);
     wb->done = malloc(WB_BLOCKS);
     if (!wb->buf || !wb->no || !wb->done) {
@@ -140,40 +211,67 @@ static int cmp_blk(const void *x, const void *y, void *arg)
     return (a > c) - (a < c);
 }
 
-/* Write blocks order[lo, hi) (ascending numbers) with one pwritev per run of
- * consecutive numbers; each block fully written is marked done. Returns 0 or
- * -errno at the first failure. */
-static int write_runs(struct bosc *b, struct bosc_wbatch *wb, const uint32_t *order, size_t lo, size_t hi)
+/* Write run order[i, j) (consecutive block numbers) from byte put of the run
+ * on, with pwritev on fd until it is all written; each block fully written is
+ * marked done. A short O_DIRECT write that ends inside a block goes on through
+ * the buffered descriptor (an unaligned direct write would fail). Returns 0 or
+ * -errno. */
+int bosc_io_write_run(struct bosc *b, int fd, struct bosc_wbatch *wb, const uint32_t *order, size_t i, size_t j,
+                      size_t put)
 {
     struct iovec iov[64];
-    for (size_t i = lo; i < hi;) {
-        size_t j = i + 1;
-        while (j < hi && j - i < 64 && wb->no[order[j]] == wb->no[order[j - 1]] + 1)
-            j++;
-        for (size_t k = i; k < j; k++)
-            iov[k - i] = (struct iovec){wb->buf + (size_t)order[k] * BLK, BLK};
-        off_t off = (off_t)wb->no[order[i]] * BLK;
-        size_t total = (j - i) * BLK, put = 0;
-        int cnt = (int)(j - i), first = 0;
-        while (put < total) {
-            ssize_t r = pwritev(b->fd, iov + first, cnt - first, off + (off_t)put);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r < 0)
-                return -errno;
-            add(&b->st.write_calls, 1);
-            add(&b->st.bytes_written, (uint64_t)r); /* (per call: a run that fails half way counts what it wrote) */
-            put += (size_t)r;
-            while (first < cnt && put >= (size_t)(first + 1) * BLK) { /* whole blocks are written */
-                wb->done[order[i + (size_t)first++]] = 1;
-                add(&b->st.blocks_written, 1);
-            }
-            if (first < cnt && put > (size_t)first * BLK) { /* a short write inside a block: go on from there */
-                size_t in = put - (size_t)first * BLK;
-                iov[first].iov_base = wb->buf + (size_t)order[i + (size_t)first] * BLK + in;
-                iov[first].iov_len = BLK - in;
-            }
+    int cnt = (int)(j - i), first = (int)(put / BLK);
+    for (size_t k = i; k < j; k++)
+        iov[k - i] = (struct iovec){wb->buf + (size_t)order[k] * BLK, BLK};
+    for (int k = 0; k < first; k++)
+        wb->done[order[i + (size_t)k]] = 1;
+    off_t off = (off_t)wb->no[order[i]] * BLK;
+    size_t total = (j - i) * BLK;
+    while (put < total) {
+        if (put % BLK) { /* a short write inside a block: go on from there */
+            size_t in = put % BLK;
+            iov[first].iov_base = wb->buf + (size_t)order[i + (size_t)first] * BLK + in;
+            iov[first].iov_len = BLK - in;
+            fd = b->fd;
         }
+        ssize_t r = pwritev(fd, iov + first, cnt - first, off + (off_t)put);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -errno;
+        add(&b->st.write_calls, 1);
+        add(&b->st.bytes_written, (uint64_t)r); /* (per call: a run that fails half way counts what it wrote) */
+        put += (size_t)r;
+        while (first < cnt && put >= (size_t)(first + 1) * BLK) { /* whole blocks are written */
+            wb->done[order[i + (size_t)first++]] = 1;
+            add(&b->st.blocks_written, 1);
+        }
+    }
+    return 0;
+}
+
+/* The end of the run of consecutive block numbers starting at order[i] (at
+ * most 64 blocks, below hi). */
+size_t bosc_io_run_end(const struct bosc_wbatch *wb, const uint32_t *order, size_t i, size_t hi)
+{
+    size_t j = i + 1;
+    while (j < hi && j - i < 64 && wb->no[order[j]] == wb->no[order[j - 1]] + 1)
+        j++;
+    return j;
+}
+
+/* Write blocks order[lo, hi) (ascending numbers): one pwritev per run of
+ * consecutive numbers, or (io_uring) every run in one submission, waiting for
+ * all. Returns 0 or -errno at the first failure. */
+static int write_runs(struct bosc *b, struct bosc_wbatch *wb, const uint32_t *order, size_t lo, size_t hi)
+{
+    if (b->io.mode & BOSC_IO_URING)
+        return bosc_uring_write_runs(b, sweep_fd(b), wb, order, lo, hi);
+    for (size_t i = lo; i < hi;) {
+        size_t j = bosc_io_run_end(wb, order, i, hi);
+        int rc = bosc_io_write_run(b, sweep_fd(b), wb, order, i, j, 0);
+        if (rc)
+            return rc;
         i = j;
     }
     return 0;

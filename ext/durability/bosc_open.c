@@ -183,6 +183,7 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
         return -ENOMEM;
     b->t = t;
     b->fd = -1;
+    b->io.dfd = -1;
     snprintf(b->path, sizeof b->path, "%s", cfg->path);
     snprintf(b->log_dir, sizeof b->log_dir, "%s", cfg->log_dir ? cfg->log_dir : "");
     b->interval_ms = cfg->flush_interval_ms ? cfg->flush_interval_ms : 1000;
@@ -206,6 +207,8 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
         snprintf(err, errlen, "cannot open data file %s: %s", cfg->path, strerror(errno));
         goto fail;
     }
+    if ((rc = bosc_io_open(b, cfg->io_mode, err, errlen)))
+        goto fail;
     unsigned char first[2 * BLK];
     int fresh = st.st_size == 0;
     if (!fresh && st.st_size >= (off_t)sizeof first && !pread_all(b->fd, first, sizeof first, 0))
@@ -264,6 +267,7 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     *out = b;
     return 0;
 fail:
+    bosc_io_close(b);
     if (b->fd >= 0)
         close(b->fd);
     free(b->tab);
@@ -345,6 +349,7 @@ void bosc_close(struct bosc *b)
         next = r->next;
         free(r);
     }
+    bosc_io_close(b);
     close(b->fd);
     free(b->tab);
     free(b->slot);

@@ -1,0 +1,39 @@
+"""The data file's suites under each --datafile-io mode other than buffered (the default,
+which the whole suite runs): crash and kill -9 (test_bosc, test_integrity's torn home write),
+damaged blocks, a full disk (test_disk_full: root), the sweep's coalesced I/O, and the C
+stress tests of the data file under ASan/TSan (O_DIRECT only: the sanitizer builds have no
+liburing). Each runs in a child pytest with KVSTORE_TEST_DATAFILE_IO set (bosc_io.c's test
+hook: every data file of a process in that mode), which test_datafile_io's forced-mode test
+checks took effect."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+MODES = {"direct": 1, "uring": 2, "uring-direct": 3}
+SUITES = ["tests/unit/test_datafile_io.py", "tests/unit/test_datafile_sweep_io.py", "tests/unit/test_datafile_buckets.py",
+          "tests/faults/test_bosc.py", "tests/faults/test_integrity.py", "tests/faults/test_disk_full.py"]
+CHECK = "PASSED tests/unit/test_datafile_io.py::test_the_forced_mode_is_in_effect"
+
+pytestmark = pytest.mark.slow
+
+
+def run_suites(mode, *args):
+    env = dict(os.environ, KVSTORE_TEST_DATAFILE_IO=str(MODES[mode]))
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", *args], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, f"--datafile-io {mode}:\n" + r.stdout[-6000:] + r.stderr[-2000:]
+    return r.stdout
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_data_files_suites_pass_in_each_mode(mode):
+    out = run_suites(mode, *SUITES)
+    assert CHECK in out, out[-3000:]
+
+
+def test_the_data_files_c_stress_tests_pass_with_o_direct():
+    run_suites("direct", "tests/c/test_c_sanitizers.py", "-k", "bosc")
