@@ -10,8 +10,6 @@ restart every acknowledged write is there.
 """
 import os
 import re
-import shutil
-import subprocess
 import time
 
 import pytest
@@ -19,6 +17,7 @@ import redis
 
 from kvstore import Node
 
+from helpers import loopfs
 from helpers.conn import Raw, client
 from helpers.resp import resp_cmd
 
@@ -30,30 +29,12 @@ LEFT_FREE = 3 << 20      # what the ballast leaves free for the node
 HELD_S = 3               # a SET unanswered this long waits for the full disk (a held reply)
 
 
-def _run(*args):
-    subprocess.run(args, check=True, capture_output=True, timeout=60)
-
-
 @pytest.fixture
 def small_fs(tmp_path):
     """A mounted ext4 filesystem of IMAGE_MB MiB (4 KiB blocks, no journal: its space is
     what df says), unmounted at the end."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to mount a loop filesystem (CI runs as root)")
-    for tool in ("mkfs.ext4", "mount", "umount"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
-    img, mnt = tmp_path / "disk.img", tmp_path / "mnt"
-    mnt.mkdir()
-    with open(img, "wb") as f:
-        f.truncate(IMAGE_MB << 20)
-    _run("mkfs.ext4", "-q", "-F", "-b", "4096", "-m", "0", "-O", "^has_journal", str(img))
-    _run("mount", "-o", "loop", str(img), str(mnt))
-    try:
+    with loopfs.small_fs(tmp_path, IMAGE_MB) as mnt:
         yield mnt
-    finally:
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def fill_ballast(path, leave):
