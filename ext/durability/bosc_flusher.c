@@ -80,6 +80,30 @@ static uint64_t evict(struct bosc *b, int force)
     return freed;
 }
 
+/* The sweep settled a chunk (bosc_sweep.c): its keys are clean. While
+ * writers wait for room (a poller's kick, a bosc_make_room) or memory is past
+ * HIGH_PCT, evict down to LOW_PCT now, and wake the writers: they wait for one
+ * chunk, not for the whole sweep. (Whether evicting is stuck is left to the end
+ * of the sweep: its keys not settled yet are dirty, not stuck.) */
+void bosc_chunk_done(struct bosc *b)
+{
+    uint64_t max = kvt_max_memory(b->t);
+    pthread_mutex_lock(&b->lock);
+    int waiting = b->kick || b->room_waiters;
+    pthread_mutex_unlock(&b->lock);
+    if (max && (waiting || kvt_used_memory(b->t) * 100 > max * HIGH_PCT)) {
+        uint64_t n = 0, freed = kvt_evict(b->t, max / 100 * LOW_PCT, &n);
+        add(&b->st.evicted, n);
+        add(&b->st.evicted_bytes, freed);
+        add(&b->st.chunk_evicted, n);
+    }
+    pthread_mutex_lock(&b->lock);
+    b->room_seq++;
+    pthread_cond_broadcast(&b->done);
+    bosc_wake_all(b);
+    pthread_mutex_unlock(&b->lock);
+}
+
 #define RETRY_FIRST_MS 10    /* backoff after a sweep the disk refused: doubling from here ... */
 #define RETRY_MAX_MS 1000    /* ... to this, so writes resume within a second of the disk */
 
@@ -277,6 +301,20 @@ int bosc_sync_done(struct bosc *b, uint64_t ticket)
     int done = b->sync_done >= ticket || !b->started || b->stop;
     pthread_mutex_unlock(&b->lock);
     return done;
+}
+
+int bosc_make_room(void *arg)
+{
+    struct bosc *b = arg;
+    pthread_mutex_lock(&b->lock);
+    uint64_t want = ++b->sync_req, room = b->room_seq;
+    b->room_waiters++;
+    pthread_cond_broadcast(&b->cond);
+    while (b->started && !b->stop && b->sync_done < want && b->room_seq == room)
+        pthread_cond_wait(&b->done, &b->lock);
+    b->room_waiters--;
+    pthread_mutex_unlock(&b->lock);
+    return atomic_load(&b->failed) ? -EIO : 0;
 }
 
 int bosc_dirty(struct bosc *b)
