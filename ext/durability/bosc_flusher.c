@@ -80,23 +80,28 @@ static uint64_t evict(struct bosc *b, int force)
     return freed;
 }
 
-/* The sweep settled a chunk (bosc_sweep.c): its keys are clean. While
- * writers wait for room (a poller's kick, a bosc_make_room) or memory is past
- * HIGH_PCT, evict down to LOW_PCT now, and wake the writers: they wait for one
- * chunk, not for the whole sweep. (Whether evicting is stuck is left to the end
- * of the sweep: its keys not settled yet are dirty, not stuck.) */
-void bosc_chunk_done(struct bosc *b)
+/* A chunk of the sweep (bosc_sweep.c) is about to be settled. While writers
+ * wait for room (a poller's kick, a bosc_make_room) or memory is past HIGH_PCT
+ * (and above LOW_PCT), its keys are evicted as they become clean: the sweep
+ * knows them, so that costs no turn of the clock over every entry (a turn per
+ * chunk made the flusher's CPU per record 1.5x). The clean keys it does not
+ * know are for the eviction after the sweep, as are the decision that evicting
+ * is stuck (keys not settled yet are dirty, not stuck). */
+int bosc_room_wanted(struct bosc *b)
 {
-    uint64_t max = kvt_max_memory(b->t);
+    uint64_t max = kvt_max_memory(b->t), used = kvt_used_memory(b->t);
+    if (!max || used <= max / 100 * LOW_PCT)
+        return 0;
     pthread_mutex_lock(&b->lock);
     int waiting = b->kick || b->room_waiters;
     pthread_mutex_unlock(&b->lock);
-    if (max && (waiting || kvt_used_memory(b->t) * 100 > max * HIGH_PCT)) {
-        uint64_t n = 0, freed = kvt_evict(b->t, max / 100 * LOW_PCT, &n);
-        add(&b->st.evicted, n);
-        add(&b->st.evicted_bytes, freed);
-        add(&b->st.chunk_evicted, n);
-    }
+    return waiting || used * 100 > max * HIGH_PCT;
+}
+
+/* The chunk is settled: wake the writers waiting for room, who so wait for one
+ * chunk, not for the whole sweep. */
+void bosc_chunk_done(struct bosc *b)
+{
     pthread_mutex_lock(&b->lock);
     b->room_seq++;
     pthread_cond_broadcast(&b->done);

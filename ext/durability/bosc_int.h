@@ -403,8 +403,10 @@ struct sweep_ctx {
 
 int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen);
 void *bosc_flusher_main(void *arg);
-/* A chunk of the sweep is settled (its keys clean): evict if writers wait or
- * memory is past HIGH_PCT, and wake the writers waiting for room. Flusher. */
+/* Before a chunk of the sweep is settled: 1 if its keys left clean should
+ * leave memory at once (writers wait for room, or memory is past HIGH_PCT);
+ * after: wake the writers waiting for room. Flusher. */
+int bosc_room_wanted(struct bosc *b);
 void bosc_chunk_done(struct bosc *b);
 /* The table's make_room hook: ask for a sweep and wait until it settled a
  * chunk (or finished). Returns 0 or -EIO (the data file failed). */

@@ -499,8 +499,11 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
     for (size_t k = 0; k < b->nfreed; k++)
         bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, b->freed[k]);
     b->nfreed = 0;
-    uint64_t deferred = 0;
+    uint64_t deferred = 0, evicted = 0, freed = 0;
     uint64_t durable_now = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX; /* >= every state written */
+    /* Before the last chunk, keys left clean leave memory now if room is wanted
+     * (after it, the flusher's eviction follows at once, as after a whole sweep). */
+    int evict = !last && bosc_room_wanted(b);
     for (size_t k = lo; k < hi; k++) {
         struct item *it = &c->items[k];
         if (it->snap.kind == KVT_SNAP_NONE || it->snap.kind == KVT_SNAP_SKIP) {
@@ -511,9 +514,18 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
             c->any_skipped = 1;
             deferred++;
         }
-        kvt_flushed(b->t, it->d, it->held, it->nheld, &it->snap, it->written, durable_now, &b->q);
+        if (!evict) {
+            kvt_flushed(b->t, it->d, it->held, it->nheld, &it->snap, it->written, durable_now, &b->q);
+            continue;
+        }
+        uint64_t f = kvt_flushed_evict(b->t, it->d, it->held, it->nheld, &it->snap, it->written, durable_now, &b->q);
+        freed += f;
+        evicted += f != 0;
     }
     add(&b->st.deferred, deferred);
+    add(&b->st.evicted, evicted);
+    add(&b->st.evicted_bytes, freed);
+    add(&b->st.chunk_evicted, evicted);
     /* The file now holds every change up to D, except those of keys whose state
      * was not durable yet (SKIP: the bound stops below the first change they
      * lack), unless a FLUSHALL made this sweep skip blocks: then the flushed LSN
