@@ -346,7 +346,7 @@ class ServerConfig:
     # ---- data-file integrity (integrity)
     # ---- issue 14b (chunk)
     sweep_chunk_pct: int = setting(
-        5, "A sweep of the data file syncs, records and settles its keys a chunk of buckets at a time, each chunk "
+        2, "A sweep of the data file syncs, records and settles its keys a chunk of buckets at a time, each chunk "
            "about this percent of --max-memory: a writer waiting for room waits for one chunk (then clean keys are "
            "evicted), not for the whole sweep. Each chunk costs two syncs; the flushed LSN (log truncation) moves "
            "once per sweep. 0: the whole sweep is one chunk.", min=0, max=100)

@@ -210,7 +210,7 @@ class DataFile:
     log replays, so the replay marks its keys dirty for the flusher."""
 
     def __init__(self, store, data_dir, buckets=0, flush_interval_ms=5000, truncate_log=True,
-                 dirty_queue="ldu", sweep_chunk_pct=5):
+                 dirty_queue="ldu", sweep_chunk_pct=2):
         cfg = ffi.new("struct bosc_config *")
         # Remote mode keeps every log segment: a peer that lost its copy of this
         # node's log is caught up by shipping the log from LSN 1.
