@@ -1,10 +1,15 @@
 /* wal.c - group-committed write-ahead log (see wal.h); recovery is in wal_recover.c.
  * Threads: any number of appenders (under w->lock, held only for a memcpy), one log
- * thread doing the I/O. Lock order: a table shard lock, then w->lock. fsync
+ * thread doing the I/O, and in ship mode the log sender. Records are copied once,
+ * into a list of chunks that never move (a record never spans two); the log thread
+ * writes them with writev and the sender ships them with sendmsg from the same
+ * memory, each with its own cursor, and a chunk is recycled once both passed it.
+ * Bytes before a consumer's end (taken under w->lock) never change, so each
+ * consumer reads them without the lock. Lock order: a table shard lock, then w->lock. fsync
  * ordering: a group's durable LSN is published only after its write() and
  * fdatasync() returned; a new segment's directory entry is synced (fsync of the
  * directory) before records in it can count as durable. Units: while one is open
- * (w->unit_open, under w->lock) the log thread leaves the active buffer alone, so
+ * (w->unit_open, under w->lock) the log thread takes no records, so
  * every group, every segment switch and every durable LSN falls between units.
  * A full or failing disk: a group whose write or sync fails is retried from
  * memory with backoff, the segment cut back to where it began each time, and
@@ -23,6 +28,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,6 +46,28 @@ static void fail(struct wal *w, const char *what, int e);
  * so an append knows without a lock that its record belongs to a unit. */
 static __thread struct wal *unit_of_thread __attribute__((tls_model("initial-exec")));
 
+#ifndef WAL_CHUNK_BYTES        /* (the stress test builds with small chunks: many boundaries) */
+#define WAL_CHUNK_BYTES (1u << 20)
+#endif
+#define CHUNK_BYTES WAL_CHUNK_BYTES /* a chunk's size (a larger record gets a chunk of its own size) */
+#define SPARE_CHUNKS 4         /* emptied chunks kept for reuse */
+
+/* A piece of the log's memory: whole records, appended at len. len changes under
+ * w->lock while the chunk is the tail; once next is set it is final. */
+struct wal_chunk {
+    struct wal_chunk *next;
+    size_t cap, len;
+    unsigned char data[];
+};
+
+/* A place in the chunk list: before the record with LSN lsn, after bytes bytes
+ * appended since the log opened. */
+struct wal_pos {
+    struct wal_chunk *c;
+    size_t off;
+    uint64_t lsn, bytes;
+};
+
 struct wal {
     char *dir;
     int dirfd, fd;
@@ -47,9 +75,7 @@ struct wal {
     uint32_t sync_delay_us;
     uint64_t batch_bytes;     /* async mode: write once this much is gathered ... */
     uint64_t batch_ns;        /* ... or this long after the first record of a batch */
-    int ship;                 /* keep a copy of every record for a log sender */
-    struct kvbuf sbuf;        /* records not yet taken by the sender (under lock) */
-    uint64_t sfirst;          /* LSN of sbuf's first record */
+    int ship;                 /* a log sender reads the records too (wal_ship_peek) */
     /* The sender's wake-up (ship mode): ship_pending is 1 once a record the
      * sender may take (not inside an open unit) was appended since its last
      * wal_take_ship; ship_idle is 1 while the sender sleeps on ship_evfd with
@@ -63,17 +89,23 @@ struct wal {
     _Atomic uint64_t written_lsn; /* last LSN written to the segment file (not necessarily synced) */
     _Atomic uint64_t synced_lsn;  /* last LSN made durable on the local disk */
     uint64_t seg_limit, seg_size, max_pending;
-    pthread_mutex_t lock;     /* guards buf, active, next_lsn, first_in_buf, stop, unit_* */
-    pthread_cond_t cond;      /* signalled when the active buffer becomes non-empty or on stop */
-    struct kvbuf buf[2];
-    int active;
-    uint64_t next_lsn, appended_lsn, first_in_buf[2];
+    pthread_mutex_t lock;     /* guards the chunks and positions, next_lsn, total, stop, unit_* */
+    pthread_cond_t cond;      /* signalled when records come for the log thread, or on stop */
+    struct wal_chunk *head, *tail, *spare; /* the chunks in order (appends go to tail); spares */
+    int nspare;
+    uint64_t total;           /* bytes appended since the log opened */
+    struct wal_pos disk;      /* the log thread's cursor: what it has not written yet starts here */
+    uint64_t disk_taken;      /* bytes: the end of what the log thread took (== disk.bytes when idle) */
+    struct wal_pos shipc;     /* the sender's cursor (ship mode): what it has not consumed */
+    struct iovec *wiov;       /* the log thread's iovecs for a group */
+    int wiov_cap;
+    uint64_t next_lsn, appended_lsn;
     int stop, running;
     /* The open unit (between its first record and its COMMIT): its first LSN,
-     * where it starts in sbuf, how many records it has. */
+     * where it starts, how many records it has. */
     int unit_open;
     uint64_t unit_first;
-    size_t unit_soff;
+    struct wal_pos unit_pos;
     uint32_t unit_n;
     pthread_t th;
     _Atomic uint64_t durable_lsn;
@@ -114,6 +146,128 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* ------------------------------------------------------------------ chunks */
+
+static struct wal_chunk *chunk_new(struct wal *w, size_t cap)
+{
+    struct wal_chunk *c;
+    if (cap == CHUNK_BYTES && w->spare) {
+        c = w->spare;
+        w->spare = c->next;
+        w->nspare--;
+    } else if (!(c = malloc(sizeof *c + cap))) {
+        return NULL;
+    }
+    c->next = NULL;
+    c->cap = cap;
+    c->len = 0;
+    return c;
+}
+
+static void chunk_drop(struct wal *w, struct wal_chunk *c)
+{
+    if (c->cap == CHUNK_BYTES && w->nspare < SPARE_CHUNKS) {
+        c->next = w->spare;
+        w->spare = c;
+        w->nspare++;
+    } else {
+        free(c);
+    }
+}
+
+/* Where the next record goes. Caller holds w->lock. */
+static inline struct wal_pos end_pos(const struct wal *w)
+{
+    return (struct wal_pos){w->tail, w->tail->len, w->next_lsn, w->total};
+}
+
+/* A cursor at the end of a chunk that has a successor moves to the successor's
+ * start (so that the chunk behind it can go). Caller holds w->lock. */
+static void pos_norm(struct wal_pos *p)
+{
+    while (p->off == p->c->len && p->c->next) {
+        p->c = p->c->next;
+        p->off = 0;
+    }
+}
+
+/* Recycle the chunks both cursors passed; with nothing left to read, start the
+ * tail over (an oversized one is replaced). Caller holds w->lock. */
+static void recycle(struct wal *w)
+{
+    pos_norm(&w->disk);
+    if (w->ship)
+        pos_norm(&w->shipc);
+    else
+        w->shipc = w->disk;
+    while (w->head != w->disk.c && w->head != w->shipc.c) {
+        struct wal_chunk *c = w->head;
+        w->head = c->next;
+        chunk_drop(w, c);
+    }
+    if (w->disk.bytes == w->total && w->shipc.bytes == w->total && w->disk_taken == w->total &&
+        !w->unit_open && w->head == w->tail) {
+        if (w->tail->cap != CHUNK_BYTES) {
+            struct wal_chunk *c = chunk_new(w, CHUNK_BYTES);
+            if (!c)
+                return;
+            free(w->tail);
+            w->head = w->tail = c;
+        }
+        w->tail->len = 0;
+        w->disk.c = w->shipc.c = w->tail;
+        w->disk.off = w->shipc.off = 0;
+    }
+}
+
+/* Room for need bytes at the tail (a new chunk when they do not fit): the place
+ * to write, or NULL without memory. Caller holds w->lock. */
+static inline unsigned char *room(struct wal *w, size_t need)
+{
+    struct wal_chunk *c = w->tail;
+    if (c->cap - c->len >= need)
+        return c->data + c->len;
+    struct wal_chunk *n = chunk_new(w, need > CHUNK_BYTES ? need : CHUNK_BYTES);
+    if (!n)
+        return NULL;
+    c->next = n;
+    w->tail = n;
+    return n->data;
+}
+
+/* Bytes appended that a consumer has not passed yet (what max_pending bounds). */
+static inline uint64_t backlog(const struct wal *w)
+{
+    uint64_t done = w->disk.bytes;
+    if (w->ship && w->shipc.bytes < done)
+        done = w->shipc.bytes;
+    return w->total - done;
+}
+
+/* The records in [from, to) as iovecs into *iov (grown as needed; *cap its
+ * size). Without w->lock: every chunk before to.c is final and none is recycled
+ * while the caller's cursor stands at from. Returns the count, or -ENOMEM. */
+static int pos_iov(struct wal_pos from, struct wal_pos to, struct iovec **iov, int *cap)
+{
+    int n = 0;
+    for (struct wal_chunk *c = from.c;; c = c->next) {
+        size_t off = c == from.c ? from.off : 0, end = c == to.c ? to.off : c->len;
+        if (end > off) {
+            if (n == *cap) {
+                int ncap = *cap ? *cap * 2 : 16;
+                struct iovec *v = realloc(*iov, (size_t)ncap * sizeof *v);
+                if (!v)
+                    return -ENOMEM;
+                *iov = v;
+                *cap = ncap;
+            }
+            (*iov)[n++] = (struct iovec){c->data + off, end - off};
+        }
+        if (c == to.c)
+            return n;
+    }
+}
+
 /* Create the segment whose first record has LSN first; its name and header are
  * synced (file and directory) so a crash cannot lose the file holding synced records. */
 static int seg_create(struct wal *w, uint64_t first, char *err, size_t errlen)
@@ -149,6 +303,12 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
     w->max_pending = cfg->max_pending ? cfg->max_pending : 256u << 20;
     w->next_lsn = cfg->first_lsn ? cfg->first_lsn : 1;
     w->appended_lsn = w->next_lsn - 1;
+    if (!(w->head = w->tail = chunk_new(w, CHUNK_BYTES))) {
+        free(w->dir);
+        free(w);
+        return -ENOMEM;
+    }
+    w->disk = w->shipc = end_pos(w);
     atomic_init(&w->durable_lsn, w->next_lsn - 1);
     atomic_init(&w->written_lsn, w->next_lsn - 1);
     atomic_init(&w->synced_lsn, w->next_lsn - 1);
@@ -207,16 +367,14 @@ static inline __attribute__((always_inline)) uint32_t rec_head(unsigned char *hd
     return crc;
 }
 
-/* Copy a record into the active buffer (and the ship buffer) with the next
- * LSN. Caller holds w->lock and reserved rec bytes in both; was_empty: the
- * active buffer is. Returns the LSN. */
-static inline __attribute__((always_inline)) uint64_t do_put(struct wal *w, int was_empty, unsigned char *hdr,
+/* Copy a record to p (room() gave it: at the tail chunk's end) with the next
+ * LSN: the one copy of it, which the log thread writes and the sender ships.
+ * Caller holds w->lock. Returns the LSN. */
+static inline __attribute__((always_inline)) uint64_t do_put(struct wal *w, unsigned char *p, unsigned char *hdr,
                                                              uint32_t crc, size_t rec, const void *key, uint32_t klen,
                                                              const void *v1, uint32_t n1, const void *v2, uint32_t n2)
 {
-    struct kvbuf *b = &w->buf[w->active];
     uint64_t lsn = w->next_lsn++;
-    unsigned char *p = (unsigned char *)b->p + b->len;
     put64(p + rec - WAL_TRAILER, lsn);
     put32(hdr, crc32c(crc, p + rec - WAL_TRAILER, WAL_TRAILER));
     memcpy(p, hdr, WAL_HDR);
@@ -225,15 +383,8 @@ static inline __attribute__((always_inline)) uint64_t do_put(struct wal *w, int 
         memcpy(p + WAL_HDR + klen, v1, n1);
     if (n2)
         memcpy(p + WAL_HDR + klen + n1, v2, n2);
-    if (was_empty)
-        w->first_in_buf[w->active] = lsn;
-    if (w->ship) {
-        if (w->sbuf.len == 0)
-            w->sfirst = lsn;
-        memcpy(w->sbuf.p + w->sbuf.len, p, rec);
-        w->sbuf.len += rec;
-    }
-    b->len += rec;
+    w->tail->len += rec;
+    w->total += rec;
     w->appended_lsn = lsn;
     return lsn;
 }
@@ -272,22 +423,23 @@ static __attribute__((noinline)) int64_t unit_put(struct wal *w, int in_unit, un
         crc = rec_head(hdr, hdr[WAL_OFF_OP], hdr[WAL_OFF_TYPE], WAL_F_UNIT, 0, key, klen, v1, n1, v2, n2,
                        (int64_t)get64(hdr + WAL_OFF_EXPIRE));
     }
-    /* A unit's records keep room for its COMMIT, so closing it cannot fail. */
-    struct kvbuf *b = &w->buf[w->active];
-    if (b->len + rec > w->max_pending || kvbuf_reserve(b, rec + WAL_COMMIT_LEN) ||
-        (w->ship && (w->sbuf.len + rec > w->max_pending || kvbuf_reserve(&w->sbuf, rec + WAL_COMMIT_LEN)))) {
+    /* A unit's records keep room for its COMMIT after them in their chunk, so
+     * closing it cannot fail (every record appended while it is open is one of
+     * its records). */
+    unsigned char *p;
+    if (backlog(w) + rec > w->max_pending || !(p = room(w, rec + WAL_COMMIT_LEN))) {
         pthread_mutex_unlock(&w->lock);
         return -EAGAIN;
     }
-    int was_empty = b->len == 0;
+    int was_empty = w->total == w->disk_taken;
     if (!w->unit_open) {
         w->unit_open = 1;
         w->unit_first = w->next_lsn;
-        w->unit_soff = w->sbuf.len;
+        w->unit_pos = (struct wal_pos){w->tail, w->tail->len, w->next_lsn, w->total};
         w->unit_n = 0;
     }
     w->unit_n++;
-    uint64_t lsn = do_put(w, was_empty, hdr, crc, rec, key, klen, v1, n1, v2, n2);
+    uint64_t lsn = do_put(w, p, hdr, crc, rec, key, klen, v1, n1, v2, n2);
     pthread_mutex_unlock(&w->lock);
     if (was_empty) /* the log thread checks for the unit's end then */
         pthread_cond_signal(&w->cond);
@@ -323,14 +475,13 @@ int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const 
     pthread_mutex_lock(&w->lock);
     if (__builtin_expect(in_unit || w->unit_open, 0))
         return unit_put(w, in_unit, hdr, crc, rec, key, klen, v1, n1, v2, n2);
-    struct kvbuf *b = &w->buf[w->active];
-    if (b->len + rec > w->max_pending || kvbuf_reserve(b, rec) ||
-        (w->ship && (w->sbuf.len + rec > w->max_pending || kvbuf_reserve(&w->sbuf, rec)))) {
+    unsigned char *p;
+    if (backlog(w) + rec > w->max_pending || !(p = room(w, rec))) {
         pthread_mutex_unlock(&w->lock);
         return -EAGAIN;
     }
-    int was_empty = b->len == 0;
-    uint64_t lsn = do_put(w, was_empty, hdr, crc, rec, key, klen, v1, n1, v2, n2);
+    int was_empty = w->total == w->disk_taken;
+    uint64_t lsn = do_put(w, p, hdr, crc, rec, key, klen, v1, n1, v2, n2);
     int wake = ship_mark(w);
     pthread_mutex_unlock(&w->lock);
     if (was_empty) /* the log thread sleeps only while the buffer is empty */
@@ -361,11 +512,10 @@ int64_t wal_unit_end(struct wal *w)
         if (atomic_load_explicit(&w->failed, memory_order_relaxed)) {
             rc = -EIO;
         } else {
-            /* The room was reserved by every record of the unit, and neither buffer
-             * was swapped since (the log thread waits, wal_take_ship keeps the
-             * unit): these reserves find it, unless the log was closed meanwhile. */
-            struct kvbuf *b = &w->buf[w->active];
-            if (kvbuf_reserve(b, WAL_COMMIT_LEN) || (w->ship && kvbuf_reserve(&w->sbuf, WAL_COMMIT_LEN))) {
+            /* The room was reserved after every record of the unit in its chunk,
+             * and only the unit's records were appended since: this finds it. */
+            unsigned char *p = room(w, WAL_COMMIT_LEN);
+            if (!p) {
                 /* A unit left without its COMMIT may only end the log: stop it. */
                 rc = -ENOMEM;
                 fail(w, "closing a unit", ENOMEM);
@@ -373,7 +523,7 @@ int64_t wal_unit_end(struct wal *w)
                 unsigned char hdr[WAL_HDR];
                 /* no key: any valid pointer with length 0 */
                 uint32_t crc = rec_head(hdr, WAL_COMMIT, 0, 0, w->unit_n, hdr, 0, NULL, 0, NULL, 0, 0);
-                rc = (int64_t)do_put(w, b->len == 0, hdr, crc, WAL_COMMIT_LEN, hdr, 0, NULL, 0, NULL, 0);
+                rc = (int64_t)do_put(w, p, hdr, crc, WAL_COMMIT_LEN, hdr, 0, NULL, 0, NULL, 0);
             }
         }
         w->unit_open = 0;
@@ -414,13 +564,45 @@ static void fail(struct wal *w, const char *what, int e)
     wal_notify_wake(&w->notify, 0, 1);
 }
 
-/* Write group b (first: its first LSN) at the end of the current segment
+/* writev() all of iov[0..n) (retrying short writes and EINTR), at most
+ * WRITEV_MAX parts a call; iov is left as it was. Returns 0 or -errno. */
+#define WRITEV_MAX 64
+static int writev_all(int fd, const struct iovec *iov, int n)
+{
+    int i = 0;
+    size_t skip = 0; /* bytes of iov[i] written already */
+    while (i < n) {
+        struct iovec cur[WRITEV_MAX];
+        int k = 0;
+        for (int j = i; j < n && k < WRITEV_MAX; j++, k++)
+            cur[k] = j == i ? (struct iovec){(char *)iov[j].iov_base + skip, iov[j].iov_len - skip} : iov[j];
+        ssize_t r = writev(fd, cur, k);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        if (r == 0)
+            return -EIO;
+        size_t left = (size_t)r;
+        while (i < n && left >= iov[i].iov_len - skip) {
+            left -= iov[i].iov_len - skip;
+            i++;
+            skip = 0;
+        }
+        skip += left;
+    }
+    return 0;
+}
+
+/* Write group (iov, len bytes; first: its first LSN) at the end of the current segment
  * (after starting a new one when it is full) and sync it. Returns 0, or -errno
  * with what failed in err; the segment is then cut back to where the group
  * began, so a retry writes the whole group again from memory (after a failed
  * fdatasync the kernel may have dropped the pages: only a new write of them
  * makes a later sync mean something). Log thread. */
-static int write_group(struct wal *w, const struct kvbuf *b, uint64_t first, char *err, size_t errlen)
+static int write_group(struct wal *w, const struct iovec *iov, int niov, size_t len, uint64_t first, char *err,
+                       size_t errlen)
 {
     /* A failed attempt may have left part of the group: cut it first (no write
      * may land after a torn tail: O_APPEND would put it there). */
@@ -439,7 +621,7 @@ static int write_group(struct wal *w, const struct kvbuf *b, uint64_t first, cha
         if ((rc = seg_create(w, first, err, errlen)))
             return rc;
     }
-    rc = wal_write_all(w->fd, b->p, b->len);
+    rc = writev_all(w->fd, iov, niov);
     if (rc) {
         snprintf(err, errlen, "log write: %s", strerror(-rc));
     } else {
@@ -460,7 +642,7 @@ static int write_group(struct wal *w, const struct kvbuf *b, uint64_t first, cha
         }
     }
     if (!rc)
-        w->seg_size += b->len;
+        w->seg_size += len;
     else if (ftruncate(w->fd, (off_t)w->seg_size))
         (void)0; /* (the next attempt cuts first, and writes only once that worked) */
     return rc;
@@ -475,13 +657,13 @@ static int write_group(struct wal *w, const struct kvbuf *b, uint64_t first, cha
  * Returns 0 when written, -ECANCELED when the log was closed first (the group
  * is then lost, but none of it was acknowledged: nothing past the durable LSN
  * ever is). Log thread. */
-static int write_group_retrying(struct wal *w, const struct kvbuf *b, uint64_t first)
+static int write_group_retrying(struct wal *w, const struct iovec *iov, int niov, size_t len, uint64_t first)
 {
     static struct kvlog_rate rate = KVLOG_RATE_INIT(3);
     char err[256];
     uint32_t backoff = RETRY_FIRST_MS;
     int rc;
-    while ((rc = write_group(w, b, first, err, sizeof err))) {
+    while ((rc = write_group(w, iov, niov, len, first, err, sizeof err))) {
         atomic_fetch_add_explicit(&w->write_errors, 1, memory_order_relaxed);
         pthread_mutex_lock(&w->lock);
         snprintf(w->werr_msg, sizeof w->werr_msg, "%s", err);
@@ -529,7 +711,7 @@ static void *log_thread(void *arg)
         pthread_mutex_lock(&w->lock);
         /* An open unit holds the group back until its COMMIT: a group (and so
          * the durable LSN, and a segment switch) never ends inside a unit. */
-        while ((w->buf[w->active].len == 0 || w->unit_open) && !w->stop)
+        while ((w->total == w->disk_taken || w->unit_open) && !w->stop)
             pthread_cond_wait(&w->cond, &w->lock);
         /* Async mode (remote durability): gather large batches — until batch_bytes
          * or batch_ns after this batch began — unless the mode switches to sync. */
@@ -537,7 +719,7 @@ static void *log_thread(void *arg)
             if (!deadline) /* kept across a wait for a unit: the batch stays due */
                 deadline = now_ns() + w->batch_ns;
             while (!w->stop && !atomic_load_explicit(&w->sync, memory_order_relaxed) &&
-                   w->buf[w->active].len < w->batch_bytes && now_ns() < deadline) {
+                   w->total - w->disk_taken < w->batch_bytes && now_ns() < deadline) {
                 struct timespec ts;
                 clock_gettime(CLOCK_REALTIME, &ts);
                 uint64_t wait = deadline - now_ns();
@@ -553,30 +735,39 @@ static void *log_thread(void *arg)
             pthread_mutex_unlock(&w->lock);
             continue;
         }
-        struct kvbuf *b = &w->buf[w->active];
-        if (b->len == 0) { /* stop requested and nothing left */
+        if (w->total == w->disk_taken) { /* stop requested and nothing left */
             pthread_mutex_unlock(&w->lock);
             break;
         }
-        uint64_t first = w->first_in_buf[w->active], upto = w->appended_lsn;
+        pos_norm(&w->disk); /* from.c then holds what is read first: recycling stops there */
+        struct wal_pos from = w->disk, to = end_pos(w);
+        uint64_t first = from.lsn, upto = w->appended_lsn;
         /* Stopping inside a unit (wal_close during a transaction): its records are
          * written, but never count as durable; recovery drops them. */
         uint64_t done = w->unit_open ? w->unit_first - 1 : upto;
         uint64_t nrec = upto - first + 1;
+        size_t len = (size_t)(to.bytes - from.bytes);
         deadline = 0;
-        w->active ^= 1; /* appends continue into the other buffer meanwhile */
+        w->disk_taken = to.bytes; /* appends continue after it meanwhile */
         pthread_mutex_unlock(&w->lock);
 
-        if (write_group_retrying(w, b, first)) /* stopped while the disk refused it */
+        int niov = pos_iov(from, to, &w->wiov, &w->wiov_cap);
+        if (niov < 0) {
+            fail(w, "log write", ENOMEM);
+            break;
+        }
+        if (write_group_retrying(w, w->wiov, niov, len, first)) /* stopped while the disk refused it */
             break;
         atomic_store_explicit(&w->written_lsn, done, memory_order_release); /* readable by catch-up */
         atomic_fetch_add_explicit(&w->groups, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&w->records, nrec, memory_order_relaxed);
-        atomic_fetch_add_explicit(&w->bytes, b->len, memory_order_relaxed);
+        atomic_fetch_add_explicit(&w->bytes, len, memory_order_relaxed);
         if (nrec > atomic_load_explicit(&w->max_group, memory_order_relaxed))
             atomic_store_explicit(&w->max_group, nrec, memory_order_relaxed);
-        b->len = 0;
-        kvbuf_shrink(b, 1u << 20);
+        pthread_mutex_lock(&w->lock);
+        w->disk = to;
+        recycle(w);
+        pthread_mutex_unlock(&w->lock);
         atomic_store_explicit(&w->synced_lsn, done, memory_order_release);
         wal_publish_durable(w, done);
     }
@@ -616,38 +807,71 @@ void wal_set_sync(struct wal *w, int sync)
     pthread_cond_signal(&w->cond); /* a log thread gathering a batch re-checks the mode */
 }
 
-uint64_t wal_take_ship(struct wal *w, struct kvbuf *out, uint64_t *first)
+uint64_t wal_ship_peek(struct wal *w, struct wal_ship *v)
 {
-    /* Swap, not copy: the sender's emptied buffer becomes the next ship buffer.
-     * An open unit's records stay behind (copied to the front of the new ship
-     * buffer, with room for its COMMIT): the peer acknowledges only whole units,
-     * and what is shipped ends where the durable LSN may. */
+    /* The sender's records are the log's: v points into the chunks, which stay
+     * until the sender consumed them (and the log thread wrote them). An open
+     * unit's records stay behind: the peer acknowledges only whole units, and
+     * what is shipped ends where the durable LSN may. */
     pthread_mutex_lock(&w->lock);
-    /* Everything the sender may take is taken now: a later append raises it again
-     * (the unit kept back below raises it with its COMMIT). */
+    /* Everything the sender may take is in v now: a later append raises it again
+     * (an open unit left out raises it with its COMMIT). */
     atomic_store_explicit(&w->ship_pending, 0, memory_order_relaxed);
-    size_t keep = w->unit_open ? w->sbuf.len - w->unit_soff : 0;
-    struct kvbuf tmp = *out;
-    tmp.len = 0;
-    if (keep == w->sbuf.len || (keep && kvbuf_reserve(&tmp, keep + WAL_COMMIT_LEN))) {
-        *out = tmp; /* nothing before the unit (or no memory to split it): take nothing now */
-        pthread_mutex_unlock(&w->lock);
+    pos_norm(&w->shipc);
+    struct wal_pos from = w->shipc, to = w->unit_open ? w->unit_pos : end_pos(w);
+    pthread_mutex_unlock(&w->lock);
+    v->n = 0;
+    v->bytes = (size_t)(to.bytes - from.bytes);
+    v->end_c = to.c;
+    v->end_off = to.off;
+    v->end_lsn = to.lsn;
+    v->end_bytes = to.bytes;
+    if (!v->bytes) {
+        v->first = v->last = 0;
         return 0;
     }
-    if (keep)
-        memcpy(tmp.p, w->sbuf.p + w->unit_soff, keep);
-    tmp.len = keep;
-    *out = w->sbuf;
-    out->len -= keep;
-    w->sbuf = tmp;
-    *first = w->sfirst;
-    uint64_t last = out->len ? (keep ? w->unit_first - 1 : w->appended_lsn) : 0;
-    if (keep) {
-        w->sfirst = w->unit_first;
-        w->unit_soff = 0;
+    int n = pos_iov(from, to, &v->iov, &v->cap);
+    if (n < 0) { /* no memory for the iovecs: nothing now, the sender comes back */
+        atomic_store_explicit(&w->ship_pending, 1, memory_order_relaxed);
+        v->bytes = 0;
+        v->first = v->last = 0;
+        return 0;
     }
+    v->n = n;
+    v->first = from.lsn;
+    v->last = to.lsn - 1;
+    return v->last;
+}
+
+void wal_ship_consume(struct wal *w, struct wal_ship *v, uint64_t upto)
+{
+    if (!v->bytes || upto < v->first)
+        return;
+    pthread_mutex_lock(&w->lock);
+    if (upto >= v->last) {
+        w->shipc = (struct wal_pos){v->end_c, v->end_off, v->end_lsn, v->end_bytes};
+    } else { /* a prefix: walk its records (whole records, never across chunks) */
+        struct wal_pos *p = &w->shipc;
+        while (p->lsn <= upto && p->bytes < v->end_bytes) {
+            pos_norm(p);
+            const unsigned char *r = p->c->data + p->off;
+            size_t l = WAL_HDR + (size_t)get32(r + WAL_OFF_KLEN) + get32(r + WAL_OFF_VLEN) + WAL_TRAILER;
+            p->off += l;
+            p->bytes += l;
+            p->lsn++;
+        }
+    }
+    recycle(w);
     pthread_mutex_unlock(&w->lock);
-    return last;
+    v->bytes = 0;
+    v->n = 0;
+    v->first = v->last = 0;
+}
+
+void wal_ship_free(struct wal_ship *v)
+{
+    free(v->iov);
+    *v = (struct wal_ship){0};
 }
 
 int wal_ship_fd(struct wal *w) { return w->ship_evfd; }
@@ -707,9 +931,15 @@ void wal_close(struct wal *w)
         close(w->dirfd);
     if (w->ship_evfd >= 0)
         close(w->ship_evfd);
-    kvbuf_free(&w->buf[0]);
-    kvbuf_free(&w->buf[1]);
-    kvbuf_free(&w->sbuf);
+    for (struct wal_chunk *c = w->head, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    for (struct wal_chunk *c = w->spare, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    free(w->wiov);
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->cond);
     wal_notify_destroy(&w->notify);
