@@ -45,7 +45,7 @@ struct wal {
     int ship;                 /* a log sender reads the records too (wal_ship_peek) */
     /* The sender's wake-up (ship mode): ship_pending is 1 once a record the
      * sender may take (not inside an open unit) was appended since its last
-     * wal_take_ship; ship_idle is 1 while the sender sleeps on ship_evfd with
+     * wal_ship_peek; ship_idle is 1 while the sender sleeps on ship_evfd with
      * nothing in flight. An appender that raises ship_pending and sees
      * ship_idle writes ship_evfd; both sides use seq_cst (store one flag, then
      * load the other: Dekker), so either the sender sees the record before it
