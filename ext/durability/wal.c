@@ -59,6 +59,8 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
     w->max_pending = cfg->max_pending ? cfg->max_pending : 256u << 20;
     w->next_lsn = cfg->first_lsn ? cfg->first_lsn : 1;
     w->appended_lsn = w->next_lsn - 1;
+    /* What a batch holds (async mode gathers batch_bytes before writing), and a few more. */
+    w->max_spare = (int)((w->batch_bytes < (256u << 20) ? w->batch_bytes : (256u << 20)) / CHUNK_BYTES) + 4;
     if (!(w->head = w->tail = wal_chunk_new(w, CHUNK_BYTES))) {
         free(w->dir);
         free(w);
@@ -134,7 +136,8 @@ static inline __attribute__((always_inline)) uint64_t do_put(struct wal *w, unsi
     put64(p + rec - WAL_TRAILER, lsn);
     put32(hdr, crc32c(crc, p + rec - WAL_TRAILER, WAL_TRAILER));
     memcpy(p, hdr, WAL_HDR);
-    memcpy(p + WAL_HDR, key, klen);
+    if (klen) /* a FLUSH's key may be NULL */
+        memcpy(p + WAL_HDR, key, klen);
     if (n1)
         memcpy(p + WAL_HDR + klen, v1, n1);
     if (n2)

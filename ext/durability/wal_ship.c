@@ -33,7 +33,7 @@ struct wal_chunk *wal_chunk_new(struct wal *w, size_t cap)
 
 static void chunk_drop(struct wal *w, struct wal_chunk *c)
 {
-    if (c->cap == CHUNK_BYTES && w->nspare < SPARE_CHUNKS) {
+    if (c->cap == CHUNK_BYTES && w->nspare < w->max_spare) {
         c->next = w->spare;
         w->spare = c;
         w->nspare++;
