@@ -3,7 +3,8 @@
  * Sender (one thread per node in remote mode): at most every interval_us, and
  * once the previous batch is acknowledged (one batch in flight: the batch grows
  * with the round trip), it takes the records appended since the last round
- * (wal_take_ship) and ships them in BATCH frames of at most max_batch_records;
+ * (wal_ship_peek: in place in the log's memory, the same copy the log thread
+ * writes to disk) and ships them in BATCH frames of at most max_batch_records;
  * idle, it sleeps until an append wakes it (wal_ship_sleep). The peer's ACK frames carry the
  * highest LSN it holds, which becomes the durable LSN (wal_publish_durable), so
  * a write is acknowledged once both memories hold it. If an ack is overdue by

@@ -93,18 +93,29 @@ int rl_link_set_session(struct rl_link *l, const unsigned char key[RL_KEY])
 
 /* The MAC of one frame: the direction (who sent it: a frame cannot be reflected
  * back to its sender) and its sequence number are covered but not sent. */
-static int frame_mac(struct rl_link *l, int from_server, uint64_t seq, const unsigned char *h,
-                     const void *payload, size_t len, unsigned char out[RL_MAC])
+static int frame_mac_v(struct rl_link *l, int from_server, uint64_t seq, const unsigned char *h,
+                       const struct iovec *pl, int npl, unsigned char out[RL_MAC])
 {
     unsigned char pre[9];
     pre[0] = (unsigned char)from_server;
     put64(pre + 1, seq);
     size_t outl = 0;
     if (!EVP_MAC_init(l->mac, NULL, 0, NULL) || !EVP_MAC_update(l->mac, pre, sizeof pre) ||
-        !EVP_MAC_update(l->mac, h, HDR) || (len && !EVP_MAC_update(l->mac, payload, len)) ||
-        !EVP_MAC_final(l->mac, out, &outl, RL_MAC) || outl != RL_MAC)
+        !EVP_MAC_update(l->mac, h, HDR))
+        return -EIO;
+    for (int i = 0; i < npl; i++)
+        if (pl[i].iov_len && !EVP_MAC_update(l->mac, pl[i].iov_base, pl[i].iov_len))
+            return -EIO;
+    if (!EVP_MAC_final(l->mac, out, &outl, RL_MAC) || outl != RL_MAC)
         return -EIO;
     return 0;
+}
+
+static int frame_mac(struct rl_link *l, int from_server, uint64_t seq, const unsigned char *h,
+                     const void *payload, size_t len, unsigned char out[RL_MAC])
+{
+    struct iovec v = {(void *)payload, len};
+    return frame_mac_v(l, from_server, seq, h, &v, 1, out);
 }
 
 int rl_tls_ctx(struct tls_ctx **out, const struct rl_tls_files *f, int server, char *err, size_t errlen)
@@ -281,38 +292,62 @@ static int recv_all(struct rl_link *l, void *buf, size_t n, int timeout_ms)
 
 #define SMALL_FRAME 4096 /* TLS: a frame up to this size is sent as one record */
 
-int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, const void *payload, size_t len,
-                  int timeout_ms)
+int rl_send_framev(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, const struct iovec *pl, int npl,
+                   int timeout_ms)
 {
+    if (npl < 0 || npl > RL_FRAME_IOV)
+        return -E2BIG;
     unsigned char h[HDR], mac[RL_MAC];
+    size_t len = 0;
+    uint32_t crc = 0;
+    for (int i = 0; i < npl; i++) {
+        len += pl[i].iov_len;
+        if (pl[i].iov_len)
+            crc = crc32c(crc, pl[i].iov_base, pl[i].iov_len);
+    }
     put32(h, RL_MAGIC);
     put32(h + 4, type);
     put32(h + 8, (uint32_t)len);
-    put32(h + 12, len ? crc32c(0, payload, len) : 0);
+    put32(h + 12, len ? crc : 0);
     put64(h + 16, a);
     put64(h + 24, b);
-    if (l->authed && frame_mac(l, l->server, l->send_seq, h, payload, len, mac))
+    if (l->authed && frame_mac_v(l, l->server, l->send_seq, h, pl, npl, mac))
         return -EIO;
     uint64_t deadline = now_ms() + (uint64_t)timeout_ms; /* for the whole frame */
     if (l->tls && HDR + len + RL_MAC <= SMALL_FRAME) {
         /* one TLS record (one write, one MAC check at the peer), not three */
         unsigned char one[SMALL_FRAME];
+        size_t off = HDR;
         memcpy(one, h, HDR);
-        if (len)
-            memcpy(one + HDR, payload, len);
+        for (int i = 0; i < npl; i++) {
+            if (pl[i].iov_len)
+                memcpy(one + off, pl[i].iov_base, pl[i].iov_len);
+            off += pl[i].iov_len;
+        }
         if (l->authed)
-            memcpy(one + HDR + len, mac, RL_MAC);
+            memcpy(one + off, mac, RL_MAC);
         struct iovec v = {one, HDR + len + (l->authed ? RL_MAC : 0)};
         int rc = send_all(l, &v, 1, deadline);
         l->send_seq += l->authed && !rc;
         return rc;
     }
-    /* Header, payload and MAC: on plain TCP in one sendmsg (a batch is one system
-     * call, not three), the payload sent from the caller's buffer as it is. */
-    struct iovec iov[3] = {{h, HDR}, {(void *)payload, len}, {mac, l->authed ? RL_MAC : 0}};
-    int rc = send_all(l, iov, 3, deadline);
+    /* Header, payload parts and MAC: on plain TCP in one sendmsg (a batch is one
+     * system call), the payload sent from the caller's memory as it is. */
+    struct iovec iov[RL_FRAME_IOV + 2];
+    iov[0] = (struct iovec){h, HDR};
+    for (int i = 0; i < npl; i++)
+        iov[1 + i] = pl[i];
+    iov[1 + npl] = (struct iovec){mac, l->authed ? RL_MAC : 0};
+    int rc = send_all(l, iov, npl + 2, deadline);
     l->send_seq += l->authed && !rc;
     return rc;
+}
+
+int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, const void *payload, size_t len,
+                  int timeout_ms)
+{
+    struct iovec v = {(void *)payload, len};
+    return rl_send_framev(l, type, a, b, &v, 1, timeout_ms);
 }
 
 void rl_send_error(struct rl_link *l, const char *msg)

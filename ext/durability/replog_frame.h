@@ -125,6 +125,11 @@ static inline int wait_fd(int fd, short ev, int timeout_ms) { return rl_wait_fd_
  * timeout_ms. Returns 0 or -errno. */
 int rl_send_frame(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, const void *payload, size_t len,
                   int timeout_ms);
+/* The same with the payload in parts pl[0..npl) (npl <= RL_FRAME_IOV, else
+ * -E2BIG): on plain TCP the header, the parts and the MAC leave in one sendmsg. */
+#define RL_FRAME_IOV 64
+int rl_send_framev(struct rl_link *l, uint32_t type, uint64_t a, uint64_t b, const struct iovec *pl, int npl,
+                   int timeout_ms);
 /* Read one frame; the payload replaces pl's contents. Returns 0 or -errno
  * (-EPROTO: not a frame of ours or too long, or a data frame before the
  * handshake; -EBADMSG: CRC mismatch; -EACCES: MAC mismatch: forged, altered,

@@ -48,8 +48,8 @@ struct rl_sender {
     _Atomic int stop;
     struct rl_link link;       /* fd -1 while not connected */
     struct tls_ctx *tls;       /* --repl-tls: the client context (NULL: plain TCP) */
-    struct kvbuf ship, pend, cat, pl;
-    uint64_t pend_first, pend_last;
+    struct wal_ship pend;      /* the records the log holds for us (in its memory), not yet sent */
+    struct kvbuf cat, pl;
     uint64_t degraded_at;      /* appended LSN when the fallback to local sync began, 0 = not degraded */
     int marked;                /* LOCAL-COMPLETE written */
     pthread_mutex_t stat_lock; /* guards st */
@@ -140,71 +140,79 @@ static void s_set(struct rl_sender *s, int connected, int degraded)
     }
 }
 
-/* Send the records in buf[0..n) as BATCH frames of at most max_batch_records.
- * first/last: their LSNs when known (what wal_take_ship gave: consecutive
- * LSNs), 0 when not (a range read from the files): a batch that fits in one
- * frame is then sent as it is, without walking its records. */
-static int ship_records(struct rl_sender *s, const unsigned char *buf, size_t n, uint64_t first_lsn,
-                        uint64_t last_lsn, uint64_t *sent)
+/* One BATCH frame of records first..last, in parts pl[0..npl). */
+static int ship_frame(struct rl_sender *s, const struct iovec *pl, int npl, size_t bytes, uint64_t first,
+                      uint64_t last, uint64_t *sent)
 {
-    size_t off = 0;
-    if (first_lsn && last_lsn >= first_lsn && last_lsn - first_lsn < s->cfg.max_batch_records &&
-        n <= MAX_BATCH_BYTES && n) {
-        int rc = rl_send_frame(&s->link, F_BATCH, first_lsn, last_lsn, buf, n, (int)s->cfg.timeout_ms);
-        if (rc)
-            return rc;
-        *sent = last_lsn;
-        pthread_mutex_lock(&s->stat_lock);
-        s->st.batches++;
-        s->st.records += last_lsn - first_lsn + 1;
-        s->st.bytes += n;
-        s->st.sent_lsn = last_lsn;
-        pthread_mutex_unlock(&s->stat_lock);
-        return 0;
-    }
-    while (off < n) {
-        size_t start = off;
-        uint64_t first = 0, last = 0, cnt = 0;
-        while (off < n && cnt < s->cfg.max_batch_records && off - start < MAX_BATCH_BYTES) {
-            size_t l = rec_len(buf + off, n - off);
-            if (!l)
-                return -EPROTO;
-            if (!first)
-                first = rec_lsn(buf + off, l);
-            last = rec_lsn(buf + off, l);
-            off += l;
-            cnt++;
-        }
-        int rc = rl_send_frame(&s->link, F_BATCH, first, last, buf + start, off - start, (int)s->cfg.timeout_ms);
-        if (rc)
-            return rc;
-        *sent = last;
-        pthread_mutex_lock(&s->stat_lock);
-        s->st.batches++;
-        s->st.records += cnt;
-        s->st.bytes += off - start;
-        s->st.sent_lsn = last;
-        pthread_mutex_unlock(&s->stat_lock);
-    }
+    int rc = rl_send_framev(&s->link, F_BATCH, first, last, pl, npl, (int)s->cfg.timeout_ms);
+    if (rc)
+        return rc;
+    *sent = last;
+    pthread_mutex_lock(&s->stat_lock);
+    s->st.batches++;
+    s->st.records += last - first + 1;
+    s->st.bytes += bytes;
+    s->st.sent_lsn = last;
+    pthread_mutex_unlock(&s->stat_lock);
     return 0;
 }
 
-/* Drop the records below lsn from the front of pend. */
-static void pend_skip_below(struct rl_sender *s, uint64_t lsn)
+/* Send the records in iov[0..n) (bytes in all; whole records, none split
+ * between two parts) as BATCH frames of at most max_batch_records records,
+ * MAX_BATCH_BYTES bytes and RL_FRAME_IOV parts, sent from where they lie.
+ * first/last: their LSNs when known (the log's view: consecutive LSNs), 0 when
+ * not (a range read from the files): a batch that fits in one frame is then
+ * sent as it is, without walking its records. */
+static int ship_records(struct rl_sender *s, const struct iovec *iov, int n, size_t bytes, uint64_t first_lsn,
+                        uint64_t last_lsn, uint64_t *sent)
 {
-    size_t off = 0;
-    while (off < s->pend.len) {
-        size_t l = rec_len((unsigned char *)s->pend.p + off, s->pend.len - off);
-        if (!l || rec_lsn((unsigned char *)s->pend.p + off, l) >= lsn)
-            break;
-        off += l;
+    if (first_lsn && last_lsn >= first_lsn && last_lsn - first_lsn < s->cfg.max_batch_records &&
+        bytes <= MAX_BATCH_BYTES && bytes && n <= RL_FRAME_IOV)
+        return ship_frame(s, iov, n, bytes, first_lsn, last_lsn, sent);
+    struct iovec fr[RL_FRAME_IOV];
+    int nfr = 0;
+    size_t fbytes = 0;
+    uint64_t first = 0, last = 0, cnt = 0;
+    for (int i = 0; i < n; i++) {
+        const unsigned char *p = iov[i].iov_base;
+        size_t len = iov[i].iov_len, off = 0, start = 0;
+        while (off < len) {
+            /* A full frame (or one whose parts are all used) leaves first. */
+            if (cnt && (cnt >= s->cfg.max_batch_records || fbytes + off - start >= MAX_BATCH_BYTES ||
+                        nfr == RL_FRAME_IOV)) { /* (all parts used: only at a part's start) */
+                if (off > start) {
+                    fr[nfr++] = (struct iovec){(void *)(p + start), off - start};
+                    fbytes += off - start;
+                    start = off;
+                }
+                int rc = ship_frame(s, fr, nfr, fbytes, first, last, sent);
+                if (rc)
+                    return rc;
+                nfr = 0;
+                fbytes = 0;
+                first = last = cnt = 0;
+            }
+            size_t l = rec_len(p + off, len - off);
+            if (!l)
+                return -EPROTO;
+            if (!first)
+                first = rec_lsn(p + off, l);
+            last = rec_lsn(p + off, l);
+            off += l;
+            cnt++;
+        }
+        if (off > start) {
+            fr[nfr++] = (struct iovec){(void *)(p + start), off - start};
+            fbytes += off - start;
+        }
     }
-    kvbuf_consume(&s->pend, off);
-    if (s->pend.len) {
-        size_t l = rec_len((unsigned char *)s->pend.p, s->pend.len);
-        s->pend_first = rec_lsn((unsigned char *)s->pend.p, l);
-    }
+    return cnt ? ship_frame(s, fr, nfr, fbytes, first, last, sent) : 0;
 }
+
+/* Catch-up may hold the log's memory this long before the records it needs from
+ * the files came: past it, the view is dropped and read back from the files
+ * too (the log's appends must not wait on a catch-up: max_pending). */
+#define PEND_HOLD_MAX (32u << 20)
 
 /* How long a batch may wait for the previous one's ack, in ship intervals: an
  * ack that never covers all that was sent (a catch-up range from the files may
@@ -245,9 +253,8 @@ static void *sender_main(void *arg)
         marker_maybe_write(s, connected);
         if (!connected) {
             /* Records stay in the local log; after reconnecting they are read back. */
-            uint64_t first, last = wal_take_ship(s->w, &s->ship, &first);
-            (void)last;
-            s->pend.len = 0;
+            wal_ship_peek(s->w, &s->pend);
+            wal_ship_consume(s->w, &s->pend, UINT64_MAX);
             int fd = rl_connect_to(s->host, s->cfg.port, (int)s->cfg.timeout_ms, err, sizeof err);
             if (fd < 0) {
                 s_error(s, err);
@@ -328,9 +335,9 @@ static void *sender_main(void *arg)
         int w = 0;
         if (acked < sent)
             w = rl_link_wait(&s->link, POLLIN, max_due > now ? max_due - now : 0);
-        else if (caught_up && !s->pend.len && (w = wait_idle(s, IDLE_WAKE_US)) == 0 && (now = now_us()) < due)
+        else if (caught_up && !s->pend.bytes && (w = wait_idle(s, IDLE_WAKE_US)) == 0 && (now = now_us()) < due)
             w = rl_link_wait(&s->link, POLLIN, due - now); /* woken early: the interval still holds */
-        else if (!caught_up || s->pend.len)
+        else if (!caught_up || s->pend.bytes)
             w = rl_link_wait(&s->link, POLLIN, due > now ? due - now : 0);
         int rc = 0;
         uint64_t acked0 = acked;
@@ -360,32 +367,27 @@ static void *sender_main(void *arg)
             continue;
         }
         last_ship = now;
-        /* Gather what was appended meanwhile. */
-        uint64_t first, last = wal_take_ship(s->w, &s->ship, &first);
-        if (last) {
-            if (!s->pend.len) { /* the common case: take the buffer, do not copy it */
-                struct kvbuf t = s->pend;
-                s->pend = s->ship;
-                s->ship = t;
-                s->pend_first = first;
-            } else if (!rc && kvbuf_append(&s->pend, s->ship.p, s->ship.len)) {
-                rc = -ENOMEM;
-            }
-            s->pend_last = last;
+        /* What was appended meanwhile (and what was held back before), in the
+         * log's memory: shipped from there, not copied. Records the peer holds
+         * already are passed over. */
+        if (wal_ship_peek(s->w, &s->pend) && s->pend.first < next) {
+            wal_ship_consume(s->w, &s->pend, next - 1);
+            wal_ship_peek(s->w, &s->pend);
         }
-        if (!rc && s->pend.len && s->pend_first < next)
-            pend_skip_below(s, next);
+        if (s->pend.bytes > PEND_HOLD_MAX && s->pend.first > next)
+            wal_ship_consume(s->w, &s->pend, s->pend.last); /* read back from the files */
         /* Catch up from the local segment files when the peer needs records we no
          * longer hold in memory (after a reconnect). */
-        if (!rc && (!s->pend.len || s->pend_first > next)) {
-            uint64_t upto = s->pend.len ? s->pend_first - 1 : wal_written_lsn(s->w);
+        if (!rc && (!s->pend.bytes || s->pend.first > next)) {
+            uint64_t upto = s->pend.bytes ? s->pend.first - 1 : wal_written_lsn(s->w);
             if (upto >= next && wal_written_lsn(s->w) >= upto) {
                 s->cat.len = 0;
                 int64_t got = wal_read_range(wal_dir(s->w), next, upto, 8u << 20, &s->cat);
                 if (got < 0) {
                     rc = (int)got;
                 } else if (got > 0) {
-                    rc = ship_records(s, (unsigned char *)s->cat.p, s->cat.len, 0, 0, &sent);
+                    struct iovec v = {s->cat.p, s->cat.len};
+                    rc = ship_records(s, &v, 1, s->cat.len, 0, 0, &sent);
                     pthread_mutex_lock(&s->stat_lock);
                     s->st.catchup_records += (uint64_t)got - next + 1;
                     pthread_mutex_unlock(&s->stat_lock);
@@ -395,15 +397,15 @@ static void *sender_main(void *arg)
                 }
             }
         }
-        if (!rc && s->pend.len && s->pend_first == next) {
-            rc = ship_records(s, (unsigned char *)s->pend.p, s->pend.len, s->pend_first, s->pend_last, &sent);
-            next = s->pend_last + 1;
-            s->pend.len = 0;
+        if (!rc && s->pend.bytes && s->pend.first == next) {
+            rc = ship_records(s, s->pend.iov, s->pend.n, s->pend.bytes, s->pend.first, s->pend.last, &sent);
+            next = s->pend.last + 1;
+            wal_ship_consume(s->w, &s->pend, s->pend.last);
             if (!rc && !unacked_since)
                 unacked_since = now_ms();
         }
         /* Caught up and acknowledged: the peer's memory is the durability again. */
-        if (!rc && acked == sent && !s->pend.len && next > wal_written_lsn(s->w)) {
+        if (!rc && acked == sent && !s->pend.bytes && next > wal_written_lsn(s->w)) {
             pthread_mutex_lock(&s->stat_lock);
             int deg = s->st.degraded;
             pthread_mutex_unlock(&s->stat_lock);
@@ -482,8 +484,7 @@ void rl_sender_stop(struct rl_sender *s)
         return;
     atomic_store_explicit(&s->stop, 1, memory_order_release);
     pthread_join(s->th, NULL);
-    kvbuf_free(&s->ship);
-    kvbuf_free(&s->pend);
+    wal_ship_free(&s->pend);
     kvbuf_free(&s->cat);
     kvbuf_free(&s->pl);
     tls_ctx_free(s->tls);

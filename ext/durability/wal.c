@@ -1,17 +1,22 @@
 /* wal.c - group-committed write-ahead log (see wal.h); recovery is in wal_recover.c.
  * Threads: any number of appenders (under w->lock, held only for a memcpy), one log
- * thread doing the I/O. Lock order: a table shard lock, then w->lock. fsync
- * ordering: a group's durable LSN is published only after its write() and
+ * thread doing the I/O, and in ship mode the log sender. Records are copied once,
+ * into a list of chunks that never move (a record never spans two); the log thread
+ * writes them with writev and the sender ships them with sendmsg from the same
+ * memory, each with its own cursor, and a chunk is recycled once both passed it.
+ * Bytes before a consumer's end (taken under w->lock) never change, so each
+ * consumer reads them without the lock (the chunks and the sender's view:
+ * wal_ship.c; the log thread: wal_write.c). Lock order: a table shard lock, then
+ * w->lock. fsync ordering: a group's durable LSN is published only after its write() and
  * fdatasync() returned; a new segment's directory entry is synced (fsync of the
  * directory) before records in it can count as durable. Units: while one is open
- * (w->unit_open, under w->lock) the log thread leaves the active buffer alone, so
+ * (w->unit_open, under w->lock) the log thread takes no records, so
  * every group, every segment switch and every durable LSN falls between units.
  * A full or failing disk: a group whose write or sync fails is retried from
  * memory with backoff, the segment cut back to where it began each time, and
  * appends are refused meanwhile (write_group_retrying); nothing stops for good. */
 #define _GNU_SOURCE
-#include "durability/wal.h"
-#include "durability/wal_notify.h"
+#include "durability/wal_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +28,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -33,105 +39,9 @@
 #include "core/log.h"
 #include "core/table.h"
 
-
-static void fail(struct wal *w, const char *what, int e);
-
 /* The log whose unit the calling thread is in (wal_unit_begin .. wal_unit_end),
  * so an append knows without a lock that its record belongs to a unit. */
 static __thread struct wal *unit_of_thread __attribute__((tls_model("initial-exec")));
-
-struct wal {
-    char *dir;
-    int dirfd, fd;
-    _Atomic int sync;         /* 1: fdatasync every group (disk mode, or remote mode without its peer) */
-    uint32_t sync_delay_us;
-    uint64_t batch_bytes;     /* async mode: write once this much is gathered ... */
-    uint64_t batch_ns;        /* ... or this long after the first record of a batch */
-    int ship;                 /* keep a copy of every record for a log sender */
-    struct kvbuf sbuf;        /* records not yet taken by the sender (under lock) */
-    uint64_t sfirst;          /* LSN of sbuf's first record */
-    /* The sender's wake-up (ship mode): ship_pending is 1 once a record the
-     * sender may take (not inside an open unit) was appended since its last
-     * wal_take_ship; ship_idle is 1 while the sender sleeps on ship_evfd with
-     * nothing in flight. An appender that raises ship_pending and sees
-     * ship_idle writes ship_evfd; both sides use seq_cst (store one flag, then
-     * load the other: Dekker), so either the sender sees the record before it
-     * sleeps or the appender sees the sleeper. Only the edge 0 -> 1 of
-     * ship_pending costs an appender anything (one load otherwise). */
-    _Atomic int ship_pending, ship_idle;
-    int ship_evfd;
-    _Atomic uint64_t written_lsn; /* last LSN written to the segment file (not necessarily synced) */
-    _Atomic uint64_t synced_lsn;  /* last LSN made durable on the local disk */
-    uint64_t seg_limit, seg_size, max_pending;
-    pthread_mutex_t lock;     /* guards buf, active, next_lsn, first_in_buf, stop, unit_* */
-    pthread_cond_t cond;      /* signalled when the active buffer becomes non-empty or on stop */
-    struct kvbuf buf[2];
-    int active;
-    uint64_t next_lsn, appended_lsn, first_in_buf[2];
-    int stop, running;
-    /* The open unit (between its first record and its COMMIT): its first LSN,
-     * where it starts in sbuf, how many records it has. */
-    int unit_open;
-    uint64_t unit_first;
-    size_t unit_soff;
-    uint32_t unit_n;
-    pthread_t th;
-    _Atomic uint64_t durable_lsn;
-    _Atomic int failed, failing;
-    char error[256];          /* written once, by whoever set failing, before failed is set (release) */
-    /* A write or sync that failed (ENOSPC, EIO...) and is being retried: werr is
-     * its errno (0: writing works), werr_msg what failed (under lock: INFO reads
-     * it); appends outside a unit are refused meanwhile. Log thread writes. */
-    _Atomic int werr;
-    char werr_msg[256];
-    _Atomic uint64_t write_errors;
-    uint64_t werr_since;      /* log thread: when the current run of failures began */
-    struct wal_notify notify;
-    _Atomic uint64_t groups, records, bytes, syncs, sync_ns_total, sync_ns_max, max_group;
-    _Atomic uint64_t sync_hist[WAL_SYNC_BUCKETS]; /* written by the log thread only */
-    struct latmon *_Atomic latmon; /* LATENCY's monitor (set by the engine while running) */
-};
-
-static const uint32_t sync_bounds_us[] = WAL_SYNC_BOUNDS_US;
-_Static_assert(sizeof sync_bounds_us / sizeof *sync_bounds_us == WAL_SYNC_BUCKETS - 1,
-               "WAL_SYNC_BUCKETS is the number of WAL_SYNC_BOUNDS_US plus one");
-
-uint32_t wal_sync_bound_us(int i) { return i >= 0 && i < WAL_SYNC_BUCKETS - 1 ? sync_bounds_us[i] : 0; }
-
-/* The histogram bucket of a sync that took ns nanoseconds (14 bounds: a linear scan). */
-static int sync_bucket(uint64_t ns)
-{
-    int i = 0;
-    while (i < WAL_SYNC_BUCKETS - 1 && ns > (uint64_t)sync_bounds_us[i] * 1000)
-        i++;
-    return i;
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* Create the segment whose first record has LSN first; its name and header are
- * synced (file and directory) so a crash cannot lose the file holding synced records. */
-static int seg_create(struct wal *w, uint64_t first, char *err, size_t errlen)
-{
-    int fd = wal_seg_create(w->dir, w->dirfd, first, err, errlen);
-    if (fd < 0)
-        return fd;
-    int rc = wal_manifest_write(w->dir, w->dirfd, first, err, errlen); /* a lost last segment shows */
-    if (rc) {
-        close(fd);
-        return rc;
-    }
-    if (w->fd >= 0)
-        close(w->fd);
-    w->fd = fd;
-    w->seg_size = WAL_SEG_HDR;
-    return 0;
-}
 
 int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t errlen)
 {
@@ -149,6 +59,14 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
     w->max_pending = cfg->max_pending ? cfg->max_pending : 256u << 20;
     w->next_lsn = cfg->first_lsn ? cfg->first_lsn : 1;
     w->appended_lsn = w->next_lsn - 1;
+    /* What a batch holds (async mode gathers batch_bytes before writing), and a few more. */
+    w->max_spare = (int)((w->batch_bytes < (256u << 20) ? w->batch_bytes : (256u << 20)) / CHUNK_BYTES) + 4;
+    if (!(w->head = w->tail = wal_chunk_new(w, CHUNK_BYTES))) {
+        free(w->dir);
+        free(w);
+        return -ENOMEM;
+    }
+    w->disk = w->shipc = wal_end_pos(w);
     atomic_init(&w->durable_lsn, w->next_lsn - 1);
     atomic_init(&w->written_lsn, w->next_lsn - 1);
     atomic_init(&w->synced_lsn, w->next_lsn - 1);
@@ -175,7 +93,7 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
         wal_close(w);
         return -e;
     }
-    int rc = seg_create(w, w->next_lsn, err, errlen);
+    int rc = wal_seg_switch(w, w->next_lsn, err, errlen);
     if (rc) {
         wal_close(w);
         return rc;
@@ -207,33 +125,25 @@ static inline __attribute__((always_inline)) uint32_t rec_head(unsigned char *hd
     return crc;
 }
 
-/* Copy a record into the active buffer (and the ship buffer) with the next
- * LSN. Caller holds w->lock and reserved rec bytes in both; was_empty: the
- * active buffer is. Returns the LSN. */
-static inline __attribute__((always_inline)) uint64_t do_put(struct wal *w, int was_empty, unsigned char *hdr,
+/* Copy a record to p (room() gave it: at the tail chunk's end) with the next
+ * LSN: the one copy of it, which the log thread writes and the sender ships.
+ * Caller holds w->lock. Returns the LSN. */
+static inline __attribute__((always_inline)) uint64_t do_put(struct wal *w, unsigned char *p, unsigned char *hdr,
                                                              uint32_t crc, size_t rec, const void *key, uint32_t klen,
                                                              const void *v1, uint32_t n1, const void *v2, uint32_t n2)
 {
-    struct kvbuf *b = &w->buf[w->active];
     uint64_t lsn = w->next_lsn++;
-    unsigned char *p = (unsigned char *)b->p + b->len;
     put64(p + rec - WAL_TRAILER, lsn);
     put32(hdr, crc32c(crc, p + rec - WAL_TRAILER, WAL_TRAILER));
     memcpy(p, hdr, WAL_HDR);
-    memcpy(p + WAL_HDR, key, klen);
+    if (klen) /* a FLUSH's key may be NULL */
+        memcpy(p + WAL_HDR, key, klen);
     if (n1)
         memcpy(p + WAL_HDR + klen, v1, n1);
     if (n2)
         memcpy(p + WAL_HDR + klen + n1, v2, n2);
-    if (was_empty)
-        w->first_in_buf[w->active] = lsn;
-    if (w->ship) {
-        if (w->sbuf.len == 0)
-            w->sfirst = lsn;
-        memcpy(w->sbuf.p + w->sbuf.len, p, rec);
-        w->sbuf.len += rec;
-    }
-    b->len += rec;
+    w->tail->len += rec;
+    w->total += rec;
     w->appended_lsn = lsn;
     return lsn;
 }
@@ -272,22 +182,23 @@ static __attribute__((noinline)) int64_t unit_put(struct wal *w, int in_unit, un
         crc = rec_head(hdr, hdr[WAL_OFF_OP], hdr[WAL_OFF_TYPE], WAL_F_UNIT, 0, key, klen, v1, n1, v2, n2,
                        (int64_t)get64(hdr + WAL_OFF_EXPIRE));
     }
-    /* A unit's records keep room for its COMMIT, so closing it cannot fail. */
-    struct kvbuf *b = &w->buf[w->active];
-    if (b->len + rec > w->max_pending || kvbuf_reserve(b, rec + WAL_COMMIT_LEN) ||
-        (w->ship && (w->sbuf.len + rec > w->max_pending || kvbuf_reserve(&w->sbuf, rec + WAL_COMMIT_LEN)))) {
+    /* A unit's records keep room for its COMMIT after them in their chunk, so
+     * closing it cannot fail (every record appended while it is open is one of
+     * its records). */
+    unsigned char *p;
+    if (wal_backlog(w) + rec > w->max_pending || !(p = wal_room(w, rec + WAL_COMMIT_LEN))) {
         pthread_mutex_unlock(&w->lock);
         return -EAGAIN;
     }
-    int was_empty = b->len == 0;
+    int was_empty = w->total == w->disk_taken;
     if (!w->unit_open) {
         w->unit_open = 1;
         w->unit_first = w->next_lsn;
-        w->unit_soff = w->sbuf.len;
+        w->unit_pos = (struct wal_pos){w->tail, w->tail->len, w->next_lsn, w->total};
         w->unit_n = 0;
     }
     w->unit_n++;
-    uint64_t lsn = do_put(w, was_empty, hdr, crc, rec, key, klen, v1, n1, v2, n2);
+    uint64_t lsn = do_put(w, p, hdr, crc, rec, key, klen, v1, n1, v2, n2);
     pthread_mutex_unlock(&w->lock);
     if (was_empty) /* the log thread checks for the unit's end then */
         pthread_cond_signal(&w->cond);
@@ -323,14 +234,13 @@ int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const 
     pthread_mutex_lock(&w->lock);
     if (__builtin_expect(in_unit || w->unit_open, 0))
         return unit_put(w, in_unit, hdr, crc, rec, key, klen, v1, n1, v2, n2);
-    struct kvbuf *b = &w->buf[w->active];
-    if (b->len + rec > w->max_pending || kvbuf_reserve(b, rec) ||
-        (w->ship && (w->sbuf.len + rec > w->max_pending || kvbuf_reserve(&w->sbuf, rec)))) {
+    unsigned char *p;
+    if (wal_backlog(w) + rec > w->max_pending || !(p = wal_room(w, rec))) {
         pthread_mutex_unlock(&w->lock);
         return -EAGAIN;
     }
-    int was_empty = b->len == 0;
-    uint64_t lsn = do_put(w, was_empty, hdr, crc, rec, key, klen, v1, n1, v2, n2);
+    int was_empty = w->total == w->disk_taken;
+    uint64_t lsn = do_put(w, p, hdr, crc, rec, key, klen, v1, n1, v2, n2);
     int wake = ship_mark(w);
     pthread_mutex_unlock(&w->lock);
     if (was_empty) /* the log thread sleeps only while the buffer is empty */
@@ -361,19 +271,18 @@ int64_t wal_unit_end(struct wal *w)
         if (atomic_load_explicit(&w->failed, memory_order_relaxed)) {
             rc = -EIO;
         } else {
-            /* The room was reserved by every record of the unit, and neither buffer
-             * was swapped since (the log thread waits, wal_take_ship keeps the
-             * unit): these reserves find it, unless the log was closed meanwhile. */
-            struct kvbuf *b = &w->buf[w->active];
-            if (kvbuf_reserve(b, WAL_COMMIT_LEN) || (w->ship && kvbuf_reserve(&w->sbuf, WAL_COMMIT_LEN))) {
+            /* The room was reserved after every record of the unit in its chunk,
+             * and only the unit's records were appended since: this finds it. */
+            unsigned char *p = wal_room(w, WAL_COMMIT_LEN);
+            if (!p) {
                 /* A unit left without its COMMIT may only end the log: stop it. */
                 rc = -ENOMEM;
-                fail(w, "closing a unit", ENOMEM);
+                wal_fail(w, "closing a unit", ENOMEM);
             } else {
                 unsigned char hdr[WAL_HDR];
                 /* no key: any valid pointer with length 0 */
                 uint32_t crc = rec_head(hdr, WAL_COMMIT, 0, 0, w->unit_n, hdr, 0, NULL, 0, NULL, 0, 0);
-                rc = (int64_t)do_put(w, b->len == 0, hdr, crc, WAL_COMMIT_LEN, hdr, 0, NULL, 0, NULL, 0);
+                rc = (int64_t)do_put(w, p, hdr, crc, WAL_COMMIT_LEN, hdr, 0, NULL, 0, NULL, 0);
             }
         }
         w->unit_open = 0;
@@ -402,7 +311,7 @@ int64_t wal_log_fn(void *arg, int op, const void *key, size_t klen, const void *
     return wal_append(arg, op, key, (uint32_t)klen, v1, (uint32_t)n1, v2, (uint32_t)n2, expire_ms);
 }
 
-static void fail(struct wal *w, const char *what, int e)
+void wal_fail(struct wal *w, const char *what, int e)
 {
     /* The first failure names the error (the log thread, or an appender that
      * could not close a unit), once. */
@@ -412,175 +321,6 @@ static void fail(struct wal *w, const char *what, int e)
     atomic_store_explicit(&w->failed, 1, memory_order_release);
     kvlog(KVLOG_WARNING, "durability log failed (%s): writes are refused until a restart", w->error);
     wal_notify_wake(&w->notify, 0, 1);
-}
-
-/* Write group b (first: its first LSN) at the end of the current segment
- * (after starting a new one when it is full) and sync it. Returns 0, or -errno
- * with what failed in err; the segment is then cut back to where the group
- * began, so a retry writes the whole group again from memory (after a failed
- * fdatasync the kernel may have dropped the pages: only a new write of them
- * makes a later sync mean something). Log thread. */
-static int write_group(struct wal *w, const struct kvbuf *b, uint64_t first, char *err, size_t errlen)
-{
-    /* A failed attempt may have left part of the group: cut it first (no write
-     * may land after a torn tail: O_APPEND would put it there). */
-    int rc;
-    if (atomic_load_explicit(&w->werr, memory_order_relaxed) && ftruncate(w->fd, (off_t)w->seg_size)) {
-        rc = -errno;
-        snprintf(err, errlen, "cannot cut the log segment back after a failed write: %s", strerror(-rc));
-        return rc;
-    }
-    if (w->seg_size >= w->seg_limit) {
-        if (fdatasync(w->fd)) {
-            rc = -errno;
-            snprintf(err, errlen, "log sync: %s", strerror(-rc));
-            return rc;
-        }
-        if ((rc = seg_create(w, first, err, errlen)))
-            return rc;
-    }
-    rc = wal_write_all(w->fd, b->p, b->len);
-    if (rc) {
-        snprintf(err, errlen, "log write: %s", strerror(-rc));
-    } else {
-        if (w->sync_delay_us)
-            usleep(w->sync_delay_us);
-        uint64_t t0 = now_ns();
-        if (fdatasync(w->fd)) {
-            rc = -errno;
-            snprintf(err, errlen, "log fdatasync: %s", strerror(-rc));
-        } else {
-            uint64_t dt = now_ns() - t0;
-            latmon_add(atomic_load_explicit(&w->latmon, memory_order_acquire), LM_LOG_SYNC, dt);
-            atomic_fetch_add_explicit(&w->syncs, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&w->sync_ns_total, dt, memory_order_relaxed);
-            if (dt > atomic_load_explicit(&w->sync_ns_max, memory_order_relaxed))
-                atomic_store_explicit(&w->sync_ns_max, dt, memory_order_relaxed);
-            atomic_fetch_add_explicit(&w->sync_hist[sync_bucket(dt)], 1, memory_order_relaxed);
-        }
-    }
-    if (!rc)
-        w->seg_size += b->len;
-    else if (ftruncate(w->fd, (off_t)w->seg_size))
-        (void)0; /* (the next attempt cuts first, and writes only once that worked) */
-    return rc;
-}
-
-#define RETRY_FIRST_MS 10    /* backoff after a failed group write: doubling from here ... */
-#define RETRY_MAX_MS 1000    /* ... to this, so writes resume within a second of the disk */
-
-/* Write group b until it is on disk: on a failure (ENOSPC, EIO, ...) refuse
- * new appends (werr), say so in the log (rate-limited), and try again with
- * backoff, the group's records kept in memory; their replies wait meanwhile.
- * Returns 0 when written, -ECANCELED when the log was closed first (the group
- * is then lost, but none of it was acknowledged: nothing past the durable LSN
- * ever is). Log thread. */
-static int write_group_retrying(struct wal *w, const struct kvbuf *b, uint64_t first)
-{
-    static struct kvlog_rate rate = KVLOG_RATE_INIT(3);
-    char err[256];
-    uint32_t backoff = RETRY_FIRST_MS;
-    int rc;
-    while ((rc = write_group(w, b, first, err, sizeof err))) {
-        atomic_fetch_add_explicit(&w->write_errors, 1, memory_order_relaxed);
-        pthread_mutex_lock(&w->lock);
-        snprintf(w->werr_msg, sizeof w->werr_msg, "%s", err);
-        if (!atomic_load_explicit(&w->werr, memory_order_relaxed))
-            w->werr_since = now_ns();
-        atomic_store_explicit(&w->werr, -rc, memory_order_release);
-        kvlog_rated(&rate, KVLOG_WARNING, "durability log cannot write (%s): writes are refused, retrying", err);
-        /* wait for the backoff (appends may wake the wait: sleep out the rest) or wal_close */
-        uint64_t until = now_ns() + backoff * 1000000ull;
-        while (!w->stop && now_ns() < until) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            uint64_t wait = until - now_ns();
-            ts.tv_nsec += (long)(wait % 1000000000u);
-            ts.tv_sec += (time_t)(wait / 1000000000u) + ts.tv_nsec / 1000000000;
-            ts.tv_nsec %= 1000000000;
-            pthread_cond_timedwait(&w->cond, &w->lock, &ts);
-        }
-        int stop = w->stop;
-        pthread_mutex_unlock(&w->lock);
-        if (stop) {
-            kvlog(KVLOG_WARNING, "durability log closed while it could not write (%s): the records after LSN %" PRIu64
-                  " were not written to this disk (%s)", err, wal_synced_lsn(w),
-                  w->ship ? "those the peer acknowledged are in its copy: the next start fetches them"
-                              : "none of them was acknowledged");
-            return -ECANCELED;
-        }
-        backoff = backoff * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : backoff * 2;
-    }
-    if (atomic_load_explicit(&w->werr, memory_order_relaxed)) {
-        pthread_mutex_lock(&w->lock);
-        double secs = (double)(now_ns() - w->werr_since) / 1e9;
-        atomic_store_explicit(&w->werr, 0, memory_order_release);
-        pthread_mutex_unlock(&w->lock);
-        kvlog(KVLOG_NOTICE, "durability log writable again after %.1f s: writes accepted", secs);
-    }
-    return 0;
-}
-
-static void *log_thread(void *arg)
-{
-    struct wal *w = arg;
-    uint64_t deadline = 0; /* async mode: when the batch being gathered is due (0: none yet) */
-    for (;;) {
-        pthread_mutex_lock(&w->lock);
-        /* An open unit holds the group back until its COMMIT: a group (and so
-         * the durable LSN, and a segment switch) never ends inside a unit. */
-        while ((w->buf[w->active].len == 0 || w->unit_open) && !w->stop)
-            pthread_cond_wait(&w->cond, &w->lock);
-        /* Async mode (remote durability): gather large batches — until batch_bytes
-         * or batch_ns after this batch began — unless the mode switches to sync. */
-        if (!atomic_load_explicit(&w->sync, memory_order_relaxed) && !w->stop) {
-            if (!deadline) /* kept across a wait for a unit: the batch stays due */
-                deadline = now_ns() + w->batch_ns;
-            while (!w->stop && !atomic_load_explicit(&w->sync, memory_order_relaxed) &&
-                   w->buf[w->active].len < w->batch_bytes && now_ns() < deadline) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                uint64_t wait = deadline - now_ns();
-                if (wait > 50000000)
-                    wait = 50000000; /* re-check the mode at least every 50 ms */
-                ts.tv_nsec += (long)(wait % 1000000000u);
-                ts.tv_sec += (time_t)(wait / 1000000000u) + ts.tv_nsec / 1000000000;
-                ts.tv_nsec %= 1000000000;
-                pthread_cond_timedwait(&w->cond, &w->lock, &ts);
-            }
-        }
-        if (w->unit_open && !w->stop) { /* a unit opened while the batch gathered */
-            pthread_mutex_unlock(&w->lock);
-            continue;
-        }
-        struct kvbuf *b = &w->buf[w->active];
-        if (b->len == 0) { /* stop requested and nothing left */
-            pthread_mutex_unlock(&w->lock);
-            break;
-        }
-        uint64_t first = w->first_in_buf[w->active], upto = w->appended_lsn;
-        /* Stopping inside a unit (wal_close during a transaction): its records are
-         * written, but never count as durable; recovery drops them. */
-        uint64_t done = w->unit_open ? w->unit_first - 1 : upto;
-        uint64_t nrec = upto - first + 1;
-        deadline = 0;
-        w->active ^= 1; /* appends continue into the other buffer meanwhile */
-        pthread_mutex_unlock(&w->lock);
-
-        if (write_group_retrying(w, b, first)) /* stopped while the disk refused it */
-            break;
-        atomic_store_explicit(&w->written_lsn, done, memory_order_release); /* readable by catch-up */
-        atomic_fetch_add_explicit(&w->groups, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&w->records, nrec, memory_order_relaxed);
-        atomic_fetch_add_explicit(&w->bytes, b->len, memory_order_relaxed);
-        if (nrec > atomic_load_explicit(&w->max_group, memory_order_relaxed))
-            atomic_store_explicit(&w->max_group, nrec, memory_order_relaxed);
-        b->len = 0;
-        kvbuf_shrink(b, 1u << 20);
-        atomic_store_explicit(&w->synced_lsn, done, memory_order_release);
-        wal_publish_durable(w, done);
-    }
-    return NULL;
 }
 
 uint64_t wal_synced_lsn(struct wal *w) { return atomic_load_explicit(&w->synced_lsn, memory_order_acquire); }
@@ -616,58 +356,6 @@ void wal_set_sync(struct wal *w, int sync)
     pthread_cond_signal(&w->cond); /* a log thread gathering a batch re-checks the mode */
 }
 
-uint64_t wal_take_ship(struct wal *w, struct kvbuf *out, uint64_t *first)
-{
-    /* Swap, not copy: the sender's emptied buffer becomes the next ship buffer.
-     * An open unit's records stay behind (copied to the front of the new ship
-     * buffer, with room for its COMMIT): the peer acknowledges only whole units,
-     * and what is shipped ends where the durable LSN may. */
-    pthread_mutex_lock(&w->lock);
-    /* Everything the sender may take is taken now: a later append raises it again
-     * (the unit kept back below raises it with its COMMIT). */
-    atomic_store_explicit(&w->ship_pending, 0, memory_order_relaxed);
-    size_t keep = w->unit_open ? w->sbuf.len - w->unit_soff : 0;
-    struct kvbuf tmp = *out;
-    tmp.len = 0;
-    if (keep == w->sbuf.len || (keep && kvbuf_reserve(&tmp, keep + WAL_COMMIT_LEN))) {
-        *out = tmp; /* nothing before the unit (or no memory to split it): take nothing now */
-        pthread_mutex_unlock(&w->lock);
-        return 0;
-    }
-    if (keep)
-        memcpy(tmp.p, w->sbuf.p + w->unit_soff, keep);
-    tmp.len = keep;
-    *out = w->sbuf;
-    out->len -= keep;
-    w->sbuf = tmp;
-    *first = w->sfirst;
-    uint64_t last = out->len ? (keep ? w->unit_first - 1 : w->appended_lsn) : 0;
-    if (keep) {
-        w->sfirst = w->unit_first;
-        w->unit_soff = 0;
-    }
-    pthread_mutex_unlock(&w->lock);
-    return last;
-}
-
-int wal_ship_fd(struct wal *w) { return w->ship_evfd; }
-
-int wal_ship_sleep(struct wal *w, int sleep)
-{
-    if (!sleep) {
-        atomic_store_explicit(&w->ship_idle, 0, memory_order_relaxed);
-        uint64_t v;
-        ssize_t r = read(w->ship_evfd, &v, sizeof v);
-        (void)r; /* EAGAIN: nobody wrote it */
-        return 0;
-    }
-    atomic_store_explicit(&w->ship_idle, 1, memory_order_seq_cst); /* then look for records */
-    if (!atomic_load_explicit(&w->ship_pending, memory_order_seq_cst))
-        return 1;
-    atomic_store_explicit(&w->ship_idle, 0, memory_order_relaxed);
-    return 0;
-}
-
 uint64_t wal_written_lsn(struct wal *w)
 {
     return atomic_load_explicit(&w->written_lsn, memory_order_acquire);
@@ -677,7 +365,7 @@ const char *wal_dir(struct wal *w) { return w->dir; }
 
 int wal_start(struct wal *w)
 {
-    int rc = pthread_create(&w->th, NULL, log_thread, w);
+    int rc = pthread_create(&w->th, NULL, wal_log_thread, w);
     if (rc)
         return -rc;
     pthread_setname_np(w->th, "kv-wal");
@@ -707,9 +395,15 @@ void wal_close(struct wal *w)
         close(w->dirfd);
     if (w->ship_evfd >= 0)
         close(w->ship_evfd);
-    kvbuf_free(&w->buf[0]);
-    kvbuf_free(&w->buf[1]);
-    kvbuf_free(&w->sbuf);
+    for (struct wal_chunk *c = w->head, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    for (struct wal_chunk *c = w->spare, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    free(w->wiov);
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->cond);
     wal_notify_destroy(&w->notify);

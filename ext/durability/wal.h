@@ -1,9 +1,10 @@
 /* wal.h - the write-ahead log: group-committed segment files of CRC-checked records.
  *
  * Writers (poller threads, under the key's shard lock so that per-key log order
- * is apply order) append records into an in-memory buffer and get an LSN; they
- * never block on I/O. One log thread swaps the buffer, writes it with one write()
- * and makes it durable with one fdatasync() (group commit), then publishes the
+ * is apply order) copy records once into the log's memory (chunks that never
+ * move) and get an LSN; they never block on I/O. One log thread writes what came
+ * since its last group with one writev() and makes it durable with one
+ * fdatasync() (group commit), then publishes the
  * durable LSN and wakes, through its eventfd, each subscribed poller asleep with
  * a reply held for an LSN now durable (wal_want, wal_notify.h). Recovery
  * reads the segments back, checks every record's CRC32C and stops at the first
@@ -35,6 +36,7 @@
 
 struct kv_table;
 struct wal;
+struct kvbuf;
 
 enum wal_op { WAL_SET = 1, WAL_DEL = 2, WAL_FLUSH = 3, WAL_COMMIT = 4 };
 #define WAL_HASH 0x10        /* or'ed into wal_append's op with WAL_SET: the value is an
@@ -72,12 +74,13 @@ struct wal_config {
                                 0: gather large batches (remote mode: the peer's ack makes a
                                 record durable, the local copy follows) */
     uint64_t segment_bytes;  /* start a new segment past this size (default 64 MiB) */
-    uint64_t max_pending;    /* appends fail with -EAGAIN past this many unwritten bytes (default 256 MiB) */
+    uint64_t max_pending;    /* appends fail with -EAGAIN past this many bytes held (not yet written, or
+                                in ship mode not yet consumed by the sender; default 256 MiB) */
     uint64_t first_lsn;      /* LSN of the next record (after recovery: last recovered + 1) */
     uint32_t sync_delay_us;  /* fault injection: sleep this long before each sync (a slow disk) */
     uint64_t batch_bytes;    /* async mode (sync = 0): write+sync once this much is gathered (16 MiB) */
     uint32_t batch_ms;       /* ... or this long after a batch began (default 1000 ms) */
-    int ship;                /* keep a copy of each record for a log sender (wal_take_ship) */
+    int ship;                /* a log sender reads the records too (wal_ship_peek) */
 };
 
 /* The sync-latency histogram: bucket i of wal_stats.sync_buckets counts the log
@@ -129,7 +132,7 @@ int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const 
  * appended nothing (nothing is written), -EIO once the log failed (the unit is
  * abandoned: its records never become durable), -EINVAL without a unit begun.
  * The records of an open unit are neither written by the log thread nor handed
- * to the sender (wal_take_ship) until the COMMIT is appended. */
+ * to the sender (wal_ship_peek) until the COMMIT is appended. */
 int wal_unit_begin(struct wal *w);
 int64_t wal_unit_end(struct wal *w);
 
@@ -138,15 +141,35 @@ void wal_publish_durable(struct wal *w, uint64_t lsn);
 /* Switch between per-group sync (1) and batched async writes (0), e.g. when the
  * replication peer is lost and comes back. */
 void wal_set_sync(struct wal *w, int sync);
-/* Take every record appended since the last call (ship mode), up to the start
- * of an open unit (what is taken always ends between units): out's buffer is
- * swapped with the log's (out must not be shared). Returns the last LSN taken,
- * 0 if none; *first = the first. */
-struct kvbuf;
-uint64_t wal_take_ship(struct wal *w, struct kvbuf *out, uint64_t *first);
+/* The log sender's view of the log (ship mode): the records appended since
+ * its last wal_ship_consume, up to the start of an open unit (what it sees
+ * always ends between units), in place in the log's memory (one copy of each
+ * record serves the disk write and the sender): iov[0..n), bytes in all, LSNs
+ * first..last (0, 0: none). The memory stays valid until the sender consumes
+ * it. The sender thread only. */
+struct iovec;
+struct wal_chunk;
+struct wal_ship {
+    struct iovec *iov;
+    int n, cap;
+    size_t bytes;
+    uint64_t first, last;
+    /* where the view ends (private to wal.c) */
+    struct wal_chunk *end_c;
+    size_t end_off;
+    uint64_t end_lsn, end_bytes;
+};
+/* Fill v with what the sender may take now (what it has not consumed: a view
+ * taken before and not consumed is seen again, with what came since). Returns
+ * v->last, 0 if none. */
+uint64_t wal_ship_peek(struct wal *w, struct wal_ship *v);
+/* The sender is done with v's records up to LSN upto (all of them: v->last or
+ * more): their memory may be reused. v is empty afterwards. */
+void wal_ship_consume(struct wal *w, struct wal_ship *v, uint64_t upto);
+void wal_ship_free(struct wal_ship *v);
 /* The sender's sleep (ship mode). wal_ship_sleep(w, 1): the sender is about
  * to sleep with nothing in flight: returns 1 if nothing it may take was
- * appended since its last wal_take_ship (it may then sleep: the next append it
+ * appended since its last wal_ship_peek (it may then sleep: the next append it
  * may take, or a unit's COMMIT, writes 1 to wal_ship_fd, an eventfd), 0 if
  * something was (ship it, do not sleep). wal_ship_sleep(w, 0): it woke (or did
  * not sleep): appenders stop writing the eventfd, which is drained; returns 0.

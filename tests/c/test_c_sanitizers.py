@@ -6,8 +6,9 @@
                   increments from four threads; transactions isolated (TSan, ASan/UBSan)
   resp_fuzz.c     mutational fuzzer of ext/resp.c, -fsanitize=address,undefined
   wal_stress.c    the write-ahead log with concurrent appenders (through the table's
-                  logger), a ship-buffer consumer and mode switches, then recovery;
-                  built with each sanitizer
+                  logger), a consumer of the sender's view (records in place, prefixes
+                  consumed) and mode switches, then recovery; built with each
+                  sanitizer, with 4 KiB chunks
   session_test.c  ext/engine/session.c, the request runner, on a real table, log and
                   data file with memory far below the data: DONE/HOLD/STALL, blocking and
                   eventfd waits, MGET resumed over stalls, held replies; TSan and ASan/UBSan
@@ -120,8 +121,9 @@ BUILDS = {
     "table_ops_stress_asan": (["table_ops_stress.c", *TABLE], ASAN_UBSAN),
     "resp_fuzz_asan": (["resp_fuzz.c", *_ext("proto/resp.c")], ASAN_UBSAN),
     "hashenc_fuzz_asan": (["hashenc_fuzz.c", *_ext("core/hashenc.c", "core/siphash.c")], ASAN_UBSAN),
-    "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN),
-    "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN),
+    # 4 KiB chunks (1 MiB in the server): records cross many chunk boundaries
+    "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN + ["-DWAL_CHUNK_BYTES=4096"]),
+    "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN + ["-DWAL_CHUNK_BYTES=4096"]),
     "wal_notify_test_tsan": (["wal_notify_test.c", *_ext("durability/wal_notify.c")], TSAN),
     "wal_notify_test_asan": (["wal_notify_test.c", *_ext("durability/wal_notify.c")], ASAN_UBSAN),
     "wal_diskfull_test_tsan": (["wal_diskfull_test.c", *WAL, *TABLE], TSAN),

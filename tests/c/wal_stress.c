@@ -2,9 +2,10 @@
  * APPENDERS threads append records (through the table's logger, so shard locks and
  * the log lock nest as in the server, with a FLUSHALL now and then) while a
  * transaction thread runs units (kvt_tx_begin .. kvt_tx_end: the same counter into
- * three keys and a hash-typed key), a shipper thread takes the ship buffer (as the
- * log sender does) and checks that what it gets is whole records with consecutive
- * LSNs that never ends inside a unit, a sampler records every durable LSN it sees,
+ * three keys and a hash-typed key), a shipper thread reads the log's ship view (as
+ * the log sender does: the records in place) and checks that what it gets is whole
+ * records in whole parts with consecutive LSNs that never ends inside a unit, and
+ * consumes it (now and then only a prefix), a sampler records every durable LSN it sees,
  * and a toggler switches the log between per-group sync and batched mode.
  * Afterwards: no durable LSN fell inside a unit, recovery finds every record, in
  * order, and rebuilds the same table (types included), a unit left open at
@@ -22,6 +23,7 @@
 
 #include "core/bytes.h"
 #include "core/kvbuf.h"
+#include <sys/uio.h>
 #include "core/table.h"
 #include "durability/wal.h"
 #include "stress.h"
@@ -136,37 +138,59 @@ static void walk_units(const unsigned char *p, size_t l, int *in_unit)
 static void *shipper(void *arg)
 {
     (void)arg;
-    struct kvbuf b = {0};
+    struct wal_ship v = {0};
     uint64_t expect = 1;
+    unsigned r = seed;
+    int carry = 0; /* whether the records consumed so far end inside a unit */
     for (;;) {
         int done = atomic_load(&appenders_done) == APPENDERS && atomic_load(&tx_done);
-        uint64_t first, last = wal_take_ship(w, &b, &first);
+        uint64_t last = wal_ship_peek(w, &v);
         if (last) {
-            int in_unit = 0;
-            CHECK(first == expect, "ship batch starts at LSN %llu, expected %llu", (unsigned long long)first,
+            int in_unit = carry, at_upto = 0;
+            uint64_t first = expect;
+            /* Now and then consume a prefix only (the sender passing over what
+             * the peer holds, which may end inside a unit): the next view starts
+             * right after it. */
+            uint64_t upto = last;
+            if (last > first && rand_r(&r) % 4 == 0)
+                upto = first + rand_r(&r) % (last - first);
+            CHECK(v.first == expect, "ship view starts at LSN %llu, expected %llu", (unsigned long long)v.first,
                   (unsigned long long)expect);
-            size_t off = 0;
-            while (off < b.len) {
-                size_t l = wal_rec_len((unsigned char *)b.p + off, b.len - off);
-                CHECK(l && l <= b.len - off && wal_rec_ok((unsigned char *)b.p + off, l), "bad record at %zu", off);
-                uint64_t lsn = wal_rec_lsn((unsigned char *)b.p + off, l);
-                CHECK(lsn == expect, "shipped LSN %llu, expected %llu", (unsigned long long)lsn,
-                      (unsigned long long)expect);
-                expect++;
-                walk_units((unsigned char *)b.p + off, l, &in_unit);
-                off += l;
+            size_t total = 0;
+            for (int i = 0; i < v.n; i++) {
+                const unsigned char *p = v.iov[i].iov_base;
+                size_t n = v.iov[i].iov_len, off = 0;
+                CHECK(n > 0, "an empty part in a ship view");
+                total += n;
+                while (off < n) { /* whole records, never split between parts */
+                    size_t l = wal_rec_len(p + off, n - off);
+                    CHECK(l && l <= n - off && wal_rec_ok(p + off, l), "bad record at %zu of part %d", off, i);
+                    uint64_t lsn = wal_rec_lsn(p + off, l);
+                    CHECK(lsn == expect, "shipped LSN %llu, expected %llu", (unsigned long long)lsn,
+                          (unsigned long long)expect);
+                    expect++;
+                    walk_units(p + off, l, &in_unit);
+                    if (lsn == upto)
+                        at_upto = in_unit;
+                    off += l;
+                }
             }
-            CHECK(!in_unit, "a ship batch ends inside a unit (at LSN %llu)", (unsigned long long)last);
-            CHECK(expect - 1 == last, "batch ends at %llu, records end at %llu", (unsigned long long)last,
+            CHECK(total == v.bytes, "view holds %zu bytes, says %zu", total, v.bytes);
+            CHECK(!in_unit, "a ship view ends inside a unit (at LSN %llu)", (unsigned long long)last);
+            CHECK(expect - 1 == last, "view ends at %llu, records end at %llu", (unsigned long long)last,
                   (unsigned long long)(expect - 1));
-            atomic_fetch_add(&shipped_records, (uint64_t)(last - first + 1));
-            wal_publish_durable(w, last); /* as a peer's ack would */
+            wal_ship_consume(w, &v, upto);
+            carry = at_upto;
+            expect = upto + 1;
+            atomic_fetch_add(&shipped_records, (uint64_t)(upto - first + 1));
+            if (upto == last) /* as a peer's ack would (it acknowledges whole units only) */
+                wal_publish_durable(w, upto);
         } else if (done) {
             break;
         }
         usleep(50);
     }
-    kvbuf_free(&b);
+    wal_ship_free(&v);
     return NULL;
 }
 
@@ -195,7 +219,8 @@ static int same_value(struct kv_table *a, struct kv_table *b, const char *key)
 
 static void *flush_from_another_thread(void *arg)
 {
-    CHECK(wal_append(arg, WAL_FLUSH, "", 0, NULL, 0, NULL, 0, 0) > 0, "FLUSH append");
+    /* no key: NULL, as the table's FLUSHALL logs it (nothing may be copied from it) */
+    CHECK(wal_append(arg, WAL_FLUSH, NULL, 0, NULL, 0, NULL, 0, 0) > 0, "FLUSH append");
     return NULL;
 }
 
