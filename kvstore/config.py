@@ -353,6 +353,12 @@ class ServerConfig:
                     "buffered measured fastest on ext4 in a VM (`kvstore experiment run kv_datafile_io`); a mode "
                     "the file system or kernel cannot do falls back to buffered with a warning.",
         choices=("buffered", "direct", "uring", "uring-direct"))
+    # ---- issue 14b (chunk)
+    sweep_chunk_pct: int = setting(
+        5, "A sweep of the data file syncs, records and settles its keys a chunk of buckets at a time, each chunk "
+           "about this percent of --max-memory: a writer waiting for room waits for one chunk (then clean keys are "
+           "evicted), not for the whole sweep. Each chunk costs two syncs; the flushed LSN (log truncation) moves "
+           "once per sweep. 0: the whole sweep is one chunk.", min=0, max=100)
     config_file: str = setting(
         "", "the TOML file the settings came from (INFO shows it)", shown=None, cli=None, c="config_file")
 

@@ -212,7 +212,8 @@ class DataFile:
     log replays, so the replay marks its keys dirty for the flusher."""
 
     def __init__(self, store, data_dir, buckets=0, flush_interval_ms=5000, truncate_log=True,
-                 dirty_queue="ldu", io="buffered"):
+                 dirty_queue="ldu", io="buffered",
+                 sweep_chunk_pct=5):
         cfg = ffi.new("struct bosc_config *")
         # Remote mode keeps every log segment: a peer that lost its copy of this
         # node's log is caught up by shipping the log from LSN 1.
@@ -223,6 +224,7 @@ class DataFile:
         cfg.flush_interval_ms = flush_interval_ms
         cfg.locked_queue = 1 if dirty_queue == "locked" else 0
         cfg.io_mode = IO_MODES[io]
+        cfg.sweep_chunk_pct = sweep_chunk_pct
         info = ffi.new("struct bosc_open_info *")
         out = ffi.new("struct bosc **")
         err = ffi.new("char[1024]")
@@ -437,7 +439,8 @@ class Durability:
             if c.data_file:  # a spilling cache: bounded memory, nothing durable
                 os.makedirs(c.data_dir, exist_ok=True)
                 self.datafile = DataFile(self.store, c.data_dir, c.data_buckets, c.flush_interval_ms,
-                                         truncate_log=False, dirty_queue=c.dirty_queue, io=c.datafile_io)
+                                         truncate_log=False, dirty_queue=c.dirty_queue, io=c.datafile_io,
+                                         sweep_chunk_pct=c.sweep_chunk_pct)
                 self._say(self.datafile.summary())
                 self.datafile.start(None)
             return
@@ -494,7 +497,7 @@ class Durability:
         if c.data_file:
             self.datafile = DataFile(self.store, c.data_dir, c.data_buckets, c.flush_interval_ms,
                                      truncate_log=c.durability == "disk", dirty_queue=c.dirty_queue,
-                                     io=c.datafile_io)
+                                     io=c.datafile_io, sweep_chunk_pct=c.sweep_chunk_pct)
             self._say(self.datafile.summary())
         self.recovery = recover(self.store, c.data_dir, after_lsn=self.datafile.flushed_lsn if self.datafile else 0)
         self._say(self.recovery.summary(), logging.WARNING if self.recovery.problem else logging.INFO)

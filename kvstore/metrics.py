@@ -115,6 +115,11 @@ FIELDS = [
      "Of the sweep time, its reads, writes and syncs of the data file."),
     ("datafile_sweep_cpu_seconds", "kvstore_datafile_sweep_cpu_seconds_total", COUNTER,
      "CPU time of the flusher thread (sweeps, evictions, expiry passes)."),
+    # ---- issue 14b (chunk)
+    ("datafile_sweep_chunks", "kvstore_datafile_sweep_chunks_total", COUNTER,
+     "Chunks of a sweep synced and settled before the sweep's end (their keys evictable at once)."),
+    ("datafile_chunk_evicted_keys", "kvstore_datafile_chunk_evicted_keys_total", COUNTER,
+     "Keys evicted right after a chunk of a sweep settled, for writers waiting for room."),
     ("datafile_write_errors", "kvstore_datafile_write_errors_total", COUNTER,
      "Sweeps of the data file that failed writing or syncing (a full or failing disk); each is retried."),
     # remote mode: this node's log at its peer

@@ -304,6 +304,11 @@ void kvt_written(struct kv_table *t, struct kvt_dnode *d, const struct kvt_snap 
  * when done with it. held: the nodes of d taken from the queue. */
 void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
                  const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q);
+/* The same, and an entry it leaves clean is evicted at once (the flusher's
+ * chunk makes room for waiting writers without a turn of the clock over every
+ * entry). Returns the bytes freed (0: not evicted). */
+uint64_t kvt_flushed_evict(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
+                           const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q);
 /* Evict clean, unreferenced entries (CLOCK) until used memory <= target or two
  * turns of the clock found nothing more. Returns bytes freed; adds to *evicted. */
 uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted);

@@ -162,10 +162,11 @@ void kvt_written(struct kv_table *t, struct kvt_dnode *d, const struct kvt_snap 
     shard_unlock(s);
 }
 
-void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
-                 const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q)
+static uint64_t flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
+                        const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q, int evict)
 {
-    struct shard *s = shard_of(t, d->hash);
+    uint64_t h = d->hash, freed = 0;
+    struct shard *s = shard_of(t, h);
     shard_lock(s);
     struct kvt_entry *e = d->e;
     d->inflight = 0;
@@ -193,8 +194,34 @@ void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held
         if (e)
             e->dn = NULL;
         kvt_dnode_free(t, d);
+        /* Evict it now (what the clock would evict: not queued, its block holds
+         * it), ignoring its reference bit; ht[0] only, as kvt_evict (not while
+         * the shard rehashes). */
+        if (evict && e && s->rehashidx < 0 && s->size[0] &&
+            ((e->flags & E_TOMB) ? (e->flags & E_OD_MASK) == OD_NO : (e->flags & E_OD_MASK) == OD_YES)) {
+            struct kvt_entry **ref = &s->ht[0][h & (s->size[0] - 1)];
+            while (*ref && *ref != e)
+                ref = &(*ref)->next;
+            if (*ref) {
+                freed = malloc_usable_size(e);
+                kvt_do_unlink(t, s, ref);
+            }
+        }
     }
     shard_unlock(s);
+    return freed;
+}
+
+void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
+                 const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q)
+{
+    (void)flushed(t, d, held, nheld, snap, written, durable, q, 0);
+}
+
+uint64_t kvt_flushed_evict(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
+                           const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q)
+{
+    return flushed(t, d, held, nheld, snap, written, durable, q, 1);
 }
 
 uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)

@@ -71,6 +71,11 @@ struct bosc_config {
                                     buffered (0, the page cache), O_DIRECT through a second
                                     descriptor, io_uring, or both; loads, the table and the
                                     superblock stay buffered in every mode */
+    /* ---- issue 14b (chunk) */
+    uint32_t sweep_chunk_pct;    /* a sweep syncs, records and settles its keys (then evicts and
+                                    wakes waiting writers) a chunk of buckets at a time, each about
+                                    this share of the memory bound; 0: the whole sweep at once */
+    uint32_t sweep_chunk_items;  /* tests: at most this many keys a chunk instead (0: by the share) */
 };
 
 #define BOSC_IO_BUFFERED 0
@@ -108,6 +113,9 @@ struct bosc_stats {
      * of the kernel (posix_fadvise) is not counted. Writes count what each call
      * wrote, a call that failed part way too. */
     uint64_t bytes_read, read_calls, write_calls, flusher_cpu_ns;
+    /* ---- issue 14b (chunk): chunks of a sweep settled before the sweep's end
+     * (synced, recorded, their keys clean), and keys evicted right after them */
+    uint64_t sweep_chunks, chunk_evicted;
     int failed;
     char error[256];
 };

@@ -269,7 +269,15 @@ struct bosc {
         _Atomic uint64_t expired_found, expired_reclaimed, expire_pass_blocks, expire_passes;
         _Atomic uint64_t key_listings, key_listing_blocks, key_listings_dropped;
         _Atomic uint64_t bytes_read, read_calls, write_calls, flusher_cpu_ns;
+        _Atomic uint64_t chunks, chunk_evicted;
     } st;
+    /* A sweep settles its keys a chunk of buckets at a time (bosc_sweep.c):
+     * chunk_pct the share of the memory bound a chunk's keys take (0: the
+     * whole sweep is one chunk). Under lock: room_seq counts settled chunks
+     * (bosc_make_room waits for one), room_waiters the threads waiting so. */
+    uint32_t chunk_pct, chunk_items;
+    uint64_t room_seq;
+    int room_waiters;
     uint32_t sweep_no;
     /* Fault hook for tests (KVSTORE_FAULT_TEAR_HOME_WRITE=n in the environment):
      * the n-th home-block write of this process writes half the block and the
@@ -425,6 +433,7 @@ struct sweep_ctx {
     uint64_t flushed_bound;      /* the file holds every change up to here (sweep) */
     int write_failed;            /* the last sweep failed writing or syncing (the disk): retried */
     int need_sync;               /* blocks written by a failed sweep are not known synced */
+    int any_skipped;             /* a key of this sweep was not written: the flushed LSN stays */
     struct item *items;
     size_t n, cap;
     struct kvbuf vals, stream, out;
@@ -443,5 +452,13 @@ struct sweep_ctx {
 
 int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen);
 void *bosc_flusher_main(void *arg);
+/* Before a chunk of the sweep is settled: 1 if its keys left clean should
+ * leave memory at once (writers wait for room, or memory is past HIGH_PCT);
+ * after: wake the writers waiting for room. Flusher. */
+int bosc_room_wanted(struct bosc *b);
+void bosc_chunk_done(struct bosc *b);
+/* The table's make_room hook: ask for a sweep and wait until it settled a
+ * chunk (or finished). Returns 0 or -EIO (the data file failed). */
+int bosc_make_room(void *arg);
 
 #endif

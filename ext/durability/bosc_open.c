@@ -187,6 +187,8 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     snprintf(b->path, sizeof b->path, "%s", cfg->path);
     snprintf(b->log_dir, sizeof b->log_dir, "%s", cfg->log_dir ? cfg->log_dir : "");
     b->interval_ms = cfg->flush_interval_ms ? cfg->flush_interval_ms : 1000;
+    b->chunk_pct = cfg->sweep_chunk_pct > 100 ? 100 : cfg->sweep_chunk_pct;
+    b->chunk_items = cfg->sweep_chunk_items;
     pthread_mutex_init(&b->lock, NULL);
     pthread_mutex_init(&b->gen_lock, NULL);
     pthread_mutex_init(&b->flush_lock, NULL);
@@ -257,7 +259,7 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     if (rc)
         goto fail;
     struct kvt_spill sp = {&b->q, b->locked_queue ? &b->qlock : NULL, bosc_hook_maybe_on_disk, bosc_hook_flushall,
-                           bosc_hook_load_sync, bosc_hook_make_room, b};
+                           bosc_hook_load_sync, bosc_make_room, b};
     kvt_set_spill(t, &sp);
     info->flushed_lsn = flushed;
     info->generation = gen;
@@ -407,6 +409,8 @@ void bosc_get_stats(struct bosc *b, struct bosc_stats *st)
     st->read_calls = L(read_calls);
     st->write_calls = L(write_calls);
     st->flusher_cpu_ns = L(flusher_cpu_ns);
+    st->sweep_chunks = L(chunks);
+    st->chunk_evicted = L(chunk_evicted);
 #undef L
     st->flushed_lsn = atomic_load(&b->flushed_lsn);
     st->buckets = b->nbuckets;

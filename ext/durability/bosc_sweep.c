@@ -438,16 +438,17 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
 }
 
 /* A sweep failed writing or syncing (the disk is full, or failing): nothing
- * it wrote is known to be on disk, so every key it took that is not settled
- * yet goes back on the queue, dirty, for the sweep that retries (as a key
- * whose block write was skipped). reached: the items past the failed bucket,
- * whose states were never taken. The blocks it wrote (in the page cache,
- * consistent with the table) are synced by the next sweep before anything
- * counts on them, even one with no keys (need_sync). */
-static void requeue(struct bosc *b, struct sweep_ctx *c, size_t reached)
+ * its current chunk wrote is known to be on disk, so every key it took that is
+ * not settled yet -- from lo, the chunk's first item: the chunks before it are
+ * synced, recorded and settled -- goes back on the queue, dirty, for the sweep
+ * that retries (as a key whose block write was skipped). reached: the items
+ * past the failed bucket, whose states were never taken. The blocks it wrote
+ * (in the page cache, consistent with the table) are synced by the next sweep
+ * before anything counts on them, even one with no keys (need_sync). */
+static void requeue(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t reached)
 {
     uint64_t durable = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX;
-    for (size_t k = 0; k < c->n; k++) {
+    for (size_t k = lo; k < c->n; k++) {
         struct item *it = &c->items[k];
         if (k < reached && (it->snap.kind == KVT_SNAP_NONE || it->snap.kind == KVT_SNAP_SKIP))
             continue; /* settled in sweep_bucket */
@@ -457,6 +458,132 @@ static void requeue(struct bosc *b, struct sweep_ctx *c, size_t reached)
     }
     c->n = 0;
     c->need_sync = 1;
+}
+
+/* The keys of one chunk of the sweep, items [lo, hi) (whole buckets, their
+ * chains written), are settled: the chains are synced, their home copies become
+ * the synced ones and the bucket table records them (a sweep number of their
+ * own: bosc_tab_done moves b->wseq on), the superblock write syncs the table,
+ * the blocks the chains dropped are free, and the keys are marked clean (or
+ * queued again). The flushed LSN moves only with the last chunk (last), once
+ * every key the sweep took is settled: before it the superblock records the
+ * flushed LSN it had (the log from there still holds every change). Returns 0
+ * or -errno with err set: c->write_failed says the disk refused the sync or the
+ * superblock (the keys not settled are queued again), else the file failed. */
+static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t hi, uint64_t gen, int last,
+                        char *err, size_t errlen)
+{
+    int rc;
+    if (hi > lo || c->need_sync) {
+        uint64_t t1 = now_ns();
+        if (fdatasync(b->fd)) {
+            rc = -errno;
+            snprintf(err, errlen, "cannot sync data file %s: %s", b->path, strerror(-rc));
+            c->write_failed = 1;
+            requeue(b, c, lo, hi);
+            return rc;
+        }
+        c->need_sync = 0;
+        add(&b->st.io_ns, now_ns() - t1);
+        add(&b->st.syncs, 1);
+    }
+    /* The chains written are synced: their home copies are the synced ones now,
+     * and the bucket table records them (synced with the superblock below). */
+    for (size_t k = 0; k < b->ntouched; k++)
+        b->slot[b->touched[k]] ^= 1;
+    if (b->ntouched && (rc = bosc_tab_write(b))) {
+        snprintf(err, errlen, "cannot write the bucket table of %s: %s", b->path, strerror(-rc));
+        return rc;
+    }
+    /* Blocks freed by this chunk are free once the chains that dropped them are synced. */
+    for (size_t k = 0; k < b->nfreed; k++)
+        bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, b->freed[k]);
+    b->nfreed = 0;
+    uint64_t deferred = 0, evicted = 0, freed = 0;
+    uint64_t durable_now = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX; /* >= every state written */
+    /* Before the last chunk, keys left clean leave memory now if room is wanted
+     * (after it, the flusher's eviction follows at once, as after a whole sweep). */
+    int evict = !last && bosc_room_wanted(b);
+    for (size_t k = lo; k < hi; k++) {
+        struct item *it = &c->items[k];
+        if (it->snap.kind == KVT_SNAP_NONE || it->snap.kind == KVT_SNAP_SKIP) {
+            deferred += it->snap.kind == KVT_SNAP_SKIP;
+            continue; /* settled in sweep_bucket */
+        }
+        if (!it->written) {
+            c->any_skipped = 1;
+            deferred++;
+        }
+        if (!evict) {
+            kvt_flushed(b->t, it->d, it->held, it->nheld, &it->snap, it->written, durable_now, &b->q);
+            continue;
+        }
+        uint64_t f = kvt_flushed_evict(b->t, it->d, it->held, it->nheld, &it->snap, it->written, durable_now, &b->q);
+        freed += f;
+        evicted += f != 0;
+    }
+    add(&b->st.deferred, deferred);
+    add(&b->st.evicted, evicted);
+    add(&b->st.evicted_bytes, freed);
+    add(&b->st.chunk_evicted, evicted);
+    /* The file now holds every change up to D, except those of keys whose state
+     * was not durable yet (SKIP: the bound stops below the first change they
+     * lack), unless a FLUSHALL made this sweep skip blocks: then the flushed LSN
+     * stays where it was. */
+    uint64_t flushed = atomic_load(&b->flushed_lsn);
+    uint64_t bound = c->flushed_bound;
+    uint64_t cur_gen = atomic_load_explicit(&b->gen, memory_order_acquire);
+    if (last && !c->any_skipped && bound != UINT64_MAX && bound > flushed && cur_gen == gen) {
+        rc = bosc_sb_write(b, bound, gen);
+        if (rc) { /* (the blocks are synced and their keys settled: the next sweep writes it) */
+            snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
+            c->write_failed = 1;
+            return rc;
+        }
+        atomic_store(&b->flushed_lsn, bound);
+        flushed = bound;
+        if (b->log_dir[0]) {
+            int n = wal_truncate(b->log_dir, flushed);
+            if (n > 0)
+                add(&b->st.truncated, (uint64_t)n);
+        }
+    } else if (cur_gen != b->sb_gen || b->ntouched) {
+        /* A FLUSHALL must reach the superblock even when the flushed LSN cannot
+         * move (no log, blocks skipped, or a chunk before the last): its
+         * generation is what empties the file. So must the bucket table's
+         * sweep (it syncs the table's pages). */
+        rc = bosc_sb_write(b, flushed, cur_gen);
+        if (rc) {
+            snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
+            c->write_failed = 1;
+            requeue(b, c, hi, hi); /* the later chunks' keys (their states not taken) */
+            return rc;
+        }
+    }
+    if (b->ntouched)
+        bosc_tab_done(b);
+    return 0;
+}
+
+/* Items a chunk of the sweep settles at most: about chunk_pct of the memory
+ * bound, at the memory an entry takes now (table and key, what evicting it
+ * frees), at least CHUNK_MIN_ITEMS (each chunk costs two syncs), or the count a
+ * test set. SIZE_MAX: one chunk (no bound, or chunks off). */
+#define CHUNK_MIN_ITEMS 1024
+static size_t chunk_items(struct bosc *b)
+{
+    if (b->chunk_items)
+        return b->chunk_items;
+    uint64_t max = kvt_max_memory(b->t);
+    if (!b->chunk_pct || !max)
+        return SIZE_MAX;
+    struct kvt_stats ts;
+    kvt_get_stats(b->t, &ts);
+    uint64_t per = ts.entries ? kvt_used_memory(b->t) / ts.entries : 0;
+    if (per < 64)
+        per = 64;
+    uint64_t n = max / 100 * b->chunk_pct / per;
+    return n < CHUNK_MIN_ITEMS ? CHUNK_MIN_ITEMS : n > SIZE_MAX ? SIZE_MAX : (size_t)n;
 }
 
 /* The item array of a sweep of much of memory (~90 bytes per dirty key, 4
@@ -557,9 +684,9 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory in the flusher");
         return rc; /* (nothing taken yet is lost: the same as a failed allocation above) */
     }
-    int any_skipped = 0;
+    c->any_skipped = 0;
     c->flushed_bound = durable;
-    size_t i = 0;
+    size_t i = 0, lo = 0, chunk = chunk_items(b);
     c->win.n = c->ovw.n = 0;
     while (i < c->n && !rc) {
         size_t j = i;
@@ -568,6 +695,19 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         window_for(b, c, i);
         rc = sweep_bucket(b, c, c->items + i, j - i, gen, err, errlen);
         i = j;
+        if (rc || i - lo < chunk || i == c->n)
+            continue;
+        /* A chunk's buckets are applied: write what is staged, then sync,
+         * record and settle them, so their keys can be evicted now, not at the
+         * end of the sweep. */
+        if ((rc = batch_flush(b, c, gen, err, errlen)))
+            break;
+        if ((rc = settle_chunk(b, c, lo, i, gen, 0, err, errlen)))
+            return rc; /* (what was not settled is queued again, or the file failed) */
+        lo = i;
+        c->ovw.n = 0; /* (the blocks it read may be reused now: never read through it again) */
+        add(&b->st.chunks, 1);
+        bosc_chunk_done(b);
     }
     /* the last batch (after an error too: what is staged is written or undone) */
     int frc = batch_flush(b, c, gen, err, errlen);
@@ -575,83 +715,11 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         rc = frc;
     if (rc) {
         if (c->write_failed)
-            requeue(b, c, i);
+            requeue(b, c, lo, i);
         return rc;
     }
-    if (c->n || c->need_sync) {
-        uint64_t t1 = now_ns();
-        if (fdatasync(b->fd)) {
-            rc = -errno;
-            snprintf(err, errlen, "cannot sync data file %s: %s", b->path, strerror(-rc));
-            c->write_failed = 1;
-            requeue(b, c, c->n);
-            return rc;
-        }
-        c->need_sync = 0;
-        add(&b->st.io_ns, now_ns() - t1);
-        add(&b->st.syncs, 1);
-    }
-    /* The chains written are synced: their home copies are the synced ones now,
-     * and the bucket table records them (synced with the superblock below). */
-    for (size_t k = 0; k < b->ntouched; k++)
-        b->slot[b->touched[k]] ^= 1;
-    if (b->ntouched && (rc = bosc_tab_write(b))) {
-        snprintf(err, errlen, "cannot write the bucket table of %s: %s", b->path, strerror(-rc));
+    if ((rc = settle_chunk(b, c, lo, c->n, gen, 1, err, errlen)))
         return rc;
-    }
-    /* Blocks freed by this sweep are free once the chains that dropped them are synced. */
-    for (size_t k = 0; k < b->nfreed; k++)
-        bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, b->freed[k]);
-    b->nfreed = 0;
-    uint64_t deferred = 0;
-    uint64_t durable_now = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX; /* >= every state written */
-    for (size_t k = 0; k < c->n; k++) {
-        struct item *it = &c->items[k];
-        if (it->snap.kind == KVT_SNAP_NONE || it->snap.kind == KVT_SNAP_SKIP) {
-            deferred += it->snap.kind == KVT_SNAP_SKIP;
-            continue; /* settled in sweep_bucket */
-        }
-        if (!it->written) {
-            any_skipped = 1;
-            deferred++;
-        }
-        kvt_flushed(b->t, it->d, it->held, it->nheld, &it->snap, it->written, durable_now, &b->q);
-    }
-    add(&b->st.deferred, deferred);
-    /* The file now holds every change up to D, except those of keys whose state
-     * was not durable yet (SKIP: the bound stops below the first change they
-     * lack), unless a FLUSHALL made this sweep skip blocks: then the flushed LSN
-     * stays where it was. */
-    uint64_t flushed = atomic_load(&b->flushed_lsn);
-    uint64_t bound = c->flushed_bound;
-    uint64_t cur_gen = atomic_load_explicit(&b->gen, memory_order_acquire);
-    if (!any_skipped && bound != UINT64_MAX && bound > flushed && cur_gen == gen) {
-        rc = bosc_sb_write(b, bound, gen);
-        if (rc) { /* (the blocks are synced and their keys settled: the next sweep writes it) */
-            snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
-            c->write_failed = 1;
-            return rc;
-        }
-        atomic_store(&b->flushed_lsn, bound);
-        flushed = bound;
-        if (b->log_dir[0]) {
-            int n = wal_truncate(b->log_dir, flushed);
-            if (n > 0)
-                add(&b->st.truncated, (uint64_t)n);
-        }
-    } else if (cur_gen != b->sb_gen || b->ntouched) {
-        /* A FLUSHALL must reach the superblock even when the flushed LSN cannot
-         * move (no log, or blocks skipped): its generation is what empties the file.
-         * So must the bucket table's sweep (it syncs the table's pages). */
-        rc = bosc_sb_write(b, flushed, cur_gen);
-        if (rc) {
-            snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
-            c->write_failed = 1;
-            return rc;
-        }
-    }
-    if (b->ntouched)
-        bosc_tab_done(b);
     uint64_t took = now_ns() - t0;
     add(&b->st.sweeps, 1);
     add(&b->st.sweep_ns, took);

@@ -165,7 +165,9 @@ static void info_persistence(void *arg, struct kvbuf *b)
                      "datafile_bytes_written:%llu\r\ndatafile_bytes_read:%llu\r\n"
                      "datafile_write_calls:%llu\r\ndatafile_read_calls:%llu\r\n"
                      "datafile_sweep_seconds:%.6f\r\ndatafile_io_seconds:%.6f\r\n"
-                     "datafile_sweep_cpu_seconds:%.6f\r\n",
+                     "datafile_sweep_cpu_seconds:%.6f\r\n"
+                     /* ---- issue 14b (chunk): chunks settled before their sweep's end */
+                     "datafile_sweep_chunks:%llu\r\ndatafile_chunk_evicted_keys:%llu\r\n",
                      (unsigned long long)bs.buckets, (unsigned long long)ts.disk_keys,
                      (unsigned long long)ts.entries, (unsigned long long)bs.flushed_lsn,
                      (unsigned long long)bs.sweeps, (unsigned long long)bs.records,
@@ -174,7 +176,8 @@ static void info_persistence(void *arg, struct kvbuf *b)
                      (unsigned long long)bs.truncated_segments, bs.failed, bs.error,
                      (unsigned long long)bs.bytes_written, (unsigned long long)bs.bytes_read,
                      (unsigned long long)bs.write_calls, (unsigned long long)bs.read_calls,
-                     (double)bs.sweep_ns / 1e9, (double)bs.io_ns / 1e9, (double)bs.flusher_cpu_ns / 1e9);
+                     (double)bs.sweep_ns / 1e9, (double)bs.io_ns / 1e9, (double)bs.flusher_cpu_ns / 1e9,
+                     (unsigned long long)bs.sweep_chunks, (unsigned long long)bs.chunk_evicted);
     }
 }
 

@@ -255,3 +255,58 @@ def test_previous_format_gets_a_clear_message(data_dir):
     with open(datafile(data_dir), "wb") as f:
         f.write(bytes(sb) + bytes(BLOCK * 17))
     assert_refused(data_dir, "data file format version 1, this kvstore reads version 2")
+
+
+def table_entry(path, bucket):
+    """(the sweep the bucket table records for bucket, from its newest valid page copy)."""
+    pg, best = bucket // TAB_PER_PAGE, None
+    with open(path, "rb") as f:
+        for c in (0, 1):
+            f.seek((FIRST_TABLE + 2 * pg + c) * BLOCK)
+            b = f.read(BLOCK).ljust(BLOCK, b"\0")
+            if b[:4] == b"KVT2" and struct.unpack_from("<I", b, 4)[0] == fl.crc32c(b[8:]):
+                if best is None or struct.unpack_from("<Q", b, 32)[0] > struct.unpack_from("<Q", best, 32)[0]:
+                    best = b
+    assert best is not None, "no valid copy of bucket table page %d" % pg
+    return struct.unpack_from("<Q", best, BHDR + 8 * (bucket % TAB_PER_PAGE))[0]
+
+
+@pytest.mark.timeout(120)
+def test_torn_home_write_in_a_later_chunk_keeps_the_chunks_settled_before_it(data_dir, nodes, monkeypatch):
+    """A sweep settled chunk by chunk (--sweep-chunk-pct; 3,000 keys over 64 buckets: the
+    1,024 keys a chunk holds at least span ~22 buckets, so the sweep has three chunks).
+    Run 1 writes v1; run 2 acknowledges v2 of every key, then its sweep's 40th home-block
+    write (a bucket of the second chunk) is torn and the process killed. The first chunk
+    was settled before: the file records it (the bucket table names the sweep that wrote
+    bucket 0's newest copy, which holds v2) while the flushed LSN has not moved; the
+    restart comes up from the file and the log alone with v2 everywhere. Before chunks,
+    nothing of the sweep was recorded before its end."""
+    v1, v2 = items(3000, 1), items(3000, 2)
+    s = dict(data_buckets=BUCKETS, max_memory="4mb", sweep_chunk_pct=1)
+    n = nodes(data_dir, flush_interval_ms=100, **s)
+    set_all(n.port, v1)
+    flushed = wait_flushed(n.port)["datafile_flushed_lsn"]
+    assert n.stop() == 0
+    path = datafile(data_dir)
+    before = table_entry(path, 0)
+    monkeypatch.setenv("KVSTORE_FAULT_TEAR_HOME_WRITE", "40")
+    n = nodes(data_dir, flush_interval_ms=600000, **s)
+    set_all(n.port, v2)  # acknowledged: in the synced log
+    with pytest.raises(Exception):
+        with client(n.port) as c:
+            c.dbsize()  # asks for a sweep: its 40th home-block write tears and the process dies
+    n.proc.wait(30)
+    assert n.proc.returncode == -9, n.log()
+    monkeypatch.delenv("KVSTORE_FAULT_TEAR_HOME_WRITE")
+    recorded, newest = table_entry(path, 0), newest_copy(path, 0)
+    assert recorded > before and recorded == newest[1], (before, recorded, newest[1])
+    assert b".v2." in newest[2] and b".v1." not in newest[2]
+    assert b".v1." in newest_copy(path, BUCKETS - 1)[2]  # the last chunk: not written before the kill
+    with open(path, "rb") as f:  # the superblock's flushed LSN (u64 at 32): run 1's
+        sbs = [f.read(BLOCK) for _ in (0, 1)]
+    newest_sb = max((b for b in sbs if b[:8] == b"KVSBOSC1"), key=lambda b: struct.unpack_from("<Q", b, 16)[0])
+    assert struct.unpack_from("<Q", newest_sb, 32)[0] == flushed
+    n = nodes(data_dir, flush_interval_ms=100, **s)
+    check_all(n.port, v2)
+    wait_flushed(n.port)
+    n.stop()
