@@ -379,6 +379,8 @@ int bosc_block_put(struct bosc *b, const unsigned char *p, uint32_t no);
 int bosc_push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x);
 int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
                size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err, size_t errlen);
+int bosc_chain_read_other(struct bosc *b, uint32_t bucket, uint64_t gen, int bad, struct kvbuf *s, uint32_t **chain,
+                          size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err, size_t errlen);
 int bosc_chain_read_w(struct bosc *b, const struct bosc_rwin *w, struct bosc_rwin *ov, uint32_t bucket, uint64_t gen, struct kvbuf *s,
                       uint32_t **chain, size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err,
                       size_t errlen);
