@@ -486,7 +486,7 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
                         char *err, size_t errlen)
 {
     int rc;
-    if (hi > lo || c->need_sync) {
+    if (b->ntouched || c->need_sync) { /* (a chunk that wrote no chain has nothing to sync) */
         uint64_t t1 = now_ns();
         if (fdatasync(b->fd)) {
             rc = -errno;
