@@ -537,6 +537,7 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
     /* Before the last chunk, keys left clean leave memory now if room is wanted
      * (after it, the flusher's eviction follows at once, as after a whole sweep). */
     int evict = !last && bosc_room_wanted(b);
+    uint64_t low = kvt_max_memory(b->t) / 100 * LOW_PCT; /* (no further than the clock's eviction goes) */
     for (size_t k = lo; k < hi; k++) {
         struct item *it = &c->items[k];
         if (it->snap.kind == KVT_SNAP_NONE || it->snap.kind == KVT_SNAP_SKIP) {
@@ -547,6 +548,8 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
             c->any_skipped = 1;
             deferred++;
         }
+        if (evict && kvt_used_memory(b->t) <= low)
+            evict = 0;
         if (!evict) {
             kvt_flushed(b->t, it->d, it->held, it->nheld, &it->snap, it->written, durable_now, &b->q);
             continue;
