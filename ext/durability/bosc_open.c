@@ -69,6 +69,20 @@ static int create_file(struct bosc *b, uint32_t buckets, char *err, size_t errle
     return 0;
 }
 
+/* Allocate the bucket table's pages, both copies. A copy never written is a
+ * hole in the sparse file: its first write, after a sweep's chains are written
+ * and synced, could fail on a full disk (ENOSPC), and a table write that fails
+ * fails the data file (the chains' keys neither settled nor queued again). Best
+ * effort: where the file system cannot (or the disk is full now) it stays as
+ * it was. */
+static void prealloc_table(struct bosc *b)
+{
+    off_t off = (off_t)FIRST_TABLE * BLK, len = (off_t)(b->first_home - FIRST_TABLE) * BLK;
+    if (len > 0 && fallocate(b->fd, 0, off, len) && errno != EOPNOTSUPP)
+        kvlog(KVLOG_WARNING, "data file %s: cannot allocate its bucket table's %lld bytes (%s): a full disk may "
+              "then fail the file at a table write", b->path, (long long)len, strerror(errno));
+}
+
 struct scan_arg {
     struct bosc *b;
     uint32_t bucket;
@@ -288,6 +302,7 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     }
     atomic_store(&b->gen, gen);
     atomic_store(&b->flushed_lsn, flushed);
+    prealloc_table(b);
     rc = scan(b, gen, info, err, errlen);
     /* What the scan found must be on disk before the flusher writes the other
      * home copies (after a killed process, the page cache may hold the newest). */

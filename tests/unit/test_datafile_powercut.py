@@ -70,3 +70,19 @@ def test_open_after_a_power_cut_kept_a_new_home_copy_without_its_overflow_blocks
         assert "never recorded" not in capfd.readouterr().err
     finally:
         df.close()
+
+
+def test_the_bucket_tables_pages_are_allocated_at_open(tmp_path):
+    # Both copies of every page of the bucket table are allocated when the file opens (new
+    # or not), not left as holes of the sparse file until a sweep first writes them: that
+    # first write comes after the sweep's chains are written and synced, and on a full
+    # disk (ENOSPC) it failed the data file. 4096 buckets: 9 table pages, 18 blocks.
+    d = tmp_path / "t"
+    d.mkdir()
+    store = Store(max_memory=0)
+    df = durability.DataFile(store, str(d), buckets=4096, flush_interval_ms=600000, truncate_log=False)
+    df.close()
+    pages = (4096 + (BLOCK - 40) // 8 - 1) // ((BLOCK - 40) // 8)
+    # (st_blocks counts fallocate's unwritten extents, which SEEK_HOLE reports as holes)
+    allocated = os.stat(data_path(d)).st_blocks * 512
+    assert allocated >= (1 + 2 * pages) * BLOCK, (allocated // BLOCK, 1 + 2 * pages)   # a superblock, the table
