@@ -583,14 +583,14 @@ int kvt_flush(struct kv_table *t)
      * lock the flusher holds around its own shard locking, so the shards are
      * released before it. */
     if (t->sp.queue)
-        t->sp.flushall(t->sp.arg, KVT_FLUSH_BEGIN);
+        t->sp.flushall(t->sp.arg, KVT_FLUSH_BEGIN, 0);
     if (!kvt_tx_held)
         lock_all(t);
     int64_t f = t->log ? kvt_do_log(t, NULL, KVT_LOG_FLUSH, NULL, 0, NULL, 0, NULL, 0, 0) : 0;
     if (!kvt_tx_held)
         unlock_all(t);
     if (t->sp.queue)
-        t->sp.flushall(t->sp.arg, f < 0 ? KVT_FLUSH_ABORT : KVT_FLUSH_COMMIT);
+        t->sp.flushall(t->sp.arg, f < 0 ? KVT_FLUSH_ABORT : KVT_FLUSH_COMMIT, f < 0 ? 0 : (uint64_t)f);
     if (f < 0)
         return (int)f;
     uint64_t upto = t->log ? (uint64_t)f : UINT64_MAX;

@@ -259,8 +259,9 @@ struct kvt_spill {
     /* 1 if the key's block may hold it (called for keys not in memory, shard lock held) */
     int (*maybe_on_disk)(void *arg, const void *key, size_t klen);
     /* FLUSHALL, around the logging of its record: BEGIN, then COMMIT (every block
-     * is empty from now on) or ABORT (the log refused it) */
-    void (*flushall)(void *arg, int phase);
+     * is empty from now on) or ABORT (the log refused it); lsn: at COMMIT, the
+     * FLUSH record's LSN (appended, not yet durable; 0 without a log) */
+    void (*flushall)(void *arg, int phase, uint64_t lsn);
     int (*load_sync)(void *arg, const void *key, size_t klen); /* blocking load (kvt_load_sync) */
     int (*make_room)(void *arg);   /* blocking: sweep and evict (kvt_wait_memory) */
     void *arg;

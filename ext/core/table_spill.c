@@ -195,9 +195,10 @@ static uint64_t flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node
             e->dn = NULL;
         kvt_dnode_free(t, d);
         /* Evict it now (what the clock would evict: not queued, its block holds
-         * it), ignoring its reference bit; ht[0] only, as kvt_evict (not while
-         * the shard rehashes). */
-        if (evict && e && s->rehashidx < 0 && s->size[0] &&
+         * it, not used since the clock last passed: a key read or updated
+         * lately stays for the clock to judge); ht[0] only, as kvt_evict (not
+         * while the shard rehashes). */
+        if (evict && e && !(e->flags & E_REF) && s->rehashidx < 0 && s->size[0] &&
             ((e->flags & E_TOMB) ? (e->flags & E_OD_MASK) == OD_NO : (e->flags & E_OD_MASK) == OD_YES)) {
             struct kvt_entry **ref = &s->ht[0][h & (s->size[0] - 1)];
             while (*ref && *ref != e)
@@ -249,7 +250,10 @@ uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
                     n++;
                     kvt_do_unlink(t, s, ref);
                 } else {
-                    e->flags &= ~E_REF;
+                    /* the second chance is an evictable entry's: a dirty one
+                     * keeps its bit for when its sweep has made it clean */
+                    if (evictable)
+                        e->flags &= ~E_REF;
                     ref = &e->next;
                 }
             }

@@ -193,6 +193,10 @@ int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf 
     return bosc_chain_read_w(b, NULL, NULL, bucket, gen, s, chain, nchain, capchain, pick, err, errlen);
 }
 
+static int chain_walk(struct bosc *b, struct bosc_rwin *ov, uint64_t home, uint32_t no, unsigned char *blk,
+                      uint64_t seq, uint64_t gen, struct kvbuf *s, uint32_t **chain, size_t *nchain,
+                      size_t *capchain, struct chain_pick *pick, char *err, size_t errlen);
+
 /* The same, the home copies taken from w when it holds them (the sweep's read
  * window, bosc_io.c; NULL: read them), overflow blocks through ov (NULL: one
  * read each; else a missed block is read with the OV_BLOCKS - 1 after it). The
@@ -218,7 +222,65 @@ int bosc_chain_read_w(struct bosc *b, const struct bosc_rwin *w, struct bosc_rwi
     if (c == 2)
         return 0; /* an empty bucket */
     memcpy(blk, two + c * BLK, BLK);
-    uint32_t no = (uint32_t)(home + (uint64_t)c);
+    return chain_walk(b, ov, home, (uint32_t)(home + (uint64_t)c), blk, seq, gen, s, chain, nchain, capchain, pick,
+                      err, errlen);
+}
+
+/* Open only (bosc_open.c's scan): bucket's chain through the home copy other
+ * than bad, the newest, which the bucket table never recorded and whose chain
+ * failed the checks (a power cut kept that home copy but not every overflow
+ * block its sweep wrote before it: no sync between them). The other copy is
+ * used if it is valid, or empty, and at least as new as the table records for
+ * the bucket. Returns 0 with pick set, or -errno (-EILSEQ with err set). */
+int bosc_chain_read_other(struct bosc *b, uint32_t bucket, uint64_t gen, int bad, struct kvbuf *s, uint32_t **chain,
+                          size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err, size_t errlen)
+{
+    unsigned char blk[BLK];
+    uint64_t home = home_of(b, bucket);
+    int c = !bad;
+    *pick = (struct chain_pick){0};
+    s->len = 0;
+    *nchain = 0;
+    int rc = pread_all(b->fd, blk, BLK, (off_t)((home + (uint64_t)c) * BLK));
+    if (rc) {
+        snprintf(err, errlen, "cannot read %s block %" PRIu64 ": %s", b->path, home + (uint64_t)c, strerror(-rc));
+        return rc;
+    }
+    add(&b->st.blocks_read, 1);
+    add(&b->st.bytes_read, BLK);
+    add(&b->st.read_calls, 1);
+    int v = bosc_block_check(b, blk, home + (uint64_t)c, BLK_MAGIC, err, errlen);
+    if (v < 0)
+        return v;
+    if (v && get32(blk + 28) != home) {
+        snprintf(err, errlen, "data file %s damaged: block %" PRIu64 " belongs to block %" PRIu32
+                 ", found as a home copy of bucket %" PRIu32, b->path, home + (uint64_t)c, get32(blk + 28), bucket);
+        return -EILSEQ;
+    }
+    uint64_t seq = v ? get64(blk + 32) : 0;
+    uint64_t want = atomic_load_explicit(&b->tab[bucket], memory_order_relaxed);
+    if (seq < want) {
+        snprintf(err, errlen, "data file %s damaged: bucket %" PRIu32 "'s older home copy (block %" PRIu64
+                 ") holds sweep %" PRIu64 ", the bucket table records sweep %" PRIu64, b->path, bucket,
+                 home + (uint64_t)c, seq, want);
+        pick->lost = 1;
+        return -EILSEQ;
+    }
+    pick->seq = seq;
+    pick->slot = c;
+    if (!v)
+        return 0; /* empty: a bucket the table never recorded */
+    return chain_walk(b, NULL, home, (uint32_t)(home + (uint64_t)c), blk, seq, gen, s, chain, nchain, capchain, pick,
+                      err, errlen);
+}
+
+/* The chain whose home copy (block no, of the bucket whose first home block is
+ * home, written by sweep seq) is in blk: its records into s and its blocks into
+ * chain, each overflow block checked. blk is reused for them. */
+static int chain_walk(struct bosc *b, struct bosc_rwin *ov, uint64_t home, uint32_t no, unsigned char *blk,
+                      uint64_t seq, uint64_t gen, struct kvbuf *s, uint32_t **chain, size_t *nchain,
+                      size_t *capchain, struct chain_pick *pick, char *err, size_t errlen)
+{
     int stale = get64(blk + 16) != gen;
     for (uint64_t steps = 0;; steps++) {
         if (bosc_push_u32(chain, nchain, capchain, no))

@@ -210,7 +210,7 @@ void *bosc_flusher_main(void *arg)
             continue;
         }
         uint64_t req = b->sync_req;
-        int forced = b->kick; /* a writer waits for room */
+        int forced = b->kick || b->room_waiters; /* a writer waits for room (a poller's kick, or blocked in bosc_make_room) */
         /* wanted for room only (a writer waits, or memory passed HIGH_PCT): no
          * sweep if evicting clean keys makes it (below) */
         int room_only = !retry && req == b->sync_done && !(due && (dirty || behind));

@@ -220,6 +220,11 @@ struct bosc {
     _Atomic uint32_t *ver;        /* per-bucket seqlock */
     _Atomic uint64_t gen;         /* blocks of another generation are empty */
     _Atomic uint64_t flushed_lsn;
+    _Atomic uint64_t flush_lsn;   /* LSN of the FLUSH record of the generation in gen (0: none
+                                     since open). A superblock may record that generation only
+                                     once the log holds this record (bosc_sweep.c, settle_chunk):
+                                     stored before gen is bumped (release), so a reader of gen
+                                     sees this LSN or a later FLUSH's */
     pthread_mutex_t gen_lock;     /* FLUSHALL's bump vs a block write: never both */
     pthread_mutex_t flush_lock;   /* FLUSHALL's log record + bump vs a sweep reading the
                                      durable LSN and the generation: one or the other.
@@ -374,6 +379,8 @@ int bosc_block_put(struct bosc *b, const unsigned char *p, uint32_t no);
 int bosc_push_u32(uint32_t **v, size_t *n, size_t *cap, uint32_t x);
 int bosc_chain_read(struct bosc *b, uint32_t bucket, uint64_t gen, struct kvbuf *s, uint32_t **chain,
                size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err, size_t errlen);
+int bosc_chain_read_other(struct bosc *b, uint32_t bucket, uint64_t gen, int bad, struct kvbuf *s, uint32_t **chain,
+                          size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err, size_t errlen);
 int bosc_chain_read_w(struct bosc *b, const struct bosc_rwin *w, struct bosc_rwin *ov, uint32_t bucket, uint64_t gen, struct kvbuf *s,
                       uint32_t **chain, size_t *nchain, size_t *capchain, struct chain_pick *pick, char *err,
                       size_t errlen);
@@ -390,7 +397,7 @@ uint32_t bosc_blk_alloc(struct bosc *b);
 /* ---- bosc_load.c: the table's hooks (struct kvt_spill) and the loader thread */
 
 int bosc_hook_maybe_on_disk(void *arg, const void *key, size_t klen);
-void bosc_hook_flushall(void *arg, int phase);
+void bosc_hook_flushall(void *arg, int phase, uint64_t lsn);
 int bosc_hook_load_sync(void *arg, const void *key, size_t klen);
 int bosc_hook_make_room(void *arg);
 void bosc_wake_all(struct bosc *b);

@@ -35,7 +35,7 @@ int bosc_hook_maybe_on_disk(void *arg, const void *key, size_t klen)
     return atomic_load_explicit(&b->nkeys[bucket_of(b, key, klen)], memory_order_relaxed) != 0;
 }
 
-void bosc_hook_flushall(void *arg, int phase)
+void bosc_hook_flushall(void *arg, int phase, uint64_t lsn)
 {
     struct bosc *b = arg;
     if (phase == KVT_FLUSH_BEGIN) {
@@ -44,8 +44,11 @@ void bosc_hook_flushall(void *arg, int phase)
     }
     if (phase == KVT_FLUSH_COMMIT) {
         /* Under gen_lock no block write is in progress: every block written from
-         * now on carries the new generation, every older block reads as empty. */
+         * now on carries the new generation, every older block reads as empty.
+         * The FLUSH record is only appended yet: no superblock records the new
+         * generation before the log holds it (settle_chunk, bosc_sweep.c). */
         pthread_mutex_lock(&b->gen_lock);
+        atomic_store_explicit(&b->flush_lsn, lsn, memory_order_relaxed);
         atomic_fetch_add_explicit(&b->gen, 1, memory_order_release);
         for (uint32_t i = 0; i < b->nbuckets; i++)
             atomic_store_explicit(&b->nkeys[i], 0, memory_order_relaxed);

@@ -23,6 +23,7 @@
 #include "core/crc32c.h"
 #include "core/kvbuf.h"
 #include "core/ldu.h"
+#include "core/log.h"
 #include "core/table.h"
 #include "durability/bosc_int.h"
 #include "durability/wal.h"
@@ -68,6 +69,20 @@ static int create_file(struct bosc *b, uint32_t buckets, char *err, size_t errle
     return 0;
 }
 
+/* Allocate the bucket table's pages, both copies. A copy never written is a
+ * hole in the sparse file: its first write, after a sweep's chains are written
+ * and synced, could fail on a full disk (ENOSPC), and a table write that fails
+ * fails the data file (the chains' keys neither settled nor queued again). Best
+ * effort: where the file system cannot (or the disk is full now) it stays as
+ * it was. */
+static void prealloc_table(struct bosc *b)
+{
+    off_t off = (off_t)FIRST_TABLE * BLK, len = (off_t)(b->first_home - FIRST_TABLE) * BLK;
+    if (len > 0 && fallocate(b->fd, 0, off, len) && errno != EOPNOTSUPP)
+        kvlog(KVLOG_WARNING, "data file %s: cannot allocate its bucket table's %lld bytes (%s): a full disk may "
+              "then fail the file at a table write", b->path, (long long)len, strerror(errno));
+}
+
 struct scan_arg {
     struct bosc *b;
     uint32_t bucket;
@@ -86,6 +101,35 @@ static void scan_rec(void *arg, const unsigned char *rec, size_t reclen, const u
  * blocks, the home copy holding each bucket's chain and the next sweep's
  * sequence (above every one found: a sweep cut short by a crash may have
  * written blocks it never recorded). */
+static int fall_back(struct bosc *b, uint32_t bk, uint64_t gen, struct chain_pick *pk, struct kvbuf *s, uint32_t **chain,
+                     size_t *nchain, size_t *capchain, char *err, size_t errlen)
+{
+    char why[512];
+    snprintf(why, sizeof why, "%s", err);
+    struct chain_pick bad = *pk;
+    uint64_t home = home_of(b, bk);
+    int rc = bosc_chain_read_other(b, bk, gen, bad.slot, s, chain, nchain, capchain, pk, err, errlen);
+    if (rc) { /* no whole older copy: what the newest chain says is the damage to report */
+        snprintf(err, errlen, "%s", why);
+        *pk = bad;
+        return -EILSEQ;
+    }
+    kvlog(KVLOG_WARNING, "data file %s: bucket %" PRIu32 "'s newest home copy (block %" PRIu64 ", sweep %" PRIu64
+          ", never recorded in the bucket table) leads to a broken chain (%s): its sweep was cut short before it "
+          "was synced; using the older copy (block %" PRIu64 ", sweep %" PRIu64 "), which the table records (the "
+          "log holds the changes since)", b->path, bk, home + (uint64_t)bad.slot, bad.seq, why,
+          home + (uint64_t)pk->slot, pk->seq);
+    /* Clear the newest copy (synced with what the scan found, before the flusher
+     * writes): left, it would be picked again as the newer by every later read. */
+    static const unsigned char zero[BLK];
+    if ((rc = pwrite_all(b->fd, zero, BLK, (off_t)((home + (uint64_t)bad.slot) * BLK)))) {
+        snprintf(err, errlen, "cannot clear block %" PRIu64 " of %s: %s", home + (uint64_t)bad.slot, b->path,
+                 strerror(-rc));
+        return rc;
+    }
+    return 0;
+}
+
 static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char *err, size_t errlen)
 {
     uint64_t nb = atomic_load(&b->nblocks);
@@ -122,6 +166,15 @@ static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char 
         }
         struct chain_pick pk;
         rc = bosc_chain_read(b, bk, gen, &s, &chain, &nchain, &capchain, &pk, err, errlen);
+        if (rc == -EILSEQ && pk.seq > want) {
+            /* The newest copy, never recorded, leads to a broken chain: its sweep
+             * was cut short (power cut) after the home copy reached the disk but
+             * not every overflow block. Nothing counts on it (the flushed LSN
+             * moves only once every chain of a sweep is recorded: the log still
+             * holds what it held): the recorded copy is used instead. */
+            maxseq = pk.seq > maxseq ? pk.seq : maxseq;
+            rc = fall_back(b, bk, gen, &pk, &s, &chain, &nchain, &capchain, err, errlen);
+        }
         if (rc == -EILSEQ && pk.lost) {
             if (!nlost++)
                 snprintf(first, sizeof first, "%s", err);
@@ -249,6 +302,7 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     }
     atomic_store(&b->gen, gen);
     atomic_store(&b->flushed_lsn, flushed);
+    prealloc_table(b);
     rc = scan(b, gen, info, err, errlen);
     /* What the scan found must be on disk before the flusher writes the other
      * home copies (after a killed process, the page cache may hold the newest). */

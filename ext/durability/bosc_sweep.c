@@ -470,11 +470,23 @@ static void requeue(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t reach
  * flushed LSN it had (the log from there still holds every change). Returns 0
  * or -errno with err set: c->write_failed says the disk refused the sync or the
  * superblock (the keys not settled are queued again), else the file failed. */
+/* Wait (a bounded time) until the log holds LSN lsn. Returns 0, or -ETIMEDOUT. */
+#define LOGGED_WAIT_MS 10000
+static int wait_logged(struct bosc *b, uint64_t lsn)
+{
+    for (int i = 0; wal_durable_lsn(b->wal) < lsn; i++) {
+        if (i >= LOGGED_WAIT_MS)
+            return -ETIMEDOUT;
+        usleep(1000);
+    }
+    return 0;
+}
+
 static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t hi, uint64_t gen, int last,
                         char *err, size_t errlen)
 {
     int rc;
-    if (hi > lo || c->need_sync) {
+    if (b->ntouched || c->need_sync) { /* (a chunk that wrote no chain has nothing to sync) */
         uint64_t t1 = now_ns();
         if (fdatasync(b->fd)) {
             rc = -errno;
@@ -487,6 +499,27 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
         add(&b->st.io_ns, now_ns() - t1);
         add(&b->st.syncs, 1);
     }
+    /* The generation the superblock may record: a FLUSHALL's new one only once
+     * the log holds its FLUSH record. Before that, a superblock with the new
+     * generation would empty the file while a crash could still lose the
+     * record: the restart would replay no FLUSH and miss every key the file
+     * held (the FLUSHALL was never answered). Until then the superblock keeps
+     * its generation and the flushed LSN stays (the log from there holds every
+     * change). cur_gen and fl together: fl is its FLUSH's LSN, or a later one's. */
+    uint64_t cur_gen = atomic_load_explicit(&b->gen, memory_order_acquire);
+    uint64_t fl = atomic_load_explicit(&b->flush_lsn, memory_order_acquire);
+    int new_gen = b->wal && cur_gen != b->sb_gen;
+    if (new_gen && b->ntouched && gen != b->sb_gen && (rc = wait_logged(b, fl))) {
+        /* Chains of the new generation (states after the FLUSH, so its record
+         * is durable or about to be) cannot be recorded under the old one,
+         * where they read as empty: the log did not write it in time. */
+        snprintf(err, errlen, "the log has not written FLUSHALL's record (LSN %llu): %s", (unsigned long long)fl,
+                 strerror(-rc));
+        c->write_failed = 1;
+        requeue(b, c, lo, hi);
+        return rc;
+    }
+    uint64_t rec_gen = !new_gen || wal_durable_lsn(b->wal) >= fl ? cur_gen : b->sb_gen;
     /* The chains written are synced: their home copies are the synced ones now,
      * and the bucket table records them (synced with the superblock below). */
     for (size_t k = 0; k < b->ntouched; k++)
@@ -504,6 +537,7 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
     /* Before the last chunk, keys left clean leave memory now if room is wanted
      * (after it, the flusher's eviction follows at once, as after a whole sweep). */
     int evict = !last && bosc_room_wanted(b);
+    uint64_t low = kvt_max_memory(b->t) / 100 * LOW_PCT; /* (no further than the clock's eviction goes) */
     for (size_t k = lo; k < hi; k++) {
         struct item *it = &c->items[k];
         if (it->snap.kind == KVT_SNAP_NONE || it->snap.kind == KVT_SNAP_SKIP) {
@@ -514,6 +548,8 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
             c->any_skipped = 1;
             deferred++;
         }
+        if (evict && kvt_used_memory(b->t) <= low)
+            evict = 0;
         if (!evict) {
             kvt_flushed(b->t, it->d, it->held, it->nheld, &it->snap, it->written, durable_now, &b->q);
             continue;
@@ -532,8 +568,7 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
      * stays where it was. */
     uint64_t flushed = atomic_load(&b->flushed_lsn);
     uint64_t bound = c->flushed_bound;
-    uint64_t cur_gen = atomic_load_explicit(&b->gen, memory_order_acquire);
-    if (last && !c->any_skipped && bound != UINT64_MAX && bound > flushed && cur_gen == gen) {
+    if (last && !c->any_skipped && bound != UINT64_MAX && bound > flushed && rec_gen == gen && cur_gen == gen) {
         rc = bosc_sb_write(b, bound, gen);
         if (rc) { /* (the blocks are synced and their keys settled: the next sweep writes it) */
             snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
@@ -547,12 +582,12 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
             if (n > 0)
                 add(&b->st.truncated, (uint64_t)n);
         }
-    } else if (cur_gen != b->sb_gen || b->ntouched) {
+    } else if (rec_gen != b->sb_gen || b->ntouched) {
         /* A FLUSHALL must reach the superblock even when the flushed LSN cannot
          * move (no log, blocks skipped, or a chunk before the last): its
          * generation is what empties the file. So must the bucket table's
          * sweep (it syncs the table's pages). */
-        rc = bosc_sb_write(b, flushed, cur_gen);
+        rc = bosc_sb_write(b, flushed, rec_gen);
         if (rc) {
             snprintf(err, errlen, "cannot write the superblock of %s: %s", b->path, strerror(-rc));
             c->write_failed = 1;

@@ -99,3 +99,54 @@ def test_chunks_off_is_one_chunk_per_sweep(tmp_path):
     finally:
         df.close()
     assert st["records"] == 20000 and st["sweep_chunks"] == 0, st
+
+
+def test_a_sweep_that_writes_no_chain_does_not_sync_the_file(tmp_path):
+    # Keys written and deleted before any sweep never reached their blocks (absorbed
+    # inserts): the sweep takes them, writes nothing, and has nothing to sync. Without a
+    # log no superblock is due either. (Each chunk synced, written or not: a chunk of such
+    # keys cost a sync for nothing.)
+    store = Store(max_memory=64 * MB)
+    df = open_df(tmp_path, store, sweep_chunk_pct=1)
+    df.start(None)
+    try:
+        df.sync()
+        for i in range(5000):
+            store.set(b"gone%05d" % i, b"x" * 50)
+        for i in range(5000):
+            store.delete(b"gone%05d" % i)
+        before = df.stats()
+        df.sync()
+        after = df.stats()
+        assert after["sweeps"] > before["sweeps"] and after["blocks_written"] == before["blocks_written"]
+        assert after["syncs"] == before["syncs"], (before["syncs"], after["syncs"])
+    finally:
+        df.close()
+
+
+def test_keys_read_lately_stay_in_memory_when_a_chunk_evicts(tmp_path):
+    # Memory 85 % full of dirty keys, a fiftieth of them read (their recently-used bit
+    # set), then a write that needs 16 % more: the writer waits for room, each chunk of
+    # the sweep (half of memory here) evicts the clean keys it settled. It must pass over
+    # the keys read lately, as the clock does, and evict no further than the low mark:
+    # they are still in memory after (a GET of them loads nothing).
+    store = Store(max_memory=16 * MB)
+    df = open_df(tmp_path, store, sweep_chunk_pct=50)
+    df.start(None)
+    try:
+        n = 0
+        while store.stats()["used_memory"] < 0.85 * 16 * MB:
+            store.set(b"k%07d" % n, b"x" * 100)
+            n += 1
+        hot = [b"k%07d" % i for i in range(0, n, 50)]
+        for k in hot:
+            assert store.get(k) == b"x" * 100
+        store.set(b"big", b"y" * (16 * MB * 16 // 100))   # (the low mark, 25 %, still has room for hot)
+        df.sync()
+        assert df.stats()["evicted"] > n // 2               # (the eviction happened)
+        loads = df.stats()["loads"]
+        for k in hot:
+            assert store.get(k) == b"x" * 100
+        assert df.stats()["loads"] - loads < len(hot) // 10, (df.stats()["loads"] - loads, len(hot))
+    finally:
+        df.close()
