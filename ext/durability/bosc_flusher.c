@@ -98,10 +98,20 @@ int bosc_room_wanted(struct bosc *b)
     return waiting || used * 100 > max * HIGH_PCT;
 }
 
+/* The flusher thread's CPU time so far, for INFO (datafile_sweep_cpu_seconds). Flusher. */
+static void note_cpu(struct bosc *b)
+{
+    struct timespec ts;
+    if (!clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts))
+        atomic_store_explicit(&b->st.flusher_cpu_ns, (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec,
+                              memory_order_relaxed);
+}
+
 /* The chunk is settled: wake the writers waiting for room, who so wait for one
- * chunk, not for the whole sweep. */
+ * chunk, not for the whole sweep (and note the flusher's CPU so far). */
 void bosc_chunk_done(struct bosc *b)
 {
+    note_cpu(b);
     pthread_mutex_lock(&b->lock);
     b->room_seq++;
     pthread_cond_broadcast(&b->done);
@@ -144,15 +154,6 @@ int bosc_write_error(struct bosc *b, char *msg, size_t n, uint64_t *errors)
     if (errors)
         *errors = atomic_load_explicit(&b->write_errors, memory_order_relaxed);
     return e;
-}
-
-/* The flusher thread's CPU time so far, for INFO (datafile_sweep_cpu_seconds). Flusher. */
-static void note_cpu(struct bosc *b)
-{
-    struct timespec ts;
-    if (!clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts))
-        atomic_store_explicit(&b->st.flusher_cpu_ns, (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec,
-                              memory_order_relaxed);
 }
 
 void *bosc_flusher_main(void *arg)

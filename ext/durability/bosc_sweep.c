@@ -641,7 +641,7 @@ static void release_items(struct sweep_ctx *c)
  * otherwise the data file is damaged or memory ran out, and the flusher stops. */
 int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
 {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = now_ns(), counted = t0; /* counted: sweep time up to here is in the stats */
     /* A sweep the disk failed may have written blocks (and synced them) under
      * b->wseq without reaching bosc_tab_done: this one takes a new number, or a
      * bucket it writes again would hold two home copies of one sweep and the
@@ -742,6 +742,9 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
         lo = i;
         c->ovw.n = 0; /* (the blocks it read may be reused now: never read through it again) */
         add(&b->st.chunks, 1);
+        uint64_t now = now_ns(); /* (a sweep of gigabytes runs for many seconds: INFO counts it as it goes) */
+        add(&b->st.sweep_ns, now - counted);
+        counted = now;
         bosc_chunk_done(b);
     }
     /* the last batch (after an error too: what is staged is written or undone) */
@@ -755,9 +758,9 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     }
     if ((rc = settle_chunk(b, c, lo, c->n, gen, 1, err, errlen)))
         return rc;
-    uint64_t took = now_ns() - t0;
+    uint64_t end = now_ns(), took = end - t0;
     add(&b->st.sweeps, 1);
-    add(&b->st.sweep_ns, took);
+    add(&b->st.sweep_ns, end - counted);
     latmon_add(atomic_load_explicit(&b->latmon, memory_order_acquire), LM_FLUSHER_SWEEP, took);
     kvlog(took > 2000000000u ? KVLOG_NOTICE : KVLOG_DEBUG, "data file sweep: %zu keys in %.3f s%s", c->n,
           (double)took / 1e9, took > 2000000000u ? " (slow: the disk is behind)" : "");
