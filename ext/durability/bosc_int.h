@@ -399,7 +399,6 @@ uint32_t bosc_blk_alloc(struct bosc *b);
 int bosc_hook_maybe_on_disk(void *arg, const void *key, size_t klen);
 void bosc_hook_flushall(void *arg, int phase, uint64_t lsn);
 int bosc_hook_load_sync(void *arg, const void *key, size_t klen);
-int bosc_hook_make_room(void *arg);
 void bosc_wake_all(struct bosc *b);
 void *bosc_loader_main(void *arg);
 

@@ -59,7 +59,6 @@ void bosc_hook_flushall(void *arg, int phase, uint64_t lsn)
 }
 
 int bosc_hook_load_sync(void *arg, const void *key, size_t klen) { return bosc_load(arg, key, klen); }
-int bosc_hook_make_room(void *arg) { return bosc_sync(arg); }
 
 /* ---- loading a key */
 
