@@ -63,8 +63,6 @@ struct wal {
     struct wal_pos disk;      /* the log thread's cursor: what it has not written yet starts here */
     uint64_t disk_taken;      /* bytes: the end of what the log thread took (== disk.bytes when idle) */
     struct wal_pos shipc;     /* the sender's cursor (ship mode): what it has not consumed */
-    struct iovec *wiov;       /* the log thread's iovecs for a group */
-    int wiov_cap;
     uint64_t next_lsn, appended_lsn;
     int stop, running;
     /* The open unit (between its first record and its COMMIT): its first LSN,
