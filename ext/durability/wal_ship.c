@@ -146,24 +146,34 @@ uint64_t wal_ship_peek(struct wal *w, struct wal_ship *v)
 
 void wal_ship_consume(struct wal *w, struct wal_ship *v, uint64_t upto)
 {
-    if (!v->bytes || upto < v->first)
-        return;
-    pthread_mutex_lock(&w->lock);
-    if (upto >= v->last) {
-        w->shipc = (struct wal_pos){v->end_c, v->end_off, v->end_lsn, v->end_bytes};
-    } else { /* a prefix: walk its records (whole records, never across chunks) */
-        struct wal_pos *p = &w->shipc;
-        while (p->lsn <= upto && p->bytes < v->end_bytes) {
-            wal_pos_norm(p);
-            const unsigned char *r = p->c->data + p->off;
-            size_t l = WAL_HDR + (size_t)get32(r + WAL_OFF_KLEN) + get32(r + WAL_OFF_VLEN) + WAL_TRAILER;
-            p->off += l;
-            p->bytes += l;
-            p->lsn++;
+    if (v->bytes && upto >= v->first) {
+        struct wal_pos p = {v->end_c, v->end_off, v->end_lsn, v->end_bytes};
+        if (upto < v->last) {
+            /* A prefix: walk its records (whole records, never across chunks)
+             * without the appenders' lock (after a catch-up the view may hold
+             * megabytes). The sender's cursor stands at the view's start until
+             * it is stored below: none of the view's chunks is recycled, and
+             * every chunk before end_c is final. */
+            pthread_mutex_lock(&w->lock);
+            p = w->shipc;
+            pthread_mutex_unlock(&w->lock);
+            while (p.lsn <= upto && p.bytes < v->end_bytes) {
+                while (p.c != v->end_c && p.off == p.c->len) {
+                    p.c = p.c->next;
+                    p.off = 0;
+                }
+                const unsigned char *r = p.c->data + p.off;
+                size_t l = WAL_HDR + (size_t)get32(r + WAL_OFF_KLEN) + get32(r + WAL_OFF_VLEN) + WAL_TRAILER;
+                p.off += l;
+                p.bytes += l;
+                p.lsn++;
+            }
         }
+        pthread_mutex_lock(&w->lock);
+        w->shipc = p;
+        wal_recycle(w);
+        pthread_mutex_unlock(&w->lock);
     }
-    wal_recycle(w);
-    pthread_mutex_unlock(&w->lock);
     v->bytes = 0;
     v->n = 0;
     v->first = v->last = 0;
