@@ -31,9 +31,18 @@ struct wal_chunk *wal_chunk_new(struct wal *w, size_t cap)
     return c;
 }
 
+/* Spares kept: in sync mode (disk mode, or remote mode without its peer) a group
+ * is what was appended during one sync, a chunk or two: a few spares; in async
+ * mode a batch's worth (w->max_spare). Caller holds w->lock. */
+static int spare_limit(const struct wal *w)
+{
+    int few = w->max_spare < SYNC_SPARES ? w->max_spare : SYNC_SPARES;
+    return atomic_load_explicit(&w->sync, memory_order_relaxed) ? few : w->max_spare;
+}
+
 static void chunk_drop(struct wal *w, struct wal_chunk *c)
 {
-    if (c->cap == CHUNK_BYTES && w->nspare < w->max_spare) {
+    if (c->cap == CHUNK_BYTES && w->nspare < spare_limit(w)) {
         c->next = w->spare;
         w->spare = c;
         w->nspare++;
@@ -66,6 +75,11 @@ void wal_recycle(struct wal *w)
         struct wal_chunk *c = w->head;
         w->head = c->next;
         chunk_drop(w, c);
+    }
+    for (int keep = spare_limit(w); w->nspare > keep; w->nspare--) { /* kept from an async burst */
+        struct wal_chunk *c = w->spare;
+        w->spare = c->next;
+        free(c);
     }
     if (w->disk.bytes == w->total && w->shipc.bytes == w->total && w->disk_taken == w->total &&
         !w->unit_open && w->head == w->tail) {
