@@ -403,7 +403,6 @@ void wal_close(struct wal *w)
         n = c->next;
         free(c);
     }
-    free(w->wiov);
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->cond);
     wal_notify_destroy(&w->notify);

@@ -163,8 +163,9 @@ struct wal_ship {
  * taken before and not consumed is seen again, with what came since). Returns
  * v->last, 0 if none. */
 uint64_t wal_ship_peek(struct wal *w, struct wal_ship *v);
-/* The sender is done with v's records up to LSN upto (all of them: v->last or
- * more): their memory may be reused. v is empty afterwards. */
+/* The sender is done with v's records up to LSN upto (a prefix of them, or all:
+ * v->last or more; none below v->first): their memory may be reused. v is empty
+ * afterwards in every case (peek again for what was not consumed). */
 void wal_ship_consume(struct wal *w, struct wal_ship *v, uint64_t upto);
 void wal_ship_free(struct wal_ship *v);
 /* The sender's sleep (ship mode). wal_ship_sleep(w, 1): the sender is about

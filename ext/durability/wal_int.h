@@ -17,6 +17,7 @@
 #define WAL_CHUNK_BYTES (1u << 20)
 #endif
 #define CHUNK_BYTES WAL_CHUNK_BYTES /* a chunk's size (a larger record gets a chunk of its own size) */
+#define SYNC_SPARES 4 /* spare chunks kept in sync mode (async mode: max_spare, a batch's worth) */
 
 /* A piece of the log's memory: whole records, appended at len. len changes under
  * w->lock while the chunk is the tail; once next is set it is final. */
@@ -58,13 +59,12 @@ struct wal {
     pthread_mutex_t lock;     /* guards the chunks and positions, next_lsn, total, stop, unit_* */
     pthread_cond_t cond;      /* signalled when records come for the log thread, or on stop */
     struct wal_chunk *head, *tail, *spare; /* the chunks in order (appends go to tail); spares */
-    int nspare, max_spare;    /* spares kept: a batch's worth (fresh memory costs a page fault per 4 KiB) */
+    int nspare, max_spare;    /* spares kept in async mode: a batch's worth (fresh memory costs a
+                               * page fault per 4 KiB); SYNC_SPARES in sync mode (wal_ship.c) */
     uint64_t total;           /* bytes appended since the log opened */
     struct wal_pos disk;      /* the log thread's cursor: what it has not written yet starts here */
     uint64_t disk_taken;      /* bytes: the end of what the log thread took (== disk.bytes when idle) */
     struct wal_pos shipc;     /* the sender's cursor (ship mode): what it has not consumed */
-    struct iovec *wiov;       /* the log thread's iovecs for a group */
-    int wiov_cap;
     uint64_t next_lsn, appended_lsn;
     int stop, running;
     /* The open unit (between its first record and its COMMIT): its first LSN,

@@ -31,9 +31,18 @@ struct wal_chunk *wal_chunk_new(struct wal *w, size_t cap)
     return c;
 }
 
+/* Spares kept: in sync mode (disk mode, or remote mode without its peer) a group
+ * is what was appended during one sync, a chunk or two: a few spares; in async
+ * mode a batch's worth (w->max_spare). Caller holds w->lock. */
+static int spare_limit(const struct wal *w)
+{
+    int few = w->max_spare < SYNC_SPARES ? w->max_spare : SYNC_SPARES;
+    return atomic_load_explicit(&w->sync, memory_order_relaxed) ? few : w->max_spare;
+}
+
 static void chunk_drop(struct wal *w, struct wal_chunk *c)
 {
-    if (c->cap == CHUNK_BYTES && w->nspare < w->max_spare) {
+    if (c->cap == CHUNK_BYTES && w->nspare < spare_limit(w)) {
         c->next = w->spare;
         w->spare = c;
         w->nspare++;
@@ -66,6 +75,11 @@ void wal_recycle(struct wal *w)
         struct wal_chunk *c = w->head;
         w->head = c->next;
         chunk_drop(w, c);
+    }
+    for (int keep = spare_limit(w); w->nspare > keep; w->nspare--) { /* kept from an async burst */
+        struct wal_chunk *c = w->spare;
+        w->spare = c->next;
+        free(c);
     }
     if (w->disk.bytes == w->total && w->shipc.bytes == w->total && w->disk_taken == w->total &&
         !w->unit_open && w->head == w->tail) {
@@ -146,24 +160,34 @@ uint64_t wal_ship_peek(struct wal *w, struct wal_ship *v)
 
 void wal_ship_consume(struct wal *w, struct wal_ship *v, uint64_t upto)
 {
-    if (!v->bytes || upto < v->first)
-        return;
-    pthread_mutex_lock(&w->lock);
-    if (upto >= v->last) {
-        w->shipc = (struct wal_pos){v->end_c, v->end_off, v->end_lsn, v->end_bytes};
-    } else { /* a prefix: walk its records (whole records, never across chunks) */
-        struct wal_pos *p = &w->shipc;
-        while (p->lsn <= upto && p->bytes < v->end_bytes) {
-            wal_pos_norm(p);
-            const unsigned char *r = p->c->data + p->off;
-            size_t l = WAL_HDR + (size_t)get32(r + WAL_OFF_KLEN) + get32(r + WAL_OFF_VLEN) + WAL_TRAILER;
-            p->off += l;
-            p->bytes += l;
-            p->lsn++;
+    if (v->bytes && upto >= v->first) {
+        struct wal_pos p = {v->end_c, v->end_off, v->end_lsn, v->end_bytes};
+        if (upto < v->last) {
+            /* A prefix: walk its records (whole records, never across chunks)
+             * without the appenders' lock (after a catch-up the view may hold
+             * megabytes). The sender's cursor stands at the view's start until
+             * it is stored below: none of the view's chunks is recycled, and
+             * every chunk before end_c is final. */
+            pthread_mutex_lock(&w->lock);
+            p = w->shipc;
+            pthread_mutex_unlock(&w->lock);
+            while (p.lsn <= upto && p.bytes < v->end_bytes) {
+                while (p.c != v->end_c && p.off == p.c->len) {
+                    p.c = p.c->next;
+                    p.off = 0;
+                }
+                const unsigned char *r = p.c->data + p.off;
+                size_t l = WAL_HDR + (size_t)get32(r + WAL_OFF_KLEN) + get32(r + WAL_OFF_VLEN) + WAL_TRAILER;
+                p.off += l;
+                p.bytes += l;
+                p.lsn++;
+            }
         }
+        pthread_mutex_lock(&w->lock);
+        w->shipc = p;
+        wal_recycle(w);
+        pthread_mutex_unlock(&w->lock);
     }
-    wal_recycle(w);
-    pthread_mutex_unlock(&w->lock);
     v->bytes = 0;
     v->n = 0;
     v->first = v->last = 0;

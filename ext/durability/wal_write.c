@@ -52,19 +52,30 @@ int wal_seg_switch(struct wal *w, uint64_t first, char *err, size_t errlen)
     return 0;
 }
 
-/* writev() all of iov[0..n) (retrying short writes and EINTR), at most
- * WRITEV_MAX parts a call; iov is left as it was. Returns 0 or -errno. */
+/* writev() the bytes [from, to) of the chunks, walked straight into a fixed array
+ * of WRITEV_MAX parts a call (the log thread allocates nothing: no failed
+ * allocation can stop it), retrying short writes and EINTR. Without w->lock: every
+ * chunk before to.c is final and none is recycled while the log thread's cursor
+ * stands at from. Returns 0 or -errno. */
 #define WRITEV_MAX 64
-static int writev_all(int fd, const struct iovec *iov, int n)
+static int write_chunks(int fd, struct wal_pos from, struct wal_pos to)
 {
-    int i = 0;
-    size_t skip = 0; /* bytes of iov[i] written already */
-    while (i < n) {
-        struct iovec cur[WRITEV_MAX];
+    struct wal_chunk *c = from.c;
+    size_t off = from.off; /* what is not written yet starts here */
+    for (;;) {
+        struct iovec iov[WRITEV_MAX];
         int k = 0;
-        for (int j = i; j < n && k < WRITEV_MAX; j++, k++)
-            cur[k] = j == i ? (struct iovec){(char *)iov[j].iov_base + skip, iov[j].iov_len - skip} : iov[j];
-        ssize_t r = writev(fd, cur, k);
+        struct wal_chunk *d = c;
+        for (size_t doff = off; k < WRITEV_MAX; d = d->next, doff = 0) {
+            size_t end = d == to.c ? to.off : d->len;
+            if (end > doff)
+                iov[k++] = (struct iovec){d->data + doff, end - doff};
+            if (d == to.c)
+                break;
+        }
+        if (!k)
+            return 0;
+        ssize_t r = writev(fd, iov, k);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
@@ -72,25 +83,25 @@ static int writev_all(int fd, const struct iovec *iov, int n)
         }
         if (r == 0)
             return -EIO;
-        size_t left = (size_t)r;
-        while (i < n && left >= iov[i].iov_len - skip) {
-            left -= iov[i].iov_len - skip;
-            i++;
-            skip = 0;
+        for (size_t left = (size_t)r;; c = c->next, off = 0) { /* move past what was written */
+            size_t end = c == to.c ? to.off : c->len;
+            if (left < end - off || c == to.c) {
+                off += left;
+                break;
+            }
+            left -= end - off;
         }
-        skip += left;
     }
-    return 0;
 }
 
-/* Write group (iov, len bytes; first: its first LSN) at the end of the current segment
+/* Write group [from, to) (len bytes; first: its first LSN) at the end of the current segment
  * (after starting a new one when it is full) and sync it. Returns 0, or -errno
  * with what failed in err; the segment is then cut back to where the group
  * began, so a retry writes the whole group again from memory (after a failed
  * fdatasync the kernel may have dropped the pages: only a new write of them
  * makes a later sync mean something). Log thread. */
-static int write_group(struct wal *w, const struct iovec *iov, int niov, size_t len, uint64_t first, char *err,
-                       size_t errlen)
+static int write_group(struct wal *w, struct wal_pos from, struct wal_pos to, size_t len, uint64_t first,
+                       char *err, size_t errlen)
 {
     /* A failed attempt may have left part of the group: cut it first (no write
      * may land after a torn tail: O_APPEND would put it there). */
@@ -109,7 +120,7 @@ static int write_group(struct wal *w, const struct iovec *iov, int niov, size_t 
         if ((rc = wal_seg_switch(w, first, err, errlen)))
             return rc;
     }
-    rc = writev_all(w->fd, iov, niov);
+    rc = write_chunks(w->fd, from, to);
     if (rc) {
         snprintf(err, errlen, "log write: %s", strerror(-rc));
     } else {
@@ -145,13 +156,13 @@ static int write_group(struct wal *w, const struct iovec *iov, int niov, size_t 
  * Returns 0 when written, -ECANCELED when the log was closed first (the group
  * is then lost, but none of it was acknowledged: nothing past the durable LSN
  * ever is). Log thread. */
-static int write_group_retrying(struct wal *w, const struct iovec *iov, int niov, size_t len, uint64_t first)
+static int write_group_retrying(struct wal *w, struct wal_pos from, struct wal_pos to, size_t len, uint64_t first)
 {
     static struct kvlog_rate rate = KVLOG_RATE_INIT(3);
     char err[256];
     uint32_t backoff = RETRY_FIRST_MS;
     int rc;
-    while ((rc = write_group(w, iov, niov, len, first, err, sizeof err))) {
+    while ((rc = write_group(w, from, to, len, first, err, sizeof err))) {
         atomic_fetch_add_explicit(&w->write_errors, 1, memory_order_relaxed);
         pthread_mutex_lock(&w->lock);
         snprintf(w->werr_msg, sizeof w->werr_msg, "%s", err);
@@ -239,12 +250,7 @@ void *wal_log_thread(void *arg)
         w->disk_taken = to.bytes; /* appends continue after it meanwhile */
         pthread_mutex_unlock(&w->lock);
 
-        int niov = wal_pos_iov(from, to, &w->wiov, &w->wiov_cap);
-        if (niov < 0) {
-            wal_fail(w, "log write", ENOMEM);
-            break;
-        }
-        if (write_group_retrying(w, w->wiov, niov, len, first)) /* stopped while the disk refused it */
+        if (write_group_retrying(w, from, to, len, first)) /* stopped while the disk refused it */
             break;
         atomic_store_explicit(&w->written_lsn, done, memory_order_release); /* readable by catch-up */
         atomic_fetch_add_explicit(&w->groups, 1, memory_order_relaxed);

@@ -12,6 +12,11 @@
   session_test.c  ext/engine/session.c, the request runner, on a real table, log and
                   data file with memory far below the data: DONE/HOLD/STALL, blocking and
                   eventfd waits, MGET resumed over stalls, held replies; TSan and ASan/UBSan
+  wal_ship_test.c  the log's chunks in ship mode at their edges (4 KiB chunks): records
+                  larger than a chunk, units, FLUSH, max_pending's -EAGAIN, a slow
+                  consumer holding its view while chunks are recycled (every record
+                  checked twice), disk-full rounds and mode switches, then exact
+                  recovery; built with each sanitizer
   wal_notify_test.c  the log's wake-up list: a poller asleep for an LSN is woken once it
                   is durable, never lost; one that wants nothing is not
                   woken (until a failure wakes all); built with each sanitizer
@@ -124,6 +129,8 @@ BUILDS = {
     # 4 KiB chunks (1 MiB in the server): records cross many chunk boundaries
     "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN + ["-DWAL_CHUNK_BYTES=4096"]),
     "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN + ["-DWAL_CHUNK_BYTES=4096"]),
+    "wal_ship_test_tsan": (["wal_ship_test.c", *WAL, *TABLE], TSAN + ["-DWAL_CHUNK_BYTES=4096"]),
+    "wal_ship_test_asan": (["wal_ship_test.c", *WAL, *TABLE], ASAN_UBSAN + ["-DWAL_CHUNK_BYTES=4096"]),
     "wal_notify_test_tsan": (["wal_notify_test.c", *_ext("durability/wal_notify.c")], TSAN),
     "wal_notify_test_asan": (["wal_notify_test.c", *_ext("durability/wal_notify.c")], ASAN_UBSAN),
     "wal_diskfull_test_tsan": (["wal_diskfull_test.c", *WAL, *TABLE], TSAN),
@@ -222,6 +229,14 @@ def test_hashenc_fuzz_asan_ubsan(binaries, seed_offset):
 def test_wal_stress(binaries, build, tmp_path):
     out = _run(binaries(build), SEED, 20_000, tmp_path / "log")
     assert "recovered the same table" in out and "none inside a unit" in out
+
+
+@pytest.mark.parametrize("build", ["wal_ship_test_tsan", "wal_ship_test_asan"])
+def test_wal_ship(binaries, build, tmp_path):
+    # The chunks in ship mode: a view held while chunks are recycled stays intact,
+    # oversized records, -EAGAIN, the disk-full retry; recovery exact.
+    out = _run(binaries(build), SEED, tmp_path / "log")
+    assert "views held" in out and "failed writes retried" in out
 
 
 @pytest.mark.parametrize("build", ["wal_notify_test_tsan", "wal_notify_test_asan"])
