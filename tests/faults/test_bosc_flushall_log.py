@@ -6,7 +6,7 @@ superblock that records the new generation (every block of the file then reads a
 empty) unless the FLUSH record is durable: if the server dies before the log holds it,
 the restart replays no FLUSH, so the keys the old generation held must still be in the
 file. Here the log's write is held (an LD_PRELOAD shim on write() of the log's
-segments, active while a flag file exists) from just before the FLUSHALL; a sweep runs
+segments, write() and writev(), active while a flag file exists) from just before the FLUSHALL; a sweep runs
 meanwhile; the server is killed (-9) with the FLUSHALL unanswered; the restart must hold
 every key written before it, as the log does.
 """
@@ -31,13 +31,12 @@ SHIM = r"""
 #include <string.h>
 #include <unistd.h>
 #include <sys/stat.h>
-/* write() to a log segment (".../log/wal-...") waits while $KVSTORE_TEST_STALL exists
- * (at most two minutes): the record stays in the log's memory, never in the file. */
-static ssize_t (*real_write)(int, const void *, size_t);
-ssize_t write(int fd, const void *buf, size_t n)
+#include <sys/uio.h>
+/* write() or writev() to a log segment (".../log/wal-...") waits while
+ * $KVSTORE_TEST_STALL exists (at most two minutes): the record stays in the log's
+ * memory, never in the file. (The log thread writes its chunks with writev.) */
+static void hold(int fd)
 {
-    if (!real_write)
-        real_write = (ssize_t (*)(int, const void *, size_t))dlsym(RTLD_NEXT, "write");
     const char *flag = getenv("KVSTORE_TEST_STALL");
     struct stat st;
     if (flag && stat(flag, &st) == 0) {
@@ -51,7 +50,22 @@ ssize_t write(int fd, const void *buf, size_t n)
                     usleep(10000);
         }
     }
-    return real_write(fd, buf, n);
+}
+ssize_t write(int fd, const void *buf, size_t n)
+{
+    static ssize_t (*real)(int, const void *, size_t);
+    if (!real)
+        real = (ssize_t (*)(int, const void *, size_t))dlsym(RTLD_NEXT, "write");
+    hold(fd);
+    return real(fd, buf, n);
+}
+ssize_t writev(int fd, const struct iovec *iov, int n)
+{
+    static ssize_t (*real)(int, const struct iovec *, int);
+    if (!real)
+        real = (ssize_t (*)(int, const struct iovec *, int))dlsym(RTLD_NEXT, "writev");
+    hold(fd);
+    return real(fd, iov, n);
 }
 """
 
@@ -62,7 +76,7 @@ NODE_DEFAULTS = {"data_file": True}  # the nodes fixture (faults/conftest.py)
 def shim(tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
-        pytest.skip("no C compiler for the write() shim")
+        pytest.skip("no C compiler for the write shim")
     src = tmp_path / "stall_shim.c"
     src.write_text(SHIM)
     so = tmp_path / "stall_shim.so"
