@@ -5,9 +5,9 @@ the log, before the log thread has written it. A sweep in that window must not w
 superblock that records the new generation (every block of the file then reads as
 empty) unless the FLUSH record is durable: if the server dies before the log holds it,
 the restart replays no FLUSH, so the keys the old generation held must still be in the
-file. Here the log's write is held (an LD_PRELOAD shim on write() of the log's
-segments, write() and writev(), active while a flag file exists) from just before the FLUSHALL; a sweep runs
-meanwhile; the server is killed (-9) with the FLUSHALL unanswered; the restart must hold
+file. Here the log's write is held (an LD_PRELOAD shim on write() and writev() of the
+log's segments, active while a flag file exists) from just before the FLUSHALL; a sweep
+runs meanwhile; the server is killed (-9) with the FLUSHALL unanswered; the restart must hold
 every key written before it, as the log does.
 """
 import os
