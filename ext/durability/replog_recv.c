@@ -65,6 +65,8 @@ struct rconn {
     size_t hs_len;
     int has_id;
     int dead;                /* replaced by a newer connection of the same node: close */
+    int logged;              /* why it is closed was logged already (refused) */
+    char why[200];           /* why it is dropped, for the log ("": said by its error code) */
     char hex[33];
     char dir[4096];
     int dirfd, segfd;
@@ -91,6 +93,10 @@ struct rl_receiver {
     struct rl_receiver_stats st;
 };
 
+/* Every connection the receiver drops says why in the log (rconn_drop): a path
+ * that sets no reason is still named by its error code. */
+#define DROP(c, rc, ...) (snprintf((c)->why, sizeof(c)->why, __VA_ARGS__), (rc))
+
 static void rconn_close(struct rl_receiver *r, int i)
 {
     struct rconn *c = &r->conns[i];
@@ -116,15 +122,15 @@ static int open_peer_log(struct rl_receiver *r, struct rconn *c)
     snprintf(c->dir, sizeof c->dir, "%s/%s", r->peer_dir, c->hex);
     mkdir(r->peer_dir, 0755);
     if (mkdir(c->dir, 0755) && errno != EEXIST)
-        return -errno;
+        return DROP(c, -errno, "cannot create %s: %s", c->dir, strerror(errno));
     c->dirfd = open(c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (c->dirfd < 0)
-        return -errno;
+        return DROP(c, -errno, "cannot open %s: %s", c->dir, strerror(errno));
     struct wal_recovery rec;
     char err[512];
     int rc = wal_recover(NULL, c->dir, 0, 1, &rec, err, sizeof err);
     if (rc)
-        return rc;
+        return DROP(c, rc, "cannot recover the stored log in %s: %s", c->dir, err);
     c->held = c->whole = rec.last_lsn; /* a unit cut short at the end was just cut away */
     c->in_unit = 0;
     c->segfd = -1; /* a new segment starts with the next batch */
@@ -137,12 +143,12 @@ static int store_batch(struct rl_receiver *r, struct rconn *c, const struct fram
     const unsigned char *p = (unsigned char *)r->pl.p;
     size_t n = r->pl.len, off = 0;
     if (f->a > c->held + 1)
-        return -EPROTO; /* a gap: the sender must catch us up from c->held + 1 */
+        return DROP(c, -EPROTO, "a batch from LSN %" PRIu64 " leaves a gap: held up to %" PRIu64, f->a, c->held);
     uint64_t nrec = 0;
     while (off < n) { /* validate every record; find the first one not yet held */
         size_t l = rec_len(p + off, n - off);
         if (!l || !wal_rec_ok(p + off, l))
-            return -EBADMSG;
+            return DROP(c, -EBADMSG, "a batch carries a malformed record");
         if (rec_lsn(p + off, l) <= c->held) {
             off += l;
             continue;
@@ -155,15 +161,15 @@ static int store_batch(struct rl_receiver *r, struct rconn *c, const struct fram
     while (off < n) {
         size_t l = rec_len(p + off, n - off);
         if (!l || !wal_rec_ok(p + off, l))
-            return -EBADMSG;
+            return DROP(c, -EBADMSG, "a batch carries a malformed record");
         uint64_t lsn = rec_lsn(p + off, l);
         if (lsn != last + 1)
-            return -EPROTO;
+            return DROP(c, -EPROTO, "a batch carries LSN %" PRIu64 " after %" PRIu64, lsn, last);
         /* The unit rules recovery enforces: a COMMIT closes an open unit; no plain
          * record inside one. */
         int op = p[off + WAL_OFF_OP], unit = p[off + WAL_OFF_FLAGS] & WAL_F_UNIT;
         if (op == WAL_COMMIT ? !in_unit : (!unit && in_unit))
-            return -EPROTO;
+            return DROP(c, -EPROTO, "a batch breaks the unit rules at LSN %" PRIu64, lsn);
         in_unit = unit;
         if (!in_unit)
             whole = lsn;
@@ -174,7 +180,10 @@ static int store_batch(struct rl_receiver *r, struct rconn *c, const struct fram
         nrec++;
     }
     if (last != f->b || (nrec && first < f->a))
-        return -EPROTO; /* the frame's LSN range must be what its records carry */
+        return DROP(c, -EPROTO, /* the frame's LSN range must be what its records carry */
+                    "a batch named LSNs %" PRIu64 "-%" PRIu64 " but carried %" PRIu64 " records up to LSN %" PRIu64
+                    " (held up to %" PRIu64 ")",
+                    f->a, f->b, nrec, last, c->held);
     if (!nrec)
         return 0;
     /* A new segment only between units: recovery reads a unit within one file. */
@@ -186,12 +195,12 @@ static int store_batch(struct rl_receiver *r, struct rconn *c, const struct fram
         }
         c->segfd = wal_seg_create(c->dir, c->dirfd, first, err, sizeof err);
         if (c->segfd < 0)
-            return c->segfd;
+            return DROP(c, c->segfd, "cannot create a segment file: %s", err);
         c->seg_size = WAL_SEG_HDR;
     }
     int wrc = wal_write_all(c->segfd, r->pl.p + start, n - start);
     if (wrc)
-        return wrc;
+        return DROP(c, wrc, "cannot write a segment file in %s: %s", c->dir, strerror(-wrc));
     c->seg_size += n - start;
     c->held = last;
     c->whole = whole;
@@ -285,6 +294,7 @@ static int refused(struct rl_receiver *r, struct rconn *c, int rc, const char *w
     r->st.auth_failures++;
     pthread_mutex_unlock(&r->stat_lock);
     kvlog_rated(&rate, KVLOG_WARNING, "log receiver: refused the connection from %s: %s", c->addr, why);
+    c->logged = 1;
     return rc ? rc : -EACCES;
 }
 
@@ -360,12 +370,16 @@ static int handle_frame(struct rl_receiver *r, int i)
     int rc = rl_recv_frame(&c->link, &f, &r->pl, 5000);
     if (rc == -EACCES)
         return refused(r, c, rc, "a frame failed its MAC check (altered, replayed or out of order)");
+    if (rc == -ECONNRESET)
+        return DROP(c, rc, "the peer closed the connection");
+    if (rc == -ETIMEDOUT)
+        return DROP(c, rc, "a frame came only in part within 5 s");
     if (rc)
-        return rc;
+        return DROP(c, rc, "a bad frame: %s", strerror(-rc));
     if (f.type == F_HELLO || f.type == F_FETCH) {
         if (r->pl.len != 16 || (f.type == F_HELLO && f.a != RL_VERSION)) {
             rl_send_error(&c->link, "bad hello");
-            return -EPROTO;
+            return DROP(c, -EPROTO, "a bad HELLO (length %zu, version %" PRIu64 ")", r->pl.len, f.a);
         }
         /* Only what the handshake proved: a fetch connection cannot write a log,
          * nor a sender write another node's. */
@@ -377,25 +391,33 @@ static int handle_frame(struct rl_receiver *r, int i)
         char hex[33];
         hexid((unsigned char *)r->pl.p, hex);
         if (f.type == F_FETCH)
-            return serve_fetch(r, &c->link, hex) ? -EIO : 1; /* 1: done, close */
+            return serve_fetch(r, &c->link, hex) ? DROP(c, -EIO, "serving a fetch of node %s failed", hex)
+                                                  : 1; /* 1: done, close */
         if (c->has_id)
-            return -EPROTO; /* one HELLO per connection */
+            return DROP(c, -EPROTO, "a second HELLO on one connection"); /* one HELLO per connection */
         for (int j = 0; j < r->nconns; j++)
-            if (j != i && r->conns[j].has_id && !strcmp(r->conns[j].hex, hex))
+            if (j != i && r->conns[j].has_id && !strcmp(r->conns[j].hex, hex)) {
                 r->conns[j].dead = 1; /* one sender per node: the newest wins (the old one may
                                          be a ghost of a machine that vanished without a FIN) */
+                snprintf(r->conns[j].why, sizeof r->conns[j].why,
+                         "replaced by a newer connection of the same node, from %s", c->addr);
+            }
         memcpy(c->hex, hex, sizeof hex);
         if ((rc = open_peer_log(r, c)))
             return rc;
         c->has_id = 1;
-        return rl_send_frame(&c->link, F_HELLO_ACK, c->held, 0, NULL, 0, 1000);
+        if ((rc = rl_send_frame(&c->link, F_HELLO_ACK, c->held, 0, NULL, 0, 1000)))
+            return DROP(c, rc, "sending HELLO_ACK failed: %s", strerror(-rc));
+        return 0;
     }
     if (f.type == F_BATCH && c->has_id) {
         if ((rc = store_batch(r, c, &f)))
             return rc;
-        return rl_send_frame(&c->link, F_ACK, c->whole, 0, NULL, 0, 1000);
+        if ((rc = rl_send_frame(&c->link, F_ACK, c->whole, 0, NULL, 0, 1000)))
+            return DROP(c, rc, "sending the ACK of LSN %" PRIu64 " failed: %s", c->whole, strerror(-rc));
+        return 0;
     }
-    return -EPROTO;
+    return DROP(c, -EPROTO, "an unexpected frame (type %u%s)", (unsigned)f.type, c->has_id ? "" : ", before HELLO");
 }
 
 /* Unauthenticated connections from address ip. */
@@ -450,6 +472,9 @@ static void accept_one(struct rl_receiver *r)
         rconn_close(r, v);
     }
     if (r->nconns == MAX_PEERS) {
+        static struct kvlog_rate rate = KVLOG_RATE_INIT(5);
+        kvlog_rated(&rate, KVLOG_WARNING, "log receiver: closed a new connection: all %d slots are authenticated",
+                    MAX_PEERS);
         close(fd);
         return;
     }
@@ -465,6 +490,7 @@ static void accept_one(struct rl_receiver *r)
                         .ip = sa.sin_addr.s_addr};
     rl_link_init(&c->link, fd, 1);
     if (r->tls && rl_link_use_tls(&c->link, r->tls)) { /* out of memory: drop this one */
+        kvlog(KVLOG_WARNING, "log receiver: closed a new connection: no memory for its TLS session");
         rl_link_close(&c->link);
         r->nconns--;
         return;
@@ -474,10 +500,24 @@ static void accept_one(struct rl_receiver *r)
     snprintf(c->addr, sizeof c->addr, "%s:%u", ip, (unsigned)ntohs(sa.sin_port));
 }
 
+/* Close connection i, first saying why in the log (unless refused() did, or rc
+ * is 1: a fetch served whole), rate-limited: a peer can repeat it. */
+static void rconn_drop(struct rl_receiver *r, int i, int rc)
+{
+    static struct kvlog_rate rate = KVLOG_RATE_INIT(10);
+    struct rconn *c = &r->conns[i];
+    if (rc != 1 && !c->logged)
+        kvlog_rated(&rate, KVLOG_WARNING, "log receiver: dropped the connection from %s%s%s%s: %s", c->addr,
+                    c->has_id ? " (node " : "", c->has_id ? c->hex : "", c->has_id ? ")" : "",
+                    c->why[0] ? c->why : strerror(rc < 0 ? -rc : EPROTO));
+    rconn_close(r, i);
+}
+
 static void *receiver_main(void *arg)
 {
     struct rl_receiver *r = arg;
     uint64_t last_sync = now_ms();
+    int rc;
     while (!atomic_load_explicit(&r->stop, memory_order_acquire)) {
         struct pollfd p[MAX_PEERS + 2];
         p[0] = (struct pollfd){.fd = r->lfd, .events = POLLIN};
@@ -494,8 +534,8 @@ static void *receiver_main(void *arg)
                 p[i + 2].revents |= POLLIN;
         for (int i = nfds - 3; i >= 0; i--) /* backwards: closing moves the last one here */
             /* not a replaced connection: its node's log was reopened (and maybe cut) */
-            if (i < r->nconns && p[i + 2].revents && !r->conns[i].dead && handle_frame(r, i))
-                rconn_close(r, i);
+            if (i < r->nconns && p[i + 2].revents && !r->conns[i].dead && (rc = handle_frame(r, i)))
+                rconn_drop(r, i, rc);
         if (n > 0 && (p[0].revents & POLLIN)) /* after the frames: p[] names the connections as they were */
             accept_one(r);
         uint64_t now = now_ms();
@@ -507,7 +547,7 @@ static void *receiver_main(void *arg)
                 c->dead = 1;
             }
             if (c->dead)
-                rconn_close(r, i);
+                rconn_drop(r, i, -ECONNABORTED);
         }
         if (now_ms() - last_sync >= r->sync_ms) {
             /* The peer's memory (page cache) acknowledged; its disk copy follows. */

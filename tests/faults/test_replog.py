@@ -14,7 +14,7 @@ import time
 import pytest
 
 from helpers import replwire
-from helpers.pair import FETCHED, PEER_TIMEOUT_MS, RECOVERED, Writers, cli, info, kv, read_node_id, wait_for
+from helpers.pair import FETCHED, PEER_TIMEOUT_MS, RECOVERED, Writers, cli, info, kv, read_node_id, stop_process, wait_for
 from kvstore import Node
 
 pytestmark = pytest.mark.timeout(120)
@@ -131,8 +131,8 @@ def test_stopped_peer_times_out_into_degraded_mode_and_catches_up_after(pair, tm
     pair.wait_in_sync("a")
     # on a loaded machine an ack may have been late already: start from a healthy link
     wait_for("A's link to its peer to be up", lambda: info(a, "replication")["log_peer_degraded"] == 0)
-    os.kill(b.pid, signal.SIGSTOP)
     try:
+        stop_process(b.pid)  # kill() returning is not the peer stopped: it may still ack for a moment
         t0 = time.monotonic()
         assert c.set("s:slow", "x") is True  # socket timeout 10 s bounds the wait
         dt = time.monotonic() - t0

@@ -66,6 +66,31 @@ def wait_for(what, probe, timeout=30.0, interval=0.05):
         time.sleep(interval)
 
 
+def stop_process(pid, timeout=30.0):
+    """SIGSTOP pid and return once every one of its threads is stopped. kill() only
+    queues the signal: one thread takes it and then stops the others, so on a loaded
+    machine the process can run (answer, acknowledge) for milliseconds after kill()
+    returned. A test that times what a stopped process no longer does starts after this."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def all_stopped():
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            return False
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:  # a thread that exited
+                continue
+            if state not in ("T", "t"):
+                return False
+        return True
+
+    wait_for(f"every thread of pid {pid} to be stopped", all_stopped, timeout=timeout, interval=0.001)
+
+
 def read_node_id(data_dir):
     with open(os.path.join(data_dir, "node-id")) as f:
         return f.read().strip()
