@@ -331,7 +331,7 @@ def draw(rows, path):
 
 
 def add_args(ap):
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)  # the scale of the committed results
     ap.add_argument("--requests", type=int, default=1_000_000, help="per P16 run (P1 runs: an eighth)")
     ap.add_argument("--keyspace", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=85)
