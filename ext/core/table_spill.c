@@ -162,6 +162,15 @@ void kvt_written(struct kv_table *t, struct kvt_dnode *d, const struct kvt_snap 
     shard_unlock(s);
 }
 
+/* An entry eviction may drop (the clock's and a settled chunk's): not queued,
+ * and its block agrees with it (a value there, or a tombstone of a key not
+ * there). Shard lock held. */
+static inline int evictable(const struct kvt_entry *e)
+{
+    unsigned od = e->flags & E_OD_MASK;
+    return !e->dn && ((e->flags & E_TOMB) ? od == OD_NO : od == OD_YES);
+}
+
 static uint64_t flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
                         const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q, int evict)
 {
@@ -198,8 +207,7 @@ static uint64_t flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node
          * it, not used since the clock last passed: a key read or updated
          * lately stays for the clock to judge); ht[0] only, as kvt_evict (not
          * while the shard rehashes). */
-        if (evict && e && !(e->flags & E_REF) && s->rehashidx < 0 && s->size[0] &&
-            ((e->flags & E_TOMB) ? (e->flags & E_OD_MASK) == OD_NO : (e->flags & E_OD_MASK) == OD_YES)) {
+        if (evict && e && evictable(e) && !(e->flags & E_REF) && s->rehashidx < 0 && s->size[0]) {
             struct kvt_entry **ref = &s->ht[0][h & (s->size[0] - 1)];
             while (*ref && *ref != e)
                 ref = &(*ref)->next;
@@ -243,16 +251,15 @@ uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
             struct kvt_entry **ref = &s->ht[0][s->clock & (s->size[0] - 1)];
             while (*ref) {
                 struct kvt_entry *e = *ref;
-                unsigned od = e->flags & E_OD_MASK;
-                int evictable = !e->dn && ((e->flags & E_TOMB) ? od == OD_NO : od == OD_YES);
-                if (evictable && !(e->flags & E_REF)) {
+                int clean = evictable(e);
+                if (clean && !(e->flags & E_REF)) {
                     freed += malloc_usable_size(e);
                     n++;
                     kvt_do_unlink(t, s, ref);
                 } else {
                     /* the second chance is an evictable entry's: a dirty one
                      * keeps its bit for when its sweep has made it clean */
-                    if (evictable)
+                    if (clean)
                         e->flags &= ~E_REF;
                     ref = &e->next;
                 }
