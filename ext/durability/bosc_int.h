@@ -353,6 +353,20 @@ static inline int pwrite_all(int fd, const void *buf, size_t n, off_t off)
  * (each documented at its definition) */
 
 /* Where bucket's two home copies are. */
+/* A reader found a bucket's version odd (its chain is being written): wait the
+ * write out, asleep. The flusher keeps a version odd only while it holds
+ * gen_lock (a batch's write, a huge chain's: bosc_sweep.c), so taking the lock
+ * returns once that write is done; a sched_yield loop kept the reader on a CPU
+ * for the whole write. The caller holds no lock the flusher takes under
+ * gen_lock (the loader none; a poller's kvt_load_sync none: the command
+ * stalled first). Were a version odd without the lock held, the caller's retry
+ * would only spin. */
+static inline void bosc_wait_written(struct bosc *b)
+{
+    pthread_mutex_lock(&b->gen_lock);
+    pthread_mutex_unlock(&b->gen_lock);
+}
+
 static inline uint64_t home_of(const struct bosc *b, uint32_t bucket)
 {
     return b->first_home + 2 * (uint64_t)bucket;

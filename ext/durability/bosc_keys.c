@@ -175,10 +175,7 @@ static int list_bucket(struct bosc *b, struct keys_slot *k, uint32_t bucket, str
         uint32_t ver = atomic_load_explicit(&b->ver[bucket], memory_order_acquire);
         uint64_t gen = atomic_load_explicit(&b->gen, memory_order_acquire);
         if (ver & 1) {
-            /* being written: wait it out, asleep (a version is odd only while the
-             * flusher holds gen_lock: see bosc_load) */
-            pthread_mutex_lock(&b->gen_lock);
-            pthread_mutex_unlock(&b->gen_lock);
+            bosc_wait_written(b); /* being written: wait it out */
             continue;
         }
         k->out.len = mark;

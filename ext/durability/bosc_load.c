@@ -111,19 +111,11 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
     char err[256];
     int rc;
     for (int tries = 0;; tries++) {
-        /* Seqlock read: an odd version is a chain being written; wait it out.
-         * The flusher keeps a version odd only while it holds gen_lock (a batch's
-         * write, a huge chain's: bosc_sweep.c), so taking the lock sleeps until
-         * that write is done: a sched_yield loop here kept this thread on a CPU
-         * for the whole write (2 MiB a batch, a huge chain all of its blocks).
-         * The caller holds no lock the flusher takes under gen_lock (the loader
-         * none; a poller's kvt_load_sync none: the command stalled first). Were a
-         * version odd without the lock held, this would only spin as before. */
+        /* Seqlock read: an odd version is a chain being written; wait it out. */
         v.ver = atomic_load_explicit(&b->ver[v.bucket], memory_order_acquire);
         v.gen = atomic_load_explicit(&b->gen, memory_order_acquire);
         if (v.ver & 1) {
-            pthread_mutex_lock(&b->gen_lock);
-            pthread_mutex_unlock(&b->gen_lock);
+            bosc_wait_written(b);
             continue;
         }
         if (kvt_exists(b->t, key, klen) != -ENODATA) {
