@@ -96,11 +96,10 @@ static void scan_rec(void *arg, const unsigned char *rec, size_t reclen, const u
         ttl_mark(a->b, a->bucket, expire); /* the expiry pass looks at this bucket then */
 }
 
-/* Read every chain (checked against the bucket table): per-bucket record
- * counts, the buckets holding records with an expire time, the free overflow
- * blocks, the home copy holding each bucket's chain and the next sweep's
- * sequence (above every one found: a sweep cut short by a crash may have
- * written blocks it never recorded). */
+/* Open (scan): bucket bk's newest home copy, never recorded in the bucket table,
+ * leads to a broken chain (pk, err: what was found). Use the other copy if it is
+ * whole and as new as the table records (bosc_chain_read_other), log it, and
+ * clear the broken copy; else report the damage found first. */
 static int fall_back(struct bosc *b, uint32_t bk, uint64_t gen, struct chain_pick *pk, struct kvbuf *s, uint32_t **chain,
                      size_t *nchain, size_t *capchain, char *err, size_t errlen)
 {
@@ -130,6 +129,11 @@ static int fall_back(struct bosc *b, uint32_t bk, uint64_t gen, struct chain_pic
     return 0;
 }
 
+/* Read every chain (checked against the bucket table): per-bucket record
+ * counts, the buckets holding records with an expire time, the free overflow
+ * blocks, the home copy holding each bucket's chain and the next sweep's
+ * sequence (above every one found: a sweep cut short by a crash may have
+ * written blocks it never recorded). */
 static int scan(struct bosc *b, uint64_t gen, struct bosc_open_info *info, char *err, size_t errlen)
 {
     uint64_t nb = atomic_load(&b->nblocks);

@@ -460,16 +460,6 @@ static void requeue(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t reach
     c->need_sync = 1;
 }
 
-/* The keys of one chunk of the sweep, items [lo, hi) (whole buckets, their
- * chains written), are settled: the chains are synced, their home copies become
- * the synced ones and the bucket table records them (a sweep number of their
- * own: bosc_tab_done moves b->wseq on), the superblock write syncs the table,
- * the blocks the chains dropped are free, and the keys are marked clean (or
- * queued again). The flushed LSN moves only with the last chunk (last), once
- * every key the sweep took is settled: before it the superblock records the
- * flushed LSN it had (the log from there still holds every change). Returns 0
- * or -errno with err set: c->write_failed says the disk refused the sync or the
- * superblock (the keys not settled are queued again), else the file failed. */
 /* Wait (a bounded time) until the log holds LSN lsn. Returns 0, or -ETIMEDOUT. */
 #define LOGGED_WAIT_MS 10000
 static int wait_logged(struct bosc *b, uint64_t lsn)
@@ -482,6 +472,16 @@ static int wait_logged(struct bosc *b, uint64_t lsn)
     return 0;
 }
 
+/* The keys of one chunk of the sweep, items [lo, hi) (whole buckets, their
+ * chains written), are settled: the chains are synced, their home copies become
+ * the synced ones and the bucket table records them (a sweep number of their
+ * own: bosc_tab_done moves b->wseq on), the superblock write syncs the table,
+ * the blocks the chains dropped are free, and the keys are marked clean (or
+ * queued again). The flushed LSN moves only with the last chunk (last), once
+ * every key the sweep took is settled: before it the superblock records the
+ * flushed LSN it had (the log from there still holds every change). Returns 0
+ * or -errno with err set: c->write_failed says the disk refused the sync or the
+ * superblock (the keys not settled are queued again), else the file failed. */
 static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t hi, uint64_t gen, int last,
                         char *err, size_t errlen)
 {
