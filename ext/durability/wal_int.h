@@ -133,8 +133,6 @@ static inline uint64_t wal_backlog(const struct wal *w)
 
 void wal_pos_norm(struct wal_pos *p);
 void wal_recycle(struct wal *w);
-struct iovec;
-int wal_pos_iov(struct wal_pos from, struct wal_pos to, struct iovec **iov, int *cap);
 
 /* Stop the log for good: the first failure names the error (what: e). */
 void wal_fail(struct wal *w, const char *what, int e);

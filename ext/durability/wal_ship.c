@@ -101,7 +101,7 @@ void wal_recycle(struct wal *w)
 /* The records in [from, to) as iovecs into *iov (grown as needed; *cap its
  * size). Without w->lock: every chunk before to.c is final and none is recycled
  * while the caller's cursor stands at from. Returns the count, or -ENOMEM. */
-int wal_pos_iov(struct wal_pos from, struct wal_pos to, struct iovec **iov, int *cap)
+static int wal_pos_iov(struct wal_pos from, struct wal_pos to, struct iovec **iov, int *cap)
 {
     int n = 0;
     for (struct wal_chunk *c = from.c;; c = c->next) {
