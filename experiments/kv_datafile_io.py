@@ -27,7 +27,6 @@ buffered, paired by round.
 """
 import os
 import random
-import resource
 import shutil
 import statistics
 import sys
@@ -49,11 +48,6 @@ FIELDS = {"sweep": ("flusher_us_per_record", "process_us_per_record", "sweep_s",
                   "records_per_block", "max_latency_ms")}
 
 
-def process_cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
-
-
 def sweep_point(base, mode, args, rnd):
     """One measured sweep in mode (see the module's doc). Returns its row."""
     d = tempfile.mkdtemp(dir=base)
@@ -69,9 +63,9 @@ def sweep_point(base, mode, args, rnd):
             df.sync()
         for k in random.Random(rnd).sample(keys, int(len(keys) * args.sweep_share)):
             store.set(k, b"u" * 85)
-        s0, c0 = df.stats(), process_cpu()
+        s0, c0 = df.stats(), common.own_cpu_seconds()
         df.sync()
-        s1, c1 = df.stats(), process_cpu()
+        s1, c1 = df.stats(), common.own_cpu_seconds()
     finally:
         df.close()
         shutil.rmtree(d, ignore_errors=True)
