@@ -20,7 +20,7 @@
 
 static const char *const sections[] = {"server",       "clients",    "memory",       "persistence", "replication",
                                        "stats",        "pollers",    "cpu",          "commandstats", "errorstats",
-                                       "latencystats", "keyspace",   NULL};
+                                       "latencystats", "keyspace",   "blockdev",     NULL};
 
 const char *eng_info_section(int i)
 {
@@ -64,6 +64,11 @@ void eng_info_render(struct kv_engine *e, int argc, const char **argv, const siz
     const char *sec;
     for (int si = 0; (sec = eng_info_section(si)); si++) {
         if (!want_section(argc, argv, argl, sec))
+            continue;
+        int n = 0; /* a section nobody provides (blockdev without a block device) is left out */
+        for (int i = 0; i < e->ninfo; i++)
+            n += e->info[i].section == si;
+        if (!n)
             continue;
         kvbuf_printf(out, "%s# %c%s\r\n", first ? "" : "\r\n", sec[0] - 32, sec + 1);
         first = 0;

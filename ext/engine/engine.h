@@ -28,6 +28,7 @@ struct rl_sender;
 struct rl_receiver;
 struct cst;
 struct latmon;
+struct nbd_config;
 
 /* A node's settings, as the control plane (Python) fills them. */
 struct kv_config {
@@ -81,6 +82,10 @@ struct kv_config {
                                       percentage of maxmemory it was given as (-1: a size) */
     const char *cobl_normal;       /* "HARD SOFT SECONDS": client-output-buffer-limit normal */
     /* ---- disk errors (diskfull) */
+    /* ---- block device (nbd) */
+    const struct nbd_config *nbd; /* NULL: none; else the NBD front end serves a block device
+                                     over this engine (frontend/nbd.h; read, and copied, only
+                                     while the front ends are created) */
 };
 
 /* An INFO provider appends "field:value\r\n" lines of its section to out; reset
@@ -161,7 +166,8 @@ const char *eng_info_section(int i);
 /* Append to out the INFO text of the sections named by argv[0..argc) (INFO's
  * arguments, any case: section names, "all", "default", "everything"; none = the
  * default set): each wanted section's "# Name" header and its providers' lines,
- * in Redis's order, sections separated by an empty line. The one renderer of
+ * in Redis's order, sections separated by an empty line. A section without providers
+ * (blockdev on a node without a block device) is left out. The one renderer of
  * INFO: the command (cmd/info.c) and srv_info (the control plane's read, without
  * a connection) both call it. Any thread (providers read counters relaxed or
  * under their components' locks). */
