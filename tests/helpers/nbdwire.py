@@ -171,7 +171,10 @@ class Conn:
 
     # ---- bytes
     def send(self, data):
-        self.sock.sendall(data)
+        try:
+            self.sock.sendall(data)
+        except (ConnectionResetError, BrokenPipeError) as e:
+            raise Closed(str(e)) from e
 
     def recv_exact(self, n):
         buf = bytearray()
