@@ -426,6 +426,23 @@ class Conn:
 
 # ---------------------------------------------------------------- servers under test
 
+KINDS = ["nbdkit", "kvstore"]   # the reference first
+
+
+def start(kind, **kw):
+    """A started Target; the test is skipped when its server is not installed (nbdkit) or
+    not built yet (`kvstore blockdev serve`, before the server lands)."""
+    import pytest
+    if kind == "nbdkit" and shutil.which("nbdkit") is None:
+        pytest.skip("nbdkit is not installed (make deps installs it)")
+    if kind == "kvstore":
+        r = subprocess.run([sys.executable, "-m", "kvstore.cli", "blockdev", "serve", "--help"],
+                           capture_output=True, timeout=60)
+        if r.returncode != 0:
+            pytest.skip("`kvstore blockdev serve` is not available in this build")
+    return Target(kind, **kw).start()
+
+
 class Target:
     """An NBD server for the tests: .kind ("nbdkit" | "kvstore"), .addr (a unix socket path),
     .size, .export, .read_only; start() -> self, stop(), alive()."""
@@ -457,9 +474,6 @@ class Target:
 
     def start(self, timeout=60.0):
         if self.kind == "nbdkit":
-            if shutil.which("nbdkit") is None:
-                import pytest
-                pytest.skip("nbdkit is not installed (make deps installs it)")
             self.proc = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL,
                                          stderr=open(os.path.join(self.dir, "nbdkit.log"), "wb"))
             deadline = time.monotonic() + timeout

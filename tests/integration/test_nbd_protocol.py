@@ -7,8 +7,6 @@ spec leaves a choice, the test accepts what the spec allows, and where our contr
 import os
 import socket
 import struct
-import subprocess
-import sys
 
 import pytest
 
@@ -17,32 +15,20 @@ from helpers import nbdwire as w
 SIZE = 64 << 20
 BS = 4096
 MAX = w.MAX_PAYLOAD
-KINDS = ["nbdkit", "kvstore"]
-
-
-def blockdev_missing():
-    """Why `kvstore blockdev serve` cannot run here (before the server lands), or None."""
-    r = subprocess.run([sys.executable, "-m", "kvstore.cli", "blockdev", "serve", "--help"],
-                       capture_output=True, timeout=60)
-    return None if r.returncode == 0 else "kvstore blockdev serve is not available yet"
 
 
 def start(kind, **kw):
-    if kind == "kvstore":
-        why = blockdev_missing()
-        if why:
-            pytest.skip(why)
-    return w.Target(kind, size=SIZE, **kw).start()
+    return w.start(kind, size=SIZE, **kw)
 
 
-@pytest.fixture(scope="module", params=KINDS)
+@pytest.fixture(scope="module", params=w.KINDS)
 def target(request):
     t = start(request.param)
     yield t
     t.stop()
 
 
-@pytest.fixture(scope="module", params=KINDS)
+@pytest.fixture(scope="module", params=w.KINDS)
 def ro_target(request):
     t = start(request.param, read_only=True)
     yield t
