@@ -426,16 +426,16 @@ class Conn:
 
 # ---------------------------------------------------------------- servers under test
 
-KINDS = ["nbdkit", "kvstore"]   # the reference first
+KINDS = ["nbdkit", "kvstore", "kvstore-tcp"]   # the reference first; ours on a unix socket and TCP
 
 
 def start(kind, **kw):
     """A started Target; the test is skipped when its server is not installed (nbdkit) or
     not built yet (`kvstore blockdev serve`, before the server lands)."""
     import pytest
-    if kind == "nbdkit" and shutil.which("nbdkit") is None:
+    if kind.startswith("nbdkit") and shutil.which("nbdkit") is None:
         pytest.skip("nbdkit is not installed (make deps installs it)")
-    if kind == "kvstore":
+    if kind.startswith("kvstore"):
         r = subprocess.run([sys.executable, "-m", "kvstore.cli", "blockdev", "serve", "--help"],
                            capture_output=True, timeout=60)
         if r.returncode != 0:
@@ -444,36 +444,44 @@ def start(kind, **kw):
 
 
 class Target:
-    """An NBD server for the tests: .kind ("nbdkit" | "kvstore"), .addr (a unix socket path),
-    .size, .export, .read_only; start() -> self, stop(), alive()."""
+    """An NBD server for the tests. kind: "nbdkit" or "kvstore" (its .kind), on a unix socket,
+    or with "-tcp" on 127.0.0.1 (.tcp). .addr: what Conn connects to (a socket path or
+    (host, port)); .size, .export, .read_only; start() -> self, stop(), alive()."""
 
     def __init__(self, kind, size=64 << 20, export="kvstore", read_only=False, block_size=4096):
-        self.kind, self.size, self.export, self.read_only = kind, size, export, read_only
+        self.kind, _, transport = kind.partition("-")
+        self.tcp = transport == "tcp"
+        self.size, self.export, self.read_only = size, export, read_only
         self.block_size = block_size
         self.dir = tempfile.mkdtemp(prefix=f"nbd-{kind}-")
-        self.addr = os.path.join(self.dir, "nbd.sock")
+        self.sock_path = os.path.join(self.dir, "nbd.sock")
+        self.addr = self.sock_path
         self.proc = None
 
     def argv(self):
         if self.kind == "nbdkit":
             # The filters make nbdkit's export name strict and its block size limits those
             # our server advertises, so that the same checks hold for both.
-            return ["nbdkit", "-f", "-U", self.addr, "-e", self.export, "--exit-with-parent",
+            where = ["-i", "127.0.0.1", "-p", str(self.addr[1])] if self.tcp else ["-U", self.sock_path]
+            return ["nbdkit", "-f", *where, "-e", self.export, "--exit-with-parent",
                     "--filter=exportname", "--filter=blocksize-policy"] + \
                 (["-r"] if self.read_only else []) + \
                 ["memory", str(self.size), f"exportname={self.export}", "exportname=", "exportname-strict=true",
                  "exportname-list=explicit",
                  "blocksize-minimum=1", f"blocksize-preferred={self.block_size}",
                  f"blocksize-maximum={MAX_PAYLOAD}", "blocksize-error-policy=error"]
-        from .servers import free_port
         return [sys.executable, "-m", "kvstore.cli", "blockdev", "serve", "--size", str(self.size),
-                "--backend", "embedded", "--unix", self.addr, "--export", self.export,
+                "--backend", "embedded", *(["--listen", "127.0.0.1:0"] if self.tcp else ["--unix", self.sock_path]),
+                "--export", self.export,
                 "--block-size", str(self.block_size), "--threads", "2",
                 "--durability", "none", "--data-dir", os.path.join(self.dir, "data"),
-                "--port", str(free_port())] + (["--read-only"] if self.read_only else [])
+                "--port", "0"] + (["--read-only"] if self.read_only else [])
 
     def start(self, timeout=60.0):
         if self.kind == "nbdkit":
+            if self.tcp:
+                from .servers import free_port
+                self.addr = ("127.0.0.1", free_port())
             self.proc = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL,
                                          stderr=open(os.path.join(self.dir, "nbdkit.log"), "wb"))
             deadline = time.monotonic() + timeout
@@ -482,14 +490,18 @@ class Target:
                     raise RuntimeError(f"nbdkit did not start: {self.log()}")
                 time.sleep(0.05)
             return self
-        self.proc = Process(self.argv(), ready_line=rb"kvstore blockdev listening on nbd\+unix://",
-                            log_path=os.path.join(self.dir, "serve.log"), name="kvstore-blockdev")
+        ready = rb"kvstore blockdev listening on nbd://127\.0\.0\.1:(\d+)/" if self.tcp else \
+            rb"kvstore blockdev listening on nbd\+unix:///"
+        self.proc = Process(self.argv(), ready_line=ready, log_path=os.path.join(self.dir, "serve.log"),
+                            name="kvstore-blockdev")
         self.proc.start(timeout)
+        if self.tcp:
+            self.addr = ("127.0.0.1", int(self.proc.match.group(1)))
         return self
 
     def _connectable(self):
         try:
-            with socket.socket(socket.AF_UNIX) as s:
+            with socket.socket(socket.AF_INET if self.tcp else socket.AF_UNIX) as s:
                 s.connect(self.addr)
             return True
         except OSError:
@@ -500,13 +512,33 @@ class Target:
             return self.proc is not None and self.proc.poll() is None
         return self.proc is not None and self.proc.running
 
-    def log(self):
-        for name in ("nbdkit.log", "serve.log"):
-            p = os.path.join(self.dir, name)
-            if os.path.exists(p):
-                with open(p, "rb") as f:
-                    return f.read().decode(errors="replace")[-4000:]
-        return ""
+    def log_path(self):
+        return os.path.join(self.dir, "nbdkit.log" if self.kind == "nbdkit" else "serve.log")
+
+    def log(self, since=0, tail=4000):
+        """The server's log (stderr) from byte `since` on, at most its last `tail` characters."""
+        try:
+            with open(self.log_path(), "rb") as f:
+                f.seek(since)
+                return f.read().decode(errors="replace")[-tail:]
+        except FileNotFoundError:
+            return ""
+
+    def log_mark(self):
+        """Where the log ends now: log_since(mark) returns what is written after it."""
+        try:
+            return os.path.getsize(self.log_path())
+        except FileNotFoundError:
+            return 0
+
+    def log_since(self, mark, timeout=5.0):
+        """The log lines written after mark, waiting up to timeout for the first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.log(mark, tail=1 << 20)
+            if "\n" in text or time.monotonic() > deadline:
+                return text
+            time.sleep(0.05)
 
     def stop(self):
         if self.proc is not None:

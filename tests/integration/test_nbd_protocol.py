@@ -5,7 +5,6 @@ name strict and its block size limits ours) and against `kvstore blockdev serve`
 spec leaves a choice, the test accepts what the spec allows, and where our contract
 (ext/frontend/nbd.h, issue 15) is stricter, the kvstore case checks the contract too."""
 import os
-import socket
 import struct
 
 import pytest
@@ -531,9 +530,19 @@ def test_requests_pipelined_with_errors_in_between(conn):
 
 
 def test_bad_request_magic_closes_only_that_connection(target, witness):
+    mark = target.log_mark()
     with target.open() as c:
         c.send(w.request(w.CMD_READ, 0, 512, magic=0x12345678))
         assert c.closed_by_server()
+    assert "magic" in target.log_since(mark).lower()   # and says why in the log
+
+
+@pytest.mark.parametrize("cmd,off,n", [(0x7777, 0, 0), (w.CMD_READ, SIZE, BS), (w.CMD_READ, 0, MAX + BS)],
+                         ids=["unknown-command", "past-the-end", "oversized"])
+def test_a_bad_request_is_logged(target, conn, cmd, off, n):
+    mark = target.log_mark()
+    assert conn.request(cmd, off, n).error != 0
+    assert target.log_since(mark).strip(), "no log line for a refused request"
 
 
 def test_oversized_write_payload_is_refused(conn, target):
@@ -607,5 +616,4 @@ def test_half_a_request_then_close_leaves_the_server_up(target, witness):
         c = target.open()
         c.send((w.request(w.CMD_WRITE, 0, BS) + os.urandom(BS))[:cut])
         c.close()
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(target.addr)   # connect and close without a word
+    target.connect().close()   # connect and close without a word
