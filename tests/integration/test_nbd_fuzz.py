@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from helpers import nbdwire as w
 
 SIZE, BS = 64 << 20, 4096
-FUZZ = settings(max_examples=60, deadline=None, database=None,
+# NBD_FUZZ_EXAMPLES=2000 for a longer campaign than the suite's
+FUZZ = settings(max_examples=int(os.environ.get("NBD_FUZZ_EXAMPLES", 60)), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 SPEC_ERRORS = {w.EPERM, w.EIO, w.ENOMEM, w.EINVAL, w.ENOSPC, w.EOVERFLOW, w.ENOTSUP, w.ESHUTDOWN}
 

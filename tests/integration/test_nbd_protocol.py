@@ -529,6 +529,21 @@ def test_pipelined_requests_are_answered_by_handle(conn):
         assert r.error == 0 and r.data == blocks[reads.pop(r.handle)]
 
 
+def test_pipelined_load_beyond_any_in_flight_bound(target, witness):
+    """40 MiB of writes sent before reading a reply, then 40 MiB of reads asked for at once:
+    the server must pace its input and output (not drop, not deadlock, not mix payloads)."""
+    n, size = 40, 1 << 20
+    with target.open(structured=True) as c:
+        c.sock.settimeout(60)
+        blocks = [os.urandom(size) for _ in range(n)]
+        hs = [c.send_request(w.CMD_WRITE, i * size, size, data=b) for i, b in enumerate(blocks)]
+        assert [c.recv_reply(h).error for h in hs] == [0] * n
+        hs = [c.send_request(w.CMD_READ, i * size, size) for i in range(n)]
+        for i, h in enumerate(hs):
+            r = c.recv_reply(h)
+            assert r.error == 0 and r.data == blocks[i], f"read {i}"
+
+
 def test_requests_pipelined_with_errors_in_between(conn):
     data = os.urandom(2 * BS)
     hs = [conn.send_request(w.CMD_WRITE, 300 * BS, 2 * BS, data=data),
