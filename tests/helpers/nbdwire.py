@@ -311,6 +311,10 @@ class Conn:
         self.send(request(cmd, offset, length, flags, handle) + data)
         return handle
 
+    def expect_reply(self, handle, cmd, offset=0, length=0):
+        """Register a request sent as raw bytes (not by send_request) so that its reply parses."""
+        self._pending[handle] = (cmd, offset, length)
+
     def recv_reply(self, handle=None):
         """The whole reply to `handle` (default: whichever finishes first). Replies to other
         requests met on the way are kept for their own recv_reply."""

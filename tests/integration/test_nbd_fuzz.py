@@ -169,7 +169,7 @@ def test_framed_requests_with_random_fields_each_get_one_valid_reply(target, req
         for i, (cmd, flags, off, length) in enumerate(reqs):
             h = (i << 48) | random.getrandbits(48)
             handles.append(h)
-            c._pending[h] = (cmd, off, length)
+            c.expect_reply(h, cmd, off, length)
             stream += w.request(cmd, off, length, flags, h) + (os.urandom(length) if cmd == w.CMD_WRITE else b"")
         cuts = sorted(random.sample(range(1, len(stream)), min(pieces - 1, len(stream) - 1)))
         last = 0

@@ -5,7 +5,9 @@ name strict and its block size limits ours) and against `kvstore blockdev serve`
 spec leaves a choice, the test accepts what the spec allows, and where our contract
 (ext/frontend/nbd.h, issue 15) is stricter, the kvstore case checks the contract too."""
 import os
+import socket
 import struct
+import time
 
 import pytest
 
@@ -321,6 +323,35 @@ def test_longest_legal_export_name_is_err_unknown(target, witness):
         replies, exp = c.info("n" * 4096)   # the spec's string limit (it SHOULD be <= 256)
         assert exp is None and [r.type for r in replies] in ([w.REP_ERR_UNKNOWN], [w.REP_ERR_TOO_BIG])
         go_and_check(c, target)
+
+
+def test_handshake_and_requests_one_byte_at_a_time(target, witness):
+    """Every message split at every byte: the server's parsers wait for the rest."""
+    with target.connect() as c:
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        c.greeting()
+
+        def dribble(data):
+            for i in range(len(data)):
+                c.send(data[i:i + 1])
+                time.sleep(0.0005)
+
+        c.cflags = w.FLAG_C_FIXED_NEWSTYLE | w.FLAG_C_NO_ZEROES
+        dribble(struct.pack(">I", c.cflags) + w.option(w.OPT_STRUCTURED_REPLY))
+        assert c.recv_option_reply(w.OPT_STRUCTURED_REPLY).type == w.REP_ACK
+        c.structured = True
+        dribble(w.option(w.OPT_GO, w.info_data(target.export, (w.INFO_BLOCK_SIZE,))))
+        replies = []
+        while not replies or replies[-1].type == w.REP_INFO:
+            replies.append(c.recv_option_reply(w.OPT_GO))
+        assert replies[-1].type == w.REP_ACK
+        data = os.urandom(300)
+        c.expect_reply(7, w.CMD_WRITE, 3 * BS - 100, len(data))
+        dribble(w.request(w.CMD_WRITE, 3 * BS - 100, len(data), handle=7) + data)
+        assert c.recv_reply(7).error == 0
+        c.expect_reply(8, w.CMD_READ, 3 * BS - 100, len(data))
+        dribble(w.request(w.CMD_READ, 3 * BS - 100, len(data), handle=8))
+        assert c.recv_reply(8).data == data
 
 
 def test_client_closing_mid_handshake_leaves_the_server_up(target, witness):
