@@ -511,6 +511,10 @@ class Target:
         except OSError:
             return False
 
+    @property
+    def pid(self):
+        return self.proc.pid if self.proc is not None else None
+
     def alive(self):
         if self.kind == "nbdkit":
             return self.proc is not None and self.proc.poll() is None

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from helpers import nbdwire as w
+from helpers.servers import rss_bytes
 
 SIZE = 64 << 20
 BS = 4096
@@ -576,6 +577,45 @@ def test_pipelined_load_beyond_any_in_flight_bound(target, witness):
         for i, h in enumerate(hs):
             r = c.recv_reply(h)
             assert r.error == 0 and r.data == blocks[i], f"read {i}"
+
+
+PIN_CAP = 256 << 20   # what one connection may make the server hold, generously
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd,length", [(w.CMD_TRIM, 4 << 20), (w.CMD_TRIM, BS), (w.CMD_FLUSH, 0),
+                                        (w.CMD_READ, 0)], ids=["trim-4MiB", "trim-4KiB", "flush", "read-0"])
+def test_a_client_that_never_reads_replies_cannot_pin_unbounded_memory(target, witness, cmd, length):
+    """Requests without payload (28 bytes each) sent as fast as the server takes them while no
+    reply is read: the server must stop reading (back-pressure) before its memory grows by
+    PIN_CAP; the in-flight bound has to count requests, not only payload bytes."""
+    batch = b"".join(w.request(cmd, (i % 8) * length, length, handle=i) for i in range(100))
+    with target.open() as c:
+        base = rss_bytes(target.pid)
+        c.sock.settimeout(1)
+        total = sampled = grew = 0   # bytes sent, when RSS was last read, RSS growth
+        stalled_since = None
+        while total < 1_000_000 * 28 and grew <= PIN_CAP:
+            try:
+                total += c.sock.send(batch[total % len(batch):])
+                stalled_since = None
+            except TimeoutError:
+                stalled_since = stalled_since or time.monotonic()
+                if time.monotonic() - stalled_since > 3:
+                    break   # the server stopped reading: back-pressure, as it should
+            if total - sampled >= 280_000:
+                sampled, grew = total, rss_bytes(target.pid) - base
+        sent = max(total // 28, 1)
+        grew = max(grew, rss_bytes(target.pid) - base)
+        c.closed_by_server(1)   # read the replies that came before closing (nbdkit 1.32 asserts otherwise)
+    if grew > PIN_CAP:   # a server that took it all has a backlog to work off (on some thread)
+        witness.sock.settimeout(120)
+        for _ in range(4):
+            with target.connect(timeout=120) as fresh:
+                fresh.handshake(target.export)
+                fresh.read(0, 512)
+    assert grew <= PIN_CAP, (f"{sent} requests of {len(batch) // 100} bytes with no reply read grew the "
+                                 f"server by {grew >> 20} MiB ({grew // sent} bytes a request)")
 
 
 def test_requests_pipelined_with_errors_in_between(conn):
