@@ -430,6 +430,7 @@ class Conn:
 
 # ---------------------------------------------------------------- servers under test
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KINDS = ["nbdkit", "kvstore", "kvstore-tcp"]   # the reference first; ours on a unix socket and TCP
 
 
@@ -439,11 +440,9 @@ def start(kind, **kw):
     import pytest
     if kind.startswith("nbdkit") and shutil.which("nbdkit") is None:
         pytest.skip("nbdkit is not installed (make deps installs it)")
-    if kind.startswith("kvstore"):
-        r = subprocess.run([sys.executable, "-m", "kvstore.cli", "blockdev", "serve", "--help"],
-                           capture_output=True, timeout=60)
-        if r.returncode != 0:
-            pytest.skip("`kvstore blockdev serve` is not available in this build")
+    if kind.startswith("kvstore") and not os.path.exists(os.path.join(ROOT, "ext", "frontend", "nbd.c")):
+        # only while the tree has no NBD server: once it is in, a build that cannot serve fails
+        pytest.skip("this tree has no NBD server yet (ext/frontend/nbd.c)")
     return Target(kind, **kw).start()
 
 
