@@ -57,6 +57,7 @@ EPERM, EIO, ENOMEM, EINVAL, ENOSPC, EOVERFLOW, ENOTSUP, ESHUTDOWN = 1, 5, 12, 22
 ERRNAMES = {EPERM: "EPERM", EIO: "EIO", ENOMEM: "ENOMEM", EINVAL: "EINVAL", ENOSPC: "ENOSPC",
             EOVERFLOW: "EOVERFLOW", ENOTSUP: "ENOTSUP", ESHUTDOWN: "ESHUTDOWN"}
 
+DESCRIPTION = "kvstore conformance export"   # what both servers are told to describe the export as
 MAX_PAYLOAD = 32 << 20     # the largest request payload our server takes (its INFO_BLOCK_SIZE maximum)
 
 REQ_HDR = struct.Struct(">IHHQQI")       # magic, flags, type, handle, offset, length
@@ -470,12 +471,12 @@ class Target:
                     "--filter=exportname", "--filter=blocksize-policy"] + \
                 (["-r"] if self.read_only else []) + \
                 ["memory", str(self.size), f"exportname={self.export}", "exportname=", "exportname-strict=true",
-                 "exportname-list=explicit",
+                 "exportname-list=explicit", f"exportdesc=fixed:{DESCRIPTION}",
                  "blocksize-minimum=1", f"blocksize-preferred={self.block_size}",
                  f"blocksize-maximum={MAX_PAYLOAD}", "blocksize-error-policy=error"]
         return [sys.executable, "-m", "kvstore.cli", "blockdev", "serve", "--size", str(self.size),
                 "--backend", "embedded", *(["--listen", "127.0.0.1:0"] if self.tcp else ["--unix", self.sock_path]),
-                "--export", self.export,
+                "--export", self.export, "--description", DESCRIPTION,
                 "--block-size", str(self.block_size), "--threads", "2",
                 "--durability", "none", "--data-dir", os.path.join(self.dir, "data"),
                 "--port", "0"] + (["--read-only"] if self.read_only else [])

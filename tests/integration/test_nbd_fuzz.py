@@ -201,6 +201,23 @@ def an_io(draw):
 @FUZZ
 @given(ios=st.lists(an_io(), min_size=1, max_size=25), structured=st.booleans())
 def test_random_unaligned_io_matches_a_model(target, ios, structured):
+    check_model(target, ios, structured)
+
+
+@pytest.fixture(scope="module", params=[512, 65536], ids=lambda bs: f"kvstore-bs{bs}")
+def other_block_size(request):
+    t = w.start("kvstore", size=SIZE, block_size=request.param)
+    yield t
+    t.stop()
+
+
+@FUZZ
+@given(ios=st.lists(an_io(), min_size=1, max_size=25), structured=st.booleans())
+def test_random_unaligned_io_matches_a_model_with_other_block_sizes(other_block_size, ios, structured):
+    check_model(other_block_size, ios, structured)
+
+
+def check_model(target, ios, structured):
     """Writes, zeroes and trims at any offset and length (read-modify-write of edge blocks)
     read back as a plain bytearray says; trimmed bytes are unknown until written again
     (the spec lets them read as anything)."""
