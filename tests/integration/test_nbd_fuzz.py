@@ -8,6 +8,7 @@ Run against `nbdkit memory` (the reference) and `kvstore blockdev serve`."""
 import os
 import random
 import struct
+import threading
 import time
 
 import pytest
@@ -182,6 +183,42 @@ def test_framed_requests_with_random_fields_each_get_one_valid_reply(target, req
             assert r.error == 0 or r.error in SPEC_ERRORS, r
         data = os.urandom(512)   # and the stream is still in step
         assert c.write(BS, data).error == 0 and c.read(BS, 512).data == data
+    check_server(target)
+
+
+def test_many_bad_clients_at_once_while_a_good_one_works(target):
+    """16 threads throw junk, cut handshakes and garbled requests at the server at the same
+    time (its connections spread over its worker threads) while one client keeps writing and
+    reading back: every round trip of the good client is right, and the server stays up."""
+    def bad_client(seed):
+        rnd = random.Random(seed)
+        for _ in range(15):
+            valid = struct.pack(">I", 3) + w.option(w.OPT_STRUCTURED_REPLY) + \
+                w.option(w.OPT_GO, w.info_data(target.export))
+            reqs = b"".join(w.request(rnd.choice([0, 1, 3, 4, 6, 0x77]), rnd.randrange(SIZE // 2), rnd.randrange(1 << 16),
+                                      rnd.randrange(1 << 16), rnd.getrandbits(64)) for _ in range(4))
+            data = bytearray(valid + reqs)
+            for _ in range(rnd.randrange(4)):
+                data[rnd.randrange(len(data))] = rnd.randrange(256)
+            try:
+                with target.connect(timeout=5) as c:
+                    c.greeting()
+                    c.send(bytes(data[:rnd.randrange(1, len(data) + 1)]))
+                    c.closed_by_server(rnd.choice([0, 0.01, 0.1]))
+            except (w.Closed, OSError):
+                pass
+
+    threads = [threading.Thread(target=bad_client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    with target.open(structured=True) as good:
+        while any(t.is_alive() for t in threads):
+            data = os.urandom(BS + 100)
+            off = SIZE - 4 * BS + random.randrange(BS)
+            assert good.write(off, data).error == 0
+            assert good.read(off, len(data)).data == data
+    for t in threads:
+        t.join()
     check_server(target)
 
 
