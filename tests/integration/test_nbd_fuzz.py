@@ -195,8 +195,9 @@ def test_many_bad_clients_at_once_while_a_good_one_works(target):
         for _ in range(15):
             valid = struct.pack(">I", 3) + w.option(w.OPT_STRUCTURED_REPLY) + \
                 w.option(w.OPT_GO, w.info_data(target.export))
-            reqs = b"".join(w.request(rnd.choice([0, 1, 3, 4, 6, 0x77]), rnd.randrange(SIZE // 2), rnd.randrange(1 << 16),
-                                      rnd.randrange(1 << 16), rnd.getrandbits(64)) for _ in range(4))
+            reqs = b"".join(w.request(rnd.choice([0, 1, 3, 4, 6, 0x77]), rnd.randrange(SIZE // 2),
+                                      rnd.randrange(1 << 16), rnd.randrange(1 << 16), rnd.getrandbits(64))
+                            for _ in range(4))   # offsets in the lower half: the good client's is the top
             data = bytearray(valid + reqs)
             for _ in range(rnd.randrange(4)):
                 data[rnd.randrange(len(data))] = rnd.randrange(256)
