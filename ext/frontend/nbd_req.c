@@ -1,0 +1,695 @@
+/* nbd_req.c - NBD requests turned into block operations, their replies built
+ * from the completions, and the block-lock table that serializes a block's
+ * read-modify-write against every other write of it (see nbd_int.h).
+ * Threads: a request and its operations belong to its connection's thread; the
+ * lock table is shared by all threads (striped mutexes), and a lock freed on one
+ * thread is granted to a waiter of another through that thread's grant list.
+ * Reads untrusted request headers (proto/nbd.c parses, this file checks ranges
+ * and flags before anything is allocated). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "frontend/nbd_int.h"
+
+/* ---- the thread's pools: requests with NBD_POOL_DATA bytes of data, scratch blocks */
+
+static char *block_get(struct nbd_thread *t)
+{
+    if (t->nblocks)
+        return t->blocks[--t->nblocks];
+    return aligned_alloc(64, t->s->block_size);
+}
+
+static void block_put(struct nbd_thread *t, char *b)
+{
+    if (t->nblocks < t->blocks_cap)
+        t->blocks[t->nblocks++] = b;
+    else
+        free(b);
+}
+
+static uint32_t pool_ops(const struct nbd_server *s) { return (NBD_POOL_DATA >> s->bs_shift) + 2; }
+
+/* A request with room for data bytes and nops operations; NULL when out of memory. */
+static struct nbd_req *req_get(struct nbd_thread *t, uint64_t data, uint32_t nops)
+{
+    struct nbd_server *s = t->s;
+    struct nbd_req *r = NULL;
+    if (data <= NBD_POOL_DATA && nops <= pool_ops(s) && t->pool) {
+        r = t->pool;
+        t->pool = r->next;
+        t->npool--;
+    } else {
+        r = calloc(1, sizeof *r);
+        if (!r)
+            return NULL;
+    }
+    if (data > r->cap) {
+        size_t cap = data <= NBD_POOL_DATA ? NBD_POOL_DATA : data;
+        void *p = aligned_alloc(64, (cap + 63) & ~(size_t)63);
+        if (!p)
+            goto fail;
+        free(r->data);
+        r->data = p;
+        r->cap = cap;
+    }
+    if (nops > r->ops_cap) {
+        uint32_t cap = nops <= pool_ops(s) ? pool_ops(s) : nops;
+        void *p = malloc(sizeof *r->ops * cap);
+        if (!p)
+            goto fail;
+        free(r->ops);
+        r->ops = p;
+        r->ops_cap = cap;
+    }
+    r->next = NULL;
+    r->rc = 0;
+    r->msg = NULL;
+    r->pending = 0;
+    r->fua_done = 0;
+    r->nops = 0;
+    r->hdr_len = 0;
+    r->data_len = 0;
+    r->sent = 0;
+    r->charge = 0;
+    return r;
+fail: /* never counted in flight: straight back */
+    free(r->data);
+    free(r->ops);
+    free(r);
+    return NULL;
+}
+
+void nbd_req_free(struct nbd_thread *t, struct nbd_req *r)
+{
+    if (r->c) {
+        r->c->inflight -= r->charge;
+        r->c = NULL;
+    }
+    NBD_ST(t, inflight, (uint64_t)-1);
+    if (r->cap <= NBD_POOL_DATA && r->ops_cap <= pool_ops(t->s) && t->npool < NBD_POOL_MAX) {
+        r->next = t->pool;
+        t->pool = r;
+        t->npool++;
+        return;
+    }
+    free(r->data);
+    free(r->ops);
+    free(r);
+}
+
+void nbd_req_pool_free(struct nbd_thread *t)
+{
+    while (t->pool) {
+        struct nbd_req *r = t->pool;
+        t->pool = r->next;
+        free(r->data);
+        free(r->ops);
+        free(r);
+    }
+    t->npool = 0;
+    while (t->nblocks)
+        free(t->blocks[--t->nblocks]);
+    free(t->blocks);
+    t->blocks = NULL;
+}
+
+/* ---- the block-lock table: a full-block write holds its block shared (two
+ * of them may overlap: the block ends up one writer's or the other's), a
+ * read-modify-write holds it exclusively from its read to its write's
+ * completion. Waiters are granted in arrival order, so a stream of full writes
+ * never starves a read-modify-write. */
+
+struct nbd_lock_entry {
+    uint64_t block;
+    uint32_t shared;
+    uint8_t excl;
+    struct nbd_bop *whead, *wtail;
+    struct nbd_lock_entry *next;
+};
+
+static struct nbd_lock_stripe *stripe_of(struct nbd_server *s, uint64_t block)
+{
+    return &s->locks[(block * 0x9E3779B97F4A7C15ull) >> 56 & (NBD_LOCK_STRIPES - 1)];
+}
+
+static int lock_fits(const struct nbd_lock_entry *e, int excl) { return excl ? !e->shared && !e->excl : !e->excl; }
+
+static void lock_take(struct nbd_lock_entry *e, int excl)
+{
+    if (excl)
+        e->excl = 1;
+    else
+        e->shared++;
+}
+
+/* 1: held now; 0: queued (the grant comes through the owner thread's lists);
+ * -ENOMEM. */
+static int lock_get(struct nbd_server *s, struct nbd_bop *b)
+{
+    struct nbd_lock_stripe *st = stripe_of(s, b->op.block);
+    int rc = 1;
+    pthread_mutex_lock(&st->m);
+    struct nbd_lock_entry *e = st->list;
+    while (e && e->block != b->op.block)
+        e = e->next;
+    if (!e) {
+        if (st->free) {
+            e = st->free;
+            st->free = e->next;
+        } else if (!(e = malloc(sizeof *e))) {
+            pthread_mutex_unlock(&st->m);
+            return -ENOMEM;
+        }
+        memset(e, 0, sizeof *e);
+        e->block = b->op.block;
+        e->next = st->list;
+        st->list = e;
+    }
+    if (!e->whead && lock_fits(e, b->excl)) {
+        lock_take(e, b->excl);
+    } else {
+        b->lnext = NULL;
+        if (e->wtail)
+            e->wtail->lnext = b;
+        else
+            e->whead = b;
+        e->wtail = b;
+        rc = 0;
+    }
+    pthread_mutex_unlock(&st->m);
+    b->locked = rc == 1;
+    return rc;
+}
+
+static void grant(struct nbd_thread *self, struct nbd_bop *b)
+{
+    struct nbd_thread *t = b->r->c->t;
+    if (t == self) {
+        b->lnext = self->ready;
+        self->ready = b;
+        return;
+    }
+    pthread_mutex_lock(&t->glock);
+    b->lnext = t->granted;
+    t->granted = b;
+    pthread_mutex_unlock(&t->glock);
+    uint64_t one = 1;
+    (void)!write(t->evfd, &one, sizeof one);
+}
+
+static void lock_put(struct nbd_thread *self, struct nbd_bop *b)
+{
+    if (!b->locked)
+        return;
+    b->locked = 0;
+    struct nbd_server *s = self->s;
+    struct nbd_lock_stripe *st = stripe_of(s, b->op.block);
+    struct nbd_bop *granted = NULL;
+    pthread_mutex_lock(&st->m);
+    struct nbd_lock_entry **pe = &st->list, *e;
+    while ((e = *pe) && e->block != b->op.block)
+        pe = &e->next;
+    if (b->excl)
+        e->excl = 0;
+    else
+        e->shared--;
+    while (e->whead && lock_fits(e, e->whead->excl)) {
+        struct nbd_bop *w = e->whead;
+        e->whead = w->lnext;
+        if (!e->whead)
+            e->wtail = NULL;
+        lock_take(e, w->excl);
+        w->locked = 1;
+        w->lnext = granted;
+        granted = w;
+    }
+    if (!e->shared && !e->excl && !e->whead) {
+        *pe = e->next;
+        e->next = st->free;
+        st->free = e;
+    }
+    pthread_mutex_unlock(&st->m);
+    while (granted) {
+        struct nbd_bop *w = granted;
+        granted = w->lnext;
+        grant(self, w);
+    }
+}
+
+void nbd_req_locks_free(struct nbd_server *s)
+{
+    for (int i = 0; i < NBD_LOCK_STRIPES; i++) {
+        struct nbd_lock_stripe *st = &s->locks[i];
+        for (int k = 0; k < 2; k++) {
+            struct nbd_lock_entry *e = k ? st->free : st->list;
+            while (e) {
+                struct nbd_lock_entry *n = e->next;
+                free(e);
+                e = n;
+            }
+        }
+        st->list = st->free = NULL;
+        pthread_mutex_destroy(&st->m);
+    }
+}
+
+/* ---- block operations */
+
+static int all_zero(const uint8_t *p, size_t n)
+{
+    /* block sizes are multiples of 512 and buffers 64-byte aligned or block-offset */
+    uint64_t acc = 0;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        uint64_t v;
+        memcpy(&v, p + i, 8);
+        acc |= v;
+        if ((i & 511) == 504 && acc)
+            return 0;
+    }
+    return acc == 0;
+}
+
+static void bop_done(struct nbd_kvop *op);
+static void req_ops_done(struct nbd_req *r);
+
+static void submit(struct nbd_thread *t, struct nbd_bop *b, int kind)
+{
+    b->op.kind = kind;
+    b->op.rc = 0;
+    b->op.done = bop_done;
+    b->op.owner = b->r;
+    b->op.next = NULL;
+    switch (kind) {
+    case NBD_KV_GET: NBD_ST(t, kv_gets, 1); break;
+    case NBD_KV_PUT: NBD_ST(t, kv_puts, 1); break;
+    case NBD_KV_DEL: NBD_ST(t, kv_dels, 1); break;
+    default: NBD_ST(t, kv_syncs, 1); break;
+    }
+    t->dirty = 1;
+    int rc = t->s->be->submit(t->be, &b->op);
+    if (rc < 0) { /* not taken: complete it here, as the backend would have */
+        b->op.rc = rc;
+        bop_done(&b->op);
+    }
+}
+
+/* Write stage of a block whose lock is held. */
+static void bop_locked(struct nbd_thread *t, struct nbd_bop *b)
+{
+    if (b->stage == BOP_RMW_GET) {
+        if (!(b->scratch = block_get(t))) {
+            b->op.rc = -ENOMEM;
+            bop_done(&b->op);
+            return;
+        }
+        b->op.buf = b->scratch;
+        submit(t, b, NBD_KV_GET);
+        return;
+    }
+    uint8_t *p = b->r->data + b->doff;
+    b->op.buf = (char *)p;
+    submit(t, b, b->zero || all_zero(p, t->s->block_size) ? NBD_KV_DEL : NBD_KV_PUT);
+}
+
+void nbd_req_run_grants(struct nbd_thread *t)
+{
+    if (__atomic_load_n(&t->granted, __ATOMIC_RELAXED)) { /* a stale NULL only delays to the eventfd's round */
+        pthread_mutex_lock(&t->glock);
+        struct nbd_bop *g = t->granted;
+        t->granted = NULL;
+        pthread_mutex_unlock(&t->glock);
+        while (g) {
+            struct nbd_bop *b = g;
+            g = b->lnext;
+            bop_locked(t, b);
+        }
+    }
+    while (t->ready) {
+        struct nbd_bop *b = t->ready;
+        t->ready = b->lnext;
+        bop_locked(t, b);
+    }
+}
+
+static void bop_done(struct nbd_kvop *op)
+{
+    struct nbd_bop *b = (struct nbd_bop *)op; /* op is the first member */
+    struct nbd_req *r = b->r;
+    struct nbd_thread *t = r->c->t;
+    int rc = op->rc;
+    switch (b->stage) {
+    case BOP_READ:
+        if (b->scratch) {
+            if (!rc)
+                memcpy(r->data + b->doff, b->scratch + b->boff, b->blen);
+            block_put(t, b->scratch);
+            b->scratch = NULL;
+        }
+        break;
+    case BOP_RMW_GET:
+        if (!rc) {
+            if (b->zero)
+                memset(b->scratch + b->boff, 0, b->blen);
+            else
+                memcpy(b->scratch + b->boff, r->data + b->doff, b->blen);
+            b->stage = BOP_RMW_PUT;
+            NBD_ST(t, rmw, 1);
+            submit(t, b, all_zero((uint8_t *)b->scratch, t->s->block_size) ? NBD_KV_DEL : NBD_KV_PUT);
+            return;
+        }
+        /* fall through: the lock and the scratch block go back */
+    case BOP_RMW_PUT:
+        if (b->scratch) {
+            block_put(t, b->scratch);
+            b->scratch = NULL;
+        }
+        /* fall through */
+    case BOP_WRITE:
+        lock_put(t, b);
+        break;
+    }
+    if (rc && !r->rc) {
+        r->rc = rc;
+        NBD_ST(t, backend_errors, 1);
+    }
+    if (--r->pending == 0)
+        req_ops_done(r);
+}
+
+/* ---- replies */
+
+static void reply_queue(struct nbd_req *r)
+{
+    struct nbd_conn *c = r->c;
+    struct nbd_thread *t = c->t;
+    if (r->rc)
+        NBD_ST(t, errors, 1);
+    if (c->closed) { /* nobody to answer */
+        nbd_req_free(t, r);
+        return;
+    }
+    if (c->out_tail)
+        c->out_tail->next = r;
+    else
+        c->out_head = r;
+    c->out_tail = r;
+    r->next = NULL;
+    nbd_conn_want_write(c);
+}
+
+/* Encode r's reply header (r->rc, r->msg) and queue it. */
+static void reply(struct nbd_req *r)
+{
+    struct nbd_conn *c = r->c;
+    uint32_t err = nbd_error_of(r->rc);
+    r->data_len = 0;
+    if (r->h.type == NBD_CMD_READ && c->structured) {
+        if (err) {
+            const char *m = r->msg ? r->msg : "";
+            size_t ml = strlen(m);
+            if (ml > 96)
+                ml = 96;
+            r->hdr_len = (uint32_t)nbd_enc_error_chunk(r->hdr, r->h.cookie, err, m, (uint16_t)ml);
+        } else if (r->h.length == 0) {
+            nbd_enc_chunk(r->hdr, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_NONE, r->h.cookie, 0);
+            r->hdr_len = NBD_CHUNK_HDR_LEN;
+        } else {
+            nbd_enc_chunk(r->hdr, NBD_REPLY_FLAG_DONE, NBD_REPLY_TYPE_OFFSET_DATA, r->h.cookie, 8 + r->h.length);
+            nbd_put64(r->hdr + NBD_CHUNK_HDR_LEN, r->h.offset);
+            r->hdr_len = NBD_CHUNK_HDR_LEN + 8;
+            r->data_len = r->h.length;
+        }
+    } else {
+        nbd_enc_simple_reply(r->hdr, err, r->h.cookie);
+        r->hdr_len = NBD_SIMPLE_REPLY_LEN;
+        if (r->h.type == NBD_CMD_READ && !err)
+            r->data_len = r->h.length;
+    }
+    reply_queue(r);
+}
+
+static void req_ops_done(struct nbd_req *r)
+{
+    struct nbd_conn *c = r->c;
+    struct nbd_thread *t = c->t;
+    int type = r->h.type;
+    if ((r->h.flags & NBD_CMD_FLAG_FUA) && !r->fua_done && !r->rc &&
+        (type == NBD_CMD_WRITE || type == NBD_CMD_TRIM || type == NBD_CMD_WRITE_ZEROES)) {
+        /* every write of the request is done: the sync covers them */
+        r->fua_done = 1;
+        r->pending = 1;
+        r->sync.r = r;
+        r->sync.stage = BOP_SYNC;
+        r->sync.scratch = NULL;
+        r->sync.locked = 0;
+        NBD_ST(t, fua, 1);
+        submit(t, &r->sync, NBD_KV_SYNC);
+        return;
+    }
+    c->active--;
+    if (!r->rc) {
+        if (type == NBD_CMD_READ)
+            NBD_ST(t, bytes_read, r->h.length);
+        else if (type == NBD_CMD_WRITE)
+            NBD_ST(t, bytes_written, r->h.length);
+    } else if (!r->msg) {
+        r->msg = "backend failed";
+    }
+    reply(r);
+    if (c->closed && !c->active)
+        nbd_conn_want_write(c); /* the round's end frees it */
+}
+
+/* Fail r at once (no operations): the reply carries err and msg. */
+static void req_fail(struct nbd_req *r, int err, const char *msg)
+{
+    struct nbd_thread *t = r->c->t;
+    r->rc = err;
+    r->msg = msg;
+    static struct kvlog_rate rate = KVLOG_RATE_INIT(20);
+    kvlog_rated(&rate, KVLOG_VERBOSE, "NBD client %s: invalid request: %s: %s", r->c->addr, nbd_cmd_name(r->h.type),
+                msg);
+    NBD_ST(t, protocol_errors, 1);
+    reply(r);
+}
+
+/* Split r over its blocks and submit (the data is there for a write). */
+static void req_start(struct nbd_req *r)
+{
+    struct nbd_conn *c = r->c;
+    struct nbd_thread *t = c->t;
+    struct nbd_server *s = t->s;
+    int type = r->h.type;
+    if (type == NBD_CMD_FLUSH) {
+        c->active++;
+        r->pending = 1;
+        r->sync.r = r;
+        r->sync.stage = BOP_SYNC;
+        r->sync.scratch = NULL;
+        r->sync.locked = 0;
+        submit(t, &r->sync, NBD_KV_SYNC);
+        return;
+    }
+    if (r->h.length == 0) {
+        reply(r);
+        return;
+    }
+    uint64_t off = r->h.offset, end = off + r->h.length, mask = s->block_size - 1;
+    uint64_t first = off >> s->bs_shift, last = (end - 1) >> s->bs_shift;
+    uint32_t n = (uint32_t)(last - first + 1);
+    int write = type != NBD_CMD_READ, zero = type == NBD_CMD_TRIM || type == NBD_CMD_WRITE_ZEROES;
+    r->nops = n;
+    r->pending = n;
+    c->active++;
+    for (uint32_t i = 0; i < n; i++) {
+        struct nbd_bop *b = &r->ops[i];
+        uint64_t blk = first + i;
+        uint64_t bstart = blk << s->bs_shift;
+        b->r = r;
+        b->op.block = blk;
+        b->boff = blk == first ? (uint32_t)(off & mask) : 0;
+        b->blen = (uint32_t)((blk == last ? ((end - 1) & mask) + 1 : s->block_size) - b->boff);
+        b->doff = bstart + b->boff - off;
+        b->scratch = NULL;
+        b->locked = 0;
+        b->zero = (uint8_t)zero;
+        b->excl = b->blen != s->block_size;
+    }
+    /* r may be answered (and freed) by the last submit: n, not r->nops, bounds the loop */
+    for (uint32_t i = 0; i < n; i++) {
+        struct nbd_bop *b = &r->ops[i];
+        if (!write) {
+            b->stage = BOP_READ;
+            if (b->excl) {
+                if (!(b->scratch = block_get(t))) {
+                    b->op.rc = -ENOMEM;
+                    bop_done(&b->op);
+                    continue;
+                }
+                b->op.buf = b->scratch;
+            } else {
+                b->op.buf = (char *)r->data + b->doff;
+            }
+            submit(t, b, NBD_KV_GET);
+            continue;
+        }
+        b->stage = b->excl ? BOP_RMW_GET : BOP_WRITE;
+        int rc = lock_get(s, b);
+        if (rc == 1) {
+            bop_locked(t, b);
+        } else if (rc < 0) {
+            b->op.rc = rc;
+            b->stage = BOP_WRITE; /* nothing held, nothing to undo */
+            bop_done(&b->op);
+        }
+    }
+}
+
+/* ---- request headers */
+
+/* The flags each command accepts (FUA is accepted by all, as the protocol asks
+ * once NBD_FLAG_SEND_FUA is advertised). */
+static uint16_t flags_ok(const struct nbd_conn *c, uint16_t type)
+{
+    switch (type) {
+    case NBD_CMD_READ: return NBD_CMD_FLAG_FUA | (c->structured ? NBD_CMD_FLAG_DF : 0);
+    case NBD_CMD_WRITE_ZEROES: return NBD_CMD_FLAG_FUA | NBD_CMD_FLAG_NO_HOLE | NBD_CMD_FLAG_FAST_ZERO;
+    default: return NBD_CMD_FLAG_FUA;
+    }
+}
+
+/* Answer a request now with err, dropping its write payload (skip). -1: the
+ * payload is too large to drop safely: close. */
+static int reject(struct nbd_conn *c, struct nbd_req *r, int err, const char *msg)
+{
+    if (r->h.type == NBD_CMD_WRITE) {
+        if (r->h.length > NBD_MAX_SKIP) {
+            kvlog(KVLOG_WARNING, "NBD client %s: write of %u bytes is past every bound: closing the connection",
+                  c->addr, r->h.length);
+            nbd_req_free(c->t, r);
+            return -1;
+        }
+        c->skip = r->h.length;
+    }
+    req_fail(r, err, msg);
+    return 0;
+}
+
+/* One request header: check it, then start it or wait for its payload. */
+static int request(struct nbd_conn *c, const struct nbd_request *h)
+{
+    struct nbd_thread *t = c->t;
+    struct nbd_server *s = t->s;
+    int type = h->type;
+    int needs_data = type == NBD_CMD_READ || type == NBD_CMD_WRITE;
+    uint64_t data = needs_data && h->length <= NBD_MAX_PAYLOAD ? h->length : 0;
+    int ranged = type == NBD_CMD_READ || type == NBD_CMD_WRITE || type == NBD_CMD_TRIM || type == NBD_CMD_WRITE_ZEROES;
+    uint64_t nops = 0;
+    if (ranged && h->length && h->offset < s->size && h->length <= s->size - h->offset &&
+        (type != NBD_CMD_READ && type != NBD_CMD_WRITE ? 1 : h->length <= NBD_MAX_PAYLOAD))
+        nops = ((h->offset + h->length - 1) >> s->bs_shift) - (h->offset >> s->bs_shift) + 1;
+    if (nops > (1u << 30)) /* a TRIM of a huge range: the operations would not fit a request */
+        nops = 0;
+    struct nbd_req *r = req_get(t, data, (uint32_t)nops);
+    if (!r) {
+        kvlog(KVLOG_WARNING, "NBD client %s: out of memory for a request: closing the connection", c->addr);
+        return -1;
+    }
+    r->c = c;
+    r->h = *h;
+    r->charge = data;
+    c->inflight += data;
+    NBD_ST(t, inflight, 1);
+    NBD_ST(t, inflight_sum, st_get(&t->st[offsetof(struct nbd_stats, inflight) / sizeof(uint64_t)]));
+    NBD_ST(t, inflight_samples, 1);
+    if (h->flags & ~flags_ok(c, (uint16_t)type))
+        return reject(c, r, -EINVAL, "unsupported flags");
+    switch (type) {
+    case NBD_CMD_READ: NBD_ST(t, reads, 1); break;
+    case NBD_CMD_WRITE: NBD_ST(t, writes, 1); break;
+    case NBD_CMD_FLUSH: NBD_ST(t, flushes, 1); break;
+    case NBD_CMD_TRIM: NBD_ST(t, trims, 1); break;
+    case NBD_CMD_WRITE_ZEROES: NBD_ST(t, zeroes, 1); break;
+    case NBD_CMD_DISC:
+        nbd_req_free(t, r);
+        c->phase = PH_CLOSING; /* replies still due go out, then the connection closes */
+        nbd_conn_want_write(c);
+        return 0;
+    default: return reject(c, r, -EINVAL, "unknown command");
+    }
+    if (type == NBD_CMD_FLUSH) {
+        req_start(r);
+        return 0;
+    }
+    int writes = type != NBD_CMD_READ;
+    if (writes && s->read_only)
+        return reject(c, r, -EPERM, "the export is read-only");
+    if (needs_data && h->length > NBD_MAX_PAYLOAD)
+        return reject(c, r, type == NBD_CMD_READ && (h->flags & NBD_CMD_FLAG_DF) ? -EOVERFLOW : -EINVAL,
+                      "request too large");
+    if (h->offset > s->size || h->length > s->size - h->offset)
+        return reject(c, r, type == NBD_CMD_WRITE || type == NBD_CMD_WRITE_ZEROES ? -ENOSPC : -EINVAL,
+                      "offset beyond end");
+    if (!nops && h->length)
+        return reject(c, r, -EINVAL, "range too large");
+    if (type == NBD_CMD_WRITE && h->length) {
+        c->filling = r; /* started once its payload is in */
+        c->fill_off = 0;
+        return 0;
+    }
+    req_start(r);
+    return 0;
+}
+
+int nbd_req_input(struct nbd_conn *c)
+{
+    for (;;) {
+        size_t avail = c->in_len - c->in_off;
+        if (c->skip) {
+            size_t n = avail < c->skip ? avail : (size_t)c->skip;
+            c->in_off += n;
+            c->skip -= n;
+            if (c->skip)
+                return 0;
+            continue;
+        }
+        if (c->filling) {
+            struct nbd_req *r = c->filling;
+            uint64_t want = r->h.length - c->fill_off;
+            size_t n = avail < want ? avail : (size_t)want;
+            memcpy(r->data + c->fill_off, c->in + c->in_off, n);
+            c->in_off += n;
+            c->fill_off += n;
+            if (c->fill_off < r->h.length)
+                return 0;
+            c->filling = NULL;
+            req_start(r);
+            continue;
+        }
+        if (c->phase != PH_TX || c->closed)
+            return 0;
+        struct nbd_request h;
+        int n = nbd_parse_request(c->in + c->in_off, avail, &h);
+        if (n == 0)
+            return 0;
+        if (n < 0) {
+            kvlog(KVLOG_WARNING, "NBD client %s: bad request magic: closing the connection", c->addr);
+            NBD_ST(c->t, protocol_errors, 1);
+            return -1;
+        }
+        uint64_t need = (h.type == NBD_CMD_READ || h.type == NBD_CMD_WRITE) && h.length <= NBD_MAX_PAYLOAD ? h.length : 0;
+        if (c->inflight && c->inflight + need > NBD_CONN_MAX_INFLIGHT) {
+            c->paused = 1; /* the header stays unparsed until replies are sent */
+            return 0;
+        }
+        c->in_off += (size_t)n;
+        if (request(c, &h) < 0)
+            return -1;
+    }
+}
