@@ -28,6 +28,10 @@
                   consumer applies concurrently (claim/release/second claim), then a
                   drain; checks the applied state, that no node is lost or doubled,
                   and that absorbing and reuse happen; built with each sanitizer
+  nbd_proto_test.c  ext/proto/nbd.c, the NBD protocol's bytes: encoders against exact bytes,
+                  valid options and request headers parsed back (every split of a header), then
+                  mutated and random input to every parser in exact-size buffers;
+                  -fsanitize=address,undefined
   hashenc_fuzz.c  ext/core/hashenc.c, the encoding of a hash: random HSET/HDEL batches
                   against a model (fields in Redis's listpack order), then the decoder and
                   the writers fed damaged encodings and random bytes, each in a buffer of
@@ -126,6 +130,7 @@ BUILDS = {
     "table_ops_stress_asan": (["table_ops_stress.c", *TABLE], ASAN_UBSAN),
     "resp_fuzz_asan": (["resp_fuzz.c", *_ext("proto/resp.c")], ASAN_UBSAN),
     "hashenc_fuzz_asan": (["hashenc_fuzz.c", *_ext("core/hashenc.c", "core/siphash.c")], ASAN_UBSAN),
+    "nbd_proto_test_asan": (["nbd_proto_test.c", *_ext("proto/nbd.c")], ASAN_UBSAN),
     # 4 KiB chunks (1 MiB in the server): records cross many chunk boundaries
     "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN + ["-DWAL_CHUNK_BYTES=4096"]),
     "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN + ["-DWAL_CHUNK_BYTES=4096"]),
@@ -223,6 +228,12 @@ def test_resp_fuzz_asan_ubsan(binaries, seed_offset):
 def test_hashenc_fuzz_asan_ubsan(binaries, seed_offset):
     out = _run(binaries("hashenc_fuzz_asan"), SEED + seed_offset, FUZZ_ITERATIONS)
     assert "values" in out and "valid" in out
+
+
+@pytest.mark.parametrize("seed_offset", [0, 1])
+def test_nbd_proto_asan_ubsan(binaries, seed_offset):
+    out = _run(binaries("nbd_proto_test_asan"), SEED + seed_offset, FUZZ_ITERATIONS)
+    assert "mutated inputs parsed" in out and "encoders exact" in out
 
 
 @pytest.mark.parametrize("build", ["wal_stress_tsan", "wal_stress_asan"])
