@@ -326,9 +326,11 @@ static void conn_read(struct nbd_conn *c)
     for (int round = 0; round < 8 && !c->closed && !c->paused && c->phase != PH_CLOSING; round++) {
         struct nbd_req *f = c->filling;
         ssize_t n;
+        size_t want;
         if (f && c->in_off == c->in_len && f->h.length - c->fill_off >= NBD_IN_CAP / 2) {
             /* a large payload goes straight into its request, not through the input buffer */
-            n = read(c->fd, f->data + c->fill_off, f->h.length - c->fill_off);
+            want = f->h.length - c->fill_off;
+            n = read(c->fd, f->data + c->fill_off, want);
             if (n > 0)
                 c->fill_off += (uint64_t)n;
         } else {
@@ -341,7 +343,8 @@ static void conn_read(struct nbd_conn *c)
             }
             if (c->in_len == NBD_IN_CAP)
                 break; /* full and nothing parsed: the in-flight bound holds it */
-            n = read(c->fd, c->in + c->in_len, NBD_IN_CAP - c->in_len);
+            want = NBD_IN_CAP - c->in_len;
+            n = read(c->fd, c->in + c->in_len, want);
             if (n > 0)
                 c->in_len += (size_t)n;
         }
@@ -357,6 +360,8 @@ static void conn_read(struct nbd_conn *c)
             break;
         }
         process(c);
+        if ((size_t)n < want)
+            break; /* the socket is drained: (level-triggered) epoll reports what comes next */
     }
     set_events(c);
 }
