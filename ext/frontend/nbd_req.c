@@ -197,7 +197,8 @@ static void grant(struct nbd_thread *self, struct nbd_bop *b)
     }
     pthread_mutex_lock(&t->glock);
     b->lnext = t->granted;
-    t->granted = b;
+    /* atomic: the owner peeks at the list without the lock (nbd_req_run_grants) */
+    __atomic_store_n(&t->granted, b, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&t->glock);
     uint64_t one = 1;
     (void)!write(t->evfd, &one, sizeof one);
@@ -322,7 +323,7 @@ void nbd_req_run_grants(struct nbd_thread *t)
     if (__atomic_load_n(&t->granted, __ATOMIC_RELAXED)) { /* a stale NULL only delays to the eventfd's round */
         pthread_mutex_lock(&t->glock);
         struct nbd_bop *g = t->granted;
-        t->granted = NULL;
+        __atomic_store_n(&t->granted, NULL, __ATOMIC_RELAXED);
         pthread_mutex_unlock(&t->glock);
         while (g) {
             struct nbd_bop *b = g;

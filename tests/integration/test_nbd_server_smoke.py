@@ -55,9 +55,6 @@ class Device:
         lib.nbd_get_stats(self.nbd, st)
         return {k: getattr(st, k) for k in dir(st)}
 
-    def info(self):
-        return self.server.info("blockdev") if hasattr(self.server, "info") else ""
-
     def stop(self):
         self.server.stop()
 
@@ -126,6 +123,9 @@ def test_nbdcopy_round_trip_lands_in_the_store(device, tmp_path):
     assert st["writes"] > 0 and st["reads"] > 0
     assert st["kv_puts"] >= len(data) // BS - 1
     assert st["bytes_written"] >= len(data) - BS  # nbdcopy sends the zero block as a zero request
+    info = d.server.info("blockdev")  # INFO blockdev, as redis-cli sees it on the RESP port
+    assert info["blockdev_export"] == "kvstore" and info["blockdev_size"] == SIZE
+    assert info["blockdev_kv_puts"] == st["kv_puts"] and info["blockdev_kv_per_io"] >= 1
 
 
 def test_unaligned_writes_trim_and_zero_over_a_unix_socket(device):
