@@ -171,8 +171,12 @@ static int lock_get(struct nbd_server *s, struct nbd_bop *b)
         e->next = st->list;
         st->list = e;
     }
+    /* b->locked is written under the stripe's lock here and by a grant in
+     * lock_put (another thread, the moment this one lets go): never after */
+    b->locked = 0;
     if (!e->whead && lock_fits(e, b->excl)) {
         lock_take(e, b->excl);
+        b->locked = 1;
     } else {
         b->lnext = NULL;
         if (e->wtail)
@@ -183,7 +187,6 @@ static int lock_get(struct nbd_server *s, struct nbd_bop *b)
         rc = 0;
     }
     pthread_mutex_unlock(&st->m);
-    b->locked = rc == 1;
     return rc;
 }
 

@@ -48,6 +48,10 @@
                   key listing (exactly once, under writes, tickets nobody takes, a damaged
                   block) and expired records reclaimed from blocks nothing writes, with
                   the table's clock moved; built with each sanitizer
+  nbd_server_test.c  the NBD server with the embedded backend on a table and disk log, two
+                  raw clients on a unix socket writing the same unaligned ranges at once
+                  (read-modify-write of the edges): each block part read back is one
+                  writer's, never a mix; FLUSH, FUA, TRIM, WRITE_ZEROES pipelined; TSan, ASan/UBSan
   tls_test.c      ext/core/tls.c over a socketpair: a blocking client thread against a
                   non-blocking server echoing 4 MiB through a small socket (writes stopped
                   and repeated), a client without a certificate refused; each sanitizer
@@ -117,6 +121,7 @@ def layer_sources(*layers):
 
 
 SERVER_LIB = layer_sources("core", "proto", "durability", "engine", "cmd")
+NBD = [str(p) for p in sorted(EXT.glob("frontend/nbd*.c"))]
 LIBS = ["-lssl", "-lcrypto", "-lpthread"]  # after the sources: core/tls.c and the replication link's HMAC use OpenSSL
 
 BUILDS = {
@@ -124,6 +129,9 @@ BUILDS = {
     "tls_test_asan": (["tls_test.c", *_ext("core/tls.c")], ASAN_UBSAN),
     "session_test_tsan": (["session_test.c", *SERVER_LIB], TSAN),
     "session_test_asan": (["session_test.c", *SERVER_LIB], ASAN_UBSAN),
+    # the NBD server (every frontend/nbd*.c: its backends too, however many) over the embedded engine
+    "nbd_server_test_tsan": (["nbd_server_test.c", *SERVER_LIB, *NBD], TSAN),
+    "nbd_server_test_asan": (["nbd_server_test.c", *SERVER_LIB, *NBD], ASAN_UBSAN),
     "table_stress_tsan": (["table_stress.c", *TABLE], TSAN),
     "table_stress_asan": (["table_stress.c", *TABLE], ASAN_UBSAN),
     "table_ops_stress_tsan": (["table_ops_stress.c", *TABLE], TSAN),
@@ -319,6 +327,12 @@ def test_ldu_stress(binaries, build, mode, producers, objects):
 def test_session(binaries, build, tmp_path):
     out = _run(binaries(build), tmp_path)
     assert "load stalls" in out
+
+
+@pytest.mark.parametrize("build", ["nbd_server_test_tsan", "nbd_server_test_asan"])
+def test_nbd_server(binaries, build, tmp_path):
+    out = _run(binaries(build), tmp_path, 400)
+    assert "block parts checked" in out
 
 
 @pytest.mark.parametrize("build", ["tls_test_tsan", "tls_test_asan"])
