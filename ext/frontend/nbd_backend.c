@@ -2,7 +2,6 @@
 #include "frontend/nbd_backend.h"
 
 #include <errno.h>
-#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -24,6 +23,19 @@ const struct nbd_backend_ops *nbd_backend_find(const char *url)
 
 int nbd_key(char *dst, size_t cap, const char *prefix, uint64_t block)
 {
-    int n = snprintf(dst, cap, "%s%" PRIu64, prefix, block);
-    return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : n;
+    /* once per block operation: no snprintf */
+    char digits[20];
+    int nd = 0;
+    do {
+        digits[nd++] = (char)('0' + block % 10);
+        block /= 10;
+    } while (block);
+    size_t pl = strlen(prefix);
+    if (pl + (size_t)nd >= cap)
+        return -ENAMETOOLONG;
+    memcpy(dst, prefix, pl);
+    for (int i = 0; i < nd; i++)
+        dst[pl + (size_t)i] = digits[nd - 1 - i];
+    dst[pl + (size_t)nd] = '\0';
+    return (int)pl + nd;
 }

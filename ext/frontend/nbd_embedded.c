@@ -3,6 +3,7 @@
  * listed client, authenticated) and runs its block operations through ses_run
  * as GET / SET / DEL with argv pointing at the op's key and buffer, so the
  * table, the log and the data file see exactly what a RESP client's requests do.
+ * (A GET the table answers from memory skips the session: see run().)
  *   DONE / HOLD  the op completes now (the write is in memory, visible to every
  *                connection; HOLD's LSN is what a later SYNC waits for)
  *   STALL        the op (and those queued behind it) runs again when the
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "core/table.h"
 #include "durability/wal.h"
 #include "engine/engine.h"
 #include "engine/session.h"
@@ -179,6 +181,20 @@ static int run(struct emb *e, struct nbd_kvop *op, int *rc)
     argv[1] = e->key;
     argl[1] = (size_t)kl;
     int argc = 2;
+    if (op->kind == NBD_KV_GET && !atomic_load_explicit(&e->eng->loading, memory_order_acquire)) {
+        /* The hot path of reads: the block straight from the table into op->buf,
+         * one copy instead of two (the RESP reply, then out of it), no command
+         * dispatch. What the table cannot answer from memory (a key that left it
+         * for the data file, a value that is not a block, another type) goes
+         * through the session's GET below, which loads, stalls and errs as GET does. */
+        int64_t n = kvt_get_copy(e->eng->table, e->key, (size_t)kl, op->buf, e->bs);
+        if (n == -ENOENT || (n >= 0 && n <= e->bs)) {
+            size_t got = n < 0 ? 0 : (size_t)n;
+            memset(op->buf + got, 0, e->bs - got);
+            *rc = 0;
+            return SES_DONE;
+        }
+    }
     switch (op->kind) {
     case NBD_KV_GET: argv[0] = "GET"; argl[0] = 3; break;
     case NBD_KV_PUT:

@@ -28,8 +28,8 @@
 #define NBD_IN_CAP (128u << 10)             /* a connection's input buffer */
 #define NBD_CONN_MAX_INFLIGHT (64u << 20)   /* payload bytes of a connection's unanswered requests */
 #define NBD_MAX_SKIP (4ull * NBD_MAX_PAYLOAD) /* an oversized write's payload is read and dropped up to this */
-#define NBD_POOL_DATA (256u << 10)          /* requests up to this size come from the thread's pool */
-#define NBD_POOL_MAX 256                    /* pooled requests kept per thread */
+#define NBD_POOL_DATA (128u << 10)          /* requests up to this size come from the thread's pool */
+#define NBD_POOL_MAX 128                    /* pooled requests kept per thread */
 #define NBD_LOCK_STRIPES 256
 
 /* epoll watch kinds of the server's own descriptors (backends': NBD_WATCH_BACKEND) */
