@@ -31,6 +31,7 @@
 #define NBD_POOL_DATA (128u << 10)          /* requests up to this size come from the thread's pool */
 #define NBD_POOL_MAX 128                    /* pooled requests kept per thread */
 #define NBD_LOCK_STRIPES 256
+#define NBD_WINDOW 1024u                   /* block operations of one request in flight at once */
 
 /* epoll watch kinds of the server's own descriptors (backends': NBD_WATCH_BACKEND) */
 enum { NBD_WATCH_LISTEN = 2, NBD_WATCH_WAKE = 3, NBD_WATCH_CONN = 4 };
@@ -70,7 +71,8 @@ struct nbd_req {
     uint8_t *data;            /* WRITE payload / READ reply data */
     size_t cap;               /* bytes at data */
     struct nbd_bop *ops;
-    uint32_t nops, ops_cap;
+    uint32_t nops, ops_cap;   /* operations of the current window, room for */
+    uint64_t next_blk, last_blk; /* the next block to submit, the request's last */
     struct nbd_bop sync;      /* FLUSH, FUA */
     uint8_t hdr[NBD_CHUNK_HDR_LEN + 8 + 6 + 96]; /* reply header (and error chunk payload) */
     uint32_t hdr_len;

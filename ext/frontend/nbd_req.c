@@ -73,6 +73,8 @@ static struct nbd_req *req_get(struct nbd_thread *t, uint64_t data, uint32_t nop
     r->pending = 0;
     r->fua_done = 0;
     r->nops = 0;
+    r->next_blk = 1; /* none: FLUSH and requests without blocks */
+    r->last_blk = 0;
     r->hdr_len = 0;
     r->data_len = 0;
     r->sent = 0;
@@ -281,6 +283,7 @@ static int all_zero(const uint8_t *p, size_t n)
 
 static void bop_done(struct nbd_kvop *op);
 static void req_ops_done(struct nbd_req *r);
+static void req_window(struct nbd_req *r);
 
 static void submit(struct nbd_thread *t, struct nbd_bop *b, int kind)
 {
@@ -382,8 +385,12 @@ static void bop_done(struct nbd_kvop *op)
         r->rc = rc;
         NBD_ST(t, backend_errors, 1);
     }
-    if (--r->pending == 0)
-        req_ops_done(r);
+    if (--r->pending == 0) {
+        if (r->next_blk <= r->last_blk && !r->rc)
+            req_window(r); /* the next window of a long request */
+        else
+            req_ops_done(r);
+    }
 }
 
 /* ---- replies */
@@ -483,6 +490,72 @@ static void req_fail(struct nbd_req *r, int err, const char *msg)
     reply(r);
 }
 
+/* Submit the next window of r's blocks (at most NBD_WINDOW operations in
+ * flight per request: a TRIM of a whole device does not allocate an operation
+ * per block). One extra count in r->pending while submitting keeps r from
+ * being answered, and its operations reused, inside the loop (an operation
+ * failed at once completes synchronously). */
+static void req_window(struct nbd_req *r)
+{
+    struct nbd_thread *t = r->c->t;
+    struct nbd_server *s = t->s;
+    uint64_t off = r->h.offset, end = off + r->h.length, mask = s->block_size - 1;
+    uint64_t first = off >> s->bs_shift, last = r->last_blk;
+    int write = r->h.type != NBD_CMD_READ, zero = r->h.type == NBD_CMD_TRIM || r->h.type == NBD_CMD_WRITE_ZEROES;
+    for (;;) {
+        uint64_t blk0 = r->next_blk, left = last - blk0 + 1;
+        uint32_t n = left < NBD_WINDOW ? (uint32_t)left : NBD_WINDOW;
+        r->next_blk += n;
+        r->nops = n;
+        r->pending = n + 1;
+        for (uint32_t i = 0; i < n; i++) {
+            struct nbd_bop *b = &r->ops[i];
+            uint64_t blk = blk0 + i;
+            b->r = r;
+            b->op.block = blk;
+            b->boff = blk == first ? (uint32_t)(off & mask) : 0;
+            b->blen = (uint32_t)((blk == last ? ((end - 1) & mask) + 1 : s->block_size) - b->boff);
+            b->doff = (blk << s->bs_shift) + b->boff - off;
+            b->scratch = NULL;
+            b->locked = 0;
+            b->zero = (uint8_t)zero;
+            b->excl = b->blen != s->block_size;
+        }
+        for (uint32_t i = 0; i < n; i++) {
+            struct nbd_bop *b = &r->ops[i];
+            if (!write) {
+                b->stage = BOP_READ;
+                if (b->excl) {
+                    if (!(b->scratch = block_get(t))) {
+                        b->op.rc = -ENOMEM;
+                        bop_done(&b->op);
+                        continue;
+                    }
+                    b->op.buf = b->scratch;
+                } else {
+                    b->op.buf = (char *)r->data + b->doff;
+                }
+                submit(t, b, NBD_KV_GET);
+                continue;
+            }
+            b->stage = b->excl ? BOP_RMW_GET : BOP_WRITE;
+            int rc = lock_get(s, b);
+            if (rc == 1) {
+                bop_locked(t, b);
+            } else if (rc < 0) {
+                b->op.rc = rc;
+                b->stage = BOP_WRITE; /* nothing held, nothing to undo */
+                bop_done(&b->op);
+            }
+        }
+        if (--r->pending) /* operations out: the last one's bop_done goes on */
+            return;
+        if (r->next_blk > last || r->rc)
+            break;
+    }
+    req_ops_done(r);
+}
+
 /* Split r over its blocks and submit (the data is there for a write). */
 static void req_start(struct nbd_req *r)
 {
@@ -504,55 +577,10 @@ static void req_start(struct nbd_req *r)
         reply(r);
         return;
     }
-    uint64_t off = r->h.offset, end = off + r->h.length, mask = s->block_size - 1;
-    uint64_t first = off >> s->bs_shift, last = (end - 1) >> s->bs_shift;
-    uint32_t n = (uint32_t)(last - first + 1);
-    int write = type != NBD_CMD_READ, zero = type == NBD_CMD_TRIM || type == NBD_CMD_WRITE_ZEROES;
-    r->nops = n;
-    r->pending = n;
+    r->next_blk = r->h.offset >> s->bs_shift;
+    r->last_blk = (r->h.offset + r->h.length - 1) >> s->bs_shift;
     c->active++;
-    for (uint32_t i = 0; i < n; i++) {
-        struct nbd_bop *b = &r->ops[i];
-        uint64_t blk = first + i;
-        uint64_t bstart = blk << s->bs_shift;
-        b->r = r;
-        b->op.block = blk;
-        b->boff = blk == first ? (uint32_t)(off & mask) : 0;
-        b->blen = (uint32_t)((blk == last ? ((end - 1) & mask) + 1 : s->block_size) - b->boff);
-        b->doff = bstart + b->boff - off;
-        b->scratch = NULL;
-        b->locked = 0;
-        b->zero = (uint8_t)zero;
-        b->excl = b->blen != s->block_size;
-    }
-    /* r may be answered (and freed) by the last submit: n, not r->nops, bounds the loop */
-    for (uint32_t i = 0; i < n; i++) {
-        struct nbd_bop *b = &r->ops[i];
-        if (!write) {
-            b->stage = BOP_READ;
-            if (b->excl) {
-                if (!(b->scratch = block_get(t))) {
-                    b->op.rc = -ENOMEM;
-                    bop_done(&b->op);
-                    continue;
-                }
-                b->op.buf = b->scratch;
-            } else {
-                b->op.buf = (char *)r->data + b->doff;
-            }
-            submit(t, b, NBD_KV_GET);
-            continue;
-        }
-        b->stage = b->excl ? BOP_RMW_GET : BOP_WRITE;
-        int rc = lock_get(s, b);
-        if (rc == 1) {
-            bop_locked(t, b);
-        } else if (rc < 0) {
-            b->op.rc = rc;
-            b->stage = BOP_WRITE; /* nothing held, nothing to undo */
-            bop_done(&b->op);
-        }
-    }
+    req_window(r);
 }
 
 /* ---- request headers */
@@ -598,9 +626,7 @@ static int request(struct nbd_conn *c, const struct nbd_request *h)
     if (ranged && h->length && h->offset < s->size && h->length <= s->size - h->offset &&
         (type != NBD_CMD_READ && type != NBD_CMD_WRITE ? 1 : h->length <= NBD_MAX_PAYLOAD))
         nops = ((h->offset + h->length - 1) >> s->bs_shift) - (h->offset >> s->bs_shift) + 1;
-    if (nops > (1u << 30)) /* a TRIM of a huge range: the operations would not fit a request */
-        nops = 0;
-    struct nbd_req *r = req_get(t, data, (uint32_t)nops);
+    struct nbd_req *r = req_get(t, data, (uint32_t)(nops < NBD_WINDOW ? nops : NBD_WINDOW));
     if (!r) {
         kvlog(KVLOG_WARNING, "NBD client %s: out of memory for a request: closing the connection", c->addr);
         return -1;
@@ -640,8 +666,6 @@ static int request(struct nbd_conn *c, const struct nbd_request *h)
     if (h->offset > s->size || h->length > s->size - h->offset)
         return reject(c, r, type == NBD_CMD_WRITE || type == NBD_CMD_WRITE_ZEROES ? -ENOSPC : -EINVAL,
                       "offset beyond end");
-    if (!nops && h->length)
-        return reject(c, r, -EINVAL, "range too large");
     if (type == NBD_CMD_WRITE && h->length) {
         c->filling = r; /* started once its payload is in */
         c->fill_off = 0;

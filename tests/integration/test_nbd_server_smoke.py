@@ -126,6 +126,11 @@ def test_nbdcopy_round_trip_lands_in_the_store(device, tmp_path):
     info = d.server.info("blockdev")  # INFO blockdev, as redis-cli sees it on the RESP port
     assert info["blockdev_export"] == "kvstore" and info["blockdev_size"] == SIZE
     assert info["blockdev_kv_puts"] == st["kv_puts"] and info["blockdev_kv_per_io"] >= 1
+    # one read of the whole device (4096 blocks: four windows of operations), then one TRIM of it
+    out = nbdsh(d.uri, "import hashlib\nprint(hashlib.sha256(h.pread(h.get_size(), 0)).hexdigest())\n"
+                       "h.trim(h.get_size(), 0)\nprint(h.pread(h.get_size(), 0) == bytes(h.get_size()))")
+    assert out.split() == [hashlib.sha256(got).hexdigest(), "True"]
+    assert len(d.store) == 0  # every block gone: no KV memory for zeros
 
 
 def test_unaligned_writes_trim_and_zero_over_a_unix_socket(device):
