@@ -29,8 +29,9 @@ PLAIN_C_CONFIG = kvserver.c_config  # Server.start's, before any test wraps it
 class Device:
     """A kvstore Server serving RESP and, through kv_config.nbd, a block device."""
 
-    def __init__(self, monkeypatch, tmp_path, durability="none", unix=False, read_only=False, threads=2):
-        self.store = Store()
+    def __init__(self, monkeypatch, tmp_path, durability="none", unix=False, read_only=False, threads=2,
+                 max_memory=0):
+        self.store = Store(max_memory=max_memory)
         self._keep = [ffi.new("char[]", b"127.0.0.1"), ffi.new("char[]", b"kvstore"), ffi.new("char[]", b"embedded"),
                       ffi.new("char[]", str(tmp_path / "nbd.sock").encode())]
         cfg = ffi.new("struct nbd_config *")
@@ -41,7 +42,8 @@ class Device:
         cfg.read_only, cfg.max_clients = int(read_only), 64
         self.cfg = cfg
         monkeypatch.setattr(kvserver, "c_config", lambda config, **extra: PLAIN_C_CONFIG(config, nbd=cfg, **extra))
-        self.server = Server(self.store, port=0, threads=1, durability=durability, data_dir=str(tmp_path / "data"))
+        self.server = Server(self.store, port=0, threads=1, durability=durability, data_dir=str(tmp_path / "data"),
+                             max_memory=max_memory)
         self.server.start()
         self.nbd = lib.srv_nbd(self.server._srv)
         assert self.nbd != ffi.NULL
@@ -200,3 +202,21 @@ def test_create_errors_name_the_setting():
     cfg.backend = keep[-1]
     assert lib.nbd_create(out, cfg, ffi.NULL, err, 256) < 0
     assert "unknown backend 'nosuch://x'" in ffi.string(err).decode()
+
+
+def test_blocks_that_left_memory_for_the_data_file(device, tmp_path):
+    """durability disk with memory far below the device: blocks are flushed to the data file
+    and leave memory; reading them back goes through the session's GET, which stalls for the
+    load and resumes on the thread's eventfd."""
+    need("nbdcopy")
+    d = device(durability="disk", max_memory=4 << 20)
+    data = os.urandom(SIZE)
+    src, back = tmp_path / "src.img", tmp_path / "back.img"
+    src.write_bytes(data)
+    run("nbdcopy", str(src), d.uri)
+    run("nbdcopy", d.uri, str(back))
+    assert hashlib.sha256(back.read_bytes()).digest() == hashlib.sha256(data).digest()
+    assert d.stats()["errors"] == 0
+    info = d.server.info("everything")
+    assert info["used_memory"] <= 4 << 20 and info["memory_keys"] < SIZE // BS  # most blocks left memory
+    assert info["datafile_loads"] >= SIZE // BS // 2  # and were read back from the data file
