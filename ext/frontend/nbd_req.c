@@ -613,18 +613,46 @@ static int reject(struct nbd_conn *c, struct nbd_req *r, int err, const char *ms
     return 0;
 }
 
-/* One request header: check it, then start it or wait for its payload. */
+/* The error a request gets before anything runs (*msg says why), or 0. Checked
+ * before anything is allocated for it. */
+static int check_request(const struct nbd_conn *c, const struct nbd_request *h, const char **msg)
+{
+    const struct nbd_server *s = c->t->s;
+    int type = h->type;
+    if (type != NBD_CMD_READ && type != NBD_CMD_WRITE && type != NBD_CMD_FLUSH && type != NBD_CMD_TRIM &&
+        type != NBD_CMD_WRITE_ZEROES)
+        return *msg = "unknown command", -EINVAL;
+    if (h->flags & ~flags_ok(c, (uint16_t)type))
+        return *msg = "unsupported flags", -EINVAL;
+    if (type == NBD_CMD_FLUSH)
+        return 0;
+    if (type != NBD_CMD_READ && s->read_only)
+        return *msg = "the export is read-only", -EPERM;
+    if ((type == NBD_CMD_READ || type == NBD_CMD_WRITE) && h->length > NBD_MAX_PAYLOAD)
+        return *msg = "request too large", type == NBD_CMD_READ && (h->flags & NBD_CMD_FLAG_DF) ? -EOVERFLOW : -EINVAL;
+    if (h->offset > s->size || h->length > s->size - h->offset)
+        return *msg = "offset beyond end", type == NBD_CMD_WRITE || type == NBD_CMD_WRITE_ZEROES ? -ENOSPC : -EINVAL;
+    return 0;
+}
+
+/* One request header: check it, then start it, wait for its payload, or answer
+ * its error at once (its payload, if any, dropped as it arrives). */
 static int request(struct nbd_conn *c, const struct nbd_request *h)
 {
     struct nbd_thread *t = c->t;
     struct nbd_server *s = t->s;
     int type = h->type;
-    int needs_data = type == NBD_CMD_READ || type == NBD_CMD_WRITE;
-    uint64_t data = needs_data && h->length <= NBD_MAX_PAYLOAD ? h->length : 0;
-    int ranged = type == NBD_CMD_READ || type == NBD_CMD_WRITE || type == NBD_CMD_TRIM || type == NBD_CMD_WRITE_ZEROES;
-    uint64_t nops = 0;
-    if (ranged && h->length && h->offset < s->size && h->length <= s->size - h->offset &&
-        (type != NBD_CMD_READ && type != NBD_CMD_WRITE ? 1 : h->length <= NBD_MAX_PAYLOAD))
+    if (type == NBD_CMD_DISC) {
+        c->phase = PH_CLOSING; /* replies still due go out, then the connection closes */
+        nbd_conn_want_write(c);
+        return 0;
+    }
+    const char *msg = NULL;
+    int err = check_request(c, h, &msg);
+    uint64_t data = 0, nops = 0;
+    if (!err && (type == NBD_CMD_READ || type == NBD_CMD_WRITE))
+        data = h->length;
+    if (!err && type != NBD_CMD_FLUSH && h->length)
         nops = ((h->offset + h->length - 1) >> s->bs_shift) - (h->offset >> s->bs_shift) + 1;
     struct nbd_req *r = req_get(t, data, (uint32_t)(nops < NBD_WINDOW ? nops : NBD_WINDOW));
     if (!r) {
@@ -638,34 +666,15 @@ static int request(struct nbd_conn *c, const struct nbd_request *h)
     NBD_ST(t, inflight, 1);
     NBD_ST(t, inflight_sum, st_get(&t->st[offsetof(struct nbd_stats, inflight) / sizeof(uint64_t)]));
     NBD_ST(t, inflight_samples, 1);
-    if (h->flags & ~flags_ok(c, (uint16_t)type))
-        return reject(c, r, -EINVAL, "unsupported flags");
     switch (type) {
     case NBD_CMD_READ: NBD_ST(t, reads, 1); break;
     case NBD_CMD_WRITE: NBD_ST(t, writes, 1); break;
     case NBD_CMD_FLUSH: NBD_ST(t, flushes, 1); break;
     case NBD_CMD_TRIM: NBD_ST(t, trims, 1); break;
     case NBD_CMD_WRITE_ZEROES: NBD_ST(t, zeroes, 1); break;
-    case NBD_CMD_DISC:
-        nbd_req_free(t, r);
-        c->phase = PH_CLOSING; /* replies still due go out, then the connection closes */
-        nbd_conn_want_write(c);
-        return 0;
-    default: return reject(c, r, -EINVAL, "unknown command");
     }
-    if (type == NBD_CMD_FLUSH) {
-        req_start(r);
-        return 0;
-    }
-    int writes = type != NBD_CMD_READ;
-    if (writes && s->read_only)
-        return reject(c, r, -EPERM, "the export is read-only");
-    if (needs_data && h->length > NBD_MAX_PAYLOAD)
-        return reject(c, r, type == NBD_CMD_READ && (h->flags & NBD_CMD_FLAG_DF) ? -EOVERFLOW : -EINVAL,
-                      "request too large");
-    if (h->offset > s->size || h->length > s->size - h->offset)
-        return reject(c, r, type == NBD_CMD_WRITE || type == NBD_CMD_WRITE_ZEROES ? -ENOSPC : -EINVAL,
-                      "offset beyond end");
+    if (err)
+        return reject(c, r, err, msg);
     if (type == NBD_CMD_WRITE && h->length) {
         c->filling = r; /* started once its payload is in */
         c->fill_off = 0;
