@@ -349,6 +349,13 @@ static void conn_read(struct nbd_conn *c)
                 c->in_len += (size_t)n;
         }
         if (n == 0) {
+            /* end of the client's stream (it may only have shut down its side, after
+             * DISCONNECT): requests already in run and their replies still go out */
+            if ((c->active || c->out_head) && !c->filling && c->phase == PH_TX) {
+                c->phase = PH_CLOSING;
+                nbd_conn_want_write(c);
+                break;
+            }
             conn_close(c);
             return;
         }

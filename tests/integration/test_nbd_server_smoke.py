@@ -9,6 +9,8 @@ protocol suites are tests/integration/test_blockdev_clients.py and test_nbd_prot
 import hashlib
 import json
 import os
+import socket
+import struct
 import subprocess
 
 import pytest
@@ -220,3 +222,34 @@ def test_blocks_that_left_memory_for_the_data_file(device, tmp_path):
     info = d.server.info("everything")
     assert info["used_memory"] <= 4 << 20 and info["memory_keys"] < SIZE // BS  # most blocks left memory
     assert info["datafile_loads"] >= SIZE // BS // 2  # and were read back from the data file
+
+
+def _recv(s, n):
+    b = b""
+    while len(b) < n:
+        chunk = s.recv(n - len(b))
+        assert chunk, f"end of stream after {len(b)} of {n} bytes"
+        b += chunk
+    return b
+
+
+def test_disconnect_after_a_burst_still_answers_it(device):
+    """Requests sent with DISCONNECT and a shutdown of the client's side in one burst are all
+    answered before the server closes, as the protocol asks (raw socket: the newstyle handshake,
+    64 WRITEs with FUA, which wait for the log's fsync, then DISC)."""
+    d = device(durability="disk")
+    s = socket.create_connection(("127.0.0.1", lib.nbd_port(d.nbd)), timeout=10)
+    assert _recv(s, 18)[:16] == b"NBDMAGICIHAVEOPT"
+    s.sendall(struct.pack(">I", 3) + struct.pack(">QII", 0x49484156454F5054, 7, 6) + struct.pack(">IH", 0, 0))
+    while True:  # INFO replies, then ACK
+        _, _, rtype, length = struct.unpack(">QIII", _recv(s, 20))
+        _recv(s, length)
+        if rtype == 1:
+            break
+    burst = b"".join(struct.pack(">IHHQQI", 0x25609513, 1, 1, i, i * BS, BS) + bytes([i + 1]) * BS for i in range(64))
+    s.sendall(burst + struct.pack(">IHHQQI", 0x25609513, 0, 2, 99, 0, 0))
+    s.shutdown(socket.SHUT_WR)
+    replies = [struct.unpack(">IIQ", _recv(s, 16)) for _ in range(64)]
+    assert sorted(r[2] for r in replies) == list(range(64)) and all(r[:2] == (0x67446698, 0) for r in replies)
+    assert s.recv(1) == b""  # then it closes
+    assert d.store.get(b"nbd:kvstore:63") == bytes([64]) * BS
