@@ -259,7 +259,7 @@ void nbd_destroy(struct nbd_server *s)
         close(s->unix_fd);
         unlink(s->unix_path);
     }
-    nbd_req_locks_free(s);
+    nbd_locks_free(s);
     free(s->bind);
     free(s->unix_path);
     free(s->export_name);

@@ -1,7 +1,8 @@
 /* nbd_int.h - the NBD server's internals, shared by its files:
  *   nbd.c        lifecycle (config checked, listeners, threads), stats, INFO, fe_nbd
  *   nbd_conn.c   a worker thread's loop, accept hand-off, connection I/O, the handshake
- *   nbd_req.c    requests -> block operations, replies, the block-lock table
+ *   nbd_req.c    requests -> block operations, replies
+ *   nbd_lock.c   the block-lock table
  * A worker thread owns its epoll, its connections, their requests and its backend
  * context; other threads reach it only through its fd queue and its grant list
  * (both under a mutex, each push followed by a write to its eventfd).
@@ -170,7 +171,15 @@ void nbd_req_free(struct nbd_thread *t, struct nbd_req *r);
 /* Run the lock grants other threads (and this one) made for this thread's ops. */
 void nbd_req_run_grants(struct nbd_thread *t);
 void nbd_req_pool_free(struct nbd_thread *t);
-/* Free the lock table's entries (the threads are stopped). */
-void nbd_req_locks_free(struct nbd_server *s);
+
+/* nbd_lock.c: the block-lock table. A bop locks b->op.block, exclusively if
+ * b->excl (a read-modify-write), else shared (a full-block write).
+ * nbd_lock_get: 1 held now (b->locked), 0 queued: the grant arrives through
+ * the owner thread's ready / granted lists (nbd_req_run_grants), -ENOMEM.
+ * nbd_lock_put: release b's lock if held, granting waiters in arrival order.
+ * nbd_locks_free: the entries, once the threads are stopped. */
+int nbd_lock_get(struct nbd_server *s, struct nbd_bop *b);
+void nbd_lock_put(struct nbd_thread *self, struct nbd_bop *b);
+void nbd_locks_free(struct nbd_server *s);
 
 #endif
