@@ -456,8 +456,10 @@ static int reject(struct nbd_conn *c, struct nbd_req *r, int err, const char *ms
 {
     if (r->h.type == NBD_CMD_WRITE) {
         if (r->h.length > NBD_MAX_SKIP) {
-            kvlog(KVLOG_WARNING, "NBD client %s: write of %u bytes is past every bound: closing the connection",
-                  c->addr, r->h.length);
+            static struct kvlog_rate rate = KVLOG_RATE_INIT(20);
+            kvlog_rated(&rate, KVLOG_WARNING,
+                        "NBD client %s: write of %u bytes is past every bound: closing the connection", c->addr,
+                        r->h.length);
             nbd_req_free(c->t, r);
             return -1;
         }
@@ -570,7 +572,8 @@ int nbd_req_input(struct nbd_conn *c)
         if (n == 0)
             return 0;
         if (n < 0) {
-            kvlog(KVLOG_WARNING, "NBD client %s: bad request magic: closing the connection", c->addr);
+            static struct kvlog_rate rate = KVLOG_RATE_INIT(20); /* a client may send many: the log stays readable */
+            kvlog_rated(&rate, KVLOG_WARNING, "NBD client %s: bad request magic: closing the connection", c->addr);
             NBD_ST(c->t, protocol_errors, 1);
             return -1;
         }
