@@ -96,6 +96,7 @@ SPEC = [
     ("core/ldu.h", ["struct ldu_node", "struct ldu_obj", "struct ldu_queue", "ldu_obj_init", "ldu_queue_init",
                     "ldu_log", "ldu_defer", "ldu_take", "ldu_reverse", "ldu_claim", "ldu_release"]),
     ("server/server.h", ["srv_set_loading", "srv_attach"]),  # a node waiting for its state (identity)
+    ("frontend/nbd_netkv.h", ["struct nk_url", "nk_parse_url"]),  # the block device's backend URLs (tests)
 ]
 
 

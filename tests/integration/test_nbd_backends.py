@@ -1,0 +1,239 @@
+"""The block device's network backends (ext/frontend/nbd_resp.c, nbd_memcache.c over
+nbd_netkv.c) against real servers started here: redis-server, memcached and a kvstore
+node. tests/c/nbd_backend_test.c (built with ASan/UBSan) opens backend contexts on an
+epoll and drives them as the NBD server does: pipelined GET/PUT/DEL/SYNC of many
+blocks, absent blocks read as zeros, one block's operations in order, 32 requests of a
+128 KiB I/O in one writev (the client's counters), a pipeline larger than the socket
+buffers; the open's errors (AUTH refused, the wrong kind of server, nothing
+listening); the server stopped with operations in flight and killed: they complete
+with EIO, and the context reconnects once the server is back on the same port (with a
+kvstore node in disk mode, every write completed before the kill reads back)."""
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from helpers.servers import PASSWORD, free_port, need
+from kvstore import Node
+from kvstore.process import Process
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+EXT = ROOT / "ext"
+BIN = ROOT / "tests" / "c" / "bin"
+SOURCES = ["tests/c/nbd_backend_test.c", "ext/frontend/nbd_netkv.c", "ext/frontend/nbd_netkv_open.c",
+           "ext/frontend/nbd_resp.c", "ext/frontend/nbd_memcache.c", "ext/core/log.c"]
+FLAGS = ["-std=gnu11", "-g", "-O1", "-Wall", "-Wno-unused-parameter", "-pthread", f"-I{EXT}",
+         "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
+ENV = {"ASAN_OPTIONS": "abort_on_error=1:detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
+BAD_BLOCK = 999999
+
+pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+
+@pytest.fixture(scope="module")
+def binary():
+    BIN.mkdir(exist_ok=True)
+    out = BIN / "nbd_backend_test_asan"
+    tmp = BIN / f".nbd_backend_test.{uuid.uuid4().hex}"
+    cmd = ["gcc", *FLAGS, *[str(ROOT / s) for s in SOURCES], "-o", str(tmp)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        pytest.fail(f"build failed:\n$ {shlex.join(cmd)}\n{r.stderr[-5000:]}")
+    os.replace(tmp, out)
+    return out
+
+
+# ---------------------------------------------------------------- servers on a port we pick
+
+class Server:
+    """redis-server, memcached or a kvstore node on a fixed port, so that it can be
+    killed and started again where the backend reconnects."""
+
+    def __init__(self, kind, *, password=None, durability="none"):
+        self.kind, self.password, self.durability = kind, password, durability
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix=f"nbd-{kind}-")
+        self.proc = self.node = None
+
+    @property
+    def url(self):
+        auth = f":{self.password}@" if self.password else ""
+        return f"{self.kind}://{auth}127.0.0.1:{self.port}"
+
+    @property
+    def pid(self):
+        return self.node.pid if self.node else self.proc.pid
+
+    def start(self):
+        if self.kind == "kvstore":
+            settings = {"requirepass": self.password} if self.password else {}
+            self.node = Node(port=self.port, data_dir=self.dir, durability=self.durability, threads=1,
+                             **settings).start(timeout=60)
+            return self
+        if self.kind == "redis":
+            need("redis-server")
+            argv = ["redis-server", "--port", self.port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                    "--dir", self.dir, "--daemonize", "no", "--logfile", ""]
+            if self.password:
+                argv += ["--requirepass", self.password]
+        else:
+            need("memcached")
+            argv = ["memcached", "-p", self.port, "-U", "0", "-l", "127.0.0.1", "-t", "1", "-M"]
+            if os.geteuid() == 0:
+                argv += ["-u", "root"]
+        self.proc = Process(argv, port=self.port, log_path=os.path.join(self.dir, "server.log")).start(15)
+        return self
+
+    def stop(self, sig=signal.SIGTERM):
+        if self.node:
+            self.node.stop(timeout=30, sig=sig)
+            self.node = None
+        if self.proc:
+            self.proc.stop(timeout=10, sig=sig)
+            self.proc = None
+
+    def set_raw(self, key, value):
+        """Store value under key with a plain client (a value the backend did not write)."""
+        with socket.create_connection(("127.0.0.1", self.port), 10) as s:
+            if self.kind == "memcached":
+                s.sendall(b"ms %s %d\r\n%s\r\n" % (key, len(value), value))
+            else:
+                auth = b"AUTH %s\r\n" % self.password.encode() if self.password else b""
+                s.sendall(auth + b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(key), key, len(value), value))
+            want = b"HD\r\n" if self.kind == "memcached" else b"+OK\r\n" * (2 if self.password else 1)
+            got = b""
+            while len(got) < len(want):
+                got += s.recv(100)
+            assert got == want, got
+
+    def close(self):
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def server_of():
+    made = []
+
+    def make(kind, **kw):
+        s = Server(kind, **kw).start()
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.close()
+
+
+def run(binary, *args, timeout=120):
+    cmd = [str(binary), *map(str, args)]
+    r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", env={**os.environ, **ENV},
+                       timeout=timeout)
+    out = r.stdout + r.stderr
+    bad = [m for m in SANITIZER_MARKERS if m in out]
+    assert r.returncode == 0 and not bad, f"exit {r.returncode}, {bad}\n$ {shlex.join(cmd)}\n{out[-6000:]}"
+    assert r.stdout.rstrip().endswith("ok"), out[-3000:]
+    return r.stdout
+
+
+def prefix():
+    return f"nbdtest:{uuid.uuid4().hex[:8]}:"
+
+
+# ---------------------------------------------------------------- tests
+
+@pytest.mark.parametrize("kind", ["redis", "memcached", "kvstore"])
+def test_pipelined_blocks(binary, server_of, kind):
+    srv = server_of(kind)
+    p = prefix()
+    srv.set_raw(f"{p}{BAD_BLOCK}".encode(), b"short")  # not a block: a GET of it must fail, not pass it on
+    out = run(binary, srv.url, p, "basic", BAD_BLOCK)
+    assert "32 GETs in 1 writev" in out and "wrong-length value: EIO" in out
+
+
+def test_redis_password_and_database(binary, server_of):
+    srv = server_of("redis", password=PASSWORD)
+    out = run(binary, srv.url + "/0", prefix(), "basic")
+    assert "32 GETs in 1 writev" in out
+
+
+def test_kvstore_password(binary, server_of):
+    srv = server_of("kvstore", password=PASSWORD)
+    run(binary, srv.url, prefix(), "basic")
+
+
+def open_error(binary, url):
+    out = run(binary, url, "nbd:", "openfail")
+    return out.split("open failed: ", 1)[1]
+
+
+def test_open_errors(binary, server_of):
+    red = server_of("redis", password=PASSWORD)
+    mc = server_of("memcached")
+    port = red.port
+    msg = open_error(binary, f"redis://:wrong@127.0.0.1:{port}")
+    assert msg.startswith(f"{-13}:") and "AUTH refused: WRONGPASS" in msg, msg      # -EACCES
+    msg = open_error(binary, f"redis://127.0.0.1:{port}")
+    assert "NOAUTH" in msg, msg
+    msg = open_error(binary, f"kvstore://:{PASSWORD}@127.0.0.1:{port}")
+    assert "is not a kvstore node" in msg and "redis://" in msg, msg
+    msg = open_error(binary, f"redis://127.0.0.1:{mc.port}")
+    assert "unexpected reply" in msg, msg
+    msg = open_error(binary, f"memcached://:pw@127.0.0.1:{mc.port}")
+    assert "no password accepted" in msg, msg
+    msg = open_error(binary, f"redis://127.0.0.1:{free_port()}")
+    assert "cannot connect to redis://127.0.0.1:" in msg and "refused" in msg, msg
+
+
+@pytest.mark.parametrize("kind, durability", [("redis", "none"), ("memcached", "none"), ("kvstore", "disk")])
+def test_server_killed_mid_flight(binary, server_of, kind, durability):
+    srv = server_of(kind, durability=durability)
+    cmd = [str(binary), srv.url, prefix(), "kill"] + (["durable"] if durability == "disk" else [])
+    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, **ENV})
+    said = []
+
+    def expect(word):
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = child.stdout.readline()
+            if not line:
+                break
+            said.append(line)
+            if line.strip() == word:
+                return
+            assert not line.startswith("FAIL"), "".join(said) + child.stderr.read()[-4000:]
+        pytest.fail(f"no {word}: " + "".join(said) + child.stderr.read()[-4000:])
+
+    try:
+        expect("FREEZE")
+        os.kill(srv.pid, signal.SIGSTOP)  # requests pile up unanswered
+        child.stdin.write("frozen\n")
+        child.stdin.flush()
+        expect("KILL")
+        srv.stop(sig=signal.SIGKILL)      # the kernel resets its connections
+        child.stdin.write("killed\n")
+        child.stdin.flush()
+        expect("RESTART")
+        srv.start()                       # the same port (and data dir)
+        child.stdin.write("restarted\n")
+        child.stdin.flush()
+        out, err = child.communicate(timeout=90)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    out = "".join(said) + out
+    bad = [m for m in SANITIZER_MARKERS if m in err]
+    assert child.returncode == 0 and not bad and out.rstrip().endswith("ok"), out + err[-4000:]
+    assert "failed with EIO" in out and "reconnected" in out
+    assert "lost:" in err  # the log line that says why
