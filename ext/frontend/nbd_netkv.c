@@ -82,9 +82,12 @@ static int make_key(const struct nk_ctx *x, uint64_t block, char *dst)
     return (int)(nk_put_num(dst + x->prefix_len, block) - dst);
 }
 
+/* Make the thread's loop call on_event for the ready list. Inside on_event no
+ * write is needed (it drains the list before it returns): in_event stands for
+ * the signal there, so a SYNC submitted from a completion costs no system call. */
 static void kick(struct nk_ctx *x)
 {
-    if (x->kicked)
+    if (x->kicked || x->in_event)
         return;
     uint64_t one = 1;
     if (write(x->evfd, &one, sizeof one) == sizeof one)
@@ -598,6 +601,7 @@ static void timer_event(struct nk_ctx *x)
 void nk_on_event(void *ctx, struct nbd_watch *w, uint32_t events)
 {
     struct nk_ctx *x = ctx;
+    x->in_event = 1;
     if (w == &x->evw) {
         uint64_t v;
         if (read(x->evfd, &v, sizeof v) < 0) {
@@ -613,6 +617,10 @@ void nk_on_event(void *ctx, struct nbd_watch *w, uint32_t events)
         conn_event((struct nk_conn *)w, events);
     }
     drain_ready(x);
+    x->in_event = 0;
+    for (int i = 0; i < x->nconns; i++)
+        if (x->conns[i].broken) /* a write failed in a completion: reset from the next event */
+            kick(x);
 }
 
 /* ---------------------------------------------------------------- submit */

@@ -74,7 +74,7 @@ struct nk_ctx {
     uint32_t block_size;
     int thread, epfd, nconns;
     struct nk_conn *conns;
-    int evfd, tfd, kicked;
+    int evfd, tfd, kicked, in_event;
     struct nbd_watch evw, tw;
     struct nk_list ready;     /* completed without a reply, done not yet called */
     char *scratch;            /* NK_SCRATCH, while open runs */

@@ -311,10 +311,18 @@ int nk_parse_url(const char *url, struct nk_url *u, char *err, size_t errlen)
         if (strlen(url_schemes[i].scheme) == slen && !strncmp(url, url_schemes[i].scheme, slen))
             known = (int)i;
     if (known < 0) {
-        snprintf(err, errlen, "backend \"%.200s\": unknown scheme: expected embedded, " URL_FORMS, url);
+        size_t shown = sep ? slen : strcspn(url, ":@"); /* never the credentials */
+        snprintf(err, errlen, "backend \"%.*s%s\": unknown scheme: expected embedded, " URL_FORMS,
+                 (int)(shown > 64 ? 64 : shown), url, sep ? "://..." : "");
         return -EINVAL;
     }
     snprintf(u->scheme, sizeof u->scheme, "%s", url_schemes[known].scheme);
+    /* messages show the URL without its credentials */
+    char shown[NK_HOST_MAX + 64];
+    const char *cred_end = strrchr(sep + 3, '@');
+    snprintf(shown, sizeof shown, "%s://%s%.*s", u->scheme, cred_end ? "***@" : "", NK_HOST_MAX,
+             cred_end ? cred_end + 1 : sep + 3);
+    url = shown;
     u->port = url_schemes[known].port;
     const char *s = sep + 3, *end = s + strlen(s);
     const char *slash = memchr(s, '/', (size_t)(end - s));
