@@ -195,8 +195,17 @@ static void basic(const char *url, const char *prefix, long badblock)
     be->flush(a);
     all_ok(ops, 1, "SYNC");
 
-    /* 128 KiB = 32 blocks: 32 requests leave in one writev on context b (1 connection) */
+    /* 128 KiB = 32 blocks: 32 requests leave in one writev on context b (1
+       connection). PUTs first, on a context that has sent nothing yet: the first
+       writev carries all 32 (it may not send all their bytes at once) */
     struct nk_counters c0, c1;
+    for (int i = 0; i < 32; i++)
+        submit(b, &ops[i], NBD_KV_PUT, 64 + (uint64_t)i, 4);
+    be->flush(b);
+    nk_get_counters(b, &c0);
+    CHECK(c0.max_requests_per_writev == 32, "32 PUTs: one writev carried at most %llu requests",
+          (unsigned long long)c0.max_requests_per_writev);
+    all_ok(ops, 32, "32 PUTs");
     nk_get_counters(b, &c0);
     for (int i = 0; i < 32; i++)
         submit(b, &ops[i], NBD_KV_GET, 64 + (uint64_t)i, 0);
@@ -207,16 +216,8 @@ static void basic(const char *url, const char *prefix, long badblock)
           (unsigned long long)(c1.requests_sent - c0.requests_sent));
     all_ok(ops, 32, "32 GETs");
     for (int i = 0; i < 32; i++)
-        expect_block(&ops[i], 64 + (uint64_t)i, (64 + i) % 2 ? 0 : 1, "GET through the second context");
-    for (int i = 0; i < 32; i++)
-        submit(b, &ops[i], NBD_KV_PUT, 64 + (uint64_t)i, 4);
-    be->flush(b);
-    nk_get_counters(b, &c0);
-    CHECK(c0.max_requests_per_writev >= 32, "32 PUTs: one writev carried at most %llu requests",
-          (unsigned long long)c0.max_requests_per_writev);
-    all_ok(ops, 32, "32 PUTs");
-    printf("128 KiB: 32 GETs in 1 writev, 32 PUTs (%llu requests in one writev)\n",
-           (unsigned long long)c0.max_requests_per_writev);
+        expect_block(&ops[i], 64 + (uint64_t)i, 4, "GET through the second context");
+    printf("128 KiB: 32 PUTs in one writev call, 32 GETs in 1 writev\n");
 
     /* a pipeline larger than the socket buffers: 8 MiB of PUTs, then GETs */
     for (int i = 0; i < BIG; i++)
