@@ -140,6 +140,8 @@ const char *nk_conn_scratch(const struct nk_conn *c) { return c->ctx->scratch ? 
 
 /* ---------------------------------------------------------------- output */
 
+static void arm_timer(struct nk_ctx *x);
+
 static void *grow(void *p, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap)
@@ -194,6 +196,10 @@ static void encode_queue(struct nk_conn *c)
     struct nk_ctx *x = c->ctx;
     struct nbd_kvop *op;
     char key[NK_KEY_MAX + 24];
+    if (!c->inflight.head && c->sendq.head) {
+        c->stall_since_ms = nk_now_ms(); /* idle until now: replies are awaited from here */
+        c->seen_replies = c->replies;
+    }
     while ((op = list_pop(&c->sendq))) {
         c->req_start = 1;
         int klen = is_internal(op) ? 0 : make_key(x, op->block, key);
@@ -259,6 +265,8 @@ void nk_flush_conn(struct nk_conn *c)
     if (c->state != NK_UP || c->broken || (!c->sendq.head && c->seg_pos == c->nseg))
         return;
     encode_queue(c);
+    if (!c->ctx->timer_at)
+        arm_timer(c->ctx); /* the stall check */
     if (c->events & EPOLLOUT)
         return; /* the socket is full: EPOLLOUT sends the rest */
     int rc = nk_write_out(c);
@@ -271,17 +279,24 @@ void nk_flush_conn(struct nk_conn *c)
 
 /* ---------------------------------------------------------------- connections */
 
+/* The timer's next deadline: the earliest reconnect, and while requests are in
+ * flight a stall check every NK_STALL_MS / 4. An earlier deadline already armed is
+ * kept; timer_at is 0 while disarmed. */
 static void arm_timer(struct nk_ctx *x)
 {
-    uint64_t next = 0;
-    for (int i = 0; i < x->nconns; i++)
-        if (x->conns[i].state == NK_DOWN && (!next || x->conns[i].next_try_ms < next))
-            next = x->conns[i].next_try_ms;
-    if (!next || x->tfd < 0)
+    uint64_t now = nk_now_ms(), next = 0;
+    for (int i = 0; i < x->nconns; i++) {
+        const struct nk_conn *c = &x->conns[i];
+        uint64_t t = c->state == NK_DOWN ? c->next_try_ms : c->inflight.head ? now + NK_STALL_MS / 4 : 0;
+        if (t && (!next || t < next))
+            next = t;
+    }
+    if (!next || x->tfd < 0 || (x->timer_at && x->timer_at <= next))
         return;
-    uint64_t now = nk_now_ms(), in = next > now ? next - now : 1;
+    uint64_t in = next > now ? next - now : 1;
     struct itimerspec its = {.it_value = {(time_t)(in / 1000), (long)(in % 1000) * 1000000}};
-    timerfd_settime(x->tfd, 0, &its, NULL);
+    if (timerfd_settime(x->tfd, 0, &its, NULL) == 0)
+        x->timer_at = next;
 }
 
 /* Close c and fail everything it owns with -EIO (internal requests are dropped);
@@ -375,6 +390,7 @@ static int reply_done(struct nk_conn *c)
     struct nk_ctx *x = c->ctx;
     struct nbd_kvop *op = list_pop(&c->inflight);
     x->cn.replies++;
+    c->replies++;
     if (is_internal(op)) {
         if (op->rc < 0) {
             c->fail_rc = op->kind == NK_OP_AUTH ? -EACCES : op->rc;
@@ -577,8 +593,20 @@ static void timer_event(struct nk_ctx *x)
         /* spurious: nothing to do */
     }
     uint64_t now = nk_now_ms();
+    x->timer_at = 0;
     for (int i = 0; i < x->nconns; i++) {
         struct nk_conn *c = &x->conns[i];
+        if (c->state == NK_UP && c->inflight.head) {
+            /* a server that stopped answering (hung, or a network that drops
+               everything) must not hold the device's I/O forever */
+            if (c->replies != c->seen_replies) {
+                c->seen_replies = c->replies;
+                c->stall_since_ms = now;
+            } else if (now - c->stall_since_ms >= NK_STALL_MS) {
+                nk_conn_note(c, "%llu requests unanswered for %d ms", (unsigned long long)x->pending, NK_STALL_MS);
+                conn_reset(c, "the server stopped answering");
+            }
+        }
         if (c->state != NK_DOWN || c->next_try_ms > now)
             continue;
         int rc = nk_conn_start(c);

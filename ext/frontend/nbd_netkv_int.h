@@ -19,6 +19,9 @@
 #define NK_BACKOFF_MIN_MS 10
 #define NK_BACKOFF_MAX_MS 1000
 #define NK_NINTERNAL 4
+#ifndef NK_STALL_MS
+#define NK_STALL_MS 30000          /* no reply for this long with requests in flight: reset */
+#endif
 
 enum { NK_DOWN, NK_CONNECTING, NK_UP };
 enum { NK_R_LINE, NK_R_PAYLOAD, NK_R_TRAIL };
@@ -57,6 +60,8 @@ struct nk_conn {
     char *pay_dst;            /* where the payload goes (NULL: skipped) */
     size_t pay_left, pay_len;
     int trail;                /* bytes of the "\r\n" after a payload seen */
+    uint64_t replies, seen_replies; /* replies parsed; as of the last stall check */
+    uint64_t stall_since_ms;  /* when the oldest unanswered wait began (see NK_STALL_MS) */
     uint64_t next_try_ms;
     unsigned backoff_ms;
     struct nbd_kvop iops[NK_NINTERNAL]; /* internal requests, by kind - NK_OP_AUTH */
@@ -75,6 +80,7 @@ struct nk_ctx {
     int thread, epfd, nconns;
     struct nk_conn *conns;
     int evfd, tfd, kicked, in_event;
+    uint64_t timer_at;        /* the timerfd's deadline (CLOCK_MONOTONIC ms), 0: disarmed */
     struct nbd_watch evw, tw;
     struct nk_list ready;     /* completed without a reply, done not yet called */
     char *scratch;            /* NK_SCRATCH, while open runs */

@@ -11,6 +11,8 @@
  *        ops in flight when the server dies complete with -EIO, ops while it is down
  *        fail, the context reconnects once the server is back; durable: the writes
  *        completed before the kill read back after the restart (else zeros)
+ *   nbd_backend_test URL PREFIX stall          interactive: a server that stops
+ *        answering fails the requests in flight after NK_STALL_MS (built 1000)
  * Prints "ok" last on success; exits 1 with a message on the first failure.
  */
 #include <errno.h>
@@ -24,6 +26,7 @@
 
 #include "frontend/nbd_backend.h"
 #include "frontend/nbd_netkv.h"
+#include "frontend/nbd_netkv_int.h" /* NK_STALL_MS */
 
 #define BS 4096
 
@@ -332,6 +335,39 @@ static void kill_test(const char *url, const char *prefix, int durable)
     be->close(a);
 }
 
+/* The server stops answering (SIGSTOP) with requests in flight: they fail with
+ * EIO once NK_STALL_MS (built 1000 for this test) passes without a reply; the
+ * connection comes back when the server does (SIGCONT). */
+static void stall_test(const char *url, const char *prefix)
+{
+    static struct top ops[16];
+    void *a = open_ctx(url, prefix, 1);
+    wait_line("FREEZE");
+    uint64_t t0 = now_ms();
+    for (int i = 0; i < 16; i++)
+        submit(a, &ops[i], NBD_KV_GET, (uint64_t)i, 0);
+    be->flush(a);
+    int left = run(ops, 16, 20000);
+    uint64_t waited = now_ms() - t0;
+    CHECK(!left, "%d requests to a stopped server still pending after 20 s", left);
+    for (int i = 0; i < 16; i++)
+        CHECK(ops[i].op.rc == -EIO, "request to a stopped server: rc %d, expected -EIO", ops[i].op.rc);
+    CHECK(waited >= NK_STALL_MS * 9 / 10, "failed after %llu ms, before the stall limit of %d ms",
+          (unsigned long long)waited, NK_STALL_MS);
+    printf("unanswered requests failed after %llu ms (limit %d ms)\n", (unsigned long long)waited, NK_STALL_MS);
+    wait_line("THAW");
+    uint64_t end = now_ms() + 20000;
+    do {
+        run(NULL, 0, 50);
+        submit(a, &ops[0], NBD_KV_GET, 3, 0);
+        be->flush(a);
+        CHECK(!run(ops, 1, 20000), "GET after the server came back not completed");
+        CHECK(now_ms() < end, "no reconnect within 20 s");
+    } while (ops[0].op.rc != 0);
+    printf("reconnected\n");
+    be->close(a);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4) {
@@ -354,6 +390,8 @@ int main(int argc, char **argv)
         int rc = be->open(&ctx, &cfg, err, sizeof err);
         CHECK(rc < 0, "open of %s succeeded", url);
         printf("open failed: %d: %s\n", rc, err);
+    } else if (!strcmp(mode, "stall")) {
+        stall_test(url, prefix);
     } else if (!strcmp(mode, "kill")) {
         kill_test(url, prefix, argc > 4 && !strcmp(argv[4], "durable"));
     } else {

@@ -30,7 +30,8 @@ EXT = ROOT / "ext"
 BIN = ROOT / "tests" / "c" / "bin"
 SOURCES = ["tests/c/nbd_backend_test.c", "ext/frontend/nbd_netkv.c", "ext/frontend/nbd_netkv_open.c",
            "ext/frontend/nbd_resp.c", "ext/frontend/nbd_memcache.c", "ext/core/log.c"]
-FLAGS = ["-std=gnu11", "-g", "-O1", "-Wall", "-Wno-unused-parameter", "-pthread", f"-I{EXT}",
+STALL_MS = 1000  # the client resets a connection this long unanswered (30 s in the server)
+FLAGS = [f"-DNK_STALL_MS={STALL_MS}", "-std=gnu11", "-g", "-O1", "-Wall", "-Wno-unused-parameter", "-pthread", f"-I{EXT}",
          "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
 ENV = {"ASAN_OPTIONS": "abort_on_error=1:detect_leaks=1", "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
 SANITIZER_MARKERS = ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:")
@@ -194,46 +195,80 @@ def test_open_errors(binary, server_of):
     assert "cannot connect to redis://127.0.0.1:" in msg and "refused" in msg, msg
 
 
+class Driver:
+    """nbd_backend_test in an interactive mode: it says a word and waits for a line."""
+
+    def __init__(self, binary, *args):
+        self.child = subprocess.Popen([str(binary), *map(str, args)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env={**os.environ, **ENV})
+        self.said = []
+
+    def expect(self, word):
+        while True:
+            line = self.child.stdout.readline()  # the child fails by itself within 20 s
+            if not line:
+                break
+            self.said.append(line)
+            if line.strip() == word:
+                return
+            if line.startswith("FAIL"):
+                break
+        self.child.kill()
+        pytest.fail(f"no {word}: " + "".join(self.said) + self.child.stderr.read()[-4000:])
+
+    def reply(self):
+        self.child.stdin.write("go\n")
+        self.child.stdin.flush()
+
+    def finish(self):
+        out, err = self.child.communicate(timeout=90)
+        out = "".join(self.said) + out
+        bad = [m for m in SANITIZER_MARKERS if m in err]
+        assert self.child.returncode == 0 and not bad and out.rstrip().endswith("ok"), out + err[-4000:]
+        return out, err
+
+    def close(self):
+        if self.child.poll() is None:
+            self.child.kill()
+            self.child.wait()
+
+
 @pytest.mark.parametrize("kind, durability", [("redis", "none"), ("memcached", "none"), ("kvstore", "disk")])
 def test_server_killed_mid_flight(binary, server_of, kind, durability):
     srv = server_of(kind, durability=durability)
-    cmd = [str(binary), srv.url, prefix(), "kill"] + (["durable"] if durability == "disk" else [])
-    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, **ENV})
-    said = []
-
-    def expect(word):
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = child.stdout.readline()
-            if not line:
-                break
-            said.append(line)
-            if line.strip() == word:
-                return
-            assert not line.startswith("FAIL"), "".join(said) + child.stderr.read()[-4000:]
-        pytest.fail(f"no {word}: " + "".join(said) + child.stderr.read()[-4000:])
-
+    d = Driver(binary, srv.url, prefix(), "kill", *(["durable"] if durability == "disk" else []))
     try:
-        expect("FREEZE")
+        d.expect("FREEZE")
         os.kill(srv.pid, signal.SIGSTOP)  # requests pile up unanswered
-        child.stdin.write("frozen\n")
-        child.stdin.flush()
-        expect("KILL")
+        d.reply()
+        d.expect("KILL")
         srv.stop(sig=signal.SIGKILL)      # the kernel resets its connections
-        child.stdin.write("killed\n")
-        child.stdin.flush()
-        expect("RESTART")
+        d.reply()
+        d.expect("RESTART")
         srv.start()                       # the same port (and data dir)
-        child.stdin.write("restarted\n")
-        child.stdin.flush()
-        out, err = child.communicate(timeout=90)
+        d.reply()
+        out, err = d.finish()
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    out = "".join(said) + out
-    bad = [m for m in SANITIZER_MARKERS if m in err]
-    assert child.returncode == 0 and not bad and out.rstrip().endswith("ok"), out + err[-4000:]
+        d.close()
     assert "failed with EIO" in out and "reconnected" in out
     assert "lost:" in err  # the log line that says why
+
+
+@pytest.mark.parametrize("kind", ["redis", "memcached"])
+def test_server_stops_answering(binary, server_of, kind):
+    srv = server_of(kind)
+    d = Driver(binary, srv.url, prefix(), "stall")
+    try:
+        d.expect("FREEZE")
+        os.kill(srv.pid, signal.SIGSTOP)
+        d.reply()
+        d.expect("THAW")
+        os.kill(srv.pid, signal.SIGCONT)
+        d.reply()
+        out, err = d.finish()
+    finally:
+        d.close()
+        if srv.proc and srv.proc.proc:
+            os.kill(srv.pid, signal.SIGCONT)
+    assert "unanswered requests failed" in out and "reconnected" in out
+    assert "the server stopped answering" in err
