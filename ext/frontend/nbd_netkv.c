@@ -287,7 +287,10 @@ static void arm_timer(struct nk_ctx *x)
     uint64_t now = nk_now_ms(), next = 0;
     for (int i = 0; i < x->nconns; i++) {
         const struct nk_conn *c = &x->conns[i];
-        uint64_t t = c->state == NK_DOWN ? c->next_try_ms : c->inflight.head ? now + NK_STALL_MS / 4 : 0;
+        uint64_t t = c->state == NK_DOWN         ? c->next_try_ms
+                     : c->state == NK_CONNECTING ? c->stall_since_ms + NK_OPEN_TIMEOUT_MS
+                     : c->inflight.head          ? now + NK_STALL_MS / 4
+                                                 : 0;
         if (t && (!next || t < next))
             next = t;
     }
@@ -342,6 +345,7 @@ int nk_conn_start(struct nk_conn *c)
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     c->fd = fd;
     c->events = 0;
+    c->stall_since_ms = nk_now_ms(); /* a connect that hangs is given up (timer_event) */
     if (connect(fd, (struct sockaddr *)&x->addr, x->addrlen) == 0) {
         c->state = NK_UP;
     } else if (errno == EINPROGRESS) {
@@ -596,6 +600,10 @@ static void timer_event(struct nk_ctx *x)
     x->timer_at = 0;
     for (int i = 0; i < x->nconns; i++) {
         struct nk_conn *c = &x->conns[i];
+        if (c->state == NK_CONNECTING && now - c->stall_since_ms >= NK_OPEN_TIMEOUT_MS) {
+            nk_conn_note(c, "no answer within %d ms", NK_OPEN_TIMEOUT_MS);
+            conn_reset(c, "connect timed out");
+        }
         if (c->state == NK_UP && c->inflight.head) {
             /* a server that stopped answering (hung, or a network that drops
                everything) must not hold the device's I/O forever */
