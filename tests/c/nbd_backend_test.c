@@ -13,6 +13,7 @@
  *        completed before the kill read back after the restart (else zeros)
  *   nbd_backend_test URL PREFIX stall          interactive: a server that stops
  *        answering fails the requests in flight after NK_STALL_MS (built 1000)
+ *   nbd_backend_test URL PREFIX bench get|put QD CONNS SECONDS   throughput, side by side
  * Prints "ok" last on success; exits 1 with a message on the first failure.
  */
 #include <errno.h>
@@ -368,6 +369,61 @@ static void stall_test(const char *url, const char *prefix)
     be->close(a);
 }
 
+/* Throughput of one context (conns connections): qd 4 KiB ops kept in flight for
+ * secs seconds, resubmitted after each round of events as the NBD server does;
+ * prints ops/s and this process's CPU per op. For side-by-side runs, not a test. */
+static void bench(const char *url, const char *prefix, int kind, int qd, int conns, double secs)
+{
+    enum { SPAN = 4096 };
+    static struct top ops[1024];
+    CHECK(qd >= 1 && qd <= 1024, "qd 1..1024");
+    void *a = open_ctx(url, prefix, conns);
+    for (int i = 0; i < SPAN; i += 256) { /* the span written once, so GETs hit */
+        for (int j = 0; j < 256; j++)
+            submit(a, &ops[j], NBD_KV_PUT, (uint64_t)(i + j), 1);
+        be->flush(a);
+        all_ok(ops, 256, "bench fill");
+    }
+    uint64_t seed = 88172645463325252ull, done = 0;
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
+    uint64_t t0 = now_ms(), end = t0 + (uint64_t)(secs * 1000);
+    for (int i = 0; i < qd; i++) {
+        seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+        submit(a, &ops[i], kind, seed % SPAN, 1);
+    }
+    be->flush(a);
+    while (now_ms() < end) {
+        struct epoll_event ev[64];
+        int k = epoll_wait(epfd, ev, 64, 10);
+        for (int i = 0; i < k; i++) {
+            struct nbd_watch *w = ev[i].data.ptr;
+            be->on_event(w->ctx, w, ev[i].events);
+        }
+        for (int i = 0; i < qd; i++) {
+            if (!ops[i].done)
+                continue;
+            CHECK(ops[i].op.rc == 0, "bench op: rc %d", ops[i].op.rc);
+            done++;
+            seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+            ops[i].op = (struct nbd_kvop){.kind = kind, .block = seed % SPAN, .buf = ops[i].buf, .done = on_done};
+            ops[i].done = 0;
+            CHECK(be->submit(a, &ops[i].op) == 0, "bench submit");
+        }
+        be->flush(a);
+    }
+    double el = (double)(now_ms() - t0) / 1000.0;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+    double cpu = (double)(c1.tv_sec - c0.tv_sec) + (double)(c1.tv_nsec - c0.tv_nsec) / 1e9;
+    run(ops, qd, 20000);
+    struct nk_counters cn;
+    nk_get_counters(a, &cn);
+    printf("bench %s qd %d conns %d: %.0f ops/s, client CPU %.2f us/op, %.1f requests per writev\n",
+           kind == NBD_KV_GET ? "GET" : "PUT", qd, conns, (double)done / el, cpu * 1e6 / (double)(done ? done : 1),
+           (double)cn.requests_sent / (double)(cn.writev_calls ? cn.writev_calls : 1));
+    be->close(a);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4) {
@@ -390,6 +446,9 @@ int main(int argc, char **argv)
         int rc = be->open(&ctx, &cfg, err, sizeof err);
         CHECK(rc < 0, "open of %s succeeded", url);
         printf("open failed: %d: %s\n", rc, err);
+    } else if (!strcmp(mode, "bench") && argc > 7) {
+        bench(url, prefix, !strcmp(argv[4], "put") ? NBD_KV_PUT : NBD_KV_GET, atoi(argv[5]), atoi(argv[6]),
+              atof(argv[7]));
     } else if (!strcmp(mode, "stall")) {
         stall_test(url, prefix);
     } else if (!strcmp(mode, "kill")) {
