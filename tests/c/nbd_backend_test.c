@@ -31,6 +31,28 @@
 
 #define BS 4096
 
+/* Allocations by the backend (linked with -Wl,--wrap=malloc,--wrap=realloc,--wrap=calloc):
+ * once warm, an operation must cost none. */
+static unsigned long allocs;
+void *__real_malloc(size_t n);
+void *__real_realloc(void *p, size_t n);
+void *__real_calloc(size_t k, size_t n);
+void *__wrap_malloc(size_t n)
+{
+    allocs++;
+    return __real_malloc(n);
+}
+void *__wrap_realloc(void *p, size_t n)
+{
+    allocs++;
+    return __real_realloc(p, n);
+}
+void *__wrap_calloc(size_t k, size_t n)
+{
+    allocs++;
+    return __real_calloc(k, n);
+}
+
 static int epfd;
 static int in_submit;
 static const struct nbd_backend_ops *be;
@@ -234,6 +256,20 @@ static void basic(const char *url, const char *prefix, long badblock)
     all_ok(ops, BIG, "big GET pipeline");
     for (int i = 0; i < BIG; i++)
         expect_block(&ops[i], 10000 + (uint64_t)i, 5, "big pipeline");
+    /* warm now: the same pipelines again allocate nothing */
+    unsigned long before = allocs;
+    for (int i = 0; i < BIG; i++)
+        submit(a, &ops[i], NBD_KV_PUT, 10000 + (uint64_t)i, 6);
+    be->flush(a);
+    all_ok(ops, BIG, "big PUT pipeline, warm");
+    for (int i = 0; i < BIG; i++)
+        submit(a, &ops[i], NBD_KV_GET, 10000 + (uint64_t)i, 0);
+    be->flush(a);
+    all_ok(ops, BIG, "big GET pipeline, warm");
+    CHECK(allocs == before, "%lu allocations for %d warm operations", allocs - before, 2 * BIG);
+    for (int i = 0; i < BIG; i++)
+        expect_block(&ops[i], 10000 + (uint64_t)i, 6, "big pipeline, warm");
+    printf("warm: no allocation in %d operations\n", 2 * BIG);
     for (int i = 0; i < BIG; i++)
         submit(a, &ops[i], NBD_KV_DEL, 10000 + (uint64_t)i, 0);
     be->flush(a);

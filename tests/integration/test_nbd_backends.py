@@ -4,7 +4,7 @@ node. tests/c/nbd_backend_test.c (built with ASan/UBSan) opens backend contexts 
 epoll and drives them as the NBD server does: pipelined GET/PUT/DEL/SYNC of many
 blocks, absent blocks read as zeros, one block's operations in order, 32 requests of a
 128 KiB I/O in one writev (the client's counters), a pipeline larger than the socket
-buffers; the open's errors (AUTH refused, the wrong kind of server, nothing
+buffers, and no allocation per operation once warm (malloc wrapped at link time); the open's errors (AUTH refused, the wrong kind of server, nothing
 listening); the server stopped with operations in flight and killed: they complete
 with EIO, and the context reconnects once the server is back on the same port (with a
 kvstore node in disk mode, every write completed before the kill reads back)."""
@@ -45,7 +45,8 @@ def binary():
     BIN.mkdir(exist_ok=True)
     out = BIN / "nbd_backend_test_asan"
     tmp = BIN / f".nbd_backend_test.{uuid.uuid4().hex}"
-    cmd = ["gcc", *FLAGS, *[str(ROOT / s) for s in SOURCES], "-o", str(tmp)]
+    cmd = ["gcc", *FLAGS, *[str(ROOT / s) for s in SOURCES], "-Wl,--wrap=malloc,--wrap=realloc,--wrap=calloc",
+           "-o", str(tmp)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)
@@ -159,6 +160,7 @@ def test_pipelined_blocks(binary, server_of, kind):
     srv.set_raw(f"{p}{BAD_BLOCK}".encode(), b"short")  # not a block: a GET of it must fail, not pass it on
     out = run(binary, srv.url, p, "basic", BAD_BLOCK)
     assert "32 GETs in 1 writev" in out and "wrong-length value: EIO" in out
+    assert "warm: no allocation" in out
 
 
 def test_redis_password_and_database(binary, server_of):
