@@ -29,7 +29,9 @@
 #include "frontend/nbd_netkv.h"
 #include "frontend/nbd_netkv_int.h" /* NK_STALL_MS */
 
-#define BS 4096
+#ifndef BS
+#define BS 4096 /* the block size (the test builds 65536 too) */
+#endif
 
 /* Allocations by the backend (linked with -Wl,--wrap=malloc,--wrap=realloc,--wrap=calloc):
  * once warm, an operation must cost none. */
@@ -154,7 +156,7 @@ static void submit(void *ctx, struct top *t, int kind, uint64_t block, unsigned 
 
 static void expect_block(struct top *t, uint64_t block, unsigned gen, const char *what)
 {
-    char want[BS];
+    static char want[BS];
     CHECK(t->op.rc == 0, "%s: GET of block %llu: rc %d", what, (unsigned long long)block, t->op.rc);
     if (gen == 0)
         memset(want, 0, BS);
@@ -175,7 +177,7 @@ static void all_ok(struct top *ops, int n, const char *what)
 
 static void basic(const char *url, const char *prefix, long badblock)
 {
-    enum { N = 256, BIG = 2048 };
+    enum { N = 256, BIG = (8 << 20) / BS > 256 ? (8 << 20) / BS : 256 }; /* BIG: 8 MiB or 256 blocks */
     static struct top ops[BIG];
     void *a = open_ctx(url, prefix, 2);
     void *b = open_ctx(url, prefix, 1);

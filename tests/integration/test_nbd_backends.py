@@ -40,12 +40,11 @@ BAD_BLOCK = 999999
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 
 
-@pytest.fixture(scope="module")
-def binary():
+def build(name, *extra):
     BIN.mkdir(exist_ok=True)
-    out = BIN / "nbd_backend_test_asan"
-    tmp = BIN / f".nbd_backend_test.{uuid.uuid4().hex}"
-    cmd = ["gcc", *FLAGS, *[str(ROOT / s) for s in SOURCES], "-Wl,--wrap=malloc,--wrap=realloc,--wrap=calloc",
+    out = BIN / name
+    tmp = BIN / f".{name}.{uuid.uuid4().hex}"
+    cmd = ["gcc", *FLAGS, *extra, *[str(ROOT / s) for s in SOURCES], "-Wl,--wrap=malloc,--wrap=realloc,--wrap=calloc",
            "-o", str(tmp)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
@@ -53,6 +52,16 @@ def binary():
         pytest.fail(f"build failed:\n$ {shlex.join(cmd)}\n{r.stderr[-5000:]}")
     os.replace(tmp, out)
     return out
+
+
+@pytest.fixture(scope="module")
+def binary():
+    return build("nbd_backend_test_asan")
+
+
+@pytest.fixture(scope="module")
+def binary_64k():
+    return build("nbd_backend_test_64k_asan", "-DBS=65536")
 
 
 # ---------------------------------------------------------------- servers on a port we pick
@@ -161,6 +170,14 @@ def test_pipelined_blocks(binary, server_of, kind):
     out = run(binary, srv.url, p, "basic", BAD_BLOCK)
     assert "32 GETs in 1 writev" in out and "wrong-length value: EIO" in out
     assert "warm: no allocation" in out
+
+
+@pytest.mark.parametrize("kind", ["redis", "memcached"])
+def test_pipelined_64k_blocks(binary_64k, server_of, kind):
+    # 64 KiB values: payloads many times the client's input buffer, read straight into the blocks
+    srv = server_of(kind)
+    out = run(binary_64k, srv.url, prefix(), "basic")
+    assert "32 GETs in 1 writev" in out and "warm: no allocation" in out
 
 
 def test_redis_password_and_database(binary, server_of):
