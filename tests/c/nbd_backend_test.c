@@ -13,6 +13,8 @@
  *        completed before the kill read back after the restart (else zeros)
  *   nbd_backend_test URL PREFIX stall          interactive: a server that stops
  *        answering fails the requests in flight after NK_STALL_MS (built 1000)
+ *   nbd_backend_test URL PREFIX probe K        GET blocks 0..K-1 one by one from the
+ *        test's scripted server: each one's rc and content
  *   nbd_backend_test URL PREFIX bench get|put QD CONNS SECONDS   throughput, side by side
  * Prints "ok" last on success; exits 1 with a message on the first failure.
  */
@@ -462,6 +464,36 @@ static void bench(const char *url, const char *prefix, int kind, int qd, int con
     be->close(a);
 }
 
+/* GET blocks 0..k-1 one at a time from a scripted server (the test's fake): prints
+ * each one's rc and whether it holds fill(block, 1), zeros, or something else. */
+static void probe(const char *url, const char *prefix, int k)
+{
+    static struct top op;
+    static char want[BS], zeros[BS];
+    void *a = open_ctx(url, prefix, 1);
+    for (int i = 0; i < k; i++) {
+        submit(a, &op, NBD_KV_GET, (uint64_t)i, 0);
+        be->flush(a);
+        CHECK(!run(&op, 1, 10000), "GET %d not done in 10 s", i);
+        fill(want, (uint64_t)i, 1);
+        printf("get %d rc=%d %s\n", i, op.op.rc,
+               op.op.rc ? "-" : !memcmp(op.buf, want, BS) ? "block" : !memcmp(op.buf, zeros, BS) ? "zeros" : "other");
+    }
+    /* whatever happened, block 0 can be read again (after a reconnect if need be) */
+    uint64_t end = now_ms() + 10000;
+    do {
+        run(NULL, 0, 50);
+        submit(a, &op, NBD_KV_GET, 0, 0);
+        be->flush(a);
+        CHECK(!run(&op, 1, 10000), "GET 0 not done in 10 s");
+        CHECK(now_ms() < end, "block 0 not readable again within 10 s: rc %d", op.op.rc);
+    } while (op.op.rc != 0);
+    fill(want, 0, 1);
+    printf("recovered: %s\n", memcmp(op.buf, want, BS) ? "other" : "block");
+    CHECK(be->pending(a) == 0, "ops still pending");
+    be->close(a);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 4) {
@@ -487,6 +519,8 @@ int main(int argc, char **argv)
     } else if (!strcmp(mode, "bench") && argc > 7) {
         bench(url, prefix, !strcmp(argv[4], "put") ? NBD_KV_PUT : NBD_KV_GET, atoi(argv[5]), atoi(argv[6]),
               atof(argv[7]));
+    } else if (!strcmp(mode, "probe") && argc > 4) {
+        probe(url, prefix, atoi(argv[4]));
     } else if (!strcmp(mode, "stall")) {
         stall_test(url, prefix);
     } else if (!strcmp(mode, "kill")) {

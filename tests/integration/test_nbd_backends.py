@@ -7,12 +7,17 @@ blocks, absent blocks read as zeros, one block's operations in order, 32 request
 buffers, and no allocation per operation once warm (malloc wrapped at link time); the open's errors (AUTH refused, the wrong kind of server, nothing
 listening); the server stopped with operations in flight and killed: they complete
 with EIO, and the context reconnects once the server is back on the same port (with a
-kvstore node in disk mode, every write completed before the kill reads back)."""
+kvstore node in disk mode, every write completed before the kill reads back); a server
+that stops answering. A scripted fake Redis (FakeRedis) cuts every reply at each place a
+header or trailer can be cut, and sends the malformed replies a broken or hostile server
+could: each is refused with its reason logged (the connection reset, or for a value that
+is not a block, that read failed with EIO), and the block reads again afterwards."""
 import os
 import shlex
 import shutil
 import signal
 import socket
+import threading
 import subprocess
 import tempfile
 import time
@@ -291,3 +296,138 @@ def test_server_stops_answering(binary, server_of, kind):
             os.kill(srv.pid, signal.SIGCONT)
     assert "unanswered requests failed" in out and "reconnected" in out
     assert "the server stopped answering" in err
+
+
+# ---------------------------------------------------------------- a scripted server
+
+def block_bytes(block, gen=1, bs=4096):
+    """nbd_backend_test.c's fill(): the bytes a test block holds."""
+    mask = (1 << 64) - 1
+    s = (block * 0x9E3779B97F4A7C15 + gen + 1) & mask
+    out = bytearray()
+    for _ in range(bs // 8):
+        s ^= (s << 13) & mask
+        s ^= s >> 7
+        s ^= (s << 17) & mask
+        out += s.to_bytes(8, "little")
+    return bytes(out)
+
+
+def good(block):
+    return b"$4096\r\n" + block_bytes(block) + b"\r\n"
+
+
+class FakeRedis:
+    """Answers INFO as Redis would and GET <prefix><n> with script(n): bytes sent in
+    pieces (every boundary of the first 12 and last 4 bytes, and the middle), so that
+    the client sees each reply cut at each place a header or trailer can be cut."""
+
+    def __init__(self, script):
+        self.script = script
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            t.start()
+
+    @staticmethod
+    def _command(buf):
+        """One RESP array of bulk strings from buf: (args, rest), or (None, buf)."""
+        if b"\r\n" not in buf:
+            return None, buf
+        head, rest = buf.split(b"\r\n", 1)
+        args = []
+        for _ in range(int(head[1:])):
+            if b"\r\n" not in rest:
+                return None, buf
+            ln, rest2 = rest.split(b"\r\n", 1)
+            n = int(ln[1:])
+            if len(rest2) < n + 2:
+                return None, buf
+            args.append(rest2[:n])
+            rest = rest2[n + 2:]
+        return args, rest
+
+    def _send(self, conn, data):
+        cuts = sorted({*range(1, min(12, len(data))), len(data) // 2, *range(max(1, len(data) - 4), len(data))})
+        last = 0
+        for cut in cuts + [len(data)]:
+            conn.sendall(data[last:cut])
+            last = cut
+            time.sleep(0.001)
+
+    def _serve(self, conn):
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = b""
+        with conn:
+            while True:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                buf += data
+                while True:
+                    args, buf = self._command(buf)
+                    if args is None:
+                        break
+                    if args[0].upper() == b"INFO":
+                        text = b"# Server\r\nredis_version:7.0.0\r\n"
+                        reply = b"$%d\r\n%s\r\n" % (len(text), text)
+                    elif args[0].upper() == b"GET":
+                        reply = self.script(int(args[1].rsplit(b":", 1)[1]))
+                    else:
+                        reply = b"+OK\r\n"
+                    try:
+                        self._send(conn, reply)
+                    except OSError:
+                        return
+
+    def close(self):
+        self.sock.close()
+
+
+def probe(binary, script, k):
+    fake = FakeRedis(script)
+    try:
+        r = subprocess.run([str(binary), f"redis://127.0.0.1:{fake.port}", "fake:", "probe", str(k)], capture_output=True,
+                           text=True, errors="replace", env={**os.environ, **ENV}, timeout=120)
+    finally:
+        fake.close()
+    bad = [m for m in SANITIZER_MARKERS if m in r.stderr]
+    assert r.returncode == 0 and not bad and r.stdout.rstrip().endswith("ok"), r.stdout + r.stderr[-4000:]
+    return r.stdout.splitlines(), r.stderr
+
+
+def test_replies_cut_anywhere(binary):
+    lines, _ = probe(binary, lambda n: good(n) if n % 2 == 0 else b"$-1\r\n", 6)
+    assert lines[:6] == [f"get {i} rc=0 {'block' if i % 2 == 0 else 'zeros'}" for i in range(6)]
+
+
+@pytest.mark.parametrize("reply, rc, log", [
+    (b"x" * 2000, -5, "reply line longer than 1024 bytes"),
+    (b"$-5\r\n", -5, 'unexpected reply "$-5"'),
+    (b"*1\r\n$1\r\na\r\n", -5, 'unexpected reply "*1"'),
+    (b"$536870913\r\n", -5, "unexpected reply"),                     # past Redis's largest bulk string
+    (b"$4096\r\n" + block_bytes(1) + b"XY", -5, "payload not followed by CRLF"),
+    (b"+OK\r\n+OK\r\n", -5, "a reply to no request"),               # one reply too many
+    (b"\n", -5, "malformed reply line"),
+    (b"$10\r\n0123456789\r\n", -5, "block 1 has 10 bytes, not 4096"),  # not a block: the connection goes on
+    (b"-ERR boom\r\n", -5, "GET refused: ERR boom"),
+    (b"-OOM no room\r\n", -28, "GET refused: OOM no room"),          # -ENOSPC
+])
+def test_bad_replies(binary, reply, rc, log):
+    lines, err = probe(binary, lambda n: reply if n == 1 else good(n), 3)
+    assert lines[0] == "get 0 rc=0 block"
+    assert lines[1] == f"get {1} rc={rc} -"
+    assert lines[-2] == "recovered: block"
+    assert log in err, err[-3000:]
