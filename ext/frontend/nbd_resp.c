@@ -171,6 +171,11 @@ static int resp_open(void **ctx, const struct nbd_backend_cfg *cfg, const struct
         }
         info_field(info, "durability", durability, sizeof durability);
     }
+    if (rc < 0 && strstr(err, "NOAUTH")) {
+        size_t n = strlen(err);
+        snprintf(err + n, errlen - n, " (give the password in the URL: %s://:PASSWORD@HOST:PORT)",
+                 proto == &nk_proto_resp_kvstore ? "kvstore" : "redis");
+    }
     if (rc < 0) {
         nk_close(*ctx);
         *ctx = NULL;

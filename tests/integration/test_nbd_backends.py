@@ -194,6 +194,10 @@ def test_redis_password_and_database(binary, server_of):
 def test_kvstore_password(binary, server_of):
     srv = server_of("kvstore", password=PASSWORD)
     run(binary, srv.url, prefix(), "basic")
+    msg = open_error(binary, f"kvstore://127.0.0.1:{srv.port}")
+    assert "NOAUTH" in msg and "give the password in the URL: kvstore://:PASSWORD@HOST:PORT" in msg, msg
+    msg = open_error(binary, f"kvstore://:wrong@127.0.0.1:{srv.port}")
+    assert msg.startswith(f"{-13}:") and "AUTH refused" in msg, msg
 
 
 def open_error(binary, url):
@@ -208,7 +212,7 @@ def test_open_errors(binary, server_of):
     msg = open_error(binary, f"redis://:wrong@127.0.0.1:{port}")
     assert msg.startswith(f"{-13}:") and "AUTH refused: WRONGPASS" in msg, msg      # -EACCES
     msg = open_error(binary, f"redis://127.0.0.1:{port}")
-    assert "NOAUTH" in msg, msg
+    assert "INFO refused: NOAUTH" in msg and "give the password in the URL: redis://:PASSWORD@HOST:PORT" in msg, msg
     msg = open_error(binary, f"kvstore://:{PASSWORD}@127.0.0.1:{port}")
     assert "is not a kvstore node" in msg and "redis://" in msg, msg
     msg = open_error(binary, f"redis://127.0.0.1:{mc.port}")
