@@ -325,6 +325,7 @@ class FakeRedis:
     """Answers INFO as Redis would and GET <prefix><n> with script(n): bytes sent in
     pieces (every boundary of the first 12 and last 4 bytes, and the middle), so that
     the client sees each reply cut at each place a header or trailer can be cut."""
+    scheme = "redis"
 
     def __init__(self, script):
         self.script = script
@@ -360,6 +361,14 @@ class FakeRedis:
             rest = rest2[n + 2:]
         return args, rest
 
+    def _reply(self, args):
+        if args[0].upper() == b"INFO":
+            text = b"# Server\r\nredis_version:7.0.0\r\n"
+            return b"$%d\r\n%s\r\n" % (len(text), text)
+        if args[0].upper() == b"GET":
+            return self.script(int(args[1].rsplit(b":", 1)[1]))
+        return b"+OK\r\n"
+
     def _send(self, conn, data):
         cuts = sorted({*range(1, min(12, len(data))), len(data) // 2, *range(max(1, len(data) - 4), len(data))})
         last = 0
@@ -384,13 +393,7 @@ class FakeRedis:
                     args, buf = self._command(buf)
                     if args is None:
                         break
-                    if args[0].upper() == b"INFO":
-                        text = b"# Server\r\nredis_version:7.0.0\r\n"
-                        reply = b"$%d\r\n%s\r\n" % (len(text), text)
-                    elif args[0].upper() == b"GET":
-                        reply = self.script(int(args[1].rsplit(b":", 1)[1]))
-                    else:
-                        reply = b"+OK\r\n"
+                    reply = self._reply(args)
                     try:
                         self._send(conn, reply)
                     except OSError:
@@ -400,10 +403,30 @@ class FakeRedis:
         self.sock.close()
 
 
-def probe(binary, script, k):
-    fake = FakeRedis(script)
+class FakeMemcached(FakeRedis):
+    """The same for memcached's text protocol: "version", and "mg <prefix><n> v"."""
+    scheme = "memcached"
+
+    @staticmethod
+    def _command(buf):
+        if b"\r\n" not in buf:
+            return None, buf
+        line, rest = buf.split(b"\r\n", 1)
+        return line.split(), rest
+
+    def _reply(self, args):
+        if args[0] == b"version":
+            return b"VERSION 1.6.18\r\n"
+        if args[0] == b"mg":
+            return self.script(int(args[1].rsplit(b":", 1)[1]))
+        return b"ERROR\r\n"
+
+
+def probe(binary, script, k, fake_class=FakeRedis):
+    fake = fake_class(script)
     try:
-        r = subprocess.run([str(binary), f"redis://127.0.0.1:{fake.port}", "fake:", "probe", str(k)], capture_output=True,
+        r = subprocess.run([str(binary), f"{fake.scheme}://127.0.0.1:{fake.port}", "fake:", "probe", str(k)],
+                           capture_output=True,
                            text=True, errors="replace", env={**os.environ, **ENV}, timeout=120)
     finally:
         fake.close()
@@ -435,3 +458,44 @@ def test_bad_replies(binary, reply, rc, log):
     assert lines[1] == f"get {1} rc={rc} -"
     assert lines[-2] == "recovered: block"
     assert log in err, err[-3000:]
+
+
+def mc_good(block):
+    return b"VA 4096 f0\r\n" + block_bytes(block) + b"\r\n"
+
+
+def test_memcached_replies_cut_anywhere(binary):
+    lines, _ = probe(binary, lambda n: mc_good(n) if n % 2 == 0 else b"EN\r\n", 6, FakeMemcached)
+    assert lines[:6] == [f"get {i} rc=0 {'block' if i % 2 == 0 else 'zeros'}" for i in range(6)]
+
+
+@pytest.mark.parametrize("reply, rc, log", [
+    (b"CLIENT_ERROR bad command line format\r\n", -5, 'unexpected reply "CLIENT_ERROR'),  # out of step after it
+    (b"ERROR\r\n", -5, 'unexpected reply "ERROR"'),
+    (b"VA x\r\n", -5, "unexpected reply"),
+    (b"VA 1073741825\r\n", -5, "unexpected reply"),
+    (b"VA 4096\r\n" + block_bytes(1) + b"\n\n", -5, "payload not followed by CRLF"),
+    (b"HDX\r\n", -5, "unexpected reply"),
+    (b"VA 3\r\nabc\r\n", -5, "block 1 has 3 bytes, not 4096"),
+    (b"HD\r\n", -5, "block 1: Input/output error"),                 # a hit without the value asked for
+    (b"SERVER_ERROR out of memory storing object\r\n", -28, "SERVER_ERROR out of memory"),
+    (b"SERVER_ERROR busy\r\n", -5, "SERVER_ERROR busy"),
+])
+def test_memcached_bad_replies(binary, reply, rc, log):
+    lines, err = probe(binary, lambda n: reply if n == 1 else mc_good(n), 3, FakeMemcached)
+    assert lines[0] == "get 0 rc=0 block"
+    assert lines[1] == f"get 1 rc={rc} -"
+    assert lines[-2] == "recovered: block"
+    assert log in err, err[-3000:]
+
+
+def test_old_memcached_refused(binary):
+    class Old(FakeMemcached):
+        def _reply(self, args):
+            return b"VERSION 1.5.22\r\n" if args[0] == b"version" else super()._reply(args)
+    fake = Old(mc_good)
+    try:
+        msg = open_error(binary, f"memcached://127.0.0.1:{fake.port}")
+    finally:
+        fake.close()
+    assert "memcached 1.5.22 has no meta commands (mg/ms/md): 1.6 or later is needed" in msg, msg
