@@ -104,7 +104,7 @@ class Server:
                 argv += ["--requirepass", self.password]
         else:
             need("memcached")
-            argv = ["memcached", "-p", self.port, "-U", "0", "-l", "127.0.0.1", "-t", "1", "-M", "-m", "256"]
+            argv = ["memcached", "-p", self.port, "-U", "0", "-l", "127.0.0.1", "-t", "1", "-M", "-m", "1024"]
             if os.geteuid() == 0:
                 argv += ["-u", "root"]
         self.proc = Process(argv, port=self.port, log_path=os.path.join(self.dir, "server.log")).start(15)
