@@ -128,6 +128,11 @@ int nk_open(void **ctxp, const struct nbd_backend_cfg *cfg, const struct nk_prot
     int rc = nk_parse_url(cfg->url, &x->url, err, errlen);
     if (rc < 0)
         goto fail;
+    if (strcmp(x->url.scheme, proto->scheme)) {
+        snprintf(err, errlen, "a %s:// URL given to the %s backend", x->url.scheme, proto->scheme);
+        rc = -EINVAL;
+        goto fail;
+    }
     snprintf(x->name, sizeof x->name, "%s://%s:%d", x->url.scheme, x->url.host, x->url.port);
     const char *prefix = cfg->key_prefix ? cfg->key_prefix : "";
     x->prefix_len = strlen(prefix);
