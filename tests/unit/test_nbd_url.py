@@ -3,7 +3,7 @@ what each part becomes, every malformed form refused with a message that says wh
 wrong and what is accepted, and no message that shows the password."""
 import pytest
 
-from kvstore._ext import ffi, lib
+from kvstore._native import ffi, lib
 
 
 def parse(url):
