@@ -16,8 +16,8 @@ import pytest
 
 from kvstore._native import ffi, lib
 
+from helpers.netkv import KVServer
 from helpers.servers import PASSWORD, need
-from integration.test_nbd_backends import Server
 
 pytestmark = pytest.mark.skipif(not hasattr(lib, "nbd_create"), reason="the NBD server is not built in")
 
@@ -72,7 +72,7 @@ def kv_server():
     made = []
 
     def make(kind, **kw):
-        made.append(Server(kind, **kw).start())
+        made.append(KVServer(kind, **kw).start())
         return made[-1]
     yield make
     for s in made:
