@@ -136,7 +136,6 @@ void nk_conn_note(struct nk_conn *c, const char *fmt, ...)
 
 const struct nk_url *nk_conn_url(const struct nk_conn *c) { return &c->ctx->url; }
 uint32_t nk_conn_block_size(const struct nk_conn *c) { return c->ctx->block_size; }
-const char *nk_conn_scratch(const struct nk_conn *c) { return c->ctx->scratch ? c->ctx->scratch : ""; }
 
 /* ---------------------------------------------------------------- output */
 
@@ -707,8 +706,4 @@ void nk_get_counters(void *ctx, struct nk_counters *out)
     *out = ((struct nk_ctx *)ctx)->cn;
 }
 
-const char *nk_peer_durability(void *ctx)
-{
-    return ((struct nk_ctx *)ctx)->durability;
-}
 

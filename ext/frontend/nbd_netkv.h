@@ -20,7 +20,7 @@
 #define NK_CRED_MAX 256
 struct nk_url {
     char scheme[16];
-    char host[NK_HOST_MAX];   /* a name or an IPv4 address; [v6] without its brackets */
+    char host[NK_HOST_MAX];   /* a name or an address; [v6] without its brackets */
     int port;                 /* 1..65535 */
     char user[NK_CRED_MAX];   /* "" = none (AUTH PASSWORD: the default user) */
     char password[NK_CRED_MAX]; /* "" with has_password 0 = none */
@@ -38,7 +38,7 @@ int nk_parse_url(const char *url, struct nk_url *u, char *err, size_t errlen);
 enum {
     NK_OP_AUTH = 100,         /* RESP AUTH [user] password: +OK */
     NK_OP_SELECT,             /* RESP SELECT db: +OK */
-    NK_OP_INFO,               /* RESP INFO server persistence: a bulk string */
+    NK_OP_INFO,               /* RESP INFO (the default sections): a bulk string */
     NK_OP_VERSION,            /* memcached "version": VERSION x.y.z */
 };
 
@@ -103,8 +103,6 @@ void nk_queue_internal(struct nk_conn *c, int kind);
 /* The URL this connection was opened with; the block size. */
 const struct nk_url *nk_conn_url(const struct nk_conn *c);
 uint32_t nk_conn_block_size(const struct nk_conn *c);
-/* The payload of the last internal request that had one (INFO), NUL-terminated. */
-const char *nk_conn_scratch(const struct nk_conn *c);
 /* Record why a reply was refused (the open's error message, a log line). */
 void nk_conn_note(struct nk_conn *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
@@ -125,12 +123,10 @@ void nk_add_stats(void *ctx, struct nbd_backend_stats *st);
 int nk_call(void *ctx, int kind, const char **payload, char *err, size_t errlen);
 /* The open-time checks are over: free what they needed. */
 void nk_open_done(void *ctx);
-/* What a kvstore node's INFO says of its durability ("none", "disk", "remote"). */
-void nk_set_durability(void *ctx, const char *mode);
 /* "scheme://host:port", for messages. */
 const char *nk_name(void *ctx);
 
-/* The client's own counters, for tests and the start-up log line. */
+/* The client's own counters (tests, benchmarks). */
 struct nk_counters {
     uint64_t writev_calls;    /* writev system calls that sent requests */
     uint64_t requests_sent;   /* requests whose bytes writev began to send */
@@ -140,7 +136,5 @@ struct nk_counters {
     uint64_t zero_copy_bytes; /* payload bytes read straight into a GET's block */
 };
 void nk_get_counters(void *ctx, struct nk_counters *out);
-/* "none", "disk", "remote" from a kvstore node's INFO at open ("" for others). */
-const char *nk_peer_durability(void *ctx);
 
 #endif

@@ -87,7 +87,6 @@ struct nk_ctx {
     uint64_t pending;
     struct nbd_backend_stats st;
     struct nk_counters cn;
-    char durability[16];
 };
 
 uint64_t nk_now_ms(void);

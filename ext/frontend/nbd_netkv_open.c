@@ -209,12 +209,6 @@ void nk_open_done(void *ctx)
     x->scratch = NULL;
 }
 
-void nk_set_durability(void *ctx, const char *mode)
-{
-    struct nk_ctx *x = ctx;
-    snprintf(x->durability, sizeof x->durability, "%s", mode);
-}
-
 const char *nk_name(void *ctx)
 {
     return ((struct nk_ctx *)ctx)->name;

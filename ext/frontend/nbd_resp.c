@@ -182,7 +182,6 @@ static int resp_open(void **ctx, const struct nbd_backend_cfg *cfg, const struct
         return rc;
     }
     nk_open_done(*ctx);
-    nk_set_durability(*ctx, durability);
     if (cfg->thread == 0) {
         if (proto == &nk_proto_resp_kvstore)
             kvlog(KVLOG_NOTICE, "blockdev: backend %s: kvstore %s, durability %s (%s), %d connection(s) per thread",
