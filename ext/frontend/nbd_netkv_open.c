@@ -133,7 +133,9 @@ int nk_open(void **ctxp, const struct nbd_backend_cfg *cfg, const struct nk_prot
         rc = -EINVAL;
         goto fail;
     }
-    snprintf(x->name, sizeof x->name, "%s://%s:%d", x->url.scheme, x->url.host, x->url.port);
+    int v6 = strchr(x->url.host, ':') != NULL;
+    snprintf(x->name, sizeof x->name, "%s://%s%s%s:%d", x->url.scheme, v6 ? "[" : "", x->url.host, v6 ? "]" : "",
+             x->url.port);
     const char *prefix = cfg->key_prefix ? cfg->key_prefix : "";
     x->prefix_len = strlen(prefix);
     if (x->prefix_len > NK_KEY_MAX) {
