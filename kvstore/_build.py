@@ -102,6 +102,7 @@ SPEC = [
                         "nbd_stop", "nbd_destroy", "nbd_port", "nbd_get_stats", "#define NBD_MAX_THREADS",
                         "#define NBD_MAX_CONNS_PER_THREAD"]),
     ("server/server.h", ["srv_nbd"]),
+    ("frontend/nbd_netkv.h", ["struct nk_url", "nk_parse_url"]),  # the block device's backend URLs (tests)
 ]
 
 

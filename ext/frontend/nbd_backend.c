@@ -7,6 +7,9 @@
 
 static const struct nbd_backend_ops *const backends[] = {
     &nbd_be_embedded,
+    &nbd_be_kvstore,
+    &nbd_be_redis,
+    &nbd_be_memcached,
 };
 
 const struct nbd_backend_ops *nbd_backend_find(const char *url)
