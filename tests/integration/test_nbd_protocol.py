@@ -1,9 +1,9 @@
 """The block device's NBD protocol from outside, byte by byte (tests/helpers/nbdwire.py): every
 handshake path and every command and flag, with the error codes the NBD protocol document
 gives. Each check runs against `nbdkit memory` (the reference, with filters that make its export
-name strict and its block size limits ours) and against `kvstore blockdev serve`; where the
-spec leaves a choice, the test accepts what the spec allows, and where our contract
-(ext/frontend/nbd.h, issue 15) is stricter, the kvstore case checks the contract too."""
+name strict and its block size limits ours) and against `kvstore blockdev serve` (on a unix
+socket and on TCP); where the spec leaves a choice, the test accepts what the spec allows, and
+where our contract (ext/frontend/nbd.h, issue 15) is stricter, the kvstore case checks it too."""
 import os
 import socket
 import struct
