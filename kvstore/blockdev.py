@@ -99,7 +99,7 @@ class BlockDevice:
             server_config = ServerConfig(**engine)
         elif embedded and engine:
             raise TypeError("give server_config= or the engine's settings, not both")
-        self.server_config = server_config
+        self.server_config = server_config.validate() if embedded else None
         self._store = store
         self.server = None  # embedded: the kvstore.Server that runs the engine and the NBD front end
         self._nbd = None    # network backends: the struct nbd_server *
