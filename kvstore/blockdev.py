@@ -8,7 +8,6 @@ backend (kvstore://, redis://, memcached://) is an NBD server alone (nbd_create 
 engine) whose threads talk to that server.
 """
 import dataclasses
-import socket
 import threading
 
 from kvstore import errors
@@ -30,14 +29,6 @@ def c_nbd_config(config):
             value = keep[-1]
         setattr(cfg, name, value)
     return cfg, keep
-
-
-def _free_port(host):
-    """A TCP port free on host a moment ago (the embedded server's NBD listener is created
-    inside srv_create, which does not hand its port back)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def stats_view(raw, block_size):
@@ -66,7 +57,7 @@ class BlockDevice:
     "redis://HOST:PORT[/DB]" or "memcached://HOST:PORT" (kvstore.config.BACKEND_FORMS).
     Other keywords: the block device's settings (kvstore.config.BlockdevConfig: listen,
     unix, export, threads, connections_per_thread, block_size, read_only, key_prefix, ...;
-    listen defaults to "127.0.0.1:0" here, any free port) and, embedded only, the engine's
+    listen defaults to "127.0.0.1:0" here: any free port, .port says which) and, embedded only, the engine's
     (kvstore.config.ServerConfig: durability, data_dir, max_memory, ...; its RESP port
     defaults to 0 here). Or pass config= (a BlockdevConfig) and server_config= (a
     ServerConfig); store= an existing kvstore.Store for the embedded engine.
@@ -102,7 +93,8 @@ class BlockDevice:
         self.server_config = server_config.validate() if embedded else None
         self._store = store
         self.server = None  # embedded: the kvstore.Server that runs the engine and the NBD front end
-        self._nbd = None    # network backends: the struct nbd_server *
+        self._nbd = None    # network backends: the struct nbd_server * this object created
+        self._handle = None  # the running struct nbd_server * (the engine's, or _nbd)
         self._keep = []
         self._port = None
         self._lock = threading.Lock()  # start/stop against stats() from another thread
@@ -122,18 +114,16 @@ class BlockDevice:
             return self
 
     def _start_embedded(self):
+        from kvstore._native import lib
         from kvstore.server import Server
 
-        cfg = self.config
-        listen = cfg.effective_listen
-        if listen and listen.endswith(":0"):  # srv_create binds it: pick the port here
-            host = listen.rpartition(":")[0]
-            cfg = dataclasses.replace(cfg, listen=f"{host}:{_free_port(host)}").validate()
-        nbd, keep = c_nbd_config(cfg)
+        nbd, keep = c_nbd_config(self.config)
         server = Server(store=self._store, config=self.server_config, c_extra={"nbd": nbd})
         server.start()
         self.server, self._keep = server, keep
-        self._port = int(cfg.effective_listen.rpartition(":")[2]) if cfg.effective_listen else None
+        self._handle = server._nbd_server()
+        port = lib.nbd_port(self._handle)
+        self._port = port if port >= 0 else None
 
     def _start_network(self):
         from kvstore._native import ffi, lib
@@ -149,6 +139,7 @@ class BlockDevice:
         if rc < 0:
             errors.raise_for(rc, ffi.string(err).decode(errors="replace"))
         self._nbd, self._keep = out[0], keep
+        self._handle = self._nbd
         port = lib.nbd_port(self._nbd)
         self._port = port if port >= 0 else None
 
@@ -156,6 +147,7 @@ class BlockDevice:
         """Stop the threads and close every connection (a client sees its connection end).
         With the embedded engine, its durability is closed too. Idempotent."""
         with self._lock:
+            self._handle = None
             if self.server is not None:
                 self.server.stop()
                 self.server = None
@@ -219,28 +211,12 @@ class BlockDevice:
         """The block device's counters (struct nbd_stats: NBD requests by kind, bytes, KV
         operations, errors, in-flight) plus ios, kv_requests, kv_requests_per_io and
         queue_depth (stats_view). Any thread; ServerError when stopped."""
+        from kvstore._cstruct import as_dict
+        from kvstore._native import ffi, lib
+
         with self._lock:
-            if self._nbd is not None:
-                from kvstore._cstruct import as_dict
-                from kvstore._native import ffi, lib
-
-                st = ffi.new("struct nbd_stats *")
-                lib.nbd_get_stats(self._nbd, st)
-                return stats_view(as_dict(st), self.config.block_size)
-            if self.server is not None:
-                return stats_view(_info_counters(self.server.info("blockdev")), self.config.block_size)
-            raise errors.ServerError("the block device is not running")
-
-
-def _info_counters(info):
-    """INFO blockdev's numeric fields as struct nbd_stats names (a "blockdev_" or "nbd_"
-    prefix dropped)."""
-    out = {}
-    for k, v in info.items():
-        for prefix in ("blockdev_", "nbd_"):
-            if k.startswith(prefix):
-                k = k[len(prefix):]
-                break
-        if isinstance(v, (int, float)):
-            out[k] = v
-    return out
+            if self._handle is None:
+                raise errors.ServerError("the block device is not running")
+            st = ffi.new("struct nbd_stats *")
+            lib.nbd_get_stats(self._handle, st)
+            return stats_view(as_dict(st), self.config.block_size)

@@ -198,6 +198,11 @@ class Server:
         """arch udp/dpdk: the UDP front end's port (the one bound when udp_port was 0)."""
         return lib.srv_udp_port(self._srv) if self._srv is not None else self.config.udp_port
 
+    def _nbd_server(self):
+        """The struct nbd_server * of the block device this engine serves (kv_config.nbd set:
+        kvstore.BlockDevice reads its port and counters), or NULL; valid until stop()."""
+        return lib.srv_nbd(self._srv)
+
     @property
     def metrics_port(self):
         """The metrics endpoint's port (the one bound when metrics_port was 0), or None when off."""

@@ -163,7 +163,7 @@ class Device:
     def _argv(self):
         if self.kind == "kvstore":
             return [sys.executable, "-m", "kvstore.cli", "blockdev", "serve", "--size", self.size,
-                    "--listen", f"127.0.0.1:{self.port}", "--export", self.export] + self.args
+                    "--listen", "127.0.0.1:0", "--export", self.export] + self.args  # the port: from its line
         need("nbdkit")
         plugin = ["memory", self.size] if self.kind == "nbdkit" else \
             ["file", os.path.join(self.workdir, "disk.img"), "cache=none"]

@@ -363,3 +363,34 @@ def test_multiconn_overlapping_unaligned_writes_never_mix(make_device, kind):
     assert res["mixed"] == [], res
     # the writes did overlap: blocks whose content depends on the order (both orders are allowed)
     assert res["conflicting"] > 100 and res["order_ab"] + res["order_ba"] >= res["conflicting"], res
+
+
+# ---------------------------------------------------------------- Python API
+
+@pytest.mark.parametrize("kind", ["embedded", "redis"])
+def test_python_block_device_uri_stats_stop(kind, tmp_path):
+    """kvstore.BlockDevice as a notebook uses it: start, uri, stats, stop."""
+    from helpers.blockdev import have_our_server
+    from kvstore import BlockDevice, ServerError
+    if not have_our_server():
+        pytest.skip("this build has no C NBD server yet")
+    backend = Backend("redis").start() if kind == "redis" else None
+    try:
+        settings = dict(durability="none", data_dir=str(tmp_path / "data")) if backend is None else {}
+        dev = BlockDevice(size="8M", backend=backend.url if backend else "embedded", threads=1, **settings)
+        with dev:
+            assert dev.uri == f"nbd://127.0.0.1:{dev.port}/kvstore" and dev.port > 0
+            nbdsh(dev.uri, "h.pwrite(b'\\x01' * (128 << 10), 4096); h.pread(4096, 0); h.flush()")
+            st = dev.stats()
+            assert st["writes"] == 1 and st["reads"] == 1 and st["flushes"] == 1
+            assert st["bytes_written"] == 128 << 10 and st["bytes_read"] == 4096
+            assert st["kv_puts"] == 32 and st["kv_gets"] >= 1  # a 128 KiB write: 32 blocks
+            assert st["kv_requests_per_io"] == st["kv_requests"] / st["ios"] > 1
+        assert not dev.running
+        with pytest.raises(ServerError, match="not running"):
+            dev.stats()
+        with pytest.raises(ServerError, match="not running"):
+            dev.uri
+    finally:
+        if backend:
+            backend.stop()
