@@ -150,7 +150,8 @@ class Backend:
 class Device:
     """One NBD server process. kind: "nbdkit" (`nbdkit memory SIZE`, the reference),
     "nbdkit-file" (`nbdkit file PATH`: FLUSH = fdatasync, the durability reference) or
-    "kvstore" (`kvstore blockdev serve`, args its options: --backend, --durability, ...).
+    "kvstore" (`kvstore blockdev serve`, args its options: --backend, --durability, ...; TCP on a
+    free port unless args has --unix).
     start() -> self; .uri; kill() / start() again keeps the port and the files."""
 
     def __init__(self, kind, size, *args, workdir=None, export="kvstore"):
@@ -162,8 +163,9 @@ class Device:
 
     def _argv(self):
         if self.kind == "kvstore":
-            return [sys.executable, "-m", "kvstore.cli", "blockdev", "serve", "--size", self.size,
-                    "--listen", "127.0.0.1:0", "--export", self.export] + self.args  # the port: from its line
+            tcp = [] if "--unix" in self.args else ["--listen", "127.0.0.1:0"]  # the port: from its line
+            return [sys.executable, "-m", "kvstore.cli", "blockdev", "serve", "--size", self.size, *tcp,
+                    "--export", self.export] + self.args
         need("nbdkit")
         plugin = ["memory", self.size] if self.kind == "nbdkit" else \
             ["file", os.path.join(self.workdir, "disk.img"), "cache=none"]

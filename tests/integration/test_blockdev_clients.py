@@ -394,3 +394,18 @@ def test_python_block_device_uri_stats_stop(kind, tmp_path):
     finally:
         if backend:
             backend.stop()
+
+
+@pytest.mark.parametrize("backend", ["embedded", "redis"])
+def test_unix_socket_listener_alone(make_device, backend, tmp_path):
+    """--unix without --listen: one ready line, nbd+unix://, and no TCP listener."""
+    sock = str(tmp_path / "nbd.sock")
+    dev = make_device(backend, "8M", "--unix", sock)
+    assert dev.uri == f"nbd+unix:///kvstore?socket={sock}"
+    assert "nbd://" not in dev.log()
+    (export,) = json.loads(run("nbdinfo", "--json", dev.uri).stdout)["exports"]
+    assert export["export-size"] == 8 * MiB and export["export-name"] == "kvstore"
+    src = random_image(tmp_path / "src.img", 8 * MiB, seed=9)
+    run("nbdcopy", src, dev.uri)
+    run("nbdcopy", dev.uri, tmp_path / "out.img")
+    assert sha256_file(tmp_path / "out.img") == sha256_file(src)
