@@ -229,7 +229,8 @@ def test_fio_nbd_engine_random_writes_verify(make_device, kind, bs, tmp_path):
     out = run("fio", "--name=verify", "--ioengine=nbd", f"--uri={dev.uri}", "--rw=randwrite",
               f"--bsrange={bs}" if "-" in bs else f"--bs={bs}", "--size=16M", "--iodepth=16", "--numjobs=1",
               "--verify=crc32c", "--do_verify=1", "--verify_fatal=1", "--verify_backlog=256",
-              "--runtime=60", "--output-format=json", timeout=180).stdout
+              "--runtime=60", "--verify_state_save=0", f"--directory={tmp_path}", "--output-format=json",
+              timeout=180).stdout
     job = json.loads(out[out.index("{"):])["jobs"][0]
     assert job["error"] == 0, job
     assert job["write"]["io_bytes"] >= 16 * MiB
