@@ -11,12 +11,13 @@ import kvstore
 from kvstore import log
 from kvstore.blockdev import BlockDevice
 from kvstore.cli.main import _durability_line, _fail_logged, main, setting_options
-from kvstore.config import SIZE, BlockdevConfig, ServerConfig, parse_size
+from kvstore.config import SIZE, BlockdevConfig, ServerConfig, parse_size, redact
 from kvstore.errors import ConfigError, KVError
 
 # The engine's settings in this command: `threads` is the block device's (NBD workers), so
 # the engine's RESP pollers are --server-threads here.
 RENAME = {"threads": "server_threads"}
+RENAME_BACK = {v: k for k, v in RENAME.items()}
 # Engine settings that also mean something without the embedded engine: where the log goes.
 ANY_BACKEND = ("log_level", "log_file")
 
@@ -92,16 +93,7 @@ def serve(config_file, **opts):
     _serve_forever(dev, cfg, scfg)
 
 
-RENAME_BACK = {v: k for k, v in RENAME.items()}
 main.add_command(blockdev)
-
-
-def redact(url):
-    """A backend URL with its password (scheme://:PASSWORD@HOST) hidden, for the log."""
-    scheme, sep, rest = url.partition("://")
-    if sep and "@" in rest:
-        return f"{scheme}://(password)@{rest.rpartition('@')[2]}"
-    return url
 
 
 def _flush_line(cfg, scfg):

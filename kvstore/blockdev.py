@@ -11,7 +11,7 @@ import dataclasses
 import threading
 
 from kvstore import errors
-from kvstore.config import BlockdevConfig, ServerConfig
+from kvstore.config import BlockdevConfig, ServerConfig, redact
 
 _BLOCKDEV_FIELDS = {f.name for f in dataclasses.fields(BlockdevConfig)}
 _SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
@@ -57,13 +57,15 @@ class BlockDevice:
     "redis://HOST:PORT[/DB]" or "memcached://HOST:PORT" (kvstore.config.BACKEND_FORMS).
     Other keywords: the block device's settings (kvstore.config.BlockdevConfig: listen,
     unix, export, threads, connections_per_thread, block_size, read_only, key_prefix, ...;
-    listen defaults to "127.0.0.1:0" here: any free port, .port says which) and, embedded only, the engine's
-    (kvstore.config.ServerConfig: durability, data_dir, max_memory, ...; its RESP port
-    defaults to 0 here). Or pass config= (a BlockdevConfig) and server_config= (a
-    ServerConfig); store= an existing kvstore.Store for the embedded engine.
+    listen defaults to "127.0.0.1:0" here: any free port, .port says which) and, embedded
+    only, the engine's (kvstore.config.ServerConfig: durability, data_dir, max_memory, ...;
+    its RESP port defaults to 0 here). None values are left out. Or pass config= (a
+    BlockdevConfig) and server_config= (a ServerConfig); store= an existing kvstore.Store
+    for the embedded engine.
     """
 
     def __init__(self, size=None, backend=None, *, config=None, server_config=None, store=None, **settings):
+        settings = {k: v for k, v in settings.items() if v is not None}
         if config is not None and (size is not None or backend is not None
                                    or _BLOCKDEV_FIELDS & settings.keys()):
             raise TypeError("give config= or the block device's settings, not both")
@@ -84,7 +86,7 @@ class BlockDevice:
         if not embedded and (engine or server_config is not None or store is not None):
             given = ", ".join(sorted(engine)) or ("server_config" if server_config is not None else "store")
             raise errors.ConfigError(f"{given}: the engine's settings apply to backend embedded only; "
-                                     f"{self.config.backend} is configured where it runs")
+                                     f"{redact(self.config.backend)} is configured where it runs")
         if embedded and server_config is None:
             engine.setdefault("port", 0)
             server_config = ServerConfig(**engine)

@@ -603,6 +603,14 @@ def backend_scheme(url):
     return scheme
 
 
+def redact(url):
+    """A backend URL with its password (scheme://:PASSWORD@HOST) hidden, for logs and messages."""
+    scheme, sep, rest = str(url).partition("://")
+    if sep and "@" in rest:
+        return f"{scheme}://(password)@{rest.rpartition('@')[2]}"
+    return url
+
+
 @dataclasses.dataclass
 class BlockdevConfig:
     """Every setting of the block device (`kvstore blockdev serve`), in the order of its --help."""

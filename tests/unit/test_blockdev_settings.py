@@ -6,9 +6,9 @@ import dataclasses
 import pytest
 from click.testing import CliRunner
 
-from cli.blockdev import RENAME, redact, serve
+from cli.blockdev import RENAME, serve
 from kvstore import BlockDevice, ConfigError
-from kvstore.config import BlockdevConfig, ServerConfig, parse_disk_size
+from kvstore.config import BlockdevConfig, ServerConfig, parse_disk_size, redact
 
 SETTINGS = BlockdevConfig.settings()
 NBD_CONFIG_FIELDS = {"bind", "port", "unix_path", "export_name", "description", "size", "block_size", "threads",
@@ -122,8 +122,10 @@ def test_python_api_splits_block_device_and_engine_settings():
     assert (dev.config.size, dev.config.export, dev.config.threads) == (64 << 20, "d1", 1)
     assert (dev.server_config.durability, dev.server_config.max_memory, dev.server_config.port) == ("none", 1 << 30, 0)
     assert dev.config.listen == "127.0.0.1:0" and not dev.running
-    with pytest.raises(ConfigError, match="durability: the engine's settings apply to backend embedded only"):
-        BlockDevice(size="64M", backend="redis://127.0.0.1:6379", durability="none")
+    with pytest.raises(ConfigError, match=r"durability: the engine's settings apply to backend embedded only; "
+                                          r"redis://\(password\)@127"):
+        BlockDevice(size="64M", backend="redis://:pw@127.0.0.1:6379", durability="none")
+    assert BlockDevice(size="64M", export=None, listen=None).config.export == "kvstore"  # None: left out
     with pytest.raises(TypeError, match="unknown setting.*colour"):
         BlockDevice(size="64M", colour="blue")
     with pytest.raises(ConfigError, match="size: the device's size is required"):
