@@ -32,16 +32,14 @@ def c_nbd_config(config):
 
 
 def stats_view(raw, block_size):
-    """The counters of struct nbd_stats ({name: int}) with what they mean per I/O added:
-    ios (NBD reads + writes + trims + zeroes + flushes), kv_requests (GET + PUT + DEL + SYNC),
-    kv_requests_per_io and queue_depth (the mean of in-flight requests, sampled by the
-    threads; 0 before any sample)."""
+    """The counters of struct nbd_stats ({name: int}) with what they mean per I/O added, as
+    INFO blockdev computes them: ios (NBD reads + writes + trims + zeroes; flushes apart),
+    kv_requests (GET + PUT + DEL; SYNCs apart), kv_requests_per_io and queue_depth (the mean
+    of in-flight requests, sampled by the threads; 0 before any sample)."""
     d = dict(raw)
-    ios = sum(d.get(k, 0) for k in ("reads", "writes", "trims", "zeroes", "flushes"))
-    kv = sum(d.get(k, 0) for k in ("kv_gets", "kv_puts", "kv_dels", "kv_syncs"))
-    d["ios"] = ios
-    d["kv_requests"] = kv
-    d["kv_requests_per_io"] = kv / ios if ios else 0.0
+    d["ios"] = sum(d.get(k, 0) for k in ("reads", "writes", "trims", "zeroes"))
+    d["kv_requests"] = sum(d.get(k, 0) for k in ("kv_gets", "kv_puts", "kv_dels"))
+    d["kv_requests_per_io"] = d["kv_requests"] / d["ios"] if d["ios"] else 0.0
     samples = d.get("inflight_samples", 0)
     d["queue_depth"] = d.get("inflight_sum", 0) / samples if samples else 0.0
     d["block_size"] = block_size
