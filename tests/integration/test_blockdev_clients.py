@@ -387,6 +387,10 @@ def test_python_block_device_uri_stats_stop(kind, tmp_path):
             assert st["bytes_written"] == 128 << 10 and st["bytes_read"] == 4096
             assert st["kv_puts"] == 32 and st["kv_gets"] >= 1  # a 128 KiB write: 32 blocks
             assert st["kv_requests_per_io"] == st["kv_requests"] / st["ios"] > 1
+            if dev.server is not None:  # embedded: INFO blockdev (redis-cli's view) says the same
+                info = dev.server.info("blockdev")
+                assert (info["blockdev_writes"], info["blockdev_kv_puts"]) == (st["writes"], st["kv_puts"])
+                assert info["blockdev_kv_per_io"] == round(st["kv_requests_per_io"], 2)
         assert not dev.running
         with pytest.raises(ServerError, match="not running"):
             dev.stats()
