@@ -359,7 +359,7 @@ print(json.dumps(dict(conflicting=conflicting, order_ab=order_ab, order_ba=order
 @pytest.mark.parametrize("kind", FULL + ["redis"])
 def test_multiconn_overlapping_unaligned_writes_never_mix(make_device, kind):
     dev = make_device(kind, "16M")
-    code = MULTICONN_SCRIPT.replace("ROUNDS_", "40").replace("SEED_", "11").replace("URI_", repr(dev.uri))
+    code = MULTICONN_SCRIPT.replace("ROUNDS_", "150").replace("SEED_", "11").replace("URI_", repr(dev.uri))
     res = json.loads(nbdsh(dev.uri, code, timeout=240).strip().splitlines()[-1])
     assert res["mixed"] == [], res
     # the writes did overlap: blocks whose content depends on the order (both orders are allowed)
