@@ -36,7 +36,7 @@ def blockdev():
                    "..., keys as the long options), the engine's in [server]; options given on the command line "
                    "override it.")
 @setting_options(BlockdevConfig)
-@setting_options(ServerConfig, rename=RENAME, help_prefix="[embedded] ")
+@setting_options(ServerConfig, rename=RENAME, help_prefix=lambda name: "" if name in ANY_BACKEND else "[embedded] ")
 def serve(config_file, **opts):
     """Serve a block device over NBD until Ctrl-C or SIGTERM.
 
@@ -56,7 +56,7 @@ def serve(config_file, **opts):
 
     With --backend embedded (the default) the engine runs in this process: its settings are the
     [embedded] options below, as `kvstore serve` takes them (--server-threads is serve's
-    --threads), and it serves RESP on --port too (redis-cli INFO blockdev). A FLUSH (or a write
+    --threads), and it serves RESP on --bind:--port too (redis-cli INFO blockdev). A FLUSH (or a write
     with FUA) returns once every write before it is durable as --durability says. With a kvstore
     node in disk or remote mode the same holds there; Redis and memcached keep blocks in memory
     only: FLUSH returns at once and promises nothing across their restart."""

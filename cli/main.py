@@ -31,10 +31,12 @@ def setting_options(cls, rename=None, help_prefix=""):
     declaration (name, help, [default: ...], choices, flag or on/off switch). Defaults stay
     None: a flag not given leaves the config file's value (or the setting's default) alone.
     rename: {setting: option and parameter name} where two tables share a name (`blockdev
-    serve`'s server_threads, the engine's threads beside the block device's)."""
+    serve`'s server_threads, the engine's threads beside the block device's).
+    help_prefix: text put before each help, or a function of the setting's name giving it."""
     def decorate(f):
         for field in reversed(cls.settings()):
-            f = _setting_option(field, (rename or {}).get(field.name, field.name), help_prefix)(f)
+            prefix = help_prefix(field.name) if callable(help_prefix) else help_prefix
+            f = _setting_option(field, (rename or {}).get(field.name, field.name), prefix)(f)
         return f
     return decorate
 

@@ -96,6 +96,7 @@ def test_serve_help_explains_every_option():
         assert " ".join(f.metadata["help"].split()) in flat, f.name
     assert "kvstore blockdev listening on nbd://127.0.0.1:10809/kvstore" in out
     assert "[embedded] disk (the default)" in flat  # the engine's options, marked
+    assert "--log-level [debug|verbose|notice|warning] The least important" in flat  # any backend: unmarked
 
 
 @pytest.mark.parametrize("args, message", [
