@@ -1,0 +1,89 @@
+"""`kvstore blockdev serve` as a process: the ready lines scripts wait for, a clean stop on
+SIGTERM, and start-up failures that say what is wrong (exit 1, nothing left running)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from helpers.blockdev import Backend, Device, have_our_server, nbdsh
+from helpers.servers import PASSWORD
+
+pytestmark = pytest.mark.timeout(120)
+
+SERVE = [sys.executable, "-m", "kvstore.cli", "blockdev", "serve"]
+
+
+@pytest.fixture(autouse=True)
+def _built():
+    if not have_our_server():
+        pytest.skip("this build has no C NBD server yet")
+
+
+def refuse(*args):
+    """Run serve with args, expecting a refusal: its stderr."""
+    r = subprocess.run(SERVE + [str(a) for a in args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "listening on" not in r.stdout
+    return r.stderr
+
+
+def test_ready_lines_for_both_listeners_and_clean_sigterm(tmp_path):
+    sock = str(tmp_path / "nbd.sock")
+    dev = Device("kvstore", "8M", "--unix", sock, "--listen", "127.0.0.1:0", "--durability", "none", "--port", 0,
+                 "--data-dir", tmp_path / "data", "--export", "disk1", export="disk1", workdir=str(tmp_path))
+    dev.start()
+    try:
+        assert dev.uri.startswith("nbd://127.0.0.1:") and dev.uri.endswith("/disk1")
+        nbdsh(dev.uri, "h.pwrite(b'x' * 4096, 0)")
+        unix = f"nbd+unix:///disk1?socket={sock}"
+        assert nbdsh(unix, "print(bytes(h.pread(1, 0)))").strip() == "b'x'"  # the same device on both
+    finally:
+        rc = dev.stop()
+    assert rc == 0, dev.log()[-2000:]
+    assert "block device stopped" in open(os.path.join(tmp_path, "kvstore.log")).read()
+    assert not os.path.exists(sock) or not _accepts(sock)
+
+
+def _accepts(path):
+    with socket.socket(socket.AF_UNIX) as s:
+        return s.connect_ex(path) == 0
+
+
+def test_unreachable_backend_is_refused_at_start():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    err = refuse("--size", "1G", "--listen", "127.0.0.1:0", "--backend", f"redis://127.0.0.1:{port}")
+    assert f"Error: cannot connect to redis://127.0.0.1:{port}" in err
+
+
+def test_wrong_password_is_refused_and_not_shown(tmp_path):
+    node = Backend("kvstore", requirepass=PASSWORD).start()
+    try:
+        err = refuse("--size", "1G", "--listen", "127.0.0.1:0", "--backend",
+                     f"kvstore://:wrong-pw@127.0.0.1:{node.port}")
+        assert "Error: " in err and "wrong-pw" not in err
+        assert "AUTH" in err or "password" in err.lower(), err
+    finally:
+        node.stop()
+
+
+def test_nbd_port_in_use_is_refused(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        err = refuse("--size", "1G", "--listen", f"127.0.0.1:{port}", "--durability", "none", "--port", 0,
+                     "--data-dir", tmp_path / "data")
+    assert f"127.0.0.1:{port}" in err and "in use" in err.lower(), err
+
+
+def test_sigint_stops_it_too(tmp_path):
+    dev = Device("kvstore", "8M", "--durability", "none", "--port", 0, "--data-dir", tmp_path / "data",
+                 workdir=str(tmp_path)).start()
+    rc = dev.proc.stop(timeout=30, sig=signal.SIGINT)
+    dev.proc = None
+    assert rc == 0
