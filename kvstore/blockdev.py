@@ -11,7 +11,10 @@ import dataclasses
 import threading
 
 from kvstore import errors
+from kvstore._cstruct import as_dict
+from kvstore._native import ffi, lib
 from kvstore.config import BlockdevConfig, ServerConfig, redact
+from kvstore.server import Server, serve_until_signal
 
 _BLOCKDEV_FIELDS = {f.name for f in dataclasses.fields(BlockdevConfig)}
 _SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
@@ -20,8 +23,6 @@ _SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
 def c_nbd_config(config):
     """(cdata struct nbd_config * filled from a validated BlockdevConfig, keep-alive list
     of the strings it points to: the list must outlive the cdata)."""
-    from kvstore._native import ffi  # the compiled module: only when a device is made
-
     cfg, keep = ffi.new("struct nbd_config *"), []
     for name, value in config.c_values().items():
         if isinstance(value, str):
@@ -114,9 +115,6 @@ class BlockDevice:
             return self
 
     def _start_embedded(self):
-        from kvstore._native import lib
-        from kvstore.server import Server
-
         nbd, keep = c_nbd_config(self.config)
         server = Server(store=self._store, config=self.server_config, c_extra={"nbd": nbd})
         server.start()
@@ -126,8 +124,6 @@ class BlockDevice:
         self._port = port if port >= 0 else None
 
     def _start_network(self):
-        from kvstore._native import ffi, lib
-
         nbd, keep = c_nbd_config(self.config)
         err = ffi.new("char[512]")
         out = ffi.new("struct nbd_server **")
@@ -152,8 +148,6 @@ class BlockDevice:
                 self.server.stop()
                 self.server = None
             if self._nbd is not None:
-                from kvstore._native import lib
-
                 lib.nbd_stop(self._nbd)
                 lib.nbd_destroy(self._nbd)
                 self._nbd = None
@@ -169,8 +163,6 @@ class BlockDevice:
     def serve_forever(self, on_ready=None):
         """Start, call on_ready(self), block until SIGINT or SIGTERM, stop (main thread;
         as kvstore.Server.serve_forever)."""
-        from kvstore.server import serve_until_signal
-
         def check():
             if self.server is not None:
                 self.server.check_loading()
@@ -211,9 +203,6 @@ class BlockDevice:
         """The block device's counters (struct nbd_stats: NBD requests by kind, bytes, KV
         operations, errors, in-flight) plus ios, kv_requests, kv_requests_per_io and
         queue_depth (stats_view). Any thread; ServerError when stopped."""
-        from kvstore._cstruct import as_dict
-        from kvstore._native import ffi, lib
-
         with self._lock:
             if self._handle is None:
                 raise errors.ServerError("the block device is not running")
