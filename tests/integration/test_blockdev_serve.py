@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from helpers.blockdev import Backend, Device, have_our_server, nbdsh
+from helpers.blockdev import READY, Backend, Device, have_our_server, nbdsh
 from helpers.servers import PASSWORD
+from kvstore.process import Process
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -87,3 +88,20 @@ def test_sigint_stops_it_too(tmp_path):
     rc = dev.proc.stop(timeout=30, sig=signal.SIGINT)
     dev.proc = None
     assert rc == 0
+
+
+def test_settings_from_the_toml_file_and_the_command_line(tmp_path):
+    """[blockdev] and [server] tables of one file; an option given on the command line wins."""
+    conf = tmp_path / "kv.toml"
+    conf.write_text(f'[server]\ndurability = "none"\nport = 0\ndata_dir = "{tmp_path / "data"}"\n\n'
+                    '[blockdev]\nsize = "24M"\nexport = "fromfile"\nblock_size = 8192\nread_only = true\n'
+                    'listen = "127.0.0.1:0"\n')
+    p = Process(SERVE + ["-c", str(conf), "--size", "12M"], ready_line=READY, name="kvstore blockdev",
+                log_path=str(tmp_path / "serve.log")).start(60)
+    try:
+        uri = p.match.group(1).decode()
+        assert uri.startswith("nbd://127.0.0.1:") and uri.endswith("/fromfile")
+        out = nbdsh(uri, "print(h.get_size(), h.is_read_only(), h.get_block_size(nbd.SIZE_PREFERRED))")
+        assert out.split() == [str(12 << 20), "True", "8192"]
+    finally:
+        assert p.stop(timeout=30) == 0
