@@ -32,9 +32,10 @@ MiB = 1 << 20
 
 
 def have_our_server():
-    """True once this build has the C NBD server (ext/frontend/nbd.c, nbd_create in SPEC)."""
-    from kvstore._native import lib
-    return hasattr(lib, "nbd_create")
+    """True once the tree has the C NBD server (ext/frontend/nbd.c): the tests of ours run
+    (and fail if the build lacks it); before it landed (issue 15's server branch) they skip."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.path.exists(os.path.join(root, "ext", "frontend", "nbd.c"))
 
 
 # nbdsh runs `python3` from PATH and needs the system's (python3-libnbd), not a venv's or pyenv's
@@ -176,7 +177,7 @@ class Device:
 
     def start(self, timeout=60):
         if self.kind == "kvstore" and not have_our_server():
-            pytest.skip("this build has no C NBD server yet (ext/frontend/nbd.c: issue 15's server branch)")
+            pytest.skip("this tree has no C NBD server yet (ext/frontend/nbd.c: issue 15's server branch)")
         if self.kind == "nbdkit-file" and not os.path.exists(os.path.join(self.workdir, "disk.img")):
             with open(os.path.join(self.workdir, "disk.img"), "wb") as f:
                 f.truncate(_bytes(self.size))

@@ -374,7 +374,7 @@ def test_python_block_device_uri_stats_stop(kind, tmp_path):
     from helpers.blockdev import have_our_server
     from kvstore import BlockDevice, ServerError
     if not have_our_server():
-        pytest.skip("this build has no C NBD server yet")
+        pytest.skip("this tree has no C NBD server yet (ext/frontend/nbd.c)")
     backend = Backend("redis").start() if kind == "redis" else None
     try:
         settings = dict(durability="none", data_dir=str(tmp_path / "data")) if backend is None else {}

@@ -20,7 +20,7 @@ SERVE = [sys.executable, "-m", "kvstore.cli", "blockdev", "serve"]
 @pytest.fixture(autouse=True)
 def _built():
     if not have_our_server():
-        pytest.skip("this build has no C NBD server yet")
+        pytest.skip("this tree has no C NBD server yet (ext/frontend/nbd.c)")
 
 
 def refuse(*args):
