@@ -96,6 +96,13 @@ SPEC = [
     ("core/ldu.h", ["struct ldu_node", "struct ldu_obj", "struct ldu_queue", "ldu_obj_init", "ldu_queue_init",
                     "ldu_log", "ldu_defer", "ldu_take", "ldu_reverse", "ldu_claim", "ldu_release"]),
     ("server/server.h", ["srv_set_loading", "srv_attach"]),  # a node waiting for its state (identity)
+    # the block device (issue 15): a network-backend server (eng NULL) or, through srv_nbd, the
+    # embedded one a Server runs when kv_config.nbd is set
+    ("frontend/nbd.h", ["struct nbd_server;", "struct nbd_config", "struct nbd_stats", "nbd_create", "nbd_start",
+                        "nbd_stop", "nbd_destroy", "nbd_port", "nbd_get_stats", "#define NBD_MAX_THREADS",
+                        "#define NBD_MAX_CONNS_PER_THREAD"]),
+    ("server/server.h", ["srv_nbd"]),
+    ("frontend/nbd_netkv.h", ["struct nk_url", "nk_parse_url"]),  # the block device's backend URLs (tests)
 ]
 
 

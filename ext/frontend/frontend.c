@@ -7,6 +7,7 @@ static const struct kv_frontend_ops *const frontends[] = {
     &fe_poller,
     &fe_threadpool,
     &fe_udp,
+    &fe_nbd, /* not an arch's: server.c adds it when kv_config.nbd is set */
 #ifdef KV_HAVE_DPDK
     &fe_dpdk,
 #endif

@@ -54,6 +54,6 @@ struct kv_frontend_ops {
 /* The front end of that name; NULL if unknown or not built (dpdk without libdpdk). */
 const struct kv_frontend_ops *fe_find(const char *name);
 
-extern const struct kv_frontend_ops fe_poller, fe_threadpool, fe_udp, fe_dpdk;
+extern const struct kv_frontend_ops fe_poller, fe_threadpool, fe_udp, fe_dpdk, fe_nbd;
 
 #endif

@@ -18,8 +18,9 @@
 #include "cmd/cmd.h"
 #include "core/table.h"
 #include "engine/loading.h"
+#include "frontend/nbd.h"
 
-#define MAX_FRONTENDS 2
+#define MAX_FRONTENDS 3 /* an arch's two, and the block device's (kv_config.nbd) */
 
 /* Which front ends each arch runs; the first serves TCP (the node's port). */
 static const struct arch {
@@ -43,6 +44,8 @@ struct totals {
 struct srv {
     struct kv_engine *eng;
     int nfe;
+    int udp;                 /* index of the arch's UDP front end, or -1 */
+    int nbd;                 /* index of the block device's front end, or -1 */
     const struct kv_frontend_ops *ops[MAX_FRONTENDS];
     void *fe[MAX_FRONTENDS];
     pthread_mutex_t base_lock;
@@ -143,6 +146,7 @@ int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg
         return -ENOMEM;
     }
     s->base_lock = (pthread_mutex_t)PTHREAD_MUTEX_INITIALIZER; /* static-style: nothing to destroy */
+    s->udp = s->nbd = -1;
     int rc = eng_create(&s->eng, t, cfg, err, errlen);
     if (rc < 0) {
         free(s);
@@ -158,8 +162,20 @@ int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg
     eng_info_add(s->eng, "clients", info_clients, NULL, s);
     eng_info_add(s->eng, "stats", info_stats, reset_stats, s);
     cmd_stats_register(s->eng);
-    for (int i = 0; i < MAX_FRONTENDS && a->fe[i]; i++) {
-        const struct kv_frontend_ops *ops = fe_find(a->fe[i]);
+    const char *names[MAX_FRONTENDS] = {0};
+    int n = 0;
+    while (n < MAX_FRONTENDS - 1 && a->fe[n]) {
+        names[n] = a->fe[n];
+        n++;
+    }
+    if (n > 1)
+        s->udp = 1;
+    if (cfg->nbd) { /* the block device, besides the arch's front ends */
+        s->nbd = n;
+        names[n++] = "nbd";
+    }
+    for (int i = 0; i < n; i++) {
+        const struct kv_frontend_ops *ops = fe_find(names[i]);
         if (!ops) { /* only dpdk can be missing: it is built only with libdpdk */
             snprintf(err, errlen, "kvstore was built without DPDK (libdpdk-dev not found at build time)");
             rc = -ENOTSUP;
@@ -221,7 +237,9 @@ int srv_port(const struct srv *s) { return s->eng->port; }
 
 int srv_tls_port(const struct srv *s) { return s->eng->cfg.tls_port < 0 ? -1 : s->eng->tls_port; }
 
-int srv_udp_port(const struct srv *s) { return s->nfe > 1 ? s->ops[1]->port(s->fe[1]) : s->eng->cfg.udp_port; }
+int srv_udp_port(const struct srv *s) { return s->udp >= 0 ? s->ops[s->udp]->port(s->fe[s->udp]) : s->eng->cfg.udp_port; }
+
+struct nbd_server *srv_nbd(struct srv *s) { return s->nbd >= 0 && s->nbd < s->nfe ? s->fe[s->nbd] : NULL; }
 
 int srv_have_dpdk(void) { return fe_find("dpdk") != NULL; }
 

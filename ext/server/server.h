@@ -37,6 +37,10 @@ int srv_tls_port(const struct srv *s);
 int srv_udp_port(const struct srv *s);
 /* 1 if this build has the DPDK front end (libdpdk found at build time), else 0. */
 int srv_have_dpdk(void);
+/* The block device served beside RESP (kv_config.nbd set), or NULL: for
+ * frontend/nbd.h's nbd_port and nbd_get_stats. */
+struct nbd_server;
+struct nbd_server *srv_nbd(struct srv *s);
 /* Totals over the front ends. */
 void srv_get_stats(struct srv *s, struct fe_stats *st);
 /* Counters of TCP thread i (poller or pool worker): 0, or -EINVAL past the last. */

@@ -28,6 +28,10 @@
                   consumer applies concurrently (claim/release/second claim), then a
                   drain; checks the applied state, that no node is lost or doubled,
                   and that absorbing and reuse happen; built with each sanitizer
+  nbd_proto_test.c  ext/proto/nbd.c, the NBD protocol's bytes: encoders against exact bytes,
+                  valid options and request headers parsed back (every split of a header), then
+                  mutated and random input to every parser in exact-size buffers;
+                  -fsanitize=address,undefined
   hashenc_fuzz.c  ext/core/hashenc.c, the encoding of a hash: random HSET/HDEL batches
                   against a model (fields in Redis's listpack order), then the decoder and
                   the writers fed damaged encodings and random bytes, each in a buffer of
@@ -44,6 +48,10 @@
                   key listing (exactly once, under writes, tickets nobody takes, a damaged
                   block) and expired records reclaimed from blocks nothing writes, with
                   the table's clock moved; built with each sanitizer
+  nbd_server_test.c  the NBD server with the embedded backend on a table and disk log, two
+                  raw clients on a unix socket writing the same unaligned ranges at once
+                  (read-modify-write of the edges): each block part read back is one
+                  writer's, never a mix; FLUSH, FUA, TRIM, WRITE_ZEROES pipelined; TSan, ASan/UBSan
   tls_test.c      ext/core/tls.c over a socketpair: a blocking client thread against a
                   non-blocking server echoing 4 MiB through a small socket (writes stopped
                   and repeated), a client without a certificate refused; each sanitizer
@@ -113,6 +121,7 @@ def layer_sources(*layers):
 
 
 SERVER_LIB = layer_sources("core", "proto", "durability", "engine", "cmd")
+NBD = [str(p) for p in sorted(EXT.glob("frontend/nbd*.c"))]
 LIBS = ["-lssl", "-lcrypto", "-lpthread"]  # after the sources: core/tls.c and the replication link's HMAC use OpenSSL
 
 BUILDS = {
@@ -120,12 +129,16 @@ BUILDS = {
     "tls_test_asan": (["tls_test.c", *_ext("core/tls.c")], ASAN_UBSAN),
     "session_test_tsan": (["session_test.c", *SERVER_LIB], TSAN),
     "session_test_asan": (["session_test.c", *SERVER_LIB], ASAN_UBSAN),
+    # the NBD server (every frontend/nbd*.c: its backends too, however many) over the embedded engine
+    "nbd_server_test_tsan": (["nbd_server_test.c", *SERVER_LIB, *NBD], TSAN),
+    "nbd_server_test_asan": (["nbd_server_test.c", *SERVER_LIB, *NBD], ASAN_UBSAN),
     "table_stress_tsan": (["table_stress.c", *TABLE], TSAN),
     "table_stress_asan": (["table_stress.c", *TABLE], ASAN_UBSAN),
     "table_ops_stress_tsan": (["table_ops_stress.c", *TABLE], TSAN),
     "table_ops_stress_asan": (["table_ops_stress.c", *TABLE], ASAN_UBSAN),
     "resp_fuzz_asan": (["resp_fuzz.c", *_ext("proto/resp.c")], ASAN_UBSAN),
     "hashenc_fuzz_asan": (["hashenc_fuzz.c", *_ext("core/hashenc.c", "core/siphash.c")], ASAN_UBSAN),
+    "nbd_proto_test_asan": (["nbd_proto_test.c", *_ext("proto/nbd.c")], ASAN_UBSAN),
     # 4 KiB chunks (1 MiB in the server): records cross many chunk boundaries
     "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN + ["-DWAL_CHUNK_BYTES=4096"]),
     "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN + ["-DWAL_CHUNK_BYTES=4096"]),
@@ -225,6 +238,12 @@ def test_hashenc_fuzz_asan_ubsan(binaries, seed_offset):
     assert "values" in out and "valid" in out
 
 
+@pytest.mark.parametrize("seed_offset", [0, 1])
+def test_nbd_proto_asan_ubsan(binaries, seed_offset):
+    out = _run(binaries("nbd_proto_test_asan"), SEED + seed_offset, FUZZ_ITERATIONS)
+    assert "mutated inputs parsed" in out and "encoders exact" in out
+
+
 @pytest.mark.parametrize("build", ["wal_stress_tsan", "wal_stress_asan"])
 def test_wal_stress(binaries, build, tmp_path):
     out = _run(binaries(build), SEED, 20_000, tmp_path / "log")
@@ -308,6 +327,12 @@ def test_ldu_stress(binaries, build, mode, producers, objects):
 def test_session(binaries, build, tmp_path):
     out = _run(binaries(build), tmp_path)
     assert "load stalls" in out
+
+
+@pytest.mark.parametrize("build", ["nbd_server_test_tsan", "nbd_server_test_asan"])
+def test_nbd_server(binaries, build, tmp_path):
+    out = _run(binaries(build), tmp_path, 400)
+    assert "block parts checked" in out
 
 
 @pytest.mark.parametrize("build", ["tls_test_tsan", "tls_test_asan"])

@@ -1,0 +1,570 @@
+/* nbd_conn.c - an NBD worker thread: its epoll loop, connections handed to it
+ * by thread 0's accept, the newstyle fixed handshake, and connection I/O.
+ * One round = every ready descriptor read (all the bytes a socket has, every
+ * request in them submitted), then lock grants run, one backend flush (many
+ * operations per system call), then every connection's replies written with
+ * writev in batches. Threads: all of this runs on the owning worker; only the
+ * fd queue and the grant list are touched by others (nbd_int.h).
+ * Reads untrusted bytes: proto/nbd.c parses them; option data is bounded by
+ * NBD_MAX_OPT_LEN (longer options are skipped and refused), requests by
+ * nbd_req.c. A malformed handshake closes only its connection. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/net.h"
+#include "frontend/nbd_int.h"
+
+#define NBD_IOV 64       /* iovecs per writev */
+#define NBD_EVENTS 64    /* epoll events per round */
+
+/* ---- connections */
+
+static void set_events(struct nbd_conn *c)
+{
+    if (c->closed)
+        return;
+    int out = c->hs_off < c->hs.len || c->out_head;
+    /* no EPOLLIN (nor EPOLLRDHUP: level-triggered, it would fire every round) while
+     * input is not wanted */
+    uint32_t ev = (c->paused || c->phase == PH_CLOSING ? 0 : EPOLLIN | EPOLLRDHUP) | (out ? EPOLLOUT : 0);
+    if (ev == c->events)
+        return;
+    struct epoll_event e = {.events = ev, .data.ptr = &c->w};
+    if (epoll_ctl(c->t->epfd, EPOLL_CTL_MOD, c->fd, &e) == 0)
+        c->events = ev;
+}
+
+void nbd_conn_want_write(struct nbd_conn *c)
+{
+    if (!c->out_listed) {
+        c->out_listed = 1;
+        c->next_out = c->t->out_list;
+        c->t->out_list = c;
+    }
+}
+
+static void drop_replies(struct nbd_conn *c)
+{
+    while (c->out_head) {
+        struct nbd_req *r = c->out_head;
+        c->out_head = r->next;
+        nbd_req_free(c->t, r);
+    }
+    c->out_tail = NULL;
+}
+
+/* Close the socket now; the struct goes once no request owns operations (the
+ * round's end frees it, so pointers held during this round stay valid). */
+static void conn_close(struct nbd_conn *c)
+{
+    if (c->closed)
+        return;
+    c->closed = 1;
+    /* explicitly: close() drops the registration only if no other descriptor
+     * refers to the socket (a forked child's copy) */
+    epoll_ctl(c->t->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    c->fd = -1;
+    atomic_fetch_sub_explicit(&c->t->s->clients, 1, memory_order_relaxed);
+    NBD_ST(c->t, connections, (uint64_t)-1);
+    drop_replies(c);
+    if (c->filling) { /* its payload never came: it owns no operations */
+        nbd_req_free(c->t, c->filling);
+        c->filling = NULL;
+    }
+    nbd_conn_want_write(c);
+}
+
+static void conn_free(struct nbd_conn *c)
+{
+    list_del(&c->node);
+    free(c->in);
+    kvbuf_free(&c->hs);
+    free(c);
+}
+
+static void conn_new(struct nbd_thread *t, int fd)
+{
+    struct nbd_conn *c = calloc(1, sizeof *c);
+    if (c && !(c->in = malloc(NBD_IN_CAP))) {
+        free(c);
+        c = NULL;
+    }
+    if (!c) {
+        kvlog(KVLOG_WARNING, "NBD: out of memory for a new connection: closed");
+        close(fd);
+        atomic_fetch_sub_explicit(&t->s->clients, 1, memory_order_relaxed);
+        return;
+    }
+    c->w.kind = NBD_WATCH_CONN;
+    c->w.ctx = c;
+    c->t = t;
+    c->fd = fd;
+    c->phase = PH_FLAGS;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails harmlessly on a unix socket */
+    net_peer_addr(fd, c->addr, sizeof c->addr);
+    struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = &c->w};
+    if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
+        close(fd);
+        free(c->in);
+        free(c);
+        atomic_fetch_sub_explicit(&t->s->clients, 1, memory_order_relaxed);
+        return;
+    }
+    c->events = e.events;
+    list_add(&t->conns, &c->node);
+    NBD_ST(t, connections, 1);
+    NBD_ST(t, total_connections, 1);
+    uint8_t g[NBD_GREETING_LEN];
+    nbd_enc_greeting(g);
+    if (kvbuf_append(&c->hs, g, sizeof g) < 0)
+        conn_close(c);
+    nbd_conn_want_write(c);
+}
+
+/* ---- the handshake */
+
+static void opt_reply(struct nbd_conn *c, uint32_t opt, uint32_t type, const void *data, uint32_t len)
+{
+    uint8_t h[NBD_OPT_REPLY_LEN];
+    nbd_enc_opt_reply(h, opt, type, len);
+    if (kvbuf_append(&c->hs, h, sizeof h) < 0 || (len && kvbuf_append(&c->hs, data, len) < 0))
+        conn_close(c);
+}
+
+static void opt_error(struct nbd_conn *c, uint32_t opt, uint32_t type, const char *msg)
+{
+    opt_reply(c, opt, type, msg, (uint32_t)strlen(msg));
+}
+
+static uint16_t tx_flags(const struct nbd_conn *c)
+{
+    const struct nbd_server *s = c->t->s;
+    return (uint16_t)(NBD_FLAG_HAS_FLAGS | NBD_FLAG_SEND_FLUSH | NBD_FLAG_SEND_FUA | NBD_FLAG_SEND_TRIM |
+                      NBD_FLAG_SEND_WRITE_ZEROES | NBD_FLAG_SEND_FAST_ZERO | NBD_FLAG_CAN_MULTI_CONN |
+                      (s->read_only ? NBD_FLAG_READ_ONLY : 0) | (c->structured ? NBD_FLAG_SEND_DF : 0));
+}
+
+static int name_ok(const struct nbd_server *s, const char *name, size_t n)
+{
+    return n == 0 || (strlen(s->export_name) == n && !memcmp(s->export_name, name, n));
+}
+
+static void info_reply(struct nbd_conn *c, uint32_t opt, uint16_t type, const void *p, size_t n)
+{
+    uint8_t b[2 + NBD_MAX_NAME];
+    nbd_put16(b, type);
+    memcpy(b + 2, p, n);
+    opt_reply(c, opt, NBD_REP_INFO, b, (uint32_t)(2 + n));
+}
+
+static void opt_go(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t len)
+{
+    struct nbd_server *s = c->t->s;
+    struct nbd_opt_go go;
+    if (nbd_parse_opt_go(p, len, &go) < 0)
+        return opt_error(c, opt, NBD_REP_ERR_INVALID, "malformed request");
+    if (!name_ok(s, go.name, go.name_len))
+        return opt_error(c, opt, NBD_REP_ERR_UNKNOWN, "no such export");
+    uint8_t b[12];
+    nbd_put64(b, s->size);
+    nbd_put16(b + 8, tx_flags(c));
+    info_reply(c, opt, NBD_INFO_EXPORT, b, 10);
+    for (int i = 0; i < go.ninfo; i++) {
+        if (go.info[i] == NBD_INFO_NAME)
+            info_reply(c, opt, NBD_INFO_NAME, s->export_name, strlen(s->export_name));
+        else if (go.info[i] == NBD_INFO_DESCRIPTION && s->description && *s->description)
+            info_reply(c, opt, NBD_INFO_DESCRIPTION, s->description, strnlen(s->description, NBD_MAX_NAME));
+    }
+    /* always: any alignment works (min 1), block_size is what avoids a read-modify-write */
+    nbd_put32(b, 1);
+    nbd_put32(b + 4, s->block_size);
+    nbd_put32(b + 8, NBD_MAX_PAYLOAD);
+    info_reply(c, opt, NBD_INFO_BLOCK_SIZE, b, 12);
+    opt_reply(c, opt, NBD_REP_ACK, NULL, 0);
+    if (opt == NBD_OPT_GO)
+        c->phase = PH_TX;
+}
+
+/* One option whose data (len bytes at p) is all in. */
+static void option(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t len)
+{
+    struct nbd_server *s = c->t->s;
+    switch (opt) {
+    case NBD_OPT_EXPORT_NAME: {
+        if (!name_ok(s, (const char *)p, len)) { /* this option has no error reply: the protocol says close */
+            kvlog(KVLOG_VERBOSE, "NBD client %s: unknown export requested: closing", c->addr);
+            conn_close(c);
+            return;
+        }
+        uint8_t b[134];
+        size_t n = nbd_enc_export_name_reply(b, s->size, tx_flags(c), c->no_zeroes);
+        if (kvbuf_append(&c->hs, b, n) < 0)
+            conn_close(c);
+        c->phase = PH_TX;
+        return;
+    }
+    case NBD_OPT_ABORT:
+        opt_reply(c, opt, NBD_REP_ACK, NULL, 0);
+        c->phase = PH_CLOSING;
+        return;
+    case NBD_OPT_LIST: {
+        if (len)
+            return opt_error(c, opt, NBD_REP_ERR_INVALID, "LIST takes no data");
+        uint8_t b[4 + NBD_MAX_NAME];
+        size_t n = strnlen(s->export_name, NBD_MAX_NAME);
+        nbd_put32(b, (uint32_t)n);
+        memcpy(b + 4, s->export_name, n);
+        opt_reply(c, opt, NBD_REP_SERVER, b, (uint32_t)(4 + n));
+        opt_reply(c, opt, NBD_REP_ACK, NULL, 0);
+        return;
+    }
+    case NBD_OPT_STARTTLS:
+        return opt_error(c, opt, NBD_REP_ERR_POLICY, "TLS is not offered by this server");
+    case NBD_OPT_INFO:
+    case NBD_OPT_GO:
+        return opt_go(c, opt, p, len);
+    case NBD_OPT_STRUCTURED_REPLY:
+        if (len)
+            return opt_error(c, opt, NBD_REP_ERR_INVALID, "STRUCTURED_REPLY takes no data");
+        c->structured = 1;
+        opt_reply(c, opt, NBD_REP_ACK, NULL, 0);
+        return;
+    default:
+        return opt_error(c, opt, NBD_REP_ERR_UNSUP, "option not supported");
+    }
+}
+
+/* One handshake step from the input: 1 progress, 0 need more bytes. */
+static int handshake(struct nbd_conn *c)
+{
+    const uint8_t *p = c->in + c->in_off;
+    size_t avail = c->in_len - c->in_off;
+    if (c->phase == PH_FLAGS) {
+        uint32_t flags;
+        int n = nbd_parse_client_flags(p, avail, &flags);
+        if (n <= 0) {
+            if (n < 0) {
+                kvlog(KVLOG_VERBOSE, "NBD client %s: unknown client flags %#x: closing", c->addr, flags);
+                NBD_ST(c->t, protocol_errors, 1);
+                conn_close(c);
+            }
+            return 0;
+        }
+        c->in_off += (size_t)n;
+        c->no_zeroes = !!(flags & NBD_FLAG_C_NO_ZEROES);
+        c->phase = PH_OPTS;
+        return 1;
+    }
+    struct nbd_opt_hdr h;
+    int n = nbd_parse_opt_hdr(p, avail, &h);
+    if (n < 0) {
+        kvlog(KVLOG_VERBOSE, "NBD client %s: bad option magic: closing", c->addr);
+        NBD_ST(c->t, protocol_errors, 1);
+        conn_close(c);
+        return 0;
+    }
+    if (n == 0)
+        return 0;
+    if (h.length > NBD_MAX_OPT_LEN) {
+        c->in_off += (size_t)n;
+        NBD_ST(c->t, protocol_errors, 1);
+        if (h.option == NBD_OPT_EXPORT_NAME) { /* no error reply exists for it */
+            conn_close(c);
+            return 0;
+        }
+        c->skip = h.length;
+        opt_error(c, h.option, NBD_REP_ERR_TOO_BIG, "option data too long");
+        return 1;
+    }
+    if (avail < (size_t)n + h.length)
+        return 0;
+    c->in_off += (size_t)n + h.length;
+    option(c, h.option, p + n, h.length);
+    return 1;
+}
+
+/* Everything the input holds: handshake steps, then requests. */
+static void process(struct nbd_conn *c)
+{
+    while (!c->closed) {
+        if (c->skip && c->phase != PH_TX) {
+            size_t avail = c->in_len - c->in_off;
+            size_t n = avail < c->skip ? avail : (size_t)c->skip;
+            c->in_off += n;
+            c->skip -= n;
+            if (c->skip)
+                return;
+        }
+        if (c->phase == PH_FLAGS || c->phase == PH_OPTS) {
+            if (!handshake(c))
+                return;
+        } else if (c->phase == PH_TX) {
+            if (nbd_req_input(c) < 0)
+                conn_close(c);
+            return;
+        } else { /* closing: what else the client sends is dropped */
+            c->in_off = c->in_len;
+            return;
+        }
+    }
+}
+
+static void conn_read(struct nbd_conn *c)
+{
+    for (int round = 0; round < 8 && !c->closed && !c->paused && c->phase != PH_CLOSING; round++) {
+        struct nbd_req *f = c->filling;
+        ssize_t n;
+        size_t want;
+        if (f && c->in_off == c->in_len && f->h.length - c->fill_off >= NBD_IN_CAP / 2) {
+            /* a large payload goes straight into its request, not through the input buffer */
+            want = f->h.length - c->fill_off;
+            n = read(c->fd, f->data + c->fill_off, want);
+            if (n > 0)
+                c->fill_off += (uint64_t)n;
+        } else {
+            if (c->in_off == c->in_len) {
+                c->in_off = c->in_len = 0;
+            } else if (c->in_off && c->in_len - c->in_off < NBD_IN_CAP / 2) {
+                memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
+                c->in_len -= c->in_off;
+                c->in_off = 0;
+            }
+            if (c->in_len == NBD_IN_CAP)
+                break; /* full and nothing parsed: the in-flight bound holds it */
+            want = NBD_IN_CAP - c->in_len;
+            n = read(c->fd, c->in + c->in_len, want);
+            if (n > 0)
+                c->in_len += (size_t)n;
+        }
+        if (n == 0) {
+            /* end of the client's stream (it may only have shut down its side, after
+             * DISCONNECT): requests already in run and their replies still go out */
+            if ((c->active || c->out_head) && !c->filling && c->phase == PH_TX) {
+                c->phase = PH_CLOSING;
+                nbd_conn_want_write(c);
+                break;
+            }
+            conn_close(c);
+            return;
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN)
+                conn_close(c);
+            break;
+        }
+        process(c);
+        if ((size_t)n < want)
+            break; /* the socket is drained: (level-triggered) epoll reports what comes next */
+    }
+    set_events(c);
+}
+
+/* After a failed send: 1 to try again (EINTR), 0 to stop (EAGAIN: EPOLLOUT says
+ * when there is room; anything else closed the connection). */
+static int send_failed(struct nbd_conn *c)
+{
+    if (errno == EINTR)
+        return 1;
+    if (errno != EAGAIN)
+        conn_close(c);
+    return 0;
+}
+
+/* Send handshake bytes, then replies, until done or the socket is full. */
+static void conn_write(struct nbd_conn *c)
+{
+    while (c->hs_off < c->hs.len) {
+        ssize_t n = send(c->fd, c->hs.p + c->hs_off, c->hs.len - c->hs_off, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (send_failed(c))
+                continue;
+            return;
+        }
+        c->hs_off += (size_t)n;
+    }
+    c->hs.len = c->hs_off = 0;
+    while (c->out_head) {
+        struct iovec iov[NBD_IOV];
+        int k = 0;
+        uint64_t total = 0;
+        for (struct nbd_req *r = c->out_head; r && k < NBD_IOV - 1; r = r->next) {
+            if (r->sent < r->hdr_len)
+                iov[k++] = (struct iovec){r->hdr + r->sent, r->hdr_len - r->sent};
+            uint64_t d = r->sent > r->hdr_len ? r->sent - r->hdr_len : 0;
+            if (r->data_len > d)
+                iov[k++] = (struct iovec){r->data + d, r->data_len - d};
+            total += r->hdr_len + r->data_len - r->sent;
+        }
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
+        ssize_t n = sendmsg(c->fd, &m, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (send_failed(c))
+                continue;
+            return;
+        }
+        uint64_t left = (uint64_t)n;
+        while (c->out_head) {
+            struct nbd_req *r = c->out_head;
+            uint64_t rest = r->hdr_len + r->data_len - r->sent;
+            if (left < rest) {
+                r->sent += left;
+                break;
+            }
+            left -= rest;
+            c->out_head = r->next;
+            if (!c->out_head)
+                c->out_tail = NULL;
+            nbd_req_free(c->t, r);
+        }
+        if ((uint64_t)n < total)
+            return; /* the socket took part of it: full (EPOLLOUT says when it has room) */
+    }
+}
+
+/* The round's end for one connection: write, resume input the in-flight bound
+ * held, close after DISCONNECT / ABORT, free a closed one nobody uses. While
+ * here it stays marked as listed, so that a close or a reply queued meanwhile
+ * does not list it a second time (it would be freed twice). */
+static void conn_flush(struct nbd_conn *c)
+{
+    int again = 0;
+    if (!c->closed) {
+        conn_write(c);
+        if (!c->closed && c->paused && c->inflight < NBD_CONN_MAX_INFLIGHT / 2) {
+            c->paused = 0;
+            struct nbd_req *tail = c->out_tail;
+            process(c); /* the headers already buffered */
+            if (!c->closed && !c->paused)
+                conn_read(c);
+            again = !c->closed && c->out_tail != tail; /* replies queued just now */
+        }
+        if (!c->closed && c->phase == PH_CLOSING && !c->active && !c->out_head && c->hs_off == c->hs.len)
+            conn_close(c);
+        set_events(c);
+    }
+    if (c->closed && !c->active) {
+        conn_free(c);
+        return;
+    }
+    c->out_listed = 0;
+    if (again)
+        nbd_conn_want_write(c);
+}
+
+/* ---- the thread */
+
+static void accept_all(struct nbd_thread *t, int lfd)
+{
+    struct nbd_server *s = t->s;
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN) {
+                static struct kvlog_rate rate = KVLOG_RATE_INIT(5);
+                kvlog_rated(&rate, KVLOG_WARNING, "NBD: accept failed: %s", strerror(errno));
+            }
+            return;
+        }
+        if (atomic_fetch_add_explicit(&s->clients, 1, memory_order_relaxed) >= s->max_clients) {
+            atomic_fetch_sub_explicit(&s->clients, 1, memory_order_relaxed);
+            NBD_ST(t, rejected_connections, 1);
+            close(fd);
+            continue;
+        }
+        /* round robin: fio's jobs (and multi-conn clients) spread over the threads */
+        struct nbd_thread *to = &s->th[s->rr++ % (unsigned)s->threads];
+        if (to == t)
+            conn_new(t, fd);
+        else
+            fdq_push(&to->q, fd);
+    }
+}
+
+static void on_wake(struct nbd_thread *t)
+{
+    uint64_t v;
+    (void)!read(t->evfd, &v, sizeof v);
+    int fds[64];
+    int n = fdq_take(&t->q, fds, 64);
+    for (int i = 0; i < n; i++)
+        conn_new(t, fds[i]);
+}
+
+static void round_end(struct nbd_thread *t)
+{
+    for (int i = 0; i < 64; i++) {
+        nbd_req_run_grants(t);
+        if (t->dirty) {
+            t->dirty = 0;
+            t->s->be->flush(t->be);
+            continue;
+        }
+        if (!t->out_list && !t->ready)
+            break;
+        while (t->out_list) {
+            struct nbd_conn *c = t->out_list;
+            t->out_list = c->next_out;
+            conn_flush(c);
+        }
+    }
+}
+
+void *nbd_thread_main(void *arg)
+{
+    struct nbd_thread *t = arg;
+    struct nbd_server *s = t->s;
+    struct epoll_event ev[NBD_EVENTS];
+    while (!atomic_load_explicit(&s->stop, memory_order_acquire)) {
+        int n = epoll_wait(t->epfd, ev, NBD_EVENTS, -1);
+        if (n < 0 && errno != EINTR)
+            break;
+        for (int i = 0; i < n; i++) {
+            struct nbd_watch *w = ev[i].data.ptr;
+            switch (w->kind) {
+            case NBD_WATCH_LISTEN: accept_all(t, (int)(intptr_t)w->ctx); break;
+            case NBD_WATCH_WAKE: on_wake(t); break;
+            case NBD_WATCH_CONN: {
+                struct nbd_conn *c = w->ctx;
+                if (c->closed)
+                    break;
+                if (ev[i].events & (EPOLLIN | EPOLLRDHUP))
+                    conn_read(c);
+                else if (ev[i].events & (EPOLLHUP | EPOLLERR))
+                    conn_close(c);
+                if (!c->closed && (ev[i].events & EPOLLOUT))
+                    nbd_conn_want_write(c);
+                break;
+            }
+            default: s->be->on_event(w->ctx, w, ev[i].events); break;
+            }
+        }
+        round_end(t);
+    }
+    return NULL;
+}
+
+void nbd_conn_free_all(struct nbd_thread *t)
+{
+    while (!list_empty(&t->conns)) {
+        struct nbd_conn *c = (struct nbd_conn *)((char *)t->conns.next - offsetof(struct nbd_conn, node));
+        conn_close(c);
+        conn_free(c);
+    }
+    t->out_list = NULL;
+}
