@@ -105,3 +105,22 @@ def test_settings_from_the_toml_file_and_the_command_line(tmp_path):
         assert out.split() == [str(12 << 20), "True", "8192"]
     finally:
         assert p.stop(timeout=30) == 0
+
+
+def test_max_connections_closes_the_one_past_it(tmp_path):
+    dev = Device("kvstore", "8M", "--max-connections", 1, "--durability", "none", "--port", 0, "--data-dir",
+                 tmp_path / "data", workdir=str(tmp_path)).start()
+    try:
+        out = nbdsh(dev.uri, "\n".join([
+            "h2 = nbd.NBD()",
+            "try:",
+            "    h2.connect_uri(" + repr(dev.uri) + ")",
+            "    h2.pread(512, 0)",
+            "    print('second served')",
+            "except nbd.Error:",
+            "    print('second refused')",
+            "print(len(h.pread(512, 0)))",  # the first one goes on
+        ]))
+        assert out.split() == ["second", "refused", "512"], out
+    finally:
+        dev.stop()
