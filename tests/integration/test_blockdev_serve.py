@@ -124,3 +124,39 @@ def test_max_connections_closes_the_one_past_it(tmp_path):
         assert out.split() == ["second", "refused", "512"], out
     finally:
         dev.stop()
+
+
+@pytest.mark.parametrize("threads, conns", [(1, 1), (2, 3)])
+def test_threads_times_connections_per_thread_reach_the_backend(tmp_path, threads, conns):
+    """One connection per NBD thread and per --connections-per-thread, opened at start."""
+    from helpers.conn import client
+    redis = Backend("redis").start()
+    dev = Device("kvstore", "8M", "--backend", redis.url, "--threads", threads, "--connections-per-thread", conns,
+                 workdir=str(tmp_path))
+    try:
+        dev.start()
+        with client(redis.port) as c:
+            assert c.info("clients")["connected_clients"] - 1 == threads * conns  # - this one
+    finally:
+        dev.stop()
+        redis.stop()
+
+
+@pytest.mark.parametrize("prefix", [None, "disk7:"])
+def test_block_keys_are_prefix_and_block_number(tmp_path, prefix):
+    """Block n is the key PREFIX + n (default nbd:EXPORT:), its value the block's bytes; a block
+    written with zeros is no key."""
+    from helpers.conn import client
+    redis = Backend("redis").start()
+    dev = Device("kvstore", "8M", "--backend", redis.url, *(["--key-prefix", prefix] if prefix else []),
+                 workdir=str(tmp_path))
+    try:
+        dev.start()
+        nbdsh(dev.uri, "h.pwrite(b'a' * 4096 + b'b' * 100, 5 * 4096); h.pwrite(bytes(4096), 9 * 4096)")
+        with client(redis.port, decode_responses=False) as c:
+            p = (prefix or "nbd:kvstore:").encode()
+            assert sorted(c.keys()) == [p + b"5", p + b"6"]
+            assert c.get(p + b"5") == b"a" * 4096 and c.get(p + b"6") == b"b" * 100 + bytes(3996)
+    finally:
+        dev.stop()
+        redis.stop()
