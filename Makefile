@@ -15,6 +15,11 @@ RUN_APT := gcc libffi-dev libssl-dev
 # as the reference, memcached, ip (network namespaces), promtool (the metrics tests), fio (the
 # disk bar p000_nhd holds the data file's sweep to).
 TEST_APT := $(RUN_APT) redis-server redis-tools memcached iproute2 prometheus openssl fio
+# The block device (issue 15, `kvstore blockdev serve`): its tests and benchmarks drive real NBD
+# clients -- libnbd-bin (nbdinfo, nbdcopy, nbdfuse), python3-libnbd (nbdsh), qemu-utils (qemu-img),
+# fio's nbd engine -- put file systems on it through nbdfuse (fuse3) and a loop device (mount:
+# losetup), made by e2fsprogs and xfsprogs, and compare it with nbdkit's memory plugin.
+TEST_APT += nbdkit libnbd-bin python3-libnbd qemu-utils fuse3 mount e2fsprogs xfsprogs
 # liburing for --datafile-io uring/uring-direct (built in when pkg-config finds it; without
 # it those modes say so at start), so CI runs the data file's suites under io_uring too.
 TEST_APT += liburing-dev pkg-config

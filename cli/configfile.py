@@ -6,7 +6,7 @@ import textwrap
 
 import click
 
-from kvstore.config import SIZE, ServerConfig, parse_size
+from kvstore.config import SIZE, BlockdevConfig, ServerConfig, parse_size
 
 WIDTH = 100
 
@@ -69,10 +69,23 @@ def _entry(field, defaults):
     return "\n".join(lines)
 
 
+BLOCKDEV_HEADER = """
+# ---- The block device: `kvstore blockdev serve -c FILE` (NBD, blocks as keys). With
+# --backend embedded (the default) the settings above are its engine's, except that threads
+# above is the engine's --server-threads there; those below are the block device's own.
+[blockdev]
+"""
+
+
 def example_text():
-    """The whole example file, one commented entry per setting, in `kvstore serve --help` order."""
+    """The whole example file, one commented entry per setting, in `kvstore serve --help` order,
+    then the [blockdev] table in `kvstore blockdev serve --help` order."""
     defaults = ServerConfig().validate()
-    return HEADER + "".join("\n" + _entry(f, defaults) + "\n" for f in ServerConfig.settings())
+    server = "".join("\n" + _entry(f, defaults) + "\n" for f in ServerConfig.settings())
+    blockdev = BlockdevConfig(size="4G")  # size has no default: the example shows one
+    entries = "".join("\n" + _entry(f, blockdev) + "\n" for f in BlockdevConfig.settings())
+    entries = entries.replace('# Default: "4G"\n#size', "# Default: none, it is required (an example below)\n#size")
+    return HEADER + server + BLOCKDEV_HEADER + entries
 
 
 @click.group()

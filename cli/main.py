@@ -26,35 +26,45 @@ def main():
     Start a server with `kvstore serve`, load it with `kvstore bench`."""
 
 
-def _setting_options(f):
-    """One click option per ServerConfig setting, from its declaration (name, help,
-    [default: ...], choices, flag or on/off switch). Defaults stay None: a flag not given
-    leaves the config file's value (or the setting's default) alone."""
-    for field in reversed(ServerConfig.settings()):
-        m, flag = field.metadata, "--" + field.name.replace("_", "-")
-        shown = field.default if m["shown"] is True else m["shown"]
-        kw = dict(help=m["help"] + (f"  [default: {shown}]" if shown is not None else ""), default=None)
-        if m["cli"] == "switch":
-            decls = [f"{flag}/--no-{flag[2:]}"]
-        else:
-            decls = [flag]
-            if m["cli"] == "flag":
-                kw["is_flag"] = True
-            elif m["choices"]:
-                kw["type"] = click.Choice(list(m["choices"]))
-            elif m["type"] is int:
-                kw["type"] = int
-            elif m["type"] is PATH:
-                kw["type"] = click.Path(file_okay=False)
-        f = click.option(*decls, field.name, **kw)(f)
-    return f
+def setting_options(cls, rename=None, help_prefix=""):
+    """A decorator: one click option per setting of cls (ServerConfig, BlockdevConfig), from its
+    declaration (name, help, [default: ...], choices, flag or on/off switch). Defaults stay
+    None: a flag not given leaves the config file's value (or the setting's default) alone.
+    rename: {setting: option and parameter name} where two tables share a name (`blockdev
+    serve`'s server_threads, the engine's threads beside the block device's).
+    help_prefix: text put before each help, or a function of the setting's name giving it."""
+    def decorate(f):
+        for field in reversed(cls.settings()):
+            prefix = help_prefix(field.name) if callable(help_prefix) else help_prefix
+            f = _setting_option(field, (rename or {}).get(field.name, field.name), prefix)(f)
+        return f
+    return decorate
+
+
+def _setting_option(field, name, help_prefix):
+    m, flag = field.metadata, "--" + name.replace("_", "-")
+    shown = field.default if m["shown"] is True else m["shown"]
+    kw = dict(help=help_prefix + m["help"] + (f"  [default: {shown}]" if shown is not None else ""), default=None)
+    if m["cli"] == "switch":
+        decls = [f"{flag}/--no-{flag[2:]}"]
+    else:
+        decls = [flag]
+        if m["cli"] == "flag":
+            kw["is_flag"] = True
+        elif m["choices"]:
+            kw["type"] = click.Choice(list(m["choices"]))
+        elif m["type"] is int:
+            kw["type"] = int
+        elif m["type"] is PATH:
+            kw["type"] = click.Path(file_okay=False)
+    return click.option(*decls, name, **kw)
 
 
 @main.command()
 @click.option("-c", "--config", "config_file", type=click.Path(dir_okay=False),
               help="TOML config file (keys as the long options, e.g. max_memory = \"1gib\"); "
                    "options given on the command line override it.")
-@_setting_options
+@setting_options(ServerConfig)
 @click.option("--from-peer", help="Before recovery, fetch this node's log from the peer at HOST:PORT "
                                   "(when the local disk is gone or behind). Remote mode always does this "
                                   "with its --peer.")
@@ -275,6 +285,8 @@ from kvstore.cli.experiment import experiment  # noqa: E402  (registered last: a
 main.add_command(experiment)
 from kvstore.cli.configfile import config  # noqa: E402  (`kvstore config example`)
 main.add_command(config)
+import kvstore.cli.blockdev  # noqa: E402,F401  (`kvstore blockdev serve`: it registers itself, as it uses
+#                                       this module's helpers and may be imported first)
 
 
 if __name__ == "__main__":

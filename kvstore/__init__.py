@@ -1,8 +1,8 @@
 """kvstore: a durable in-memory key-value store for IoT ingestion, speaking RESP.
 
 Public API: Store (embedded), Server (serve a Store in this process), Client (redis-py
-plus kvstore stats), Node (a server process managed from Python), bench (C load
-generator)."""
+plus kvstore stats), Node (a server process managed from Python), BlockDevice (a block
+device over the store, served by NBD), bench (C load generator)."""
 __version__ = "0.1.0"
 
 from kvstore.errors import (ConfigError, CorruptDataFileError, CorruptLogError, IntegerOverflowError, KVError, NotAnIntegerError,  # noqa: E402
@@ -11,6 +11,7 @@ from kvstore.store import Store  # noqa: E402
 from kvstore.server import Server  # noqa: E402
 from kvstore.client import Client  # noqa: E402
 from kvstore.node import Node  # noqa: E402
+from kvstore.blockdev import BlockDevice  # noqa: E402
 
-__all__ = ["Store", "Server", "Client", "Node", "KVError", "ConfigError", "OutOfMemoryError",
+__all__ = ["Store", "Server", "Client", "Node", "BlockDevice", "KVError", "ConfigError", "OutOfMemoryError",
            "NotAnIntegerError", "IntegerOverflowError", "CorruptLogError", "CorruptDataFileError", "TooLargeError", "ServerError", "ProtocolError"]

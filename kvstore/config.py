@@ -86,6 +86,7 @@ ARCHS = ("poller", "threadpool", "udp", "dpdk")
 LOG_LEVELS = ("debug", "verbose", "notice", "warning")  # Redis's; the index is ext/core/log.h's level
 
 SIZE, IPV4, PATH = "size", "ipv4", "path"  # types beyond int, str, bool
+DISK_SIZE = "disk size"  # a block device's size: bytes or K/M/G/T, powers of 1024 (parse_disk_size)
 
 
 def setting(default, help, type=None, *, choices=None, min=None, max=None, accepts=None, shown=True,
@@ -93,7 +94,8 @@ def setting(default, help, type=None, *, choices=None, min=None, max=None, accep
     """A ServerConfig field and everything said about it.
 
     help: the option's help text (also the TOML key's meaning).
-    type: int, str, bool, SIZE (bytes or '64mb', Redis units), IPV4 or PATH (a directory);
+    type: int, str, bool, SIZE (bytes or '64mb', Redis units), DISK_SIZE (bytes or '4G', powers of
+          1024), IPV4 or PATH (a directory);
           by default the default's type.
     choices / min / max: the values accepted; accepts: how a refusal says what is accepted
           ("expected <accepts>, got ..."), by default worded from type, choices and bounds.
@@ -124,6 +126,8 @@ def _accepts(type, choices, lo, hi):
         return "an IPv4 address such as 127.0.0.1"
     if type is SIZE:
         return f"at least {lo} bytes" if lo else "a size"
+    if type is DISK_SIZE:
+        return "a size in bytes or with a binary unit, such as 1073741824, '512M' or '4G'"
     if type is int:
         if lo is not None and hi is not None:
             return f"an integer from {lo} to {hi}"
@@ -428,12 +432,7 @@ class ServerConfig:
 
     def c_values(self):
         """{struct kv_config field: value} of the settings C takes (strings still str)."""
-        out = {}
-        for f in dataclasses.fields(self):
-            m, v = f.metadata, getattr(self, f.name)
-            if m["c"]:
-                out[m["c"]] = m["to_c"](v, self) if m["to_c"] else v
-        return out
+        return _c_values(self)
 
     def peer_address(self):
         return parse_address(self.peer, "peer")
@@ -464,14 +463,7 @@ class ServerConfig:
         """Defaults, then the TOML file (if any), then overrides (None values ignored)."""
         values = {}
         if path:
-            try:
-                with open(path, "rb") as f:
-                    data = tomllib.load(f)
-            except FileNotFoundError:
-                raise ConfigError(f"config file {path}: no such file") from None
-            except tomllib.TOMLDecodeError as e:
-                raise ConfigError(f"config file {path}: invalid TOML: {e}") from None
-            data = data.get("server", data)
+            data = _toml_table(path, "server")
             known = [f.name for f in cls.settings()]
             for k, v in data.items():
                 key = k.replace("-", "_")
@@ -483,6 +475,42 @@ class ServerConfig:
         return cls(**values).validate()
 
 
+def _c_values(cfg):
+    """{C field: value} of a settings dataclass's fields declared with c= (strings still str)."""
+    out = {}
+    for f in dataclasses.fields(cfg):
+        m, v = f.metadata, getattr(cfg, f.name)
+        if m["c"]:
+            out[m["c"]] = m["to_c"](v, cfg) if m["to_c"] else v
+    return out
+
+
+def _read_toml(path):
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: invalid TOML: {e}") from None
+
+
+# The tables of a config file besides [server]; keys outside any table are the server's.
+OTHER_TABLES = ("blockdev",)
+
+
+def _toml_table(path, table):
+    """The settings of one table of the TOML file at path: [server] also takes the keys
+    outside any table (files written before tables existed)."""
+    data = _read_toml(path)
+    if table == "server" and "server" not in data:
+        return {k: v for k, v in data.items() if k not in OTHER_TABLES}
+    section = data.get(table, {})
+    if not isinstance(section, dict):
+        raise ConfigError(f"config file {path}: {table} must be a table ([{table}]), got {section!r}")
+    return section
+
+
 def check(field, value):
     """value checked against field's declaration; sizes come back in bytes.
     Raises ConfigError "<name>: expected <what is accepted>, got <value>"."""
@@ -490,9 +518,12 @@ def check(field, value):
     t = m["type"]
     if t is SIZE:
         value = parse_size(value, name)
+    elif t is DISK_SIZE:
+        value = parse_disk_size(value, name)
     ok = {bool: lambda v: isinstance(v, bool),
           int: lambda v: isinstance(v, int) and not isinstance(v, bool),
           SIZE: lambda v: True,
+          DISK_SIZE: lambda v: True,
           IPV4: _is_ipv4}.get(t, lambda v: isinstance(v, str))(value)
     ok = ok and (m["choices"] is None or value in m["choices"])
     ok = ok and (m["min"] is None or value >= m["min"]) and (m["max"] is None or value <= m["max"])
@@ -525,3 +556,178 @@ def check_repl_tls_files(cert, key, ca):
                               "verify the other's against --tls-ca-cert-file")
         if not os.path.isfile(path) or not os.access(path, os.R_OK):
             raise ConfigError(f"{name}: {path!r} is not a readable file (needed by --repl-tls)")
+
+
+# ---- issue 15 (py)
+# The block device's settings (`kvstore blockdev serve`, TOML table [blockdev],
+# kvstore.BlockDevice): the same declarations as ServerConfig's; c= names the struct
+# nbd_config field (ext/frontend/nbd.h) filled from each.
+
+_DISK = re.compile(r"^\s*(\d+)\s*([kmgtp]?)(i?b)?\s*$", re.IGNORECASE)
+BACKEND_SCHEMES = ("kvstore", "redis", "memcached")
+BACKEND_FORMS = ("embedded, kvstore://[:PASSWORD@]HOST:PORT, redis://[:PASSWORD@]HOST:PORT[/DB] or "
+                 "memcached://HOST:PORT")
+NBD_PORT = 10809  # the NBD port IANA assigned
+
+
+def parse_disk_size(value, what="size"):
+    """Bytes from an int or a string such as '4G', '512M', '1T' or '4GiB': a disk's units,
+    powers of 1024 as qemu-img, nbdkit and truncate(1) read them (not Redis's 1000-based
+    k/m/g of the memory settings)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    m = _DISK.match(str(value)) if isinstance(value, str) else None
+    if not m:
+        raise ConfigError(f"{what}: expected a size in bytes or with a binary unit (K, M, G, T: powers of 1024), "
+                          f"such as 1073741824, '512M' or '4G', got {value!r}")
+    return int(m.group(1)) << (10 * " kmgtp".index((m.group(2) or " ").lower()))
+
+
+def parse_listen(text, what="listen"):
+    """(host, port) from 'IPV4:PORT' (port 0: any free port)."""
+    host, _, port = str(text).rpartition(":")
+    if not (_is_ipv4(host) and port.isdigit() and int(port) < 65536):
+        raise ConfigError(f"{what}: expected IPV4:PORT such as 127.0.0.1:{NBD_PORT} (port 0: any free port), "
+                          f"got {text!r}")
+    return host, int(port)
+
+
+def backend_scheme(url):
+    """'embedded' or the scheme of a network backend's URL; ConfigError naming what is
+    accepted otherwise (the C side checks the rest: host, port, password, database)."""
+    if url == "embedded":
+        return url
+    scheme, sep, rest = str(url).partition("://")
+    if not sep or scheme not in BACKEND_SCHEMES or not rest:
+        raise ConfigError(f"backend: expected {BACKEND_FORMS}, got {url!r}")
+    return scheme
+
+
+def redact(url):
+    """A backend URL with its password (scheme://:PASSWORD@HOST) hidden, for logs and messages."""
+    scheme, sep, rest = str(url).partition("://")
+    if sep and "@" in rest:
+        return f"{scheme}://(password)@{rest.rpartition('@')[2]}"
+    return url
+
+
+@dataclasses.dataclass
+class BlockdevConfig:
+    """Every setting of the block device (`kvstore blockdev serve`), in the order of its --help."""
+    size: int = setting(
+        0, "Device size in bytes or with a binary unit: K, M, G, T (powers of 1024, as qemu-img and nbdkit), "
+           "e.g. 4G. A multiple of --block-size. Required.", DISK_SIZE, shown=None)
+    backend: str = setting(
+        "embedded", "Where the blocks live: embedded (this process's own engine: no network, durability as "
+                    "--durability says), kvstore://[:PASSWORD@]HOST:PORT (a kvstore node; in disk or remote mode a "
+                    "FLUSH returns once the blocks are durable there), redis://[:PASSWORD@]HOST:PORT[/DB] or "
+                    "memcached://HOST:PORT (a FLUSH returns at once: these keep blocks in memory only; run "
+                    "memcached with -M so that it refuses rather than evicts).",
+        accepts=BACKEND_FORMS)
+    listen: str = setting(
+        "", f"IPV4:PORT of the NBD TCP listener (port 0: any free port; the ready line says which). Default "
+            f"127.0.0.1:{NBD_PORT}, or none when --unix is given (give both for both).",
+        shown=f"127.0.0.1:{NBD_PORT}", accepts=f"IPV4:PORT such as 127.0.0.1:{NBD_PORT}")
+    unix: str = setting(
+        "", "Also (or, without --listen, only) listen on this unix socket path: nbd+unix:///EXPORT?socket=PATH. "
+            "Faster than TCP on one machine.", shown=None, accepts="a socket path", c="unix_path")
+    export: str = setting(
+        "kvstore", "The export's name (a client asking for \"\" gets it too).", c="export_name")
+    description: str = setting(
+        "", "Text clients see as the export's description (nbdinfo shows it).", shown=None, c="description")
+    threads: int = setting(
+        0, "NBD worker threads, each with its own epoll loop, its client connections and its own connections "
+           "to the backend (0 = one per core).", min=0, max=64,
+        accepts="an integer from 0 (one per core) to 64", c="threads",
+        to_c=lambda v, cfg: cfg.effective_threads)
+    connections_per_thread: int = setting(
+        1, "Network backends: connections of each worker thread to the backend; a block's requests always "
+           "use the same one.", min=1, max=16, c="conns_per_thread")
+    block_size: int = setting(
+        4096, "Bytes per block, the value of one key: a power of two from 512 to 1M (1048576). Clients are told "
+              "it is the preferred I/O size; smaller or unaligned writes read-modify-write the blocks at the edges.",
+        min=512, max=1 << 20, accepts="a power of two from 512 to 1048576", c="block_size")
+    read_only: bool = setting(
+        False, "Serve the export read-only (writes, trims and zeroes get EPERM).", shown=None, cli="flag",
+        c="read_only", to_c=lambda v, cfg: int(v))
+    key_prefix: str = setting(
+        "", "Prefix of every block's key (the key is the prefix + the block number in decimal). Two devices on "
+            "one backend need different prefixes.", shown="nbd:EXPORT:", accepts="a string",
+        c="key_prefix", to_c=lambda v, cfg: cfg.effective_key_prefix)
+    max_connections: int = setting(
+        256, "NBD client connections served at once; more are closed at accept.", min=1, max=65536,
+        c="max_clients")
+    config_file: str = setting(
+        "", "the TOML file the settings came from", shown=None, cli=None)
+
+    @classmethod
+    def settings(cls):
+        return [f for f in dataclasses.fields(cls) if f.metadata["cli"]]
+
+    @property
+    def effective_threads(self):
+        return self.threads or os.cpu_count() or 1
+
+    @property
+    def effective_key_prefix(self):
+        return self.key_prefix or f"nbd:{self.export}:"
+
+    @property
+    def effective_listen(self):
+        """The TCP listener's "HOST:PORT", or "" for none (--unix alone)."""
+        if self.listen:
+            return self.listen
+        return "" if self.unix else f"127.0.0.1:{NBD_PORT}"
+
+    @property
+    def backend_scheme(self):
+        return backend_scheme(self.backend)
+
+    def validate(self):
+        """Check every setting (ConfigError naming it and what is accepted); sizes into bytes.
+        Returns self."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, check(f, getattr(self, f.name)))
+        if not self.size:
+            raise ConfigError("size: the device's size is required, e.g. --size 4G (or size = \"4G\" in [blockdev])")
+        if self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size: expected a power of two from 512 to 1048576, got {self.block_size}")
+        if self.size % self.block_size:
+            raise ConfigError(f"size: must be a multiple of the block size ({self.block_size}), got {self.size} "
+                              f"(round it to {self.size // self.block_size * self.block_size or self.block_size})")
+        if self.listen:
+            parse_listen(self.listen)
+        if len(self.unix.encode()) > 107:  # sockaddr_un.sun_path holds 108 bytes with its NUL
+            raise ConfigError(f"unix: a socket path is at most 107 bytes, got {len(self.unix.encode())}: {self.unix!r}")
+        if len(self.export.encode()) > 4096:  # the NBD protocol's bound on names
+            raise ConfigError("export: at most 4096 bytes")
+        backend_scheme(self.backend)
+        return self
+
+    def c_values(self):
+        """{struct nbd_config field: value} (strings still str), the listener included."""
+        out = _c_values(self)
+        host, port = parse_listen(self.effective_listen) if self.effective_listen else ("127.0.0.1", -1)
+        out.update(bind=host, port=port, size=self.size, backend=self.backend)
+        return out
+
+    @classmethod
+    def load(cls, path=None, **overrides):
+        """Defaults, then the TOML file's [blockdev] table (if any), then overrides (None ignored)."""
+        values = {}
+        if path:
+            known = [f.name for f in cls.settings()]
+            for k, v in _toml_table(path, "blockdev").items():
+                key = k.replace("-", "_")
+                if key not in known:
+                    raise ConfigError(f"config file {path}: [blockdev]: unknown setting {k!r}; known: "
+                                      + ", ".join(sorted(known)))
+                values[key] = v
+            values["config_file"] = os.path.abspath(path)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values).validate()
+
+    def to_toml(self):
+        """The effective settings as a [blockdev] table (sizes in bytes)."""
+        return "[blockdev]\n" + "".join(f"{f.name} = {_toml_value(getattr(self, f.name))}\n"
+                                        for f in self.settings())

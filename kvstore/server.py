@@ -39,8 +39,12 @@ def c_config(config, **extra):
 class Server:
     """Serve ``store`` over RESP2. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, store=None, config=None, from_peer=None, **settings):
+    def __init__(self, store=None, config=None, from_peer=None, c_extra=None, **settings):
         self.config = (config or ServerConfig(**settings)).validate()
+        # {struct kv_config field: cdata} set besides the settings, e.g. nbd (kvstore.BlockDevice's
+        # struct nbd_config *: the engine also serves a block device); the caller keeps what
+        # the cdata points to alive
+        self._c_extra = dict(c_extra or {})
         self.from_peer = from_peer  # "HOST:PORT": fetch this node's log from its peer before recovery
         self.store = store if store is not None else Store(max_memory=self.config.max_memory)
         self._srv = None
@@ -108,7 +112,7 @@ class Server:
         self._durability = Durability(self.store, c, self.from_peer).open()
         waiting = self._durability.waiting is not None  # no local state, the peer not asked yet: -LOADING
         cfg, self._keep = c_config(c, version=__version__, loading=int(waiting), maxclients=self._maxclients,
-                                   **self._durability.c_handles())
+                                   **self._durability.c_handles(), **self._c_extra)
         err = ffi.new("char[256]")
         out = ffi.new("struct srv **")
         rc = lib.srv_create(out, self.store._t, cfg, err, 256)
@@ -193,6 +197,11 @@ class Server:
     def udp_port(self):
         """arch udp/dpdk: the UDP front end's port (the one bound when udp_port was 0)."""
         return lib.srv_udp_port(self._srv) if self._srv is not None else self.config.udp_port
+
+    def _nbd_server(self):
+        """The struct nbd_server * of the block device this engine serves (kv_config.nbd set:
+        kvstore.BlockDevice reads its port and counters), or NULL; valid until stop()."""
+        return lib.srv_nbd(self._srv)
 
     @property
     def metrics_port(self):
@@ -283,30 +292,43 @@ class Server:
     def serve_forever(self, on_ready=None):
         """Start, block until SIGINT or SIGTERM, stop cleanly; SIGHUP reopens the log file
         (after logrotate moved it). For the main thread."""
-        stop = threading.Event()
+        serve_until_signal(self.start, self.stop, (lambda: on_ready(self)) if on_ready else None,
+                           self.check_loading)
 
-        def on_stop(signum, _):
-            log.logger.warning("received %s, shutting down", signal.Signals(signum).name)
-            stop.set()
+    def check_loading(self):
+        """Raise why a node waiting for its state could not recover it, if it could not."""
+        if self.loading_failure is not None:
+            raise self.loading_failure if isinstance(self.loading_failure, errors.KVError) else \
+                errors.ServerError(str(self.loading_failure))
 
-        def on_hup(*_):
-            try:
-                log.reopen()
-                log.logger.info("log file reopened (SIGHUP)")
-            except errors.KVError:
-                pass  # the old file keeps the log, and says why the new one could not be opened
 
-        old = {s: signal.signal(s, on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-        old[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
+def serve_until_signal(start, stop, on_ready=None, check=None):
+    """start(), on_ready(), then block until SIGINT or SIGTERM (calling check() every half
+    second: what it raises ends the wait), and stop() in any case; SIGHUP reopens the log
+    file (after logrotate moved it). The signal handlers are put back after. Main thread."""
+    stopping = threading.Event()
+
+    def on_stop(signum, _):
+        log.logger.warning("received %s, shutting down", signal.Signals(signum).name)
+        stopping.set()
+
+    def on_hup(*_):
         try:
-            self.start()
-            if on_ready:
-                on_ready(self)
-            while not stop.wait(0.5):
-                if self.loading_failure is not None:
-                    raise self.loading_failure if isinstance(self.loading_failure, errors.KVError) else \
-                        errors.ServerError(str(self.loading_failure))
-        finally:
-            self.stop()
-            for s, h in old.items():
-                signal.signal(s, h)
+            log.reopen()
+            log.logger.info("log file reopened (SIGHUP)")
+        except errors.KVError:
+            pass  # the old file keeps the log, and says why the new one could not be opened
+
+    old = {s: signal.signal(s, on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    old[signal.SIGHUP] = signal.signal(signal.SIGHUP, on_hup)
+    try:
+        start()
+        if on_ready:
+            on_ready()
+        while not stopping.wait(0.5):
+            if check:
+                check()
+    finally:
+        stop()
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -10,8 +10,9 @@ Every ```sh and ```python block is run in order, in a scratch directory (the rep
 - a python block runs as a script with this interpreter;
 - the blocks under "### Backups" run with the `make run` server stopped (Ctrl-C), as the README
   says a backup is taken; then it is started again and every key the tour wrote must be there.
-The README's ports (6380-6389 clients, 7380-7389 replication, 9121 metrics) are mapped to free
-ports, so the test neither needs nor disturbs a server a user may be running.
+The README's ports (6380-6389 clients, 7380-7389 replication, 9121 metrics, 10809 the block
+device's NBD) are mapped to free ports, so the test neither needs nor disturbs a server a user
+may be running.
 """
 import os
 import re
@@ -28,7 +29,7 @@ from helpers.servers import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 README = os.path.join(ROOT, "README.md")
-PORTS = re.compile(r"\b(638\d|738\d|9121)\b")
+PORTS = re.compile(r"\b(638\d|738\d|9121|10809)\b")
 EXPECT = re.compile(r"\s+#\s*→\s*(.*)$")
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,162 @@
+"""`kvstore blockdev serve` as a process: the ready lines scripts wait for, a clean stop on
+SIGTERM, and start-up failures that say what is wrong (exit 1, nothing left running)."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from helpers.blockdev import READY, Backend, Device, have_our_server, nbdsh
+from helpers.servers import PASSWORD
+from kvstore.process import Process
+
+pytestmark = pytest.mark.timeout(120)
+
+SERVE = [sys.executable, "-m", "kvstore.cli", "blockdev", "serve"]
+
+
+@pytest.fixture(autouse=True)
+def _built():
+    if not have_our_server():
+        pytest.skip("this tree has no C NBD server yet (ext/frontend/nbd.c)")
+
+
+def refuse(*args):
+    """Run serve with args, expecting a refusal: its stderr."""
+    r = subprocess.run(SERVE + [str(a) for a in args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+    assert "listening on" not in r.stdout
+    return r.stderr
+
+
+def test_ready_lines_for_both_listeners_and_clean_sigterm(tmp_path):
+    sock = str(tmp_path / "nbd.sock")
+    dev = Device("kvstore", "8M", "--unix", sock, "--listen", "127.0.0.1:0", "--durability", "none", "--port", 0,
+                 "--data-dir", tmp_path / "data", "--export", "disk1", export="disk1", workdir=str(tmp_path))
+    dev.start()
+    try:
+        assert dev.uri.startswith("nbd://127.0.0.1:") and dev.uri.endswith("/disk1")
+        nbdsh(dev.uri, "h.pwrite(b'x' * 4096, 0)")
+        unix = f"nbd+unix:///disk1?socket={sock}"
+        assert nbdsh(unix, "print(bytes(h.pread(1, 0)))").strip() == "b'x'"  # the same device on both
+    finally:
+        rc = dev.stop()
+    assert rc == 0, dev.log()[-2000:]
+    assert "block device stopped" in open(os.path.join(tmp_path, "kvstore.log")).read()
+    assert not os.path.exists(sock) or not _accepts(sock)
+
+
+def _accepts(path):
+    with socket.socket(socket.AF_UNIX) as s:
+        return s.connect_ex(path) == 0
+
+
+def test_unreachable_backend_is_refused_at_start():
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    err = refuse("--size", "1G", "--listen", "127.0.0.1:0", "--backend", f"redis://127.0.0.1:{port}")
+    assert f"Error: cannot connect to redis://127.0.0.1:{port}" in err
+
+
+def test_wrong_password_is_refused_and_not_shown(tmp_path):
+    node = Backend("kvstore", requirepass=PASSWORD).start()
+    try:
+        err = refuse("--size", "1G", "--listen", "127.0.0.1:0", "--backend",
+                     f"kvstore://:wrong-pw@127.0.0.1:{node.port}")
+        assert "Error: " in err and "wrong-pw" not in err
+        assert "AUTH" in err or "password" in err.lower(), err
+    finally:
+        node.stop()
+
+
+def test_nbd_port_in_use_is_refused(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        err = refuse("--size", "1G", "--listen", f"127.0.0.1:{port}", "--durability", "none", "--port", 0,
+                     "--data-dir", tmp_path / "data")
+    assert f"127.0.0.1:{port}" in err and "in use" in err.lower(), err
+
+
+def test_sigint_stops_it_too(tmp_path):
+    dev = Device("kvstore", "8M", "--durability", "none", "--port", 0, "--data-dir", tmp_path / "data",
+                 workdir=str(tmp_path)).start()
+    rc = dev.proc.stop(timeout=30, sig=signal.SIGINT)
+    dev.proc = None
+    assert rc == 0
+
+
+def test_settings_from_the_toml_file_and_the_command_line(tmp_path):
+    """[blockdev] and [server] tables of one file; an option given on the command line wins."""
+    conf = tmp_path / "kv.toml"
+    conf.write_text(f'[server]\ndurability = "none"\nport = 0\ndata_dir = "{tmp_path / "data"}"\n\n'
+                    '[blockdev]\nsize = "24M"\nexport = "fromfile"\nblock_size = 8192\nread_only = true\n'
+                    'listen = "127.0.0.1:0"\n')
+    p = Process(SERVE + ["-c", str(conf), "--size", "12M"], ready_line=READY, name="kvstore blockdev",
+                log_path=str(tmp_path / "serve.log")).start(60)
+    try:
+        uri = p.match.group(1).decode()
+        assert uri.startswith("nbd://127.0.0.1:") and uri.endswith("/fromfile")
+        out = nbdsh(uri, "print(h.get_size(), h.is_read_only(), h.get_block_size(nbd.SIZE_PREFERRED))")
+        assert out.split() == [str(12 << 20), "True", "8192"]
+    finally:
+        assert p.stop(timeout=30) == 0
+
+
+def test_max_connections_closes_the_one_past_it(tmp_path):
+    dev = Device("kvstore", "8M", "--max-connections", 1, "--durability", "none", "--port", 0, "--data-dir",
+                 tmp_path / "data", workdir=str(tmp_path)).start()
+    try:
+        out = nbdsh(dev.uri, "\n".join([
+            "h2 = nbd.NBD()",
+            "try:",
+            "    h2.connect_uri(" + repr(dev.uri) + ")",
+            "    h2.pread(512, 0)",
+            "    print('second served')",
+            "except nbd.Error:",
+            "    print('second refused')",
+            "print(len(h.pread(512, 0)))",  # the first one goes on
+        ]))
+        assert out.split() == ["second", "refused", "512"], out
+    finally:
+        dev.stop()
+
+
+@pytest.mark.parametrize("threads, conns", [(1, 1), (2, 3)])
+def test_threads_times_connections_per_thread_reach_the_backend(tmp_path, threads, conns):
+    """One connection per NBD thread and per --connections-per-thread, opened at start."""
+    from helpers.conn import client
+    redis = Backend("redis").start()
+    dev = Device("kvstore", "8M", "--backend", redis.url, "--threads", threads, "--connections-per-thread", conns,
+                 workdir=str(tmp_path))
+    try:
+        dev.start()
+        with client(redis.port) as c:
+            assert c.info("clients")["connected_clients"] - 1 == threads * conns  # - this one
+    finally:
+        dev.stop()
+        redis.stop()
+
+
+@pytest.mark.parametrize("prefix", [None, "disk7:"])
+def test_block_keys_are_prefix_and_block_number(tmp_path, prefix):
+    """Block n is the key PREFIX + n (default nbd:EXPORT:), its value the block's bytes; a block
+    written with zeros is no key."""
+    from helpers.conn import client
+    redis = Backend("redis").start()
+    dev = Device("kvstore", "8M", "--backend", redis.url, *(["--key-prefix", prefix] if prefix else []),
+                 workdir=str(tmp_path))
+    try:
+        dev.start()
+        nbdsh(dev.uri, "h.pwrite(b'a' * 4096 + b'b' * 100, 5 * 4096); h.pwrite(bytes(4096), 9 * 4096)")
+        with client(redis.port, decode_responses=False) as c:
+            p = (prefix or "nbd:kvstore:").encode()
+            assert sorted(c.keys()) == [p + b"5", p + b"6"]
+            assert c.get(p + b"5") == b"a" * 4096 and c.get(p + b"6") == b"b" * 100 + bytes(3996)
+    finally:
+        dev.stop()
+        redis.stop()
