@@ -173,7 +173,8 @@ def draw(rows, path):
     r0 = rows[0] if rows else {}
     fig.suptitle(f"Paper 001 Fig. 6: the KVS alone, 4 KiB values — {r0.get('conns', '?')} conns x "
                  f"{r0.get('pipeline', '?')} in flight, {r0.get('duration_s', '?')} s per point, "
-                 f"{len({r['round'] for r in rows})} rounds A B C\n{common.cores_note(shares='servers, load generator')}",
+                 f"{len({r['round'] for r in rows})} rounds A B C\n"
+                 + common.cores_note(shares="servers, load generator"),
                  fontsize=10)
     common.save_figure(fig, path)
 
