@@ -21,7 +21,8 @@ working set (--work-set) written once with random data when the device is set up
 hit stored blocks, not absent ones, which read as zeros without touching the KVS). Server CPU
 per I/O (the NBD server's and its KV server's, from /proc) is in the CSV for every point and
 written above each bar. Per round, per target: every backend is set up, then each load runs on
-each backend in turn, then all are torn down (memory: one working set per backend at a time).
+each backend in turn (each round starting one backend further, so none is always first), then
+all are torn down (memory: one working set per backend at a time).
 
 Paper (40 GbE, 20 cores, memcached): 4 KiB random read > 1 M IOPS raw and xfs, ~400 K ext4,
 random write 200-300 K; 128 KiB sequential read ~3.2 GB/s, write ~1 GB/s; QD1 60-70 us.
@@ -151,7 +152,9 @@ class Device:
         if self.backend == "redis":
             return common.redis_server(common.free_port())
         if self.backend == "memcached":
-            return common.memcached(common.free_port(), self.args.kv_threads)
+            mc = common.memcached(common.free_port(), self.args.kv_threads)
+            mc.argv.append("-M")  # full memory: refuse SETs rather than evict blocks (which would read as zeros)
+            return mc
         return None
 
     def _nbd_server(self):
@@ -168,11 +171,11 @@ class Device:
                                           "memory", size], port)
         if self.backend == "embedded":
             backend = ["--backend", "embedded", "--durability", "none", "--data-dir", self.tmp,
-                       "--port", common.free_port()]
+                       "--port", "0"]  # its RESP port: any free one
         else:
             scheme = {"kvstore-node": "kvstore", "redis": "redis", "memcached": "memcached"}[self.backend]
             backend = ["--backend", f"{scheme}://127.0.0.1:{self.kv.port}"]
-        where = ["--unix", sock] if unix else ["--listen", f"127.0.0.1:{common.free_port()}"]
+        where = ["--unix", sock] if unix else ["--listen", "127.0.0.1:0"]  # the ready line says the port
         return Process([sys.executable, "-m", "kvstore.cli", "blockdev", "serve", "--size", size, *backend, *where,
                         "--threads", self.args.nbd_threads], ready_line=READY, name=f"blockdev-{self.backend}")
 
@@ -342,6 +345,8 @@ def measure(args):
                                 raise
                             dropped[(b, target)] = f"{type(e).__name__}: {e}"[:500]
                             common.log(f"{NAME}: leaving out {b} on {target}: {dropped[(b, target)]}")
+                    turn = rnd % len(devs) if devs else 0  # each round starts with the next backend
+                    devs = devs[turn:] + devs[:turn]
                     for ld in loads:
                         for dev in devs:
                             if sweep.has(round=rnd, target=target, load=ld.name, backend=dev.backend):
