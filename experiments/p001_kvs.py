@@ -186,7 +186,7 @@ def add_args(ap):
                     default=[10000, 25000, 50000, 100000, 200000, 300000, 400000, 500000, 700000],
                     help="offered requests/s of the open-loop points (a closed-loop 'max' point follows)")
     ap.add_argument("--ops", nargs="+", choices=("GET", "SET"), default=["GET", "SET"])
-    ap.add_argument("--duration", type=float, default=5.0, help="seconds per point")
+    ap.add_argument("--duration", type=float, default=3.0, help="seconds per point")
     ap.add_argument("--max-requests", type=int, default=3_000_000, help="bound of a closed-loop point's requests")
     ap.add_argument("--value-size", type=int, default=4096)
     ap.add_argument("--keyspace", type=int, default=100_000, help="keys (x value size: the data each server holds)")
