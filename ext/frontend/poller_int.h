@@ -49,6 +49,7 @@ struct poller {
     struct list all;             /* every connection of this poller */
     struct list waiting;         /* connections with replies held for the log */
     struct list stalled;         /* connections whose next request waits for the data file */
+    struct list big;             /* connections with a buffer above TCP_BUF_KEEP (shrink_idle) */
     struct conn *pending;        /* connections with replies queued this round */
     struct fdq handed;           /* connections poller 0 accepted for this one (handoff mode) */
     int64_t last_cron;
@@ -91,6 +92,8 @@ struct conn {
     struct pp_conn pp;
     struct list wait_node;       /* on p->waiting: replies held for the log */
     struct list stall_node;      /* on p->stalled: its next request waits for a load or for memory */
+    struct list big_node;        /* on p->big */
+    int64_t big_ms;              /* p->now when in or out last held more than TCP_BUF_KEEP bytes */
 };
 
 /* The poll loop of one poller (poller.c); arg: its struct poller. */

@@ -18,6 +18,7 @@
 
 #define TCP_READ_CHUNK (16 * 1024)         /* Redis PROTO_IOBUF_LEN */
 #define TCP_BUF_KEEP (64 * 1024)           /* shrink idle buffers above this */
+#define TCP_BUF_IDLE_MS 1000               /* ... once they held no more than it for this long */
 #define TCP_CRON_MS 100
 #define TCP_OPS_SAMPLES 16
 #define TCP_FD_CAP_MS 10000

@@ -130,3 +130,33 @@ def test_closed_connection_gets_no_events_after_fork(tmp_path):
         finally:
             s.close()
             os.waitpid(pid, 0)
+
+
+@pytest.mark.timeout(60)
+def test_a_large_reply_buffer_is_kept_while_used_and_given_back_when_idle(kv_node_factory):
+    """32 pipelined 4 KiB GETs take a connection's reply buffer past 64 KB (TCP_BUF_KEEP).
+    It used to shrink back whenever the batch was sent, and grow again for the next one:
+    mremap calls and a page fault per 4 KB page, every batch. It stays while the client
+    keeps using it, and shrinks once the client has left it idle (TCP_BUF_IDLE_MS, 1 s)."""
+    n = kv_node_factory(threads=1)
+    keep = 64 * 1024
+    with client(n.port, single_connection_client=True) as watcher, Raw(n.port) as c:
+        assert c.call("SET", "block", b"b" * 4096) == b"OK"
+        me = c.call("CLIENT", "ID")
+
+        def rbs():
+            return next(int(x["rbs"]) for x in watcher.client_list() if int(x["id"]) == me)
+
+        kept = []
+        for _ in range(5):  # (a stall of more than 1 s on a loaded machine may shrink it once)
+            c.send(C("GET", "block") * 32)  # one write: one read, one batch of replies
+            assert c.replies(32) == [b"$4096\r\n" + b"b" * 4096 + b"\r\n"] * 32
+            kept.append(rbs())
+            if kept[-1] > keep:
+                break
+        assert max(kept) > keep, f"the reply buffer was shrunk after each batch: rbs {kept}"
+        deadline = time.monotonic() + 30  # generous for a loaded machine: the bug kept it for good
+        while rbs() > keep and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert rbs() <= keep, "an idle client kept its large reply buffer"
+        assert c.call("GET", "block") == b"b" * 4096
