@@ -44,7 +44,22 @@ struct nbd_config {
                                  "redis://[:PASSWORD@]HOST:PORT[/DB]", "memcached://HOST:PORT" */
     const char *key_prefix;   /* prefix of every block's key; the key is prefix + the block
                                  number in decimal, e.g. "nbd:disk:" + "1234" */
+    /* TLS (NBD_OPT_STARTTLS; all zero/NULL = off). x509: the server presents
+     * tls_cert_file/tls_key_file; tls_auth_clients ("yes" (NULL too), "no", "optional",
+     * as the node's setting) says whether a client must present a certificate that
+     * chains to tls_ca_cert_file. PSK instead: tls_psk_file, lines "identity:hexkey" (nbdkit's
+     * --tls-psk, GnuTLS psktool's format); no certificate then. */
+    int tls;                  /* NBD_TLS_OFF, NBD_TLS_ON (offered), NBD_TLS_REQUIRE (every
+                                 option but STARTTLS and ABORT refused before it) */
+    const char *tls_cert_file, *tls_key_file, *tls_ca_cert_file, *tls_psk_file;
+    const char *tls_auth_clients;
+    /* A TCP listener on an address other than loopback (127.0.0.0/8) without
+     * NBD_TLS_REQUIRE lets anyone who reaches it read and write the device: refused
+     * unless this is set (Redis's "protected-mode no"). */
+    int allow_plain_remote;
 };
+
+enum { NBD_TLS_OFF = 0, NBD_TLS_ON = 1, NBD_TLS_REQUIRE = 2 };
 
 /* Counters (relaxed, monotonic since start unless said). */
 struct nbd_stats {

@@ -32,6 +32,7 @@
 #define NBD_POOL_DATA (128u << 10)          /* requests up to this size come from the thread's pool */
 #define NBD_POOL_MAX 128                    /* pooled requests kept per thread */
 #define NBD_LOCK_STRIPES 256
+#define NBD_TLS_OUT (64u << 10)            /* reply bytes gathered for one TLS write */
 #define NBD_WINDOW 1024u                   /* block operations of one request in flight at once */
 
 /* epoll watch kinds of the server's own descriptors (backends': NBD_WATCH_BACKEND) */
@@ -107,9 +108,17 @@ struct nbd_conn {
     uint64_t inflight;        /* payload bytes of requests not yet answered (and sent) */
     uint32_t active;          /* requests that own block operations */
     char addr[64];
+    /* TLS: tls is made when STARTTLS is accepted; its ACK still goes out in plain
+     * (tls_on 0: no input read meanwhile), then every byte goes through it. */
+    struct tls_conn *tls;
+    int tls_on;
+    int tls_rd_wants_out;     /* a read (the handshake) waits for the socket to be writable */
+    int tls_wr_wants_in;      /* a write waits for the socket to be readable */
 };
 
 struct nbd_lock_entry;
+struct tls_ctx;
+struct tls_conn;
 
 struct nbd_thread {
     struct nbd_server *s;
@@ -131,6 +140,7 @@ struct nbd_thread {
     pthread_mutex_t glock;    /* guards granted (other threads push lock grants) */
     struct nbd_bop *granted;
     struct nbd_bop *ready;    /* this thread's own grants, run at the round's end */
+    uint8_t *tls_out;         /* TLS connections' replies gathered into records (NBD_TLS_OUT bytes) */
     _Atomic uint64_t st[NBD_NSTATS];
 };
 
@@ -154,6 +164,8 @@ struct nbd_server {
     _Atomic int clients;
     unsigned rr;              /* next thread for an accepted connection (thread 0 only) */
     struct nbd_lock_stripe locks[NBD_LOCK_STRIPES];
+    struct tls_ctx *tls;      /* NULL: --tls off */
+    int tls_mode;             /* NBD_TLS_* */
 };
 
 /* nbd_conn.c */
