@@ -1,0 +1,296 @@
+"""Authentication of the NBD port (issue 15, round 2): TLS through NBD_OPT_STARTTLS.
+
+Real clients (nbdinfo, nbdcopy, nbdsh: libnbd over GnuTLS) with nbds:// URLs against
+`kvstore blockdev serve --tls on|require`, x509 (certificates from kvstore.tlscerts, laid out
+as libnbd's tls-certificates directory wants: ca-cert.pem, client-cert.pem, client-key.pem) and
+pre-shared keys (tls-psk-file, psktool's "identity:hexkey" lines); a raw socket for the exact
+option replies (NBD_REP_ERR_TLS_REQD, ERR_POLICY) and for a broken TLS handshake. The protected
+mode (no plain TCP listener beyond loopback) is checked without binding anything but loopback.
+"""
+import os
+import shutil
+import socket
+import struct
+
+import pytest
+
+from helpers.blockdev import Device, have_our_server, nbdsh, random_image, run, sha256_file
+from kvstore import ConfigError
+from kvstore.config import BlockdevConfig
+from kvstore.tlscerts import make_certs
+
+pytestmark = pytest.mark.skipif(not have_our_server(), reason="no C NBD server in this tree")
+
+IHAVEOPT, REPLY_MAGIC = 0x49484156454F5054, 0x3E889045565A9
+OPT_EXPORT_NAME, OPT_ABORT, OPT_LIST, OPT_STARTTLS, OPT_INFO, OPT_GO = 1, 2, 3, 5, 6, 7
+REP_ACK, REP_ERR_POLICY, REP_ERR_TLS_REQD = 1, 0x80000002, 0x80000005
+MiB = 1 << 20
+PSK_KEY = "8b1a32e6c9d0b2f7a4c3e1d5f60718293a4b5c6d7e8f90a1b2c3d4e5f6071829"
+
+
+# ---- certificates, keys and the servers (one per module per mode: each start is a process)
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """{"server": kvstore.tlscerts files, "good"/"nocert"/"strange"/"wrongca": libnbd dirs,
+    "psk"/"badpsk": PSK files}."""
+    root = tmp_path_factory.mktemp("nbd-tls")
+    ours, other = make_certs(str(root / "ca")), make_certs(str(root / "other"), ca_name="someone-else")
+
+    def libnbd_dir(name, ca, cert=None, key=None):
+        d = root / name
+        d.mkdir()
+        for src, dst in ((ca, "ca-cert.pem"), (cert, "client-cert.pem"), (key, "client-key.pem")):
+            if src:
+                shutil.copy(src, d / dst)
+        return str(d)
+
+    psk, badpsk = root / "keys.psk", root / "bad.psk"
+    psk.write_text(f"# psktool -u alice -p keys.psk\nalice:{PSK_KEY}\n")
+    badpsk.write_text(f"alice:{PSK_KEY[::-1]}\n")
+    for p in (psk, badpsk):
+        os.chmod(p, 0o600)
+    return {
+        "server": ours,
+        "good": libnbd_dir("good", ours["ca_crt"], ours["client_crt"], ours["client_key"]),
+        "nocert": libnbd_dir("nocert", ours["ca_crt"]),  # trusts the server, has no certificate
+        "wrongca": libnbd_dir("wrongca", ours["ca_crt"], other["client_crt"], other["client_key"]),
+        "strange": libnbd_dir("strange", other["ca_crt"], ours["client_crt"], ours["client_key"]),  # distrusts it
+        "psk": str(psk), "badpsk": str(badpsk),
+    }
+
+
+def x509_args(pki, mode):
+    s = pki["server"]
+    return ["--tls", mode, "--tls-cert-file", s["server_crt"], "--tls-key-file", s["server_key"],
+            "--tls-ca-cert-file", s["ca_crt"]]
+
+
+def serve(tmp_path_factory, *args):
+    work = str(tmp_path_factory.mktemp("dev"))
+    return Device("kvstore", "64M", "--durability", "none", "--port", 0, "--threads", 2,
+                  "--data-dir", os.path.join(work, "data"), *args, workdir=work).start()
+
+
+@pytest.fixture(scope="module")
+def required(pki, tmp_path_factory):
+    dev = serve(tmp_path_factory, *x509_args(pki, "require"))
+    yield dev
+    assert dev.stop() == 0, dev.log()[-2000:]
+
+
+def tcp_of(dev):
+    """(host, port) of the device's nbd:// or nbds:// URI."""
+    hostport = dev.uri.split("://", 1)[1].split("/", 1)[0]
+    host, _, port = hostport.rpartition(":")
+    return host, int(port)
+
+
+def certs(uri, d):
+    return f"{uri}?tls-certificates={d}"
+
+
+def sh(uri, code, check=True):
+    """nbdsh running code against uri, whose tls-certificates / tls-psk-file it may read
+    (nbdsh -u refuses local files in a URI); CompletedProcess."""
+    script = f"h.set_uri_allow_local_file(True)\nh.connect_uri({uri!r})\n{code}"
+    return run("nbdsh", "-c", script, check=check)
+
+
+# ---- a raw client for the option replies
+
+class Raw:
+    """A plain NBD connection in the option phase (fixed newstyle, NO_ZEROES)."""
+
+    def __init__(self, addr):
+        self.s = socket.create_connection(addr, timeout=20)
+        greeting = self.recv(18)
+        assert greeting[:16] == b"NBDMAGICIHAVEOPT"
+        self.s.sendall(struct.pack(">I", 3))  # FIXED_NEWSTYLE | NO_ZEROES
+
+    def recv(self, n):
+        b = b""
+        while len(b) < n:
+            chunk = self.s.recv(n - len(b))
+            if not chunk:
+                raise EOFError(f"closed after {len(b)} of {n} bytes")
+            b += chunk
+        return b
+
+    def option(self, opt, data=b""):
+        """Send an option; its first reply: (type, data)."""
+        self.s.sendall(struct.pack(">QII", IHAVEOPT, opt, len(data)) + data)
+        return self.reply(opt)
+
+    def reply(self, opt):
+        magic, o, typ, n = struct.unpack(">QIII", self.recv(20))
+        assert (magic, o) == (REPLY_MAGIC, opt)
+        return typ, self.recv(n)
+
+    def closed(self):
+        """True if the server closed the connection (EOF) within the timeout, after at most a
+        few bytes (a TLS alert); its last bytes are in self.tail."""
+        self.tail = b""
+        try:
+            while len(self.tail) < 4096:
+                chunk = self.s.recv(4096)
+                if not chunk:
+                    return True
+                self.tail += chunk
+        except ConnectionResetError:
+            return True
+        except socket.timeout:
+            return False
+        return False
+
+    def close(self):
+        self.s.close()
+
+
+def go_data(name=b""):
+    return struct.pack(">I", len(name)) + name + struct.pack(">H", 0)
+
+
+# ---- x509, --tls require
+
+def test_client_with_certificate_round_trips_with_nbdcopy(required, pki, tmp_path):
+    assert required.uri.startswith("nbds://127.0.0.1:")  # the ready line says TLS is needed
+    uri = certs(required.uri, pki["good"])
+    info = run("nbdinfo", uri).stdout
+    assert "with TLS" in info and "export-size: 67108864" in info
+    src, back = tmp_path / "src.img", tmp_path / "back.img"
+    random_image(src, 16 * MiB, seed=15)
+    run("nbdcopy", src, uri)
+    run("nbdcopy", uri, back)
+    assert sha256_file(back, 16 * MiB) == sha256_file(src)
+    # an unaligned write through TLS (read-modify-write of the edge blocks), read back
+    out = sh(uri, "h.pwrite(b'tls' * 3000, 4095); print(bytes(h.pread(9000, 4095)) == b'tls' * 3000)").stdout
+    assert out.strip() == "True"
+
+
+@pytest.mark.parametrize("client", ["nocert", "wrongca"])
+def test_client_without_the_right_certificate_gets_nothing(required, pki, client):
+    r = run("nbdinfo", certs(required.uri, pki[client]), check=False)
+    assert r.returncode != 0
+    assert "export-size" not in r.stdout and "67108864" not in r.stdout + r.stderr
+    # nor data: nbdsh never gets a handle that reads
+    r = sh(certs(required.uri, pki[client]), "print(h.pread(4096, 0))", check=False)
+    assert r.returncode != 0 and "b'" not in r.stdout
+
+
+def test_client_that_does_not_trust_the_server_refuses_it(required, pki):
+    r = run("nbdinfo", certs(required.uri, pki["strange"]), check=False)
+    assert r.returncode != 0 and "export-size" not in r.stdout
+
+
+def test_plain_client_is_refused_with_tls_reqd(required):
+    plain = required.uri.replace("nbds://", "nbd://")
+    r = run("nbdinfo", plain, check=False)
+    assert r.returncode != 0 and "export-size" not in r.stdout
+    raw = Raw(tcp_of(required))
+    try:
+        for opt, data in ((OPT_GO, go_data()), (OPT_INFO, go_data(b"kvstore")), (OPT_LIST, b"")):
+            typ, _ = raw.option(opt, data)
+            assert typ == REP_ERR_TLS_REQD, (opt, hex(typ))  # and the connection stays open for STARTTLS
+        raw.s.sendall(struct.pack(">QII", IHAVEOPT, OPT_EXPORT_NAME, 7) + b"kvstore")
+        assert raw.closed() and raw.tail == b""  # EXPORT_NAME has no error reply: closed, no size sent
+    finally:
+        raw.close()
+
+
+def test_bad_tls_handshake_closes_only_that_connection(required, pki):
+    other = Raw(tcp_of(required))  # a connection in its option phase meanwhile
+    bad = Raw(tcp_of(required))
+    try:
+        assert bad.option(OPT_STARTTLS) == (REP_ACK, b"")
+        bad.s.sendall(b"\x16\x03\x01\x00\x05hello, not a ClientHello" * 4)
+        assert bad.closed()
+        assert other.option(OPT_LIST)[0] == REP_ERR_TLS_REQD  # still served
+        assert other.option(OPT_ABORT) == (REP_ACK, b"")
+    finally:
+        bad.close()
+        other.close()
+    assert "export-size" in run("nbdinfo", certs(required.uri, pki["good"])).stdout  # and new ones too
+
+
+# ---- --tls on (offered), --tls off, PSK
+
+def test_tls_on_serves_plain_and_tls_clients(pki, tmp_path_factory):
+    dev = serve(tmp_path_factory, *x509_args(pki, "on"))
+    try:
+        assert dev.uri.startswith("nbd://")
+        nbdsh(dev.uri, "h.pwrite(b'P' * 4096, 0)")
+        tls = certs(dev.uri.replace("nbd://", "nbds://"), pki["good"])
+        out = sh(tls, "print(h.get_tls_negotiated(), bytes(h.pread(4, 0)))").stdout
+        assert out.split() == ["True", "b'PPPP'"]  # the same device, through TLS
+        r = run("nbdinfo", dev.uri.replace("nbd://", "nbds://") + f"?tls-certificates={pki['nocert']}", check=False)
+        assert r.returncode != 0 and "export-size" not in r.stdout  # offered does not mean unchecked
+    finally:
+        assert dev.stop() == 0, dev.log()[-2000:]
+
+
+def test_starttls_without_tls_is_refused_by_policy(tmp_path_factory):
+    dev = serve(tmp_path_factory)
+    raw = Raw(tcp_of(dev))
+    try:
+        assert raw.option(OPT_STARTTLS)[0] == REP_ERR_POLICY
+        assert raw.option(OPT_ABORT) == (REP_ACK, b"")
+    finally:
+        raw.close()
+        assert dev.stop() == 0, dev.log()[-2000:]
+
+
+def test_pre_shared_keys(pki, tmp_path_factory):
+    dev = serve(tmp_path_factory, "--tls", "require", "--tls-psk-file", pki["psk"], "--tls-auth-clients", "no")
+    try:
+        # libnbd takes the PSK identity from the URI's user (nbds://alice@HOST...; else the login name)
+        user = dev.uri.replace("nbds://", "nbds://{}@")
+        good = f"{user.format('alice')}?tls-psk-file={pki['psk']}"
+        out = sh(good, "h.pwrite(b'K' * 8192, 4096); print(h.get_tls_negotiated(), bytes(h.pread(2, 4095)))").stdout
+        assert out.split() == ["True", "b'\\x00K'"]
+        for bad in (f"{user.format('alice')}?tls-psk-file={pki['badpsk']}",  # wrong key
+                    f"{user.format('mallory')}?tls-psk-file={pki['psk']}"):  # unknown identity
+            r = run("nbdinfo", bad, check=False)
+            assert r.returncode != 0 and "export-size" not in r.stdout
+    finally:
+        assert dev.stop() == 0, dev.log()[-2000:]
+
+
+# ---- protected mode (nothing binds beyond loopback here)
+
+def test_non_loopback_listener_needs_tls_require_or_an_explicit_opt_out(pki):
+    with pytest.raises(ConfigError, match=r"0\.0\.0\.0 is not a loopback address.*--no-protected-mode"):
+        BlockdevConfig(size="1G", listen="0.0.0.0:10809").validate()
+    with pytest.raises(ConfigError, match="--no-protected-mode"):
+        BlockdevConfig(size="1G", listen="192.0.2.1:10809", tls="on", **files(pki)).validate()
+    BlockdevConfig(size="1G", listen="0.0.0.0:10809", tls="require", **files(pki)).validate()
+    BlockdevConfig(size="1G", listen="0.0.0.0:10809", protected_mode=False).validate()
+    BlockdevConfig(size="1G", listen="127.0.0.2:10809").validate()  # all of 127/8 is loopback
+
+
+def test_c_side_refuses_a_plain_non_loopback_listener_before_binding():
+    from kvstore._native import ffi, lib
+    from kvstore.blockdev import c_nbd_config
+    cfg, keep = c_nbd_config(BlockdevConfig(size="1M", listen="0.0.0.0:0", protected_mode=False).validate())
+    cfg.allow_plain_remote = 0  # as a caller that never heard of it (zeroed struct)
+    err, out = ffi.new("char[512]"), ffi.new("struct nbd_server **")
+    assert lib.nbd_create(out, cfg, ffi.NULL, err, 512) < 0
+    assert "--no-protected-mode" in ffi.string(err).decode()
+
+
+def test_tls_settings_are_checked_at_start(pki, tmp_path):
+    with pytest.raises(ConfigError, match="tls_cert_file: --tls require needs --tls-cert-file"):
+        BlockdevConfig(size="1G", tls="require").validate()
+    with pytest.raises(ConfigError, match="not both"):
+        BlockdevConfig(size="1G", tls="on", tls_psk_file=pki["psk"], **files(pki)).validate()
+    bad = tmp_path / "bad.psk"
+    bad.write_text("alice:zz\n")
+    from kvstore.blockdev import BlockDevice
+    with pytest.raises(ConfigError, match="line 1: the key is not hexadecimal"):
+        BlockDevice(size="1M", backend="redis://127.0.0.1:1", tls="require", tls_psk_file=str(bad),
+                    tls_auth_clients="no").start()
+
+
+def files(pki):
+    s = pki["server"]
+    return dict(tls_cert_file=s["server_crt"], tls_key_file=s["server_key"], tls_ca_cert_file=s["ca_crt"])
