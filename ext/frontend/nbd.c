@@ -131,6 +131,7 @@ static int thread_init(struct nbd_server *s, int i, char *err, size_t errlen)
     t->s = s;
     t->idx = i;
     list_init(&t->conns);
+    list_init(&t->live);
     pthread_mutex_init(&t->glock, NULL);
     t->epfd = epoll_create1(EPOLL_CLOEXEC);
     t->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -253,12 +254,15 @@ void nbd_stop(struct nbd_server *s)
     if (!s || !s->th)
         return;
     atomic_store_explicit(&s->stop, 1, memory_order_release);
+    for (int i = 0; i < s->threads; i++) { /* all at once: each drains its operations (NBD_DRAIN_MS) */
+        uint64_t one = 1;
+        if (s->th[i].running)
+            (void)!write(s->th[i].evfd, &one, sizeof one);
+    }
     for (int i = 0; i < s->threads; i++) {
         struct nbd_thread *t = &s->th[i];
         if (!t->running)
             continue;
-        uint64_t one = 1;
-        (void)!write(t->evfd, &one, sizeof one);
         pthread_join(t->tid, NULL);
         t->running = 0;
     }
@@ -272,9 +276,11 @@ void nbd_destroy(struct nbd_server *s)
     for (int i = 0; s->th && i < s->threads; i++) {
         struct nbd_thread *t = &s->th[i];
         if (t->be)
-            s->be->close(t->be); /* operations it held are dropped with their connections */
-        if (t->s)
+            s->be->close(t->be); /* operations it still held never complete: */
+        if (t->s) {
+            nbd_req_free_live(t); /* their requests go here */
             nbd_conn_free_all(t);
+        }
         nbd_req_pool_free(t);
         free(t->tls_out);
         if (t->s)

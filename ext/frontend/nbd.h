@@ -82,8 +82,9 @@ int nbd_create(struct nbd_server **out, const struct nbd_config *cfg, struct kv_
                size_t errlen);
 /* Start the threads. 0 or -errno with a message (what started is stopped). */
 int nbd_start(struct nbd_server *s, char *err, size_t errlen);
-/* Stop and join the threads, close every connection (in-flight requests are
- * answered or dropped with the connection). Idempotent. */
+/* Stop and join the threads: no more input is read; the requests in flight get
+ * up to 2 s (NBD_DRAIN_MS) to finish and be answered; what remains is dropped
+ * with its connection. Idempotent. */
 void nbd_stop(struct nbd_server *s);
 void nbd_destroy(struct nbd_server *s);
 /* The TCP port bound (the one picked for port 0), or -1 without a TCP listener. */

@@ -18,6 +18,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -38,7 +39,8 @@ static void set_events(struct nbd_conn *c)
     /* no EPOLLIN (nor EPOLLRDHUP: level-triggered, it would fire every round) while
      * input is not wanted (nor while STARTTLS's ACK is on its way: what follows it
      * is TLS) */
-    int in = (!c->paused && c->phase != PH_CLOSING && (!c->tls || c->tls_on)) || c->tls_wr_wants_in;
+    int in = (!c->paused && c->phase != PH_CLOSING && (!c->tls || c->tls_on) && !c->t->draining) ||
+             c->tls_wr_wants_in;
     uint32_t ev = (in ? EPOLLIN | EPOLLRDHUP : 0) | (out ? EPOLLOUT : 0);
     if (ev == c->events)
         return;
@@ -660,6 +662,46 @@ static void round_end(struct nbd_thread *t)
     }
 }
 
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Stopping: no more input, no new connections; the backend's operations in
+ * flight (its pending count) finish and their replies go out, for at most
+ * NBD_DRAIN_MS. What is still in flight then is dropped with its connection
+ * (nbd_destroy frees it). */
+static void drain(struct nbd_thread *t)
+{
+    struct nbd_server *s = t->s;
+    t->draining = 1;
+    for (struct list *n = t->conns.next; n != &t->conns; n = n->next)
+        set_events((struct nbd_conn *)((char *)n - offsetof(struct nbd_conn, node)));
+    round_end(t);
+    struct epoll_event ev[NBD_EVENTS];
+    for (int64_t end = now_ms() + NBD_DRAIN_MS, left; s->be->pending(t->be) && (left = end - now_ms()) > 0;) {
+        int n = epoll_wait(t->epfd, ev, NBD_EVENTS, left < 100 ? (int)left : 100);
+        for (int i = 0; i < n; i++) {
+            struct nbd_watch *w = ev[i].data.ptr;
+            if (w->kind == NBD_WATCH_WAKE) {
+                uint64_t v;
+                (void)!read(t->evfd, &v, sizeof v); /* lock grants: round_end runs them */
+            } else if (w->kind == NBD_WATCH_CONN) {
+                struct nbd_conn *c = w->ctx;
+                if (!c->closed && (ev[i].events & (EPOLLHUP | EPOLLERR)))
+                    conn_close(c);
+                else if (!c->closed && (ev[i].events & (EPOLLOUT | EPOLLIN)))
+                    nbd_conn_want_write(c);
+            } else if (w->kind != NBD_WATCH_LISTEN) {
+                s->be->on_event(w->ctx, w, ev[i].events);
+            }
+        }
+        round_end(t);
+    }
+}
+
 void *nbd_thread_main(void *arg)
 {
     struct nbd_thread *t = arg;
@@ -695,6 +737,7 @@ void *nbd_thread_main(void *arg)
         }
         round_end(t);
     }
+    drain(t);
     return NULL;
 }
 

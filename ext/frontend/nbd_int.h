@@ -33,6 +33,7 @@
 #define NBD_POOL_MAX 128                    /* pooled requests kept per thread */
 #define NBD_LOCK_STRIPES 256
 #define NBD_TLS_OUT (64u << 10)            /* reply bytes gathered for one TLS write */
+#define NBD_DRAIN_MS 2000                  /* at stop: how long in-flight operations may take to finish */
 #define NBD_WINDOW 1024u                   /* block operations of one request in flight at once */
 
 /* epoll watch kinds of the server's own descriptors (backends': NBD_WATCH_BACKEND) */
@@ -64,6 +65,7 @@ struct nbd_bop {
 
 struct nbd_req {
     struct nbd_req *next;     /* the connection's reply queue, or the pool's free list */
+    struct list live;         /* on its thread's list while it owns block operations */
     struct nbd_conn *c;
     struct nbd_request h;
     int rc;                   /* first error (-errno), 0 */
@@ -130,6 +132,9 @@ struct nbd_thread {
     struct fdq q;
     void *be;                 /* backend context */
     struct list conns;
+    struct list live;         /* requests that own block operations (freed at destroy if the
+                                 backend still held them when the threads stopped) */
+    int draining;             /* stopping: no input read, in-flight operations finish */
     int dirty;                /* operations submitted since the last backend flush */
     struct nbd_conn *out_list;
     struct nbd_conn *dead;    /* closed connections to free at the round's end */
@@ -183,6 +188,9 @@ void nbd_req_free(struct nbd_thread *t, struct nbd_req *r);
 /* Run the lock grants other threads (and this one) made for this thread's ops. */
 void nbd_req_run_grants(struct nbd_thread *t);
 void nbd_req_pool_free(struct nbd_thread *t);
+/* The requests still owning operations once the backend is closed (they will
+ * never complete): freed with their scratch blocks. */
+void nbd_req_free_live(struct nbd_thread *t);
 
 /* nbd_lock.c: the block-lock table. A bop locks b->op.block, exclusively if
  * b->excl (a read-modify-write), else shared (a full-block write).
