@@ -340,6 +340,7 @@ static void info_blockdev(void *arg, struct kvbuf *b)
     kvbuf_printf(b,
                  "blockdev_export:%s\r\nblockdev_size:%llu\r\nblockdev_block_size:%u\r\nblockdev_backend:%s\r\n"
                  "blockdev_threads:%d\r\nblockdev_port:%d\r\nblockdev_unix_socket:%s\r\nblockdev_read_only:%d\r\n"
+                 "blockdev_tls:%s\r\n"
                  "blockdev_connections:%llu\r\nblockdev_total_connections:%llu\r\n"
                  "blockdev_rejected_connections:%llu\r\nblockdev_protocol_errors:%llu\r\n"
                  "blockdev_reads:%llu\r\nblockdev_writes:%llu\r\nblockdev_flushes:%llu\r\nblockdev_trims:%llu\r\n"
@@ -350,7 +351,9 @@ static void info_blockdev(void *arg, struct kvbuf *b)
                  "blockdev_inflight:%llu\r\nblockdev_avg_queue_depth:%.2f\r\n"
                  "blockdev_backend_errors:%llu\r\nblockdev_backend_reconnects:%llu\r\n",
                  s->export_name, U(s->size), s->block_size, s->backend, s->threads, nbd_port(s),
-                 s->unix_path ? s->unix_path : "", s->read_only, U(st.connections), U(st.total_connections),
+                 s->unix_path ? s->unix_path : "", s->read_only,
+                 s->tls_mode == NBD_TLS_REQUIRE ? "require" : s->tls_mode == NBD_TLS_ON ? "on" : "off",
+                 U(st.connections), U(st.total_connections),
                  U(st.rejected_connections), U(st.protocol_errors), U(st.reads), U(st.writes), U(st.flushes),
                  U(st.trims), U(st.zeroes), U(st.fua), U(st.errors), U(st.bytes_read), U(st.bytes_written),
                  U(st.kv_gets), U(st.kv_puts), U(st.kv_dels), U(st.kv_syncs), ios ? (double)kv / (double)ios : 0.0,

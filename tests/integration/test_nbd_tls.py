@@ -8,6 +8,7 @@ option replies (NBD_REP_ERR_TLS_REQD, ERR_POLICY) and for a broken TLS handshake
 mode (no plain TCP listener beyond loopback) is checked without binding anything but loopback.
 """
 import os
+import re
 import shutil
 import socket
 import struct
@@ -213,6 +214,8 @@ def test_bad_tls_handshake_closes_only_that_connection(required, pki):
         bad.close()
         other.close()
     assert "export-size" in run("nbdinfo", certs(required.uri, pki["good"])).stdout  # and new ones too
+    resp = re.search(r"RESP on 127\.0\.0\.1:(\d+)", required.log()).group(1)
+    assert "blockdev_tls:require" in run("redis-cli", "-p", resp, "INFO", "blockdev").stdout
 
 
 # ---- --tls on (offered), --tls off, PSK
