@@ -299,3 +299,13 @@ def test_tls_settings_are_checked_at_start(pki, tmp_path):
 def files(pki):
     s = pki["server"]
     return dict(tls_cert_file=s["server_crt"], tls_key_file=s["server_key"], tls_ca_cert_file=s["ca_crt"])
+
+
+def test_serve_refuses_a_plain_non_loopback_listener(tmp_path):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "kvstore.cli", "blockdev", "serve", "--size", "1M", "--listen",
+                        "0.0.0.0:0", "--durability", "none", "--port", "0", "--data-dir", str(tmp_path / "d")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "listening on" not in r.stdout
+    assert "not a loopback address" in r.stderr and "--no-protected-mode" in r.stderr
