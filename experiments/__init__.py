@@ -34,6 +34,10 @@ EXPERIMENTS = [
     Experiment("p000_bosc_sweep", "000", "BOSC: effective disk updates/s vs memory and request rate, vs naive"),
     Experiment("p000_durability", "000", "durability none/disk/remote (+memory full) vs Redis AOF"),
     Experiment("p000_nhd", "000", "NHD at scale: memory-full inserts of new keys vs in-memory NH, records per block, sweep MB/s vs fio"),
+    Experiment("p001_kvs", "001", "Fig. 6: the KVS alone, 4 KiB GET/SET latency vs throughput (open-loop sweep), "
+               "kvstore vs Redis vs memcached, CPU per request"),
+    Experiment("p001_fio", "001", "Figs. 7-9: the block device under fio (4 KiB random IOPS, 128 KiB sequential MB/s, "
+               "QD1 latency), raw/ext4/xfs, each backend beside nbdkit memory"),
     Experiment("p002_flexpoll", "002", "FlexPoll: strict / flexpoll / direct EPOLLOUT policies"),
     Experiment("p003_ldu_scalability", "003", "LDU Figs 2.8-2.10, Table 2.1: throughput and idle time vs threads"),
     Experiment("p003_ldu_rw_ratio", "003", "LDU Fig 2.11: throughput vs read:write ratio"),
