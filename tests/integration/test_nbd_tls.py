@@ -10,11 +10,10 @@ mode (no plain TCP listener beyond loopback) is checked without binding anything
 import os
 import re
 import shutil
-import socket
-import struct
 
 import pytest
 
+from helpers import nbdwire as w
 from helpers.blockdev import Device, have_our_server, nbdsh, random_image, run, sha256_file
 from kvstore import ConfigError
 from kvstore.config import BlockdevConfig
@@ -22,9 +21,6 @@ from kvstore.tlscerts import make_certs
 
 pytestmark = pytest.mark.skipif(not have_our_server(), reason="no C NBD server in this tree")
 
-IHAVEOPT, REPLY_MAGIC = 0x49484156454F5054, 0x3E889045565A9
-OPT_EXPORT_NAME, OPT_ABORT, OPT_LIST, OPT_STARTTLS, OPT_INFO, OPT_GO = 1, 2, 3, 5, 6, 7
-REP_ACK, REP_ERR_POLICY, REP_ERR_TLS_REQD = 1, 0x80000002, 0x80000005
 MiB = 1 << 20
 PSK_KEY = "8b1a32e6c9d0b2f7a4c3e1d5f60718293a4b5c6d7e8f90a1b2c3d4e5f6071829"
 
@@ -98,58 +94,20 @@ def sh(uri, code, check=True):
     return run("nbdsh", "-c", script, check=check)
 
 
-# ---- a raw client for the option replies
+# ---- a raw client for the option replies (tests/helpers/nbdwire.py)
 
-class Raw:
-    """A plain NBD connection in the option phase (fixed newstyle, NO_ZEROES)."""
-
-    def __init__(self, addr):
-        self.s = socket.create_connection(addr, timeout=20)
-        greeting = self.recv(18)
-        assert greeting[:16] == b"NBDMAGICIHAVEOPT"
-        self.s.sendall(struct.pack(">I", 3))  # FIXED_NEWSTYLE | NO_ZEROES
-
-    def recv(self, n):
-        b = b""
-        while len(b) < n:
-            chunk = self.s.recv(n - len(b))
-            if not chunk:
-                raise EOFError(f"closed after {len(b)} of {n} bytes")
-            b += chunk
-        return b
-
-    def option(self, opt, data=b""):
-        """Send an option; its first reply: (type, data)."""
-        self.s.sendall(struct.pack(">QII", IHAVEOPT, opt, len(data)) + data)
-        return self.reply(opt)
-
-    def reply(self, opt):
-        magic, o, typ, n = struct.unpack(">QIII", self.recv(20))
-        assert (magic, o) == (REPLY_MAGIC, opt)
-        return typ, self.recv(n)
-
-    def closed(self):
-        """True if the server closed the connection (EOF) within the timeout, after at most a
-        few bytes (a TLS alert); its last bytes are in self.tail."""
-        self.tail = b""
-        try:
-            while len(self.tail) < 4096:
-                chunk = self.s.recv(4096)
-                if not chunk:
-                    return True
-                self.tail += chunk
-        except ConnectionResetError:
-            return True
-        except socket.timeout:
-            return False
-        return False
-
-    def close(self):
-        self.s.close()
+def raw(dev):
+    """A plain connection to dev's TCP listener in its option phase (fixed newstyle, NO_ZEROES)."""
+    c = w.Conn(tcp_of(dev), timeout=20)
+    c.greeting()
+    c.client_flags()
+    return c
 
 
-def go_data(name=b""):
-    return struct.pack(">I", len(name)) + name + struct.pack(">H", 0)
+def final(c, opt, data=b""):
+    """Send an option; its final reply (type, data)."""
+    r = c.option_replies(opt, data)[-1]
+    return r.type, r.data
 
 
 # ---- x509, --tls require
@@ -190,29 +148,22 @@ def test_plain_client_is_refused_with_tls_reqd(required):
     plain = required.uri.replace("nbds://", "nbd://")
     r = run("nbdinfo", plain, check=False)
     assert r.returncode != 0 and "export-size" not in r.stdout
-    raw = Raw(tcp_of(required))
-    try:
-        for opt, data in ((OPT_GO, go_data()), (OPT_INFO, go_data(b"kvstore")), (OPT_LIST, b"")):
-            typ, _ = raw.option(opt, data)
-            assert typ == REP_ERR_TLS_REQD, (opt, hex(typ))  # and the connection stays open for STARTTLS
-        raw.s.sendall(struct.pack(">QII", IHAVEOPT, OPT_EXPORT_NAME, 7) + b"kvstore")
-        assert raw.closed() and raw.tail == b""  # EXPORT_NAME has no error reply: closed, no size sent
-    finally:
-        raw.close()
+    with raw(required) as c:
+        for opt, data in ((w.OPT_GO, w.info_data("")), (w.OPT_INFO, w.info_data("kvstore")), (w.OPT_LIST, b"")):
+            typ, _ = final(c, opt, data)
+            assert typ == w.REP_ERR_TLS_REQD, (opt, hex(typ))  # and the connection stays open for STARTTLS
+        c.send_option(w.OPT_EXPORT_NAME, b"kvstore")
+        with pytest.raises(w.Closed, match="EOF after 0 of 1"):
+            c.recv_exact(1)  # EXPORT_NAME has no error reply: closed without a byte (no size)
 
 
 def test_bad_tls_handshake_closes_only_that_connection(required, pki):
-    other = Raw(tcp_of(required))  # a connection in its option phase meanwhile
-    bad = Raw(tcp_of(required))
-    try:
-        assert bad.option(OPT_STARTTLS) == (REP_ACK, b"")
-        bad.s.sendall(b"\x16\x03\x01\x00\x05hello, not a ClientHello" * 4)
-        assert bad.closed()
-        assert other.option(OPT_LIST)[0] == REP_ERR_TLS_REQD  # still served
-        assert other.option(OPT_ABORT) == (REP_ACK, b"")
-    finally:
-        bad.close()
-        other.close()
+    with raw(required) as other, raw(required) as bad:  # other: in its option phase meanwhile
+        assert final(bad, w.OPT_STARTTLS) == (w.REP_ACK, b"")
+        bad.send(b"\x16\x03\x01\x00\x05hello, not a ClientHello" * 4)
+        assert bad.closed_by_server(timeout=20)
+        assert final(other, w.OPT_LIST)[0] == w.REP_ERR_TLS_REQD  # still served
+        assert final(other, w.OPT_ABORT) == (w.REP_ACK, b"")
     assert "export-size" in run("nbdinfo", certs(required.uri, pki["good"])).stdout  # and new ones too
     resp = re.search(r"RESP on 127\.0\.0\.1:(\d+)", required.log()).group(1)
     assert "blockdev_tls:require" in run("redis-cli", "-p", resp, "INFO", "blockdev").stdout
@@ -236,12 +187,11 @@ def test_tls_on_serves_plain_and_tls_clients(pki, tmp_path_factory):
 
 def test_starttls_without_tls_is_refused_by_policy(tmp_path_factory):
     dev = serve(tmp_path_factory)
-    raw = Raw(tcp_of(dev))
     try:
-        assert raw.option(OPT_STARTTLS)[0] == REP_ERR_POLICY
-        assert raw.option(OPT_ABORT) == (REP_ACK, b"")
+        with raw(dev) as c:
+            assert final(c, w.OPT_STARTTLS)[0] == w.REP_ERR_POLICY
+            assert final(c, w.OPT_ABORT) == (w.REP_ACK, b"")
     finally:
-        raw.close()
         assert dev.stop() == 0, dev.log()[-2000:]
 
 
