@@ -9,7 +9,7 @@ import click
 
 import kvstore
 from kvstore import log
-from kvstore.blockdev import BlockDevice
+from kvstore.blockdev import SHARED_TLS, BlockDevice
 from kvstore.cli.main import _durability_line, _fail_logged, main, setting_options
 from kvstore.config import SIZE, BlockdevConfig, ServerConfig, parse_size, redact
 from kvstore.errors import ConfigError, KVError
@@ -20,6 +20,15 @@ RENAME = {"threads": "server_threads"}
 RENAME_BACK = {v: k for k, v in RENAME.items()}
 # Engine settings that also mean something without the embedded engine: where the log goes.
 ANY_BACKEND = ("log_level", "log_file")
+# The certificate settings (kvstore.blockdev.SHARED_TLS) are the block device's (--tls): one
+# option each; with the embedded engine they serve its --tls-port as well.
+
+
+class _EngineSettings:
+    """ServerConfig's options without the ones BlockdevConfig declares too."""
+    @staticmethod
+    def settings():
+        return [f for f in ServerConfig.settings() if f.name not in SHARED_TLS]
 
 
 @click.group()
@@ -36,7 +45,7 @@ def blockdev():
                    "..., keys as the long options), the engine's in [server]; options given on the command line "
                    "override it.")
 @setting_options(BlockdevConfig)
-@setting_options(ServerConfig, rename=RENAME, help_prefix=lambda name: "" if name in ANY_BACKEND else "[embedded] ")
+@setting_options(_EngineSettings, rename=RENAME, help_prefix=lambda name: "" if name in ANY_BACKEND else "[embedded] ")
 def serve(config_file, **opts):
     """Serve a block device over NBD until Ctrl-C or SIGTERM.
 
@@ -76,6 +85,7 @@ def serve(config_file, **opts):
             if field.metadata["type"] is SIZE and engine.get(field.name) is not None:
                 engine[field.name] = parse_size(engine[field.name], "--" + field.name.replace("_", "-"))
         if embedded:
+            engine.update({k: getattr(cfg, k) for k in SHARED_TLS if own.get(k) is not None})
             scfg = ServerConfig.load(config_file, **engine)
         else:
             scfg = ServerConfig.load(None, **{k: engine[k] for k in ANY_BACKEND})

@@ -17,6 +17,8 @@ from kvstore.config import BlockdevConfig, ServerConfig, redact
 from kvstore.server import Server, serve_until_signal
 
 _BLOCKDEV_FIELDS = {f.name for f in dataclasses.fields(BlockdevConfig)}
+# Settings both declare (the node's TLS certificate settings, kvstore.config._node_setting)
+SHARED_TLS = ("tls_cert_file", "tls_key_file", "tls_ca_cert_file", "tls_auth_clients")
 _SERVER_FIELDS = {f.name for f in dataclasses.fields(ServerConfig)}
 
 
@@ -88,6 +90,8 @@ class BlockDevice:
                                      f"{redact(self.config.backend)} is configured where it runs")
         if embedded and server_config is None:
             engine.setdefault("port", 0)
+            # the certificate settings are both's: the engine's --tls-port (if any) uses them too
+            engine.update({k: own[k] for k in SHARED_TLS if k in own and k not in engine})
             server_config = ServerConfig(**engine)
         elif embedded and engine:
             raise TypeError("give server_config= or the engine's settings, not both")
@@ -183,10 +187,11 @@ class BlockDevice:
     def uris(self):
         """The NBD URIs of the export: TCP first, then the unix socket (if configured)."""
         cfg, out = self.config, []
+        s = "s" if cfg.tls == "require" else ""  # nbds: the client starts TLS (it must, then)
         if cfg.effective_listen and self._port is not None:
-            out.append(f"nbd://{cfg.effective_listen.rpartition(':')[0]}:{self._port}/{cfg.export}")
+            out.append(f"nbd{s}://{cfg.effective_listen.rpartition(':')[0]}:{self._port}/{cfg.export}")
         if cfg.unix:
-            out.append(f"nbd+unix:///{cfg.export}?socket={cfg.unix}")
+            out.append(f"nbd{s}+unix:///{cfg.export}?socket={cfg.unix}")
         return out
 
     @property

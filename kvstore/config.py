@@ -568,6 +568,7 @@ BACKEND_SCHEMES = ("kvstore", "redis", "memcached")
 BACKEND_FORMS = ("embedded, kvstore://[:PASSWORD@]HOST:PORT, redis://[:PASSWORD@]HOST:PORT[/DB] or "
                  "memcached://HOST:PORT")
 NBD_PORT = 10809  # the NBD port IANA assigned
+NBD_TLS_MODES = ("off", "on", "require")  # struct nbd_config.tls's values, in order
 
 
 def parse_disk_size(value, what="size"):
@@ -609,6 +610,13 @@ def redact(url):
     if sep and "@" in rest:
         return f"{scheme}://(password)@{rest.rpartition('@')[2]}"
     return url
+
+
+def _node_setting(name, help):
+    """A ServerConfig setting declared again, as it is, for the block device (help: other
+    words, or None for the node's)."""
+    f = ServerConfig.__dataclass_fields__[name]
+    return dataclasses.field(default=f.default, metadata={**f.metadata, "help": help or f.metadata["help"]})
 
 
 @dataclasses.dataclass
@@ -657,6 +665,33 @@ class BlockdevConfig:
     max_connections: int = setting(
         256, "NBD client connections served at once; more are closed at accept.", min=1, max=65536,
         c="max_clients")
+    # ---- issue 15 (tls)
+    # Authentication of the NBD port: TLS through NBD_OPT_STARTTLS (nbds:// URLs), x509 or
+    # pre-shared keys; the certificate settings are the node's own names (kvstore serve
+    # --tls-*), and with --backend embedded they serve its --tls-port too.
+    tls: str = setting(
+        "off", "TLS on the NBD listeners (NBD_OPT_STARTTLS, as nbdkit's --tls): off; on = offered, plain "
+               "clients still served; require = nothing but STARTTLS before TLS (plain clients are refused "
+               "with NBD_REP_ERR_TLS_REQD). Clients connect with nbds://HOST:PORT/EXPORT (libnbd: "
+               "?tls-certificates=DIR of ca-cert.pem, client-cert.pem and client-key.pem).", choices=NBD_TLS_MODES, c="tls",
+        to_c=lambda v, cfg: NBD_TLS_MODES.index(v))
+    tls_cert_file: str = _node_setting("tls_cert_file", "PEM file with the server's certificate (and chain) for "
+                                                        "--tls on|require.")
+    tls_key_file: str = _node_setting("tls_key_file", None)
+    tls_ca_cert_file: str = _node_setting("tls_ca_cert_file", None)
+    tls_auth_clients: str = _node_setting(
+        "tls_auth_clients", "TLS clients must present a certificate signed by --tls-ca-cert-file: yes (a client "
+                            "without one gets nothing: no size, no data), optional (checked if sent) or no (TLS "
+                            "encrypts, anyone may connect).")
+    tls_psk_file: str = setting(
+        "", "Pre-shared keys instead of certificates: a file of IDENTITY:HEXKEY lines, as `psktool -u NAME -p "
+            "FILE` writes it and nbdkit's --tls-psk reads it (keep it mode 600); libnbd: "
+            "?tls-psk-file=FILE&tls-username=NAME. Not with --tls-cert-file.",
+        shown=None, c="tls_psk_file")
+    protected_mode: bool = setting(
+        True, "Refuse to start with a TCP listener on an address other than loopback unless --tls require "
+              "(anyone reaching it could read and write the device). --no-protected-mode allows it.",
+        cli="switch", c="allow_plain_remote", to_c=lambda v, cfg: int(not v))
     config_file: str = setting(
         "", "the TOML file the settings came from", shown=None, cli=None)
 
@@ -702,7 +737,29 @@ class BlockdevConfig:
         if len(self.export.encode()) > 4096:  # the NBD protocol's bound on names
             raise ConfigError("export: at most 4096 bytes")
         backend_scheme(self.backend)
+        self._validate_tls()
         return self
+
+    def _validate_tls(self):
+        """--tls's files and the protected mode, checked before anything binds (the C side
+        checks them again, and loads the files)."""
+        if self.tls != "off":
+            if self.tls_psk_file and self.tls_cert_file:
+                raise ConfigError("tls_psk_file: give --tls-psk-file or --tls-cert-file, not both")
+            if not self.tls_psk_file:
+                needed = ("tls_cert_file", "tls_key_file") + (("tls_ca_cert_file",)
+                                                             if self.tls_auth_clients != "no" else ())
+                for name in needed:
+                    if not getattr(self, name):
+                        extra = " (or --tls-auth-clients no)" if name == "tls_ca_cert_file" else ""
+                        raise ConfigError(f"{name}: --tls {self.tls} needs --{name.replace('_', '-')} FILE (PEM)"
+                                          f"{extra}, or --tls-psk-file FILE")
+        host = self.effective_listen.rpartition(":")[0] if self.effective_listen else ""
+        if host and not host.startswith("127.") and self.tls != "require" and self.protected_mode:
+            raise ConfigError(f"listen: {host} is not a loopback address and --tls is {self.tls}: anyone who reaches "
+                              f"it could read and write the device. Use --tls require (with --tls-cert-file, "
+                              f"--tls-key-file and --tls-ca-cert-file, or --tls-psk-file), or allow it with "
+                              f"--no-protected-mode")
 
     def c_values(self):
         """{struct nbd_config field: value} (strings still str), the listener included."""

@@ -19,9 +19,17 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 
+struct tls_psk {
+    char id[TLS_PSK_ID_MAX + 1];
+    unsigned char key[TLS_PSK_MAX];
+    unsigned keylen;
+};
+
 struct tls_ctx {
     SSL_CTX *ssl;
     int server;
+    struct tls_psk *psk;   /* pre-shared keys (psk_file), sorted by nothing: few */
+    int npsk;
 };
 
 struct tls_conn {
@@ -62,11 +70,98 @@ static int fail(char *err, size_t errlen, const char *what, const char *file)
     return -EINVAL;
 }
 
+#define TLS_PSK_LINES 4096 /* keys one file may hold */
+
+static int hexval(int ch)
+{
+    return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10
+         : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+}
+
+/* psk_file's "identity:hexkey" lines into c->psk (blank lines and # comments
+ * skipped). 0 or -EINVAL with the file and line named in err. */
+static int load_psk(struct tls_ctx *c, const char *file, char *err, size_t errlen)
+{
+    FILE *f = fopen(file, "re");
+    if (!f)
+        return snprintf(err, errlen, "cannot open PSK file %s: %s", file, strerror(errno)), -EINVAL;
+    char line[512];
+    int no = 0, rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        no++;
+        size_t n = strlen(line);
+        if (n == sizeof line - 1 && line[n - 1] != '\n') {
+            rc = snprintf(err, errlen, "PSK file %s line %d: longer than %zu bytes", file, no, sizeof line - 2);
+            break;
+        }
+        while (n && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' '))
+            line[--n] = 0;
+        if (!n || line[0] == '#')
+            continue;
+        char *colon = strrchr(line, ':');
+        size_t idlen = colon ? (size_t)(colon - line) : 0, hexlen = colon ? strlen(colon + 1) : 0;
+        if (!colon || !idlen || idlen > TLS_PSK_ID_MAX || !hexlen || hexlen % 2 || hexlen > 2 * TLS_PSK_MAX) {
+            rc = snprintf(err, errlen, "PSK file %s line %d: expected IDENTITY:HEXKEY (identity 1 to %d bytes, key "
+                                       "1 to %d bytes in hex, as `psktool -u IDENTITY -p FILE` writes)",
+                          file, no, TLS_PSK_ID_MAX, TLS_PSK_MAX);
+            break;
+        }
+        if (c->npsk == TLS_PSK_LINES) {
+            rc = snprintf(err, errlen, "PSK file %s: more than %d keys", file, TLS_PSK_LINES);
+            break;
+        }
+        struct tls_psk *p = realloc(c->psk, (size_t)(c->npsk + 1) * sizeof *p);
+        if (!p) {
+            rc = snprintf(err, errlen, "out of memory");
+            break;
+        }
+        c->psk = p;
+        p += c->npsk;
+        memcpy(p->id, line, idlen);
+        p->id[idlen] = 0;
+        p->keylen = (unsigned)(hexlen / 2);
+        for (size_t i = 0; i < hexlen / 2; i++) {
+            int hi = hexval(colon[1 + 2 * i]), lo = hexval(colon[2 + 2 * i]);
+            if (hi < 0 || lo < 0) {
+                rc = snprintf(err, errlen, "PSK file %s line %d: the key is not hexadecimal", file, no);
+                break;
+            }
+            p->key[i] = (unsigned char)(hi << 4 | lo);
+        }
+        if (rc)
+            break;
+        c->npsk++;
+    }
+    fclose(f);
+    if (!rc && !c->npsk)
+        rc = snprintf(err, errlen, "PSK file %s: no keys", file);
+    return rc ? -EINVAL : 0;
+}
+
+/* OpenSSL asks for identity's key (TLS 1.2 PSK suites, and TLS 1.3 external PSKs
+ * with SHA-256): its length, or 0 for an unknown identity (the handshake fails). */
+static unsigned int psk_server_cb(SSL *ssl, const char *identity, unsigned char *psk, unsigned int max)
+{
+    const struct tls_ctx *c = SSL_CTX_get_app_data(SSL_get_SSL_CTX(ssl));
+    for (int i = 0; identity && c && i < c->npsk; i++) {
+        if (strcmp(c->psk[i].id, identity) == 0 && c->psk[i].keylen <= max) {
+            memcpy(psk, c->psk[i].key, c->psk[i].keylen);
+            return c->psk[i].keylen;
+        }
+    }
+    return 0;
+}
+
 int tls_ctx_new(struct tls_ctx **out, const struct tls_opts *o, char *err, size_t errlen)
 {
+    int psk = o->server && o->psk_file && *o->psk_file;
+    if (psk && o->auth != TLS_AUTH_NO) {
+        snprintf(err, errlen, "with a PSK file the key authenticates the client: tls-auth-clients must be no");
+        return -EINVAL;
+    }
     *out = NULL;
     ERR_clear_error();
-    if (o->server && (!o->cert_file || !*o->cert_file || !o->key_file || !*o->key_file)) {
+    if (o->server && !psk && (!o->cert_file || !*o->cert_file || !o->key_file || !*o->key_file)) {
         snprintf(err, errlen, "a TLS server needs tls-cert-file and tls-key-file");
         return -EINVAL;
     }
@@ -99,6 +194,17 @@ int tls_ctx_new(struct tls_ctx **out, const struct tls_opts *o, char *err, size_
      * its own buffer, which may move (grow) before the write is repeated. */
     SSL_CTX_set_mode(c->ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     SSL_CTX_clear_mode(c->ssl, SSL_MODE_AUTO_RETRY); /* non-blocking callers want WANT_READ back */
+    if (psk) {
+        int rc = load_psk(c, o->psk_file, err, errlen);
+        if (rc < 0) {
+            tls_ctx_free(c);
+            return rc;
+        }
+        SSL_CTX_set_app_data(c->ssl, c);
+        SSL_CTX_set_psk_server_callback(c->ssl, psk_server_cb);
+        /* TLS 1.2 clients need the PSK suites (TLS 1.3 uses its own with the key) */
+        SSL_CTX_set_cipher_list(c->ssl, "PSK:DEFAULT");
+    }
     if (o->server) {
         static const unsigned char sid[] = "kvstore";
         SSL_CTX_set_session_cache_mode(c->ssl, SSL_SESS_CACHE_SERVER);
@@ -136,6 +242,9 @@ void tls_ctx_free(struct tls_ctx *c)
     if (!c)
         return;
     SSL_CTX_free(c->ssl);
+    if (c->psk)
+        OPENSSL_cleanse(c->psk, (size_t)c->npsk * sizeof *c->psk);
+    free(c->psk);
     free(c);
 }
 

@@ -34,10 +34,17 @@ struct tls_opts {
     const char *ca_file;     /* PEM CA certificate(s) the peer's certificate must chain to;
                                 server: required unless auth is TLS_AUTH_NO; client: required */
     enum tls_auth auth;      /* server: whether clients must present a certificate */
+    const char *psk_file;    /* server: pre-shared keys instead of certificates, one
+                                "identity:hexkey" per line (GnuTLS psktool's format, as
+                                nbdkit's --tls-psk reads it); cert_file is then optional
+                                and auth must be TLS_AUTH_NO (the key authenticates) */
 };
 
 /* Parse a tls-auth-clients value ("yes", "no", "optional"): the enum, or -EINVAL. */
 int tls_auth_parse(const char *s);
+
+#define TLS_PSK_MAX 64         /* bytes of one pre-shared key */
+#define TLS_PSK_ID_MAX 128     /* bytes of one PSK identity (user name) */
 
 /* A context from o's files (loaded now: a bad file fails here, not at the first
  * connection). 0 or -errno with "what: why" in err. Control thread. */

@@ -17,7 +17,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+
+#include "core/log.h"
 #include "core/net.h"
+#include "core/tls.h"
 #include "engine/engine.h"
 #include "frontend/frontend.h"
 #include "frontend/nbd_int.h"
@@ -54,6 +58,23 @@ static int check(const struct nbd_config *c, char *err, size_t errlen)
         BAD("export name too long: at most %u bytes", NBD_MAX_NAME);
     if (c->description && strlen(c->description) > NBD_MAX_NAME)
         BAD("description too long: at most %u bytes", NBD_MAX_NAME);
+    if (c->tls < NBD_TLS_OFF || c->tls > NBD_TLS_REQUIRE)
+        BAD("tls %d: expected off (0), on (1) or require (2)", c->tls);
+    int has_cert = c->tls_cert_file && *c->tls_cert_file, has_psk = c->tls_psk_file && *c->tls_psk_file;
+    if (c->tls && !has_cert && !has_psk)
+        BAD("--tls %s needs --tls-cert-file and --tls-key-file (x509; and --tls-ca-cert-file unless "
+            "--tls-auth-clients no) or --tls-psk-file", c->tls == NBD_TLS_ON ? "on" : "require");
+    if (c->tls && tls_auth_parse(c->tls_auth_clients) < 0)
+        BAD("tls-auth-clients '%s': expected yes, no or optional", c->tls_auth_clients);
+    if (c->tls && has_cert && has_psk)
+        BAD("--tls-psk-file and --tls-cert-file: give one of them (pre-shared keys or certificates)");
+    struct in_addr a;
+    const char *bind = c->bind && *c->bind ? c->bind : "127.0.0.1";
+    if (c->port >= 0 && c->tls != NBD_TLS_REQUIRE && !c->allow_plain_remote &&
+        (inet_pton(AF_INET, bind, &a) != 1 || (ntohl(a.s_addr) >> 24) != 127))
+        BAD("listening on %s without --tls require would let anyone who reaches that address read and write "
+            "the device: use --tls require (with --tls-cert-file, --tls-key-file and --tls-ca-cert-file, or "
+            "--tls-psk-file), listen on 127.0.0.1 or a unix socket, or allow it with --no-protected-mode", bind);
     if (!nbd_backend_find(c->backend && *c->backend ? c->backend : "embedded"))
         BAD("unknown backend '%s': expected embedded, kvstore://HOST:PORT, redis://HOST:PORT[/DB] or "
             "memcached://HOST:PORT", c->backend);
@@ -110,6 +131,7 @@ static int thread_init(struct nbd_server *s, int i, char *err, size_t errlen)
     t->s = s;
     t->idx = i;
     list_init(&t->conns);
+    list_init(&t->live);
     pthread_mutex_init(&t->glock, NULL);
     t->epfd = epoll_create1(EPOLL_CLOEXEC);
     t->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -173,6 +195,18 @@ int nbd_create(struct nbd_server **out, const struct nbd_config *cfg, struct kv_
         s->bs_shift++;
     s->eng = eng;
     s->be = nbd_backend_find(s->backend);
+    s->tls_mode = cfg->tls;
+    if (cfg->tls) {
+        int psk = cfg->tls_psk_file && *cfg->tls_psk_file;
+        struct tls_opts o = {.server = 1, .cert_file = cfg->tls_cert_file, .key_file = cfg->tls_key_file,
+                             .ca_file = cfg->tls_ca_cert_file, .psk_file = cfg->tls_psk_file,
+                             .auth = psk ? TLS_AUTH_NO : (enum tls_auth)tls_auth_parse(cfg->tls_auth_clients)};
+        char why[256];
+        if ((rc = tls_ctx_new(&s->tls, &o, why, sizeof why)) < 0) {
+            snprintf(err, errlen, "--tls: %s", why);
+            goto fail;
+        }
+    }
     if (!s->bind || (cfg->unix_path && *cfg->unix_path && !s->unix_path) || !s->export_name || !s->backend ||
         !s->key_prefix || (cfg->description && !s->description)) {
         snprintf(err, errlen, "out of memory");
@@ -220,12 +254,15 @@ void nbd_stop(struct nbd_server *s)
     if (!s || !s->th)
         return;
     atomic_store_explicit(&s->stop, 1, memory_order_release);
+    for (int i = 0; i < s->threads; i++) { /* all at once: each drains its operations (NBD_DRAIN_MS) */
+        uint64_t one = 1;
+        if (s->th[i].running)
+            (void)!write(s->th[i].evfd, &one, sizeof one);
+    }
     for (int i = 0; i < s->threads; i++) {
         struct nbd_thread *t = &s->th[i];
         if (!t->running)
             continue;
-        uint64_t one = 1;
-        (void)!write(t->evfd, &one, sizeof one);
         pthread_join(t->tid, NULL);
         t->running = 0;
     }
@@ -239,10 +276,13 @@ void nbd_destroy(struct nbd_server *s)
     for (int i = 0; s->th && i < s->threads; i++) {
         struct nbd_thread *t = &s->th[i];
         if (t->be)
-            s->be->close(t->be); /* operations it held are dropped with their connections */
-        if (t->s)
+            s->be->close(t->be); /* operations it still held never complete: */
+        if (t->s) {
+            nbd_req_free_live(t); /* their requests go here */
             nbd_conn_free_all(t);
+        }
         nbd_req_pool_free(t);
+        free(t->tls_out);
         if (t->s)
             fdq_free(&t->q);
         if (t->epfd >= 0)
@@ -260,6 +300,7 @@ void nbd_destroy(struct nbd_server *s)
         unlink(s->unix_path);
     }
     nbd_locks_free(s);
+    tls_ctx_free(s->tls);
     free(s->bind);
     free(s->unix_path);
     free(s->export_name);
@@ -299,6 +340,7 @@ static void info_blockdev(void *arg, struct kvbuf *b)
     kvbuf_printf(b,
                  "blockdev_export:%s\r\nblockdev_size:%llu\r\nblockdev_block_size:%u\r\nblockdev_backend:%s\r\n"
                  "blockdev_threads:%d\r\nblockdev_port:%d\r\nblockdev_unix_socket:%s\r\nblockdev_read_only:%d\r\n"
+                 "blockdev_tls:%s\r\n"
                  "blockdev_connections:%llu\r\nblockdev_total_connections:%llu\r\n"
                  "blockdev_rejected_connections:%llu\r\nblockdev_protocol_errors:%llu\r\n"
                  "blockdev_reads:%llu\r\nblockdev_writes:%llu\r\nblockdev_flushes:%llu\r\nblockdev_trims:%llu\r\n"
@@ -309,7 +351,9 @@ static void info_blockdev(void *arg, struct kvbuf *b)
                  "blockdev_inflight:%llu\r\nblockdev_avg_queue_depth:%.2f\r\n"
                  "blockdev_backend_errors:%llu\r\nblockdev_backend_reconnects:%llu\r\n",
                  s->export_name, U(s->size), s->block_size, s->backend, s->threads, nbd_port(s),
-                 s->unix_path ? s->unix_path : "", s->read_only, U(st.connections), U(st.total_connections),
+                 s->unix_path ? s->unix_path : "", s->read_only,
+                 s->tls_mode == NBD_TLS_REQUIRE ? "require" : s->tls_mode == NBD_TLS_ON ? "on" : "off",
+                 U(st.connections), U(st.total_connections),
                  U(st.rejected_connections), U(st.protocol_errors), U(st.reads), U(st.writes), U(st.flushes),
                  U(st.trims), U(st.zeroes), U(st.fua), U(st.errors), U(st.bytes_read), U(st.bytes_written),
                  U(st.kv_gets), U(st.kv_puts), U(st.kv_dels), U(st.kv_syncs), ios ? (double)kv / (double)ios : 0.0,

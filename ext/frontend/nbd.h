@@ -44,7 +44,22 @@ struct nbd_config {
                                  "redis://[:PASSWORD@]HOST:PORT[/DB]", "memcached://HOST:PORT" */
     const char *key_prefix;   /* prefix of every block's key; the key is prefix + the block
                                  number in decimal, e.g. "nbd:disk:" + "1234" */
+    /* TLS (NBD_OPT_STARTTLS; all zero/NULL = off). x509: the server presents
+     * tls_cert_file/tls_key_file; tls_auth_clients ("yes" (NULL too), "no", "optional",
+     * as the node's setting) says whether a client must present a certificate that
+     * chains to tls_ca_cert_file. PSK instead: tls_psk_file, lines "identity:hexkey" (nbdkit's
+     * --tls-psk, GnuTLS psktool's format); no certificate then. */
+    int tls;                  /* NBD_TLS_OFF, NBD_TLS_ON (offered), NBD_TLS_REQUIRE (every
+                                 option but STARTTLS and ABORT refused before it) */
+    const char *tls_cert_file, *tls_key_file, *tls_ca_cert_file, *tls_psk_file;
+    const char *tls_auth_clients;
+    /* A TCP listener on an address other than loopback (127.0.0.0/8) without
+     * NBD_TLS_REQUIRE lets anyone who reaches it read and write the device: refused
+     * unless this is set (Redis's "protected-mode no"). */
+    int allow_plain_remote;
 };
+
+enum { NBD_TLS_OFF = 0, NBD_TLS_ON = 1, NBD_TLS_REQUIRE = 2 };
 
 /* Counters (relaxed, monotonic since start unless said). */
 struct nbd_stats {
@@ -67,8 +82,9 @@ int nbd_create(struct nbd_server **out, const struct nbd_config *cfg, struct kv_
                size_t errlen);
 /* Start the threads. 0 or -errno with a message (what started is stopped). */
 int nbd_start(struct nbd_server *s, char *err, size_t errlen);
-/* Stop and join the threads, close every connection (in-flight requests are
- * answered or dropped with the connection). Idempotent. */
+/* Stop and join the threads: no more input is read; the requests in flight get
+ * up to 2 s (NBD_DRAIN_MS) to finish and be answered; what remains is dropped
+ * with its connection. Idempotent. */
 void nbd_stop(struct nbd_server *s);
 void nbd_destroy(struct nbd_server *s);
 /* The TCP port bound (the one picked for port 0), or -1 without a TCP listener. */

@@ -90,8 +90,8 @@ struct nbd_backend_ops {
      * reconnect after a failure (ops in flight on a lost connection complete
      * with -EIO). */
     void (*on_event)(void *ctx, struct nbd_watch *w, uint32_t events);
-    /* Operations submitted and not yet done (the server waits for 0 before it
-     * closes a connection whose requests still own ops). */
+    /* Operations submitted and not yet done (at stop the server lets them finish,
+     * for a bounded time, while this is not 0). */
     uint64_t (*pending)(void *ctx);
     void (*add_stats)(void *ctx, struct nbd_backend_stats *st);
 };

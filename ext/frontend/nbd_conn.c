@@ -18,10 +18,12 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/log.h"
 #include "core/net.h"
+#include "core/tls.h"
 #include "frontend/nbd_int.h"
 
 #define NBD_IOV 64       /* iovecs per writev */
@@ -33,10 +35,13 @@ static void set_events(struct nbd_conn *c)
 {
     if (c->closed)
         return;
-    int out = c->hs_off < c->hs.len || c->out_head;
+    int out = c->hs_off < c->hs.len || c->out_head || c->tls_rd_wants_out;
     /* no EPOLLIN (nor EPOLLRDHUP: level-triggered, it would fire every round) while
-     * input is not wanted */
-    uint32_t ev = (c->paused || c->phase == PH_CLOSING ? 0 : EPOLLIN | EPOLLRDHUP) | (out ? EPOLLOUT : 0);
+     * input is not wanted (nor while STARTTLS's ACK is on its way: what follows it
+     * is TLS) */
+    int in = (!c->paused && c->phase != PH_CLOSING && (!c->tls || c->tls_on) && !c->t->draining) ||
+             c->tls_wr_wants_in;
+    uint32_t ev = (in ? EPOLLIN | EPOLLRDHUP : 0) | (out ? EPOLLOUT : 0);
     if (ev == c->events)
         return;
     struct epoll_event e = {.events = ev, .data.ptr = &c->w};
@@ -73,6 +78,8 @@ static void conn_close(struct nbd_conn *c)
     /* explicitly: close() drops the registration only if no other descriptor
      * refers to the socket (a forked child's copy) */
     epoll_ctl(c->t->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    tls_conn_free(c->tls); /* a close_notify if the session is up */
+    c->tls = NULL;
     close(c->fd);
     c->fd = -1;
     atomic_fetch_sub_explicit(&c->t->s->clients, 1, memory_order_relaxed);
@@ -197,10 +204,47 @@ static void opt_go(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t 
         c->phase = PH_TX;
 }
 
+/* NBD_OPT_STARTTLS: ACK it in plain, then everything goes through TLS (the
+ * handshake first: it runs inside the next reads). */
+static void opt_starttls(struct nbd_conn *c, uint32_t opt, uint32_t len)
+{
+    struct nbd_server *s = c->t->s;
+    if (!s->tls)
+        return opt_error(c, opt, NBD_REP_ERR_POLICY, "TLS is not offered by this server (--tls off)");
+    if (c->tls)
+        return opt_error(c, opt, NBD_REP_ERR_INVALID, "TLS is already on");
+    if (len)
+        return opt_error(c, opt, NBD_REP_ERR_INVALID, "STARTTLS takes no data");
+    if (c->in_off != c->in_len) {
+        /* the client may only start TLS after the ACK: these bytes are neither */
+        kvlog(KVLOG_VERBOSE, "NBD client %s: bytes after STARTTLS before its reply: closing", c->addr);
+        NBD_ST(c->t, protocol_errors, 1);
+        conn_close(c);
+        return;
+    }
+    if (!(c->tls = tls_conn_new(s->tls, c->fd))) {
+        kvlog(KVLOG_WARNING, "NBD client %s: out of memory for TLS: closing", c->addr);
+        conn_close(c);
+        return;
+    }
+    c->structured = 0; /* the protocol: what was agreed before TLS does not count */
+    opt_reply(c, opt, NBD_REP_ACK, NULL, 0);
+}
+
 /* One option whose data (len bytes at p) is all in. */
 static void option(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t len)
 {
     struct nbd_server *s = c->t->s;
+    if (s->tls_mode == NBD_TLS_REQUIRE && !c->tls && opt != NBD_OPT_STARTTLS && opt != NBD_OPT_ABORT) {
+        /* FORCEDTLS: nothing about the export before TLS, and no transmission */
+        NBD_ST(c->t, protocol_errors, 1);
+        if (opt == NBD_OPT_EXPORT_NAME) { /* no error reply exists for it: the protocol says close */
+            kvlog(KVLOG_VERBOSE, "NBD client %s: EXPORT_NAME before TLS (--tls require): closing", c->addr);
+            conn_close(c);
+            return;
+        }
+        return opt_error(c, opt, NBD_REP_ERR_TLS_REQD, "TLS is required: NBD_OPT_STARTTLS first (an nbds:// URL)");
+    }
     switch (opt) {
     case NBD_OPT_EXPORT_NAME: {
         if (!name_ok(s, (const char *)p, len)) { /* this option has no error reply: the protocol says close */
@@ -231,7 +275,7 @@ static void option(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t 
         return;
     }
     case NBD_OPT_STARTTLS:
-        return opt_error(c, opt, NBD_REP_ERR_POLICY, "TLS is not offered by this server");
+        return opt_starttls(c, opt, len);
     case NBD_OPT_INFO:
     case NBD_OPT_GO:
         return opt_go(c, opt, p, len);
@@ -321,8 +365,31 @@ static void process(struct nbd_conn *c)
     }
 }
 
+/* read(2)'s contract over the connection (TLS once it is on). A failed TLS
+ * handshake or record closes only this connection (errno EPROTO), logged. */
+static ssize_t conn_recv(struct nbd_conn *c, void *buf, size_t n)
+{
+    if (!c->tls)
+        return read(c->fd, buf, n);
+    ssize_t r = tls_read(c->tls, buf, n);
+    c->tls_rd_wants_out = r == TLS_WANT_WRITE;
+    if (r >= 0)
+        return r;
+    if (r == -EAGAIN || r == TLS_WANT_WRITE) {
+        errno = EAGAIN;
+        return -1;
+    }
+    static struct kvlog_rate rate = KVLOG_RATE_INIT(10);
+    kvlog_rated(&rate, KVLOG_VERBOSE, "NBD client %s: %s: closing", c->addr, tls_conn_error(c->tls));
+    NBD_ST(c->t, protocol_errors, 1);
+    errno = r == -EPROTO ? EPROTO : (int)-r;
+    return -1;
+}
+
 static void conn_read(struct nbd_conn *c)
 {
+    if (c->tls && !c->tls_on)
+        return; /* STARTTLS's ACK is not out yet */
     for (int round = 0; round < 8 && !c->closed && !c->paused && c->phase != PH_CLOSING; round++) {
         struct nbd_req *f = c->filling;
         ssize_t n;
@@ -330,7 +397,7 @@ static void conn_read(struct nbd_conn *c)
         if (f && c->in_off == c->in_len && f->h.length - c->fill_off >= NBD_IN_CAP / 2) {
             /* a large payload goes straight into its request, not through the input buffer */
             want = f->h.length - c->fill_off;
-            n = read(c->fd, f->data + c->fill_off, want);
+            n = conn_recv(c, f->data + c->fill_off, want);
             if (n > 0)
                 c->fill_off += (uint64_t)n;
         } else {
@@ -341,10 +408,17 @@ static void conn_read(struct nbd_conn *c)
                 c->in_len -= c->in_off;
                 c->in_off = 0;
             }
-            if (c->in_len == NBD_IN_CAP)
+            if (c->tls && c->in_off && NBD_IN_CAP - c->in_len < TLS_RECORD_MAX) {
+                /* TLS reads take whole records: a smaller room would leave plaintext inside
+                 * OpenSSL, where epoll cannot see it */
+                memmove(c->in, c->in + c->in_off, c->in_len - c->in_off);
+                c->in_len -= c->in_off;
+                c->in_off = 0;
+            }
+            if (c->in_len == NBD_IN_CAP || (c->tls && NBD_IN_CAP - c->in_len < TLS_RECORD_MAX))
                 break; /* full and nothing parsed: the in-flight bound holds it */
             want = NBD_IN_CAP - c->in_len;
-            n = read(c->fd, c->in + c->in_len, want);
+            n = conn_recv(c, c->in + c->in_len, want);
             if (n > 0)
                 c->in_len += (size_t)n;
         }
@@ -367,8 +441,11 @@ static void conn_read(struct nbd_conn *c)
             break;
         }
         process(c);
-        if ((size_t)n < want)
-            break; /* the socket is drained: (level-triggered) epoll reports what comes next */
+        if (c->tls && !c->tls_on)
+            break; /* STARTTLS: what follows its ACK is TLS */
+        if ((size_t)n < want && !c->tls)
+            break; /* the socket is drained: (level-triggered) epoll reports what comes next;
+                      (a TLS read returns one record: read on until EAGAIN) */
     }
     set_events(c);
 }
@@ -384,11 +461,64 @@ static int send_failed(struct nbd_conn *c)
     return 0;
 }
 
+/* sendmsg(2)'s contract over the connection. TLS: the pieces are gathered into
+ * the thread's buffer and written as records (a 16-byte reply header is not a
+ * record of its own); after a WANT the same bytes come again from the same
+ * place (the queue only grows behind them), as tls_write asks. */
+static ssize_t conn_send(struct nbd_conn *c, const struct iovec *iov, int k)
+{
+    if (!c->tls_on) {
+        struct msghdr m = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)k};
+        return sendmsg(c->fd, &m, MSG_NOSIGNAL);
+    }
+    struct nbd_thread *t = c->t;
+    if (!t->tls_out && !(t->tls_out = malloc(NBD_TLS_OUT))) {
+        errno = ENOMEM;
+        return -1;
+    }
+    size_t total = 0;
+    for (int i = 0; i < k;) {
+        const uint8_t *p;
+        size_t n = 0;
+        if (iov[i].iov_len >= NBD_TLS_OUT / 2) { /* large: straight from where it is */
+            p = iov[i].iov_base;
+            n = iov[i].iov_len;
+            i++;
+        } else {
+            for (p = t->tls_out; i < k && n + iov[i].iov_len <= NBD_TLS_OUT; i++) {
+                memcpy(t->tls_out + n, iov[i].iov_base, iov[i].iov_len);
+                n += iov[i].iov_len;
+            }
+        }
+        ssize_t r = tls_write(c->tls, p, n);
+        c->tls_wr_wants_in = r == -EAGAIN;
+        if (r > 0) {
+            total += (size_t)r;
+            if ((size_t)r < n)
+                break;
+            continue;
+        }
+        if (r == -EAGAIN || r == TLS_WANT_WRITE) {
+            if (total)
+                break;
+            errno = EAGAIN;
+            return -1;
+        }
+        static struct kvlog_rate rate = KVLOG_RATE_INIT(10);
+        kvlog_rated(&rate, KVLOG_VERBOSE, "NBD client %s: %s: closing", c->addr, tls_conn_error(c->tls));
+        errno = EPIPE;
+        return -1;
+    }
+    return (ssize_t)total;
+}
+
 /* Send handshake bytes, then replies, until done or the socket is full. */
 static void conn_write(struct nbd_conn *c)
 {
+again:
     while (c->hs_off < c->hs.len) {
-        ssize_t n = send(c->fd, c->hs.p + c->hs_off, c->hs.len - c->hs_off, MSG_NOSIGNAL);
+        struct iovec one = {c->hs.p + c->hs_off, c->hs.len - c->hs_off};
+        ssize_t n = conn_send(c, &one, 1);
         if (n < 0) {
             if (send_failed(c))
                 continue;
@@ -397,6 +527,14 @@ static void conn_write(struct nbd_conn *c)
         c->hs_off += (size_t)n;
     }
     c->hs.len = c->hs_off = 0;
+    if (c->tls && !c->tls_on) {
+        /* STARTTLS's ACK is out: TLS from here (the client's hello is read next) */
+        c->tls_on = 1;
+        conn_read(c);
+        if (c->closed)
+            return;
+        goto again; /* (what the client sent already may have been answered) */
+    }
     while (c->out_head) {
         struct iovec iov[NBD_IOV];
         int k = 0;
@@ -409,8 +547,7 @@ static void conn_write(struct nbd_conn *c)
                 iov[k++] = (struct iovec){r->data + d, r->data_len - d};
             total += r->hdr_len + r->data_len - r->sent;
         }
-        struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)k};
-        ssize_t n = sendmsg(c->fd, &m, MSG_NOSIGNAL);
+        ssize_t n = conn_send(c, iov, k);
         if (n < 0) {
             if (send_failed(c))
                 continue;
@@ -525,6 +662,46 @@ static void round_end(struct nbd_thread *t)
     }
 }
 
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Stopping: no more input, no new connections; the backend's operations in
+ * flight (its pending count) finish and their replies go out, for at most
+ * NBD_DRAIN_MS. What is still in flight then is dropped with its connection
+ * (nbd_destroy frees it). */
+static void drain(struct nbd_thread *t)
+{
+    struct nbd_server *s = t->s;
+    t->draining = 1;
+    for (struct list *n = t->conns.next; n != &t->conns; n = n->next)
+        set_events((struct nbd_conn *)((char *)n - offsetof(struct nbd_conn, node)));
+    round_end(t);
+    struct epoll_event ev[NBD_EVENTS];
+    for (int64_t end = now_ms() + NBD_DRAIN_MS, left; s->be->pending(t->be) && (left = end - now_ms()) > 0;) {
+        int n = epoll_wait(t->epfd, ev, NBD_EVENTS, left < 100 ? (int)left : 100);
+        for (int i = 0; i < n; i++) {
+            struct nbd_watch *w = ev[i].data.ptr;
+            if (w->kind == NBD_WATCH_WAKE) {
+                uint64_t v;
+                (void)!read(t->evfd, &v, sizeof v); /* lock grants: round_end runs them */
+            } else if (w->kind == NBD_WATCH_CONN) {
+                struct nbd_conn *c = w->ctx;
+                if (!c->closed && (ev[i].events & (EPOLLHUP | EPOLLERR)))
+                    conn_close(c);
+                else if (!c->closed && (ev[i].events & (EPOLLOUT | EPOLLIN)))
+                    nbd_conn_want_write(c);
+            } else if (w->kind != NBD_WATCH_LISTEN) {
+                s->be->on_event(w->ctx, w, ev[i].events);
+            }
+        }
+        round_end(t);
+    }
+}
+
 void *nbd_thread_main(void *arg)
 {
     struct nbd_thread *t = arg;
@@ -543,10 +720,14 @@ void *nbd_thread_main(void *arg)
                 struct nbd_conn *c = w->ctx;
                 if (c->closed)
                     break;
+                if (c->tls_wr_wants_in && (ev[i].events & EPOLLIN))
+                    nbd_conn_want_write(c); /* a TLS write waited for this */
                 if (ev[i].events & (EPOLLIN | EPOLLRDHUP))
                     conn_read(c);
                 else if (ev[i].events & (EPOLLHUP | EPOLLERR))
                     conn_close(c);
+                else if (c->tls_rd_wants_out && (ev[i].events & EPOLLOUT))
+                    conn_read(c); /* the TLS handshake waited for room */
                 if (!c->closed && (ev[i].events & EPOLLOUT))
                     nbd_conn_want_write(c);
                 break;
@@ -556,6 +737,7 @@ void *nbd_thread_main(void *arg)
         }
         round_end(t);
     }
+    drain(t);
     return NULL;
 }
 

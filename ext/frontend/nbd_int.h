@@ -32,6 +32,8 @@
 #define NBD_POOL_DATA (128u << 10)          /* requests up to this size come from the thread's pool */
 #define NBD_POOL_MAX 128                    /* pooled requests kept per thread */
 #define NBD_LOCK_STRIPES 256
+#define NBD_TLS_OUT (64u << 10)            /* reply bytes gathered for one TLS write */
+#define NBD_DRAIN_MS 2000                  /* at stop: how long in-flight operations may take to finish */
 #define NBD_WINDOW 1024u                   /* block operations of one request in flight at once */
 
 /* epoll watch kinds of the server's own descriptors (backends': NBD_WATCH_BACKEND) */
@@ -63,6 +65,7 @@ struct nbd_bop {
 
 struct nbd_req {
     struct nbd_req *next;     /* the connection's reply queue, or the pool's free list */
+    struct list live;         /* on its thread's list while it owns block operations */
     struct nbd_conn *c;
     struct nbd_request h;
     int rc;                   /* first error (-errno), 0 */
@@ -107,9 +110,17 @@ struct nbd_conn {
     uint64_t inflight;        /* payload bytes of requests not yet answered (and sent) */
     uint32_t active;          /* requests that own block operations */
     char addr[64];
+    /* TLS: tls is made when STARTTLS is accepted; its ACK still goes out in plain
+     * (tls_on 0: no input read meanwhile), then every byte goes through it. */
+    struct tls_conn *tls;
+    int tls_on;
+    int tls_rd_wants_out;     /* a read (the handshake) waits for the socket to be writable */
+    int tls_wr_wants_in;      /* a write waits for the socket to be readable */
 };
 
 struct nbd_lock_entry;
+struct tls_ctx;
+struct tls_conn;
 
 struct nbd_thread {
     struct nbd_server *s;
@@ -121,6 +132,9 @@ struct nbd_thread {
     struct fdq q;
     void *be;                 /* backend context */
     struct list conns;
+    struct list live;         /* requests that own block operations (freed at destroy if the
+                                 backend still held them when the threads stopped) */
+    int draining;             /* stopping: no input read, in-flight operations finish */
     int dirty;                /* operations submitted since the last backend flush */
     struct nbd_conn *out_list;
     struct nbd_conn *dead;    /* closed connections to free at the round's end */
@@ -131,6 +145,7 @@ struct nbd_thread {
     pthread_mutex_t glock;    /* guards granted (other threads push lock grants) */
     struct nbd_bop *granted;
     struct nbd_bop *ready;    /* this thread's own grants, run at the round's end */
+    uint8_t *tls_out;         /* TLS connections' replies gathered into records (NBD_TLS_OUT bytes) */
     _Atomic uint64_t st[NBD_NSTATS];
 };
 
@@ -154,6 +169,8 @@ struct nbd_server {
     _Atomic int clients;
     unsigned rr;              /* next thread for an accepted connection (thread 0 only) */
     struct nbd_lock_stripe locks[NBD_LOCK_STRIPES];
+    struct tls_ctx *tls;      /* NULL: --tls off */
+    int tls_mode;             /* NBD_TLS_* */
 };
 
 /* nbd_conn.c */
@@ -171,6 +188,9 @@ void nbd_req_free(struct nbd_thread *t, struct nbd_req *r);
 /* Run the lock grants other threads (and this one) made for this thread's ops. */
 void nbd_req_run_grants(struct nbd_thread *t);
 void nbd_req_pool_free(struct nbd_thread *t);
+/* The requests still owning operations once the backend is closed (they will
+ * never complete): freed with their scratch blocks. */
+void nbd_req_free_live(struct nbd_thread *t);
 
 /* nbd_lock.c: the block-lock table. A bop locks b->op.block, exclusively if
  * b->excl (a read-modify-write), else shared (a full-block write).

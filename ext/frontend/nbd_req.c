@@ -103,6 +103,21 @@ void nbd_req_free(struct nbd_thread *t, struct nbd_req *r)
     free(r);
 }
 
+void nbd_req_free_live(struct nbd_thread *t)
+{
+    while (!list_empty(&t->live)) {
+        struct nbd_req *r = (struct nbd_req *)((char *)t->live.next - offsetof(struct nbd_req, live));
+        list_del(&r->live);
+        for (uint32_t i = 0; i < r->nops; i++)
+            free(r->ops[i].scratch); /* (the pool of blocks is freed next) */
+        if (r->c)
+            r->c->active--;
+        free(r->data);
+        free(r->ops);
+        free(r);
+    }
+}
+
 void nbd_req_pool_free(struct nbd_thread *t)
 {
     while (t->pool) {
@@ -318,6 +333,7 @@ static void req_ops_done(struct nbd_req *r)
         return;
     }
     c->active--;
+    list_del(&r->live);
     if (!r->rc) {
         if (type == NBD_CMD_READ)
             NBD_ST(t, bytes_read, r->h.length);
@@ -419,6 +435,7 @@ static void req_start(struct nbd_req *r)
     int type = r->h.type;
     if (type == NBD_CMD_FLUSH) {
         c->active++;
+        list_add(&t->live, &r->live);
         r->pending = 1;
         r->sync.r = r;
         r->sync.stage = BOP_SYNC;
@@ -434,6 +451,7 @@ static void req_start(struct nbd_req *r)
     r->next_blk = r->h.offset >> s->bs_shift;
     r->last_blk = (r->h.offset + r->h.length - 1) >> s->bs_shift;
     c->active++;
+    list_add(&t->live, &r->live);
     req_window(r);
 }
 

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -248,9 +249,33 @@ int main(int argc, char **argv)
     CHECK(st.rmw > 0 && st.kv_syncs > 0 && st.errors == 0 && st.protocol_errors == 0);
     CHECK(st.writes == 2ull * (uint64_t)rounds, "writes %llu", (unsigned long long)st.writes);
     CHECK(st.total_connections == 2 && st.connections == 2);
+    /* Stopping with requests in flight: FUA writes and FLUSHes (each waits for the
+     * log's fsync) pipelined, nbd_stop as soon as the server has read them all; it
+     * lets them finish and answers them (the backend's pending count), and what a
+     * backend still held would be freed by nbd_destroy (LeakSanitizer checks). */
+    int fd = connect_nbd();
+    struct timeval tmo = {.tv_sec = 20};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof tmo);
+    enum { LATE = 64 };
+    static uint8_t late[BS];
+    memset(late, 0x5a, sizeof late);
+    for (int i = 0; i < LATE; i++) {
+        request(fd, NBD_CMD_WRITE, NBD_CMD_FLAG_FUA, 1000 + (uint64_t)i, (uint64_t)(i % BLOCKS) * BS, BS, late);
+        request(fd, NBD_CMD_FLUSH, 0, 2000 + (uint64_t)i, 0, 0, NULL);
+    }
+    for (int tries = 0; tries < 20000; tries++) { /* the server has read them all */
+        struct nbd_stats now;
+        nbd_get_stats(srv, &now);
+        if (now.writes - st.writes == LATE && now.flushes - st.flushes == LATE)
+            break;
+        usleep(1000);
+    }
+    nbd_stop(srv);
+    for (int i = 0; i < 2 * LATE; i++)
+        reply(fd, NULL, 0); /* all answered, without error */
+    close(fd);
     for (int i = 0; i < 2; i++)
         close(cl[i].fd);
-    nbd_stop(srv);
     nbd_destroy(srv);
     wal_close(w); /* its thread feeds the engine's latency monitor: first */
     eng_destroy(e);

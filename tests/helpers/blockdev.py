@@ -27,7 +27,7 @@ import pytest
 from helpers.servers import free_port, need, start_node, stop_node
 from kvstore.process import Process
 
-READY = re.compile(rb"kvstore blockdev listening on (nbd(?:\+unix)?://\S+)")
+READY = re.compile(rb"kvstore blockdev listening on (nbds?(?:\+unix)?://\S+)")  # nbds: --tls require
 MiB = 1 << 20
 
 

@@ -9,10 +9,13 @@ from click.testing import CliRunner
 from cli.blockdev import RENAME, serve
 from kvstore import BlockDevice, ConfigError
 from kvstore.config import BlockdevConfig, ServerConfig, parse_disk_size, redact
+from kvstore.blockdev import SHARED_TLS
 
 SETTINGS = BlockdevConfig.settings()
 NBD_CONFIG_FIELDS = {"bind", "port", "unix_path", "export_name", "description", "size", "block_size", "threads",
-                     "conns_per_thread", "read_only", "max_clients", "backend", "key_prefix"}  # ext/frontend/nbd.h
+                     "conns_per_thread", "read_only", "max_clients", "backend", "key_prefix",
+                     "tls", "tls_cert_file", "tls_key_file", "tls_ca_cert_file", "tls_psk_file", "tls_auth_clients",
+                     "allow_plain_remote"}  # ext/frontend/nbd.h
 
 
 @pytest.mark.parametrize("text, size", [("4G", 4 << 30), ("4g", 4 << 30), ("512M", 512 << 20), ("4GiB", 4 << 30),
@@ -33,7 +36,8 @@ def test_defaults_follow_the_contract():
     v = c.c_values()
     assert set(v) == NBD_CONFIG_FIELDS
     assert v == dict(v, bind="127.0.0.1", port=10809, unix_path="", export_name="kvstore", size=1 << 30,
-                     block_size=4096, conns_per_thread=1, read_only=0, backend="embedded", key_prefix="nbd:kvstore:")
+                     block_size=4096, conns_per_thread=1, read_only=0, backend="embedded", key_prefix="nbd:kvstore:",
+                     tls=0, allow_plain_remote=0)  # TLS off; protected: no plain listener beyond loopback
     assert v["threads"] >= 1  # 0 = one per core
     assert BlockdevConfig(size="1G", export="disk2").validate().c_values()["key_prefix"] == "nbd:disk2:"
 
@@ -132,4 +136,5 @@ def test_python_api_splits_block_device_and_engine_settings():
     with pytest.raises(ConfigError, match="size: the device's size is required"):
         BlockDevice()
     assert {f.name for f in dataclasses.fields(BlockdevConfig)} & {f.name for f in dataclasses.fields(ServerConfig)} \
-        == {"threads", "config_file"}  # the one shared name: the engine's is server_threads on the command line
+        == {"threads", "config_file", *SHARED_TLS}  # threads: the engine's is server_threads on the command line;
+    # the TLS certificate files: one setting for both (the NBD port's --tls, the engine's --tls-port)
