@@ -26,6 +26,33 @@
 
 #define NBD_IOV 64       /* iovecs per writev */
 #define NBD_EVENTS 64    /* epoll events per round */
+#define NBD_HS_MAX (64u << 10) /* unsent handshake bytes past which options are not read */
+
+/* Option replies the client has not read: past NBD_HS_MAX the connection stops
+ * reading (one option's replies are at most a few KiB: GO sends each
+ * information item once), so a client that never reads pins no more. */
+static int hs_full(const struct nbd_conn *c)
+{
+    return c->hs.len - c->hs_off > NBD_HS_MAX;
+}
+
+/* A client's name for log lines: ADDR:PORT over TCP; over a unix socket
+ * "unix:pid PID" (SO_PEERCRED), as the address says nothing. */
+static void peer_name(int fd, char *dst, size_t n)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_UNIX) {
+        struct ucred cr;
+        socklen_t cl = sizeof cr;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0)
+            snprintf(dst, n, "unix:pid %ld", (long)cr.pid);
+        else
+            snprintf(dst, n, "unix:?");
+        return;
+    }
+    net_peer_addr(fd, dst, n);
+}
 
 /* ---- connections */
 
@@ -113,7 +140,7 @@ static void conn_new(struct nbd_thread *t, int fd)
     c->phase = PH_FLAGS;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails harmlessly on a unix socket */
-    net_peer_addr(fd, c->addr, sizeof c->addr);
+    peer_name(fd, c->addr, sizeof c->addr);
     struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = &c->w};
     if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
         close(fd);
@@ -134,6 +161,10 @@ static void conn_new(struct nbd_thread *t, int fd)
 }
 
 /* ---- the handshake */
+
+/* Refused handshakes are logged at WARNING, at most 20 lines per 10 s over all
+ * threads (a client may send many; kvlog_rated takes its own lock). */
+static struct kvlog_rate hs_rate = KVLOG_RATE_INIT(20);
 
 static void opt_reply(struct nbd_conn *c, uint32_t opt, uint32_t type, const void *data, uint32_t len)
 {
@@ -181,11 +212,15 @@ static void opt_go(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t 
     nbd_put64(b, s->size);
     nbd_put16(b + 8, tx_flags(c));
     info_reply(c, opt, NBD_INFO_EXPORT, b, 10);
+    int sent = 0; /* each item once, however often asked for (64 names would be 256 KiB) */
     for (int i = 0; i < go.ninfo; i++) {
-        if (go.info[i] == NBD_INFO_NAME)
+        if (go.info[i] == NBD_INFO_NAME && !(sent & 1)) {
+            sent |= 1;
             info_reply(c, opt, NBD_INFO_NAME, s->export_name, strlen(s->export_name));
-        else if (go.info[i] == NBD_INFO_DESCRIPTION && s->description && *s->description)
+        } else if (go.info[i] == NBD_INFO_DESCRIPTION && !(sent & 2) && s->description && *s->description) {
+            sent |= 2;
             info_reply(c, opt, NBD_INFO_DESCRIPTION, s->description, strnlen(s->description, NBD_MAX_NAME));
+        }
     }
     /* always: any alignment works (min 1), block_size is what avoids a read-modify-write */
     nbd_put32(b, 1);
@@ -204,7 +239,7 @@ static void option(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t 
     switch (opt) {
     case NBD_OPT_EXPORT_NAME: {
         if (!name_ok(s, (const char *)p, len)) { /* this option has no error reply: the protocol says close */
-            kvlog(KVLOG_VERBOSE, "NBD client %s: unknown export requested: closing", c->addr);
+            kvlog_rated(&hs_rate, KVLOG_WARNING, "NBD client %s: unknown export requested: closing", c->addr);
             conn_close(c);
             return;
         }
@@ -256,7 +291,8 @@ static int handshake(struct nbd_conn *c)
         int n = nbd_parse_client_flags(p, avail, &flags);
         if (n <= 0) {
             if (n < 0) {
-                kvlog(KVLOG_VERBOSE, "NBD client %s: unknown client flags %#x: closing", c->addr, flags);
+                kvlog_rated(&hs_rate, KVLOG_WARNING, "NBD client %s: unknown client flags %#x: closing", c->addr,
+                            flags);
                 NBD_ST(c->t, protocol_errors, 1);
                 conn_close(c);
             }
@@ -267,10 +303,14 @@ static int handshake(struct nbd_conn *c)
         c->phase = PH_OPTS;
         return 1;
     }
+    if (hs_full(c)) {
+        c->paused = 1; /* conn_flush resumes once the client has read its replies */
+        return 0;
+    }
     struct nbd_opt_hdr h;
     int n = nbd_parse_opt_hdr(p, avail, &h);
     if (n < 0) {
-        kvlog(KVLOG_VERBOSE, "NBD client %s: bad option magic: closing", c->addr);
+        kvlog_rated(&hs_rate, KVLOG_WARNING, "NBD client %s: bad option magic: closing", c->addr);
         NBD_ST(c->t, protocol_errors, 1);
         conn_close(c);
         return 0;
@@ -392,6 +432,11 @@ static void conn_write(struct nbd_conn *c)
         if (n < 0) {
             if (send_failed(c))
                 continue;
+            if (c->hs_off >= NBD_HS_MAX) { /* a slow reader: what it read goes, the buffer stays bounded */
+                memmove(c->hs.p, c->hs.p + c->hs_off, c->hs.len - c->hs_off);
+                c->hs.len -= c->hs_off;
+                c->hs_off = 0;
+            }
             return;
         }
         c->hs_off += (size_t)n;
@@ -444,7 +489,7 @@ static void conn_flush(struct nbd_conn *c)
     int again = 0;
     if (!c->closed) {
         conn_write(c);
-        if (!c->closed && c->paused && c->inflight < NBD_CONN_MAX_INFLIGHT / 2) {
+        if (!c->closed && c->paused && c->inflight < NBD_CONN_MAX_INFLIGHT / 2 && !hs_full(c)) {
             c->paused = 0;
             struct nbd_req *tail = c->out_tail;
             process(c); /* the headers already buffered */

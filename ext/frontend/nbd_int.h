@@ -6,9 +6,13 @@
  * A worker thread owns its epoll, its connections, their requests and its backend
  * context; other threads reach it only through its fd queue and its grant list
  * (both under a mutex, each push followed by a write to its eventfd).
- * Memory a connection can pin: its input buffer (NBD_IN_CAP) plus the payloads of
- * its requests not yet answered (NBD_CONN_MAX_INFLIGHT, or one request of up to
- * NBD_MAX_PAYLOAD when nothing else is in flight): reading stops at the bound.
+ * Memory a connection can pin: its input buffer (NBD_IN_CAP) plus what its
+ * requests not yet answered and sent hold, each counted whole (struct, data
+ * buffer, operations: a request without payload counts too): reading stops
+ * before NBD_CONN_MAX_INFLIGHT would be passed (one request of up to
+ * NBD_MAX_PAYLOAD is always taken when nothing else is in flight) and resumes
+ * below half of it. In the handshake: unsent option replies (NBD_HS_MAX in
+ * nbd_conn.c, plus one option's) stop the reading of options.
  */
 #ifndef KV_NBD_INT_H
 #define KV_NBD_INT_H
@@ -27,7 +31,7 @@
 #include "proto/nbd.h"
 
 #define NBD_IN_CAP (128u << 10)             /* a connection's input buffer */
-#define NBD_CONN_MAX_INFLIGHT (64u << 20)   /* payload bytes of a connection's unanswered requests */
+#define NBD_CONN_MAX_INFLIGHT (64u << 20)   /* bytes held by a connection's unanswered requests */
 #define NBD_MAX_SKIP (4ull * NBD_MAX_PAYLOAD) /* an oversized write's payload is read and dropped up to this */
 #define NBD_POOL_DATA (128u << 10)          /* requests up to this size come from the thread's pool */
 #define NBD_POOL_MAX 128                    /* pooled requests kept per thread */
@@ -93,7 +97,7 @@ struct nbd_conn {
     int no_zeroes, structured;
     int closed;               /* fd closed; freed once no request owns operations */
     int out_listed;           /* on t's list of connections with replies to write */
-    int paused;               /* input not read: the in-flight bound is reached */
+    int paused;               /* input not read: the in-flight or handshake bound is reached */
     uint32_t events;          /* registered epoll events */
     struct nbd_conn *next_out;
     uint8_t *in;              /* NBD_IN_CAP bytes */
@@ -104,7 +108,7 @@ struct nbd_conn {
     struct kvbuf hs;          /* handshake bytes to send (before transmission) */
     size_t hs_off;
     struct nbd_req *out_head, *out_tail; /* replies ready to send, in completion order */
-    uint64_t inflight;        /* payload bytes of requests not yet answered (and sent) */
+    uint64_t inflight;        /* bytes held by requests not yet answered (and sent): their charges */
     uint32_t active;          /* requests that own block operations */
     char addr[64];
 };
