@@ -442,6 +442,8 @@ static void conn_write(struct nbd_conn *c)
         c->hs_off += (size_t)n;
     }
     c->hs.len = c->hs_off = 0;
+    if (c->phase == PH_TX && c->hs.p)
+        kvbuf_free(&c->hs); /* the handshake is over: its buffer is not needed again */
     while (c->out_head) {
         struct iovec iov[NBD_IOV];
         int k = 0;
@@ -567,6 +569,14 @@ static void round_end(struct nbd_thread *t)
             t->out_list = c->next_out;
             conn_flush(c);
         }
+    }
+    /* Work left after the last pass (a flush's completions queued replies or
+     * grants, or submitted more): a connection waiting for those replies may
+     * have no event registered that would come, so the thread wakes itself and
+     * the next round goes on at once. */
+    if (t->dirty || t->ready || t->out_list) {
+        uint64_t one = 1;
+        (void)!write(t->evfd, &one, sizeof one);
     }
 }
 
