@@ -7,7 +7,9 @@
  * fd queue and the grant list are touched by others (nbd_int.h).
  * Reads untrusted bytes: proto/nbd.c parses them; option data is bounded by
  * NBD_MAX_OPT_LEN (longer options are skipped and refused), requests by
- * nbd_req.c. A malformed handshake closes only its connection. */
+ * nbd_req.c. A malformed handshake closes only its connection; one not finished
+ * NBD_HS_LIMIT_MS after the accept is closed (epoll_wait wakes each second while
+ * a connection negotiates). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <netinet/in.h>
@@ -18,6 +20,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -34,6 +37,22 @@
 static int hs_full(const struct nbd_conn *c)
 {
     return c->hs.len - c->hs_off > NBD_HS_MAX;
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The connection leaves the handshake (in transmission, or closed). */
+static void hs_leave(struct nbd_conn *c)
+{
+    if (c->in_hs) {
+        c->in_hs = 0;
+        c->t->hs_conns--;
+    }
 }
 
 /* A client's name for log lines: ADDR:PORT over TCP; over a unix socket
@@ -104,6 +123,7 @@ static void conn_close(struct nbd_conn *c)
     c->fd = -1;
     atomic_fetch_sub_explicit(&c->t->s->clients, 1, memory_order_relaxed);
     NBD_ST(c->t, connections, (uint64_t)-1);
+    hs_leave(c);
     drop_replies(c);
     if (c->filling) { /* its payload never came: it owns no operations */
         nbd_req_free(c->t, c->filling);
@@ -151,6 +171,10 @@ static void conn_new(struct nbd_thread *t, int fd)
     }
     c->events = e.events;
     list_add(&t->conns, &c->node);
+    c->in_hs = 1;
+    c->born_ms = mono_ms();
+    if (!t->hs_conns++)
+        t->next_hs_sweep = c->born_ms + 1000;
     NBD_ST(t, connections, 1);
     NBD_ST(t, total_connections, 1);
     uint8_t g[NBD_GREETING_LEN];
@@ -228,8 +252,10 @@ static void opt_go(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t 
     nbd_put32(b + 8, NBD_MAX_PAYLOAD);
     info_reply(c, opt, NBD_INFO_BLOCK_SIZE, b, 12);
     opt_reply(c, opt, NBD_REP_ACK, NULL, 0);
-    if (opt == NBD_OPT_GO)
+    if (opt == NBD_OPT_GO) {
         c->phase = PH_TX;
+        hs_leave(c);
+    }
 }
 
 /* One option whose data (len bytes at p) is all in. */
@@ -248,6 +274,7 @@ static void option(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t 
         if (kvbuf_append(&c->hs, b, n) < 0)
             conn_close(c);
         c->phase = PH_TX;
+        hs_leave(c);
         return;
     }
     case NBD_OPT_ABORT:
@@ -553,6 +580,26 @@ static void on_wake(struct nbd_thread *t)
         conn_new(t, fds[i]);
 }
 
+/* Close the connections still negotiating NBD_HS_LIMIT_MS after their accept:
+ * without it, clients that connect and say nothing hold every client slot. */
+static void hs_sweep(struct nbd_thread *t)
+{
+    uint64_t now = mono_ms();
+    if (!t->hs_conns || now < t->next_hs_sweep)
+        return;
+    t->next_hs_sweep = now + 1000;
+    static struct kvlog_rate rate = KVLOG_RATE_INIT(20);
+    for (struct list *n = t->conns.next; n != &t->conns; n = n->next) {
+        struct nbd_conn *c = (struct nbd_conn *)((char *)n - offsetof(struct nbd_conn, node));
+        if (c->in_hs && !c->closed && now - c->born_ms >= NBD_HS_LIMIT_MS) {
+            kvlog_rated(&rate, KVLOG_WARNING, "NBD client %s: handshake not finished within %u s: closing", c->addr,
+                        NBD_HS_LIMIT_MS / 1000);
+            NBD_ST(t, protocol_errors, 1);
+            conn_close(c); /* freed at the round's end (conn_close lists it) */
+        }
+    }
+}
+
 static void round_end(struct nbd_thread *t)
 {
     for (int i = 0; i < 64; i++) {
@@ -586,7 +633,7 @@ void *nbd_thread_main(void *arg)
     struct nbd_server *s = t->s;
     struct epoll_event ev[NBD_EVENTS];
     while (!atomic_load_explicit(&s->stop, memory_order_acquire)) {
-        int n = epoll_wait(t->epfd, ev, NBD_EVENTS, -1);
+        int n = epoll_wait(t->epfd, ev, NBD_EVENTS, t->hs_conns ? 1000 : -1);
         if (n < 0 && errno != EINTR)
             break;
         for (int i = 0; i < n; i++) {
@@ -609,6 +656,7 @@ void *nbd_thread_main(void *arg)
             default: s->be->on_event(w->ctx, w, ev[i].events); break;
             }
         }
+        hs_sweep(t);
         round_end(t);
     }
     return NULL;

@@ -37,6 +37,7 @@
 #define NBD_POOL_MAX 128                    /* pooled requests kept per thread */
 #define NBD_LOCK_STRIPES 256
 #define NBD_WINDOW 1024u                   /* block operations of one request in flight at once */
+#define NBD_HS_LIMIT_MS 10000u             /* a connection still negotiating after this is closed */
 
 /* epoll watch kinds of the server's own descriptors (backends': NBD_WATCH_BACKEND) */
 enum { NBD_WATCH_LISTEN = 2, NBD_WATCH_WAKE = 3, NBD_WATCH_CONN = 4 };
@@ -98,6 +99,8 @@ struct nbd_conn {
     int closed;               /* fd closed; freed once no request owns operations */
     int out_listed;           /* on t's list of connections with replies to write */
     int paused;               /* input not read: the in-flight or handshake bound is reached */
+    int in_hs;                /* counted in t->hs_conns: not yet in transmission */
+    uint64_t born_ms;         /* accepted at (CLOCK_MONOTONIC): NBD_HS_LIMIT_MS counts from it */
     uint32_t events;          /* registered epoll events */
     struct nbd_conn *next_out;
     uint8_t *in;              /* NBD_IN_CAP bytes */
@@ -128,6 +131,8 @@ struct nbd_thread {
     int dirty;                /* operations submitted since the last backend flush */
     struct nbd_conn *out_list;
     struct nbd_conn *dead;    /* closed connections to free at the round's end */
+    int hs_conns;             /* connections still negotiating: epoll_wait wakes to time them out */
+    uint64_t next_hs_sweep;   /* when they are next checked (ms, CLOCK_MONOTONIC) */
     struct nbd_req *pool;     /* free requests with NBD_POOL_DATA bytes of data */
     int npool;
     char **blocks;            /* free scratch blocks */
