@@ -7,7 +7,9 @@
  * fd queue and the grant list are touched by others (nbd_int.h).
  * Reads untrusted bytes: proto/nbd.c parses them; option data is bounded by
  * NBD_MAX_OPT_LEN (longer options are skipped and refused), requests by
- * nbd_req.c. A malformed handshake closes only its connection. */
+ * nbd_req.c. A malformed handshake closes only its connection; one not finished
+ * NBD_HS_LIMIT_MS after the accept is closed (epoll_wait wakes each second while
+ * a connection negotiates). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <netinet/in.h>
@@ -28,6 +30,49 @@
 
 #define NBD_IOV 64       /* iovecs per writev */
 #define NBD_EVENTS 64    /* epoll events per round */
+#define NBD_HS_MAX (64u << 10) /* unsent handshake bytes past which options are not read */
+
+/* Option replies the client has not read: past NBD_HS_MAX the connection stops
+ * reading (one option's replies are at most a few KiB: GO sends each
+ * information item once), so a client that never reads pins no more. */
+static int hs_full(const struct nbd_conn *c)
+{
+    return c->hs.len - c->hs_off > NBD_HS_MAX;
+}
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* The connection leaves the handshake (in transmission, or closed). */
+static void hs_leave(struct nbd_conn *c)
+{
+    if (c->in_hs) {
+        c->in_hs = 0;
+        c->t->hs_conns--;
+    }
+}
+
+/* A client's name for log lines: ADDR:PORT over TCP; over a unix socket
+ * "unix:pid PID" (SO_PEERCRED), as the address says nothing. */
+static void peer_name(int fd, char *dst, size_t n)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_UNIX) {
+        struct ucred cr;
+        socklen_t cl = sizeof cr;
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0)
+            snprintf(dst, n, "unix:pid %ld", (long)cr.pid);
+        else
+            snprintf(dst, n, "unix:?");
+        return;
+    }
+    net_peer_addr(fd, dst, n);
+}
 
 /* ---- connections */
 
@@ -84,6 +129,7 @@ static void conn_close(struct nbd_conn *c)
     c->fd = -1;
     atomic_fetch_sub_explicit(&c->t->s->clients, 1, memory_order_relaxed);
     NBD_ST(c->t, connections, (uint64_t)-1);
+    hs_leave(c);
     drop_replies(c);
     if (c->filling) { /* its payload never came: it owns no operations */
         nbd_req_free(c->t, c->filling);
@@ -120,7 +166,7 @@ static void conn_new(struct nbd_thread *t, int fd)
     c->phase = PH_FLAGS;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* fails harmlessly on a unix socket */
-    net_peer_addr(fd, c->addr, sizeof c->addr);
+    peer_name(fd, c->addr, sizeof c->addr);
     struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.ptr = &c->w};
     if (epoll_ctl(t->epfd, EPOLL_CTL_ADD, fd, &e) < 0) {
         close(fd);
@@ -131,6 +177,10 @@ static void conn_new(struct nbd_thread *t, int fd)
     }
     c->events = e.events;
     list_add(&t->conns, &c->node);
+    c->in_hs = 1;
+    c->born_ms = mono_ms();
+    if (!t->hs_conns++)
+        t->next_hs_sweep = c->born_ms + 1000;
     NBD_ST(t, connections, 1);
     NBD_ST(t, total_connections, 1);
     uint8_t g[NBD_GREETING_LEN];
@@ -141,6 +191,10 @@ static void conn_new(struct nbd_thread *t, int fd)
 }
 
 /* ---- the handshake */
+
+/* Refused handshakes are logged at WARNING, at most 20 lines per 10 s over all
+ * threads (a client may send many; kvlog_rated takes its own lock). */
+static struct kvlog_rate hs_rate = KVLOG_RATE_INIT(20);
 
 static void opt_reply(struct nbd_conn *c, uint32_t opt, uint32_t type, const void *data, uint32_t len)
 {
@@ -188,11 +242,15 @@ static void opt_go(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t 
     nbd_put64(b, s->size);
     nbd_put16(b + 8, tx_flags(c));
     info_reply(c, opt, NBD_INFO_EXPORT, b, 10);
+    int sent = 0; /* each item once, however often asked for (64 names would be 256 KiB) */
     for (int i = 0; i < go.ninfo; i++) {
-        if (go.info[i] == NBD_INFO_NAME)
+        if (go.info[i] == NBD_INFO_NAME && !(sent & 1)) {
+            sent |= 1;
             info_reply(c, opt, NBD_INFO_NAME, s->export_name, strlen(s->export_name));
-        else if (go.info[i] == NBD_INFO_DESCRIPTION && s->description && *s->description)
+        } else if (go.info[i] == NBD_INFO_DESCRIPTION && !(sent & 2) && s->description && *s->description) {
+            sent |= 2;
             info_reply(c, opt, NBD_INFO_DESCRIPTION, s->description, strnlen(s->description, NBD_MAX_NAME));
+        }
     }
     /* always: any alignment works (min 1), block_size is what avoids a read-modify-write */
     nbd_put32(b, 1);
@@ -200,8 +258,10 @@ static void opt_go(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t 
     nbd_put32(b + 8, NBD_MAX_PAYLOAD);
     info_reply(c, opt, NBD_INFO_BLOCK_SIZE, b, 12);
     opt_reply(c, opt, NBD_REP_ACK, NULL, 0);
-    if (opt == NBD_OPT_GO)
+    if (opt == NBD_OPT_GO) {
         c->phase = PH_TX;
+        hs_leave(c);
+    }
 }
 
 /* NBD_OPT_STARTTLS: ACK it in plain, then everything goes through TLS (the
@@ -248,7 +308,7 @@ static void option(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t 
     switch (opt) {
     case NBD_OPT_EXPORT_NAME: {
         if (!name_ok(s, (const char *)p, len)) { /* this option has no error reply: the protocol says close */
-            kvlog(KVLOG_VERBOSE, "NBD client %s: unknown export requested: closing", c->addr);
+            kvlog_rated(&hs_rate, KVLOG_WARNING, "NBD client %s: unknown export requested: closing", c->addr);
             conn_close(c);
             return;
         }
@@ -257,6 +317,7 @@ static void option(struct nbd_conn *c, uint32_t opt, const uint8_t *p, uint32_t 
         if (kvbuf_append(&c->hs, b, n) < 0)
             conn_close(c);
         c->phase = PH_TX;
+        hs_leave(c);
         return;
     }
     case NBD_OPT_ABORT:
@@ -300,7 +361,8 @@ static int handshake(struct nbd_conn *c)
         int n = nbd_parse_client_flags(p, avail, &flags);
         if (n <= 0) {
             if (n < 0) {
-                kvlog(KVLOG_VERBOSE, "NBD client %s: unknown client flags %#x: closing", c->addr, flags);
+                kvlog_rated(&hs_rate, KVLOG_WARNING, "NBD client %s: unknown client flags %#x: closing", c->addr,
+                            flags);
                 NBD_ST(c->t, protocol_errors, 1);
                 conn_close(c);
             }
@@ -311,10 +373,14 @@ static int handshake(struct nbd_conn *c)
         c->phase = PH_OPTS;
         return 1;
     }
+    if (hs_full(c)) {
+        c->paused = 1; /* conn_flush resumes once the client has read its replies */
+        return 0;
+    }
     struct nbd_opt_hdr h;
     int n = nbd_parse_opt_hdr(p, avail, &h);
     if (n < 0) {
-        kvlog(KVLOG_VERBOSE, "NBD client %s: bad option magic: closing", c->addr);
+        kvlog_rated(&hs_rate, KVLOG_WARNING, "NBD client %s: bad option magic: closing", c->addr);
         NBD_ST(c->t, protocol_errors, 1);
         conn_close(c);
         return 0;
@@ -522,6 +588,11 @@ again:
         if (n < 0) {
             if (send_failed(c))
                 continue;
+            if (c->hs_off >= NBD_HS_MAX) { /* a slow reader: what it read goes, the buffer stays bounded */
+                memmove(c->hs.p, c->hs.p + c->hs_off, c->hs.len - c->hs_off);
+                c->hs.len -= c->hs_off;
+                c->hs_off = 0;
+            }
             return;
         }
         c->hs_off += (size_t)n;
@@ -535,6 +606,8 @@ again:
             return;
         goto again; /* (what the client sent already may have been answered) */
     }
+    if (c->phase == PH_TX && c->hs.p)
+        kvbuf_free(&c->hs); /* the handshake is over: its buffer is not needed again */
     while (c->out_head) {
         struct iovec iov[NBD_IOV];
         int k = 0;
@@ -581,7 +654,7 @@ static void conn_flush(struct nbd_conn *c)
     int again = 0;
     if (!c->closed) {
         conn_write(c);
-        if (!c->closed && c->paused && c->inflight < NBD_CONN_MAX_INFLIGHT / 2) {
+        if (!c->closed && c->paused && c->inflight < NBD_CONN_MAX_INFLIGHT / 2 && !hs_full(c)) {
             c->paused = 0;
             struct nbd_req *tail = c->out_tail;
             process(c); /* the headers already buffered */
@@ -643,6 +716,26 @@ static void on_wake(struct nbd_thread *t)
         conn_new(t, fds[i]);
 }
 
+/* Close the connections still negotiating NBD_HS_LIMIT_MS after their accept:
+ * without it, clients that connect and say nothing hold every client slot. */
+static void hs_sweep(struct nbd_thread *t)
+{
+    uint64_t now = mono_ms();
+    if (!t->hs_conns || now < t->next_hs_sweep)
+        return;
+    t->next_hs_sweep = now + 1000;
+    static struct kvlog_rate rate = KVLOG_RATE_INIT(20);
+    for (struct list *n = t->conns.next; n != &t->conns; n = n->next) {
+        struct nbd_conn *c = (struct nbd_conn *)((char *)n - offsetof(struct nbd_conn, node));
+        if (c->in_hs && !c->closed && now - c->born_ms >= NBD_HS_LIMIT_MS) {
+            kvlog_rated(&rate, KVLOG_WARNING, "NBD client %s: handshake not finished within %u s: closing", c->addr,
+                        NBD_HS_LIMIT_MS / 1000);
+            NBD_ST(t, protocol_errors, 1);
+            conn_close(c); /* freed at the round's end (conn_close lists it) */
+        }
+    }
+}
+
 static void round_end(struct nbd_thread *t)
 {
     for (int i = 0; i < 64; i++) {
@@ -660,13 +753,14 @@ static void round_end(struct nbd_thread *t)
             conn_flush(c);
         }
     }
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    /* Work left after the last pass (a flush's completions queued replies or
+     * grants, or submitted more): a connection waiting for those replies may
+     * have no event registered that would come, so the thread wakes itself and
+     * the next round goes on at once. */
+    if (t->dirty || t->ready || t->out_list) {
+        uint64_t one = 1;
+        (void)!write(t->evfd, &one, sizeof one);
+    }
 }
 
 /* Stopping: no more input, no new connections; the backend's operations in
@@ -681,7 +775,8 @@ static void drain(struct nbd_thread *t)
         set_events((struct nbd_conn *)((char *)n - offsetof(struct nbd_conn, node)));
     round_end(t);
     struct epoll_event ev[NBD_EVENTS];
-    for (int64_t end = now_ms() + NBD_DRAIN_MS, left; s->be->pending(t->be) && (left = end - now_ms()) > 0;) {
+    for (int64_t end = (int64_t)mono_ms() + NBD_DRAIN_MS, left;
+         s->be->pending(t->be) && (left = end - (int64_t)mono_ms()) > 0;) {
         int n = epoll_wait(t->epfd, ev, NBD_EVENTS, left < 100 ? (int)left : 100);
         for (int i = 0; i < n; i++) {
             struct nbd_watch *w = ev[i].data.ptr;
@@ -708,7 +803,7 @@ void *nbd_thread_main(void *arg)
     struct nbd_server *s = t->s;
     struct epoll_event ev[NBD_EVENTS];
     while (!atomic_load_explicit(&s->stop, memory_order_acquire)) {
-        int n = epoll_wait(t->epfd, ev, NBD_EVENTS, -1);
+        int n = epoll_wait(t->epfd, ev, NBD_EVENTS, t->hs_conns ? 1000 : -1);
         if (n < 0 && errno != EINTR)
             break;
         for (int i = 0; i < n; i++) {
@@ -735,6 +830,7 @@ void *nbd_thread_main(void *arg)
             default: s->be->on_event(w->ctx, w, ev[i].events); break;
             }
         }
+        hs_sweep(t);
         round_end(t);
     }
     drain(t);

@@ -114,8 +114,11 @@ static void emb_close(void *ctx)
 static int emb_submit(void *ctx, struct nbd_kvop *op)
 {
     struct emb *e = ctx;
+    /* covers every write completed before now: the log's own appended LSN, not
+     * eng_log_appended (while the disk refuses the log, that one says the durable
+     * LSN, for counters: a FLUSH would cover nothing and succeed at once) */
     if (op->kind == NBD_KV_SYNC)
-        op->block = eng_log_appended(e->eng); /* covers every write completed before now */
+        op->block = e->eng->wal ? wal_appended_lsn(e->eng->wal) : 0;
     op->next = NULL;
     if (e->qtail)
         e->qtail->next = op;
@@ -223,14 +226,17 @@ static int run(struct emb *e, struct nbd_kvop *op, int *rc)
     return r;
 }
 
-/* SYNCs whose target the log reached complete (all of them, with -EIO, once the
- * log has failed); then tell the log when to wake this thread next. */
+/* SYNCs whose target the log reached complete; the others complete with -EIO
+ * once the log has failed, or while the disk refuses it (wal_write_error: the
+ * covered writes are not durable now, and may not be for long; the client sees
+ * the error and may FLUSH again, as after a disk's failed cache flush). Then tell
+ * the log when to wake this thread next. */
 static void check_syncs(struct emb *e)
 {
     struct wal *w = e->eng->wal;
     for (;;) {
         uint64_t durable = w ? wal_durable_lsn(w) : UINT64_MAX;
-        int failed = w && wal_failed(w);
+        int failed = w && (wal_failed(w) || wal_write_error(w, NULL, 0));
         struct nbd_kvop **pp = &e->syncs, *done = NULL;
         uint64_t next = UINT64_MAX;
         while (*pp) {
@@ -247,7 +253,7 @@ static void check_syncs(struct emb *e)
         while (done) {
             struct nbd_kvop *op = done;
             done = op->next;
-            complete(e, op, failed ? -EIO : 0);
+            complete(e, op, op->block <= durable ? 0 : -EIO);
         }
         if (!w || next == e->want)
             return;

@@ -6,9 +6,13 @@
  * A worker thread owns its epoll, its connections, their requests and its backend
  * context; other threads reach it only through its fd queue and its grant list
  * (both under a mutex, each push followed by a write to its eventfd).
- * Memory a connection can pin: its input buffer (NBD_IN_CAP) plus the payloads of
- * its requests not yet answered (NBD_CONN_MAX_INFLIGHT, or one request of up to
- * NBD_MAX_PAYLOAD when nothing else is in flight): reading stops at the bound.
+ * Memory a connection can pin: its input buffer (NBD_IN_CAP) plus what its
+ * requests not yet answered and sent hold, each counted whole (struct, data
+ * buffer, operations: a request without payload counts too): reading stops
+ * before NBD_CONN_MAX_INFLIGHT would be passed (one request of up to
+ * NBD_MAX_PAYLOAD is always taken when nothing else is in flight) and resumes
+ * below half of it. In the handshake: unsent option replies (NBD_HS_MAX in
+ * nbd_conn.c, plus one option's) stop the reading of options.
  */
 #ifndef KV_NBD_INT_H
 #define KV_NBD_INT_H
@@ -27,7 +31,7 @@
 #include "proto/nbd.h"
 
 #define NBD_IN_CAP (128u << 10)             /* a connection's input buffer */
-#define NBD_CONN_MAX_INFLIGHT (64u << 20)   /* payload bytes of a connection's unanswered requests */
+#define NBD_CONN_MAX_INFLIGHT (64u << 20)   /* bytes held by a connection's unanswered requests */
 #define NBD_MAX_SKIP (4ull * NBD_MAX_PAYLOAD) /* an oversized write's payload is read and dropped up to this */
 #define NBD_POOL_DATA (128u << 10)          /* requests up to this size come from the thread's pool */
 #define NBD_POOL_MAX 128                    /* pooled requests kept per thread */
@@ -35,6 +39,7 @@
 #define NBD_TLS_OUT (64u << 10)            /* reply bytes gathered for one TLS write */
 #define NBD_DRAIN_MS 2000                  /* at stop: how long in-flight operations may take to finish */
 #define NBD_WINDOW 1024u                   /* block operations of one request in flight at once */
+#define NBD_HS_LIMIT_MS 10000u             /* a connection still negotiating after this is closed */
 
 /* epoll watch kinds of the server's own descriptors (backends': NBD_WATCH_BACKEND) */
 enum { NBD_WATCH_LISTEN = 2, NBD_WATCH_WAKE = 3, NBD_WATCH_CONN = 4 };
@@ -96,7 +101,9 @@ struct nbd_conn {
     int no_zeroes, structured;
     int closed;               /* fd closed; freed once no request owns operations */
     int out_listed;           /* on t's list of connections with replies to write */
-    int paused;               /* input not read: the in-flight bound is reached */
+    int paused;               /* input not read: the in-flight or handshake bound is reached */
+    int in_hs;                /* counted in t->hs_conns: not yet in transmission */
+    uint64_t born_ms;         /* accepted at (CLOCK_MONOTONIC): NBD_HS_LIMIT_MS counts from it */
     uint32_t events;          /* registered epoll events */
     struct nbd_conn *next_out;
     uint8_t *in;              /* NBD_IN_CAP bytes */
@@ -107,7 +114,7 @@ struct nbd_conn {
     struct kvbuf hs;          /* handshake bytes to send (before transmission) */
     size_t hs_off;
     struct nbd_req *out_head, *out_tail; /* replies ready to send, in completion order */
-    uint64_t inflight;        /* payload bytes of requests not yet answered (and sent) */
+    uint64_t inflight;        /* bytes held by requests not yet answered (and sent): their charges */
     uint32_t active;          /* requests that own block operations */
     char addr[64];
     /* TLS: tls is made when STARTTLS is accepted; its ACK still goes out in plain
@@ -138,6 +145,8 @@ struct nbd_thread {
     int dirty;                /* operations submitted since the last backend flush */
     struct nbd_conn *out_list;
     struct nbd_conn *dead;    /* closed connections to free at the round's end */
+    int hs_conns;             /* connections still negotiating: epoll_wait wakes to time them out */
+    uint64_t next_hs_sweep;   /* when they are next checked (ms, CLOCK_MONOTONIC) */
     struct nbd_req *pool;     /* free requests with NBD_POOL_DATA bytes of data */
     int npool;
     char **blocks;            /* free scratch blocks */

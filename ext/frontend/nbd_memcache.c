@@ -57,9 +57,11 @@ static int mc_line(struct nk_conn *c, struct nbd_kvop *op, char *line, size_t le
 {
     if (len >= 2 && (len == 2 || line[2] == ' ')) {
         if (!strncmp(line, "VA", 2)) {
+            if (len < 4) /* before strtol: past a bare "VA" are the line's end and bytes not read */
+                return NK_LINE_BAD;
             char *end;
             long n = strtol(line + 3, &end, 10);
-            if (len < 4 || end == line + 3 || (*end && *end != ' ') || n < 0 || n > MC_MAX_VALUE)
+            if (end == line + 3 || (*end && *end != ' ') || n < 0 || n > MC_MAX_VALUE)
                 return NK_LINE_BAD;
             op->rc = op->kind == NBD_KV_GET ? 0 : -EIO;
             return (int)n; /* nbd_netkv.c checks it against the block size */

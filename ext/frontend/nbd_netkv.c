@@ -224,7 +224,10 @@ int nk_write_out(struct nk_conn *c)
             if (!skip)
                 reqs += s->reqs;
         }
-        ssize_t w = writev(c->fd, iov, n);
+        /* sendmsg for MSG_NOSIGNAL: a KV server gone mid-write is EPIPE (the ops fail
+         * with -EIO and the context reconnects), not a SIGPIPE that kills an embedder
+         * of nbd_create that did not ignore it */
+        ssize_t w = sendmsg(c->fd, &(struct msghdr){.msg_iov = iov, .msg_iovlen = (size_t)n}, MSG_NOSIGNAL);
         if (w < 0) {
             if (errno == EINTR)
                 continue;

@@ -33,6 +33,26 @@ static void block_put(struct nbd_thread *t, char *b)
 
 static uint32_t pool_ops(const struct nbd_server *s) { return (NBD_POOL_DATA >> s->bs_shift) + 2; }
 
+/* The memory a request pins while it is in flight or its reply queued: what is
+ * allocated for it, counted in its connection's in-flight total (a request
+ * without payload costs its struct and operations too: a client that never
+ * reads its replies is paused by them, not by payload alone). */
+static uint64_t req_bytes(const struct nbd_req *r)
+{
+    return sizeof *r + r->cap + (uint64_t)r->ops_cap * sizeof *r->ops;
+}
+
+/* What req_get would allocate for a new request (the pool may hand out more):
+ * the bound checked before a header is taken. */
+static uint64_t req_bytes_new(const struct nbd_server *s, uint64_t data, uint64_t nops)
+{
+    if (data)
+        data = data <= NBD_POOL_DATA ? NBD_POOL_DATA : data;
+    if (nops)
+        nops = nops <= pool_ops(s) ? pool_ops(s) : nops < NBD_WINDOW ? nops : NBD_WINDOW;
+    return sizeof(struct nbd_req) + data + nops * sizeof(struct nbd_bop);
+}
+
 /* A request with room for data bytes and nops operations; NULL when out of memory. */
 static struct nbd_req *req_get(struct nbd_thread *t, uint64_t data, uint32_t nops)
 {
@@ -354,7 +374,7 @@ static void req_fail(struct nbd_req *r, int err, const char *msg)
     r->rc = err;
     r->msg = msg;
     static struct kvlog_rate rate = KVLOG_RATE_INIT(20);
-    kvlog_rated(&rate, KVLOG_VERBOSE, "NBD client %s: invalid request: %s: %s", r->c->addr, nbd_cmd_name(r->h.type),
+    kvlog_rated(&rate, KVLOG_WARNING, "NBD client %s: invalid request: %s: %s", r->c->addr, nbd_cmd_name(r->h.type),
                 msg);
     NBD_ST(t, protocol_errors, 1);
     reply(r);
@@ -535,8 +555,8 @@ static int request(struct nbd_conn *c, const struct nbd_request *h)
     }
     r->c = c;
     r->h = *h;
-    r->charge = data;
-    c->inflight += data;
+    r->charge = req_bytes(r);
+    c->inflight += r->charge;
     NBD_ST(t, inflight, 1);
     NBD_ST(t, inflight_sum, st_get(&t->st[offsetof(struct nbd_stats, inflight) / sizeof(uint64_t)]));
     NBD_ST(t, inflight_samples, 1);
@@ -556,6 +576,19 @@ static int request(struct nbd_conn *c, const struct nbd_request *h)
     }
     req_start(r);
     return 0;
+}
+
+/* What h will pin once taken (an estimate for a refused one: its struct). */
+static uint64_t req_cost(const struct nbd_conn *c, const struct nbd_request *h)
+{
+    const struct nbd_server *s = c->t->s;
+    const char *msg;
+    if (check_request(c, h, &msg) || h->type == NBD_CMD_DISC)
+        return req_bytes_new(s, 0, 0);
+    uint64_t data = h->type == NBD_CMD_READ || h->type == NBD_CMD_WRITE ? h->length : 0, nops = 0;
+    if (h->type != NBD_CMD_FLUSH && h->length)
+        nops = ((h->offset + h->length - 1) >> s->bs_shift) - (h->offset >> s->bs_shift) + 1;
+    return req_bytes_new(s, data, nops);
 }
 
 int nbd_req_input(struct nbd_conn *c)
@@ -595,8 +628,7 @@ int nbd_req_input(struct nbd_conn *c)
             NBD_ST(c->t, protocol_errors, 1);
             return -1;
         }
-        uint64_t need = (h.type == NBD_CMD_READ || h.type == NBD_CMD_WRITE) && h.length <= NBD_MAX_PAYLOAD ? h.length : 0;
-        if (c->inflight && c->inflight + need > NBD_CONN_MAX_INFLIGHT) {
+        if (c->inflight && c->inflight + req_cost(c, &h) > NBD_CONN_MAX_INFLIGHT) {
             c->paused = 1; /* the header stays unparsed until replies are sent */
             return 0;
         }

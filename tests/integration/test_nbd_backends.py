@@ -403,6 +403,7 @@ def test_memcached_replies_cut_anywhere(binary):
     (b"CLIENT_ERROR bad command line format\r\n", -5, 'unexpected reply "CLIENT_ERROR'),  # out of step after it
     (b"ERROR\r\n", -5, 'unexpected reply "ERROR"'),
     (b"VA x\r\n", -5, "unexpected reply"),
+    (b"VA\r\n", -5, 'unexpected reply "VA"'),                        # no size (refused before strtol)
     (b"VA 1073741825\r\n", -5, "unexpected reply"),
     (b"VA 4096\r\n" + block_bytes(1) + b"\n\n", -5, "payload not followed by CRLF"),
     (b"HDX\r\n", -5, "unexpected reply"),

@@ -615,11 +615,13 @@ def flood(target, c, batch, limit):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("cmd,length", [(w.CMD_TRIM, 4 << 20), (w.CMD_TRIM, BS), (w.CMD_FLUSH, 0),
-                                        (w.CMD_READ, 0)], ids=["trim-4MiB", "trim-4KiB", "flush", "read-0"])
+                                        (w.CMD_READ, 0), (w.CMD_READ, 512)],
+                         ids=["trim-4MiB", "trim-4KiB", "flush", "read-0", "read-512"])
 def test_a_client_that_never_reads_replies_cannot_pin_unbounded_memory(target, witness, cmd, length):
     """Requests without payload (28 bytes each) sent as fast as the server takes them while no
     reply is read: the server must stop reading (back-pressure) before its memory grows by
-    PIN_CAP; the in-flight bound has to count requests, not only payload bytes."""
+    PIN_CAP; the in-flight bound has to count requests, not only payload bytes (and a 512-byte
+    READ the buffer it holds until its reply is sent, not the 512 bytes asked for)."""
     batch = b"".join(w.request(cmd, (i % 8) * length, length, handle=i) for i in range(100))
     witness.sock.settimeout(120)   # a server that took it all may be busy for a while after
     with target.open() as c:
