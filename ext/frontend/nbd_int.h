@@ -1,6 +1,7 @@
 /* nbd_int.h - the NBD server's internals, shared by its files:
  *   nbd.c        lifecycle (config checked, listeners, threads), stats, INFO, fe_nbd
- *   nbd_conn.c   a worker thread's loop, accept hand-off, connection I/O, the handshake
+ *   nbd_conn.c   a worker thread's loop, accept hand-off, connection I/O
+ *   nbd_hs.c     the handshake (options until transmission)
  *   nbd_req.c    requests -> block operations, replies
  *   nbd_lock.c   the block-lock table
  * A worker thread owns its epoll, its connections, their requests and its backend
@@ -36,6 +37,7 @@
 #define NBD_POOL_DATA (128u << 10)          /* requests up to this size come from the thread's pool */
 #define NBD_POOL_MAX 128                    /* pooled requests kept per thread */
 #define NBD_LOCK_STRIPES 256
+#define NBD_HS_MAX (64u << 10)             /* unsent handshake bytes past which options are not read */
 #define NBD_TLS_OUT (64u << 10)            /* reply bytes gathered for one TLS write */
 #define NBD_DRAIN_MS 2000                  /* at stop: how long in-flight operations may take to finish */
 #define NBD_WINDOW 1024u                   /* block operations of one request in flight at once */
@@ -187,6 +189,17 @@ void *nbd_thread_main(void *arg);
 void nbd_conn_free_all(struct nbd_thread *t);
 /* The connection has replies to write at the round's end. */
 void nbd_conn_want_write(struct nbd_conn *c);
+/* Close c's socket (its requests finish; freed at the round's end). */
+void nbd_conn_close(struct nbd_conn *c);
+
+/* nbd_hs.c */
+/* One handshake step from c's input: 1 progress, 0 need more bytes (or closed). */
+int nbd_handshake(struct nbd_conn *c);
+/* Option replies the client has not read exceed NBD_HS_MAX: stop reading its
+ * options until it reads them (so a client that never reads pins no more). */
+int nbd_hs_full(const struct nbd_conn *c);
+/* c leaves the handshake (in transmission, or closed). */
+void nbd_hs_leave(struct nbd_conn *c);
 
 /* nbd_req.c */
 /* Requests in c's input (transmission phase): parse, check, submit. Returns
