@@ -78,8 +78,10 @@ class Process:
         self.ready = False
         stdout = subprocess.PIPE if self.ready_line is not None else self._log
         try:
-            self.proc = subprocess.Popen(self.command(), stdout=stdout, stderr=self._log, env=self.env,
-                                         cwd=self.cwd)
+            # stdin from /dev/null: a server never reads ours, and some (nbdkit) refuse to
+            # start when it is closed, as it is under some CI runners
+            self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=stdout, stderr=self._log,
+                                         env=self.env, cwd=self.cwd)
         except OSError as e:
             self._log.close()
             raise ServerError(f"cannot start {self.name}: {self.command()[0]}: {e.strerror}", e.errno) from None

@@ -234,7 +234,7 @@ def fuse_loop(uri, workdir, connections=1):
         os.unlink(pidfile)
     errlog = open(os.path.join(workdir, "nbdfuse.log"), "wb")
     fuse = subprocess.Popen(["nbdfuse", "-C", str(connections), "-P", pidfile, os.path.join(mnt, "disk"), uri],
-                            stdout=errlog, stderr=errlog)
+                            stdin=subprocess.DEVNULL, stdout=errlog, stderr=errlog)
     loop = None
     try:
         deadline = time.monotonic() + 30

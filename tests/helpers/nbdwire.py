@@ -489,7 +489,7 @@ class Target:
             if self.tcp:
                 from .servers import free_port
                 self.addr = ("127.0.0.1", free_port())
-            self.proc = subprocess.Popen(self.argv(), stdout=subprocess.DEVNULL,
+            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                          stderr=open(os.path.join(self.dir, "nbdkit.log"), "wb"))
             deadline = time.monotonic() + timeout
             while not self._connectable():

@@ -135,7 +135,7 @@ def test_kv_server_killed_under_a_copy(kv_server, served, kind):
     dev = served(srv.url, size=BIG)
     assert dev.rc == 0, dev.error
     copy = subprocess.Popen(["nbdcopy", "--", "[", "nbdkit", "random", str(BIG), "]", dev.uri],
-                            stderr=subprocess.PIPE, text=True)
+                            stdin=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
         while dev.stats().kv_puts < 256 and time.monotonic() < deadline:  # the copy is under way
@@ -152,7 +152,7 @@ def test_kv_server_killed_under_a_copy(kv_server, served, kind):
     deadline = time.monotonic() + 30
     while True:  # the first I/O may come before every connection is back
         r = subprocess.run(["nbdcopy", "--", "[", "nbdkit", "pattern", "4M", "]", dev.uri], capture_output=True,
-                           text=True, timeout=TIMEOUT)
+                           stdin=subprocess.DEVNULL, text=True, timeout=TIMEOUT)
         if r.returncode == 0 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
