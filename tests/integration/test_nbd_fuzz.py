@@ -4,7 +4,10 @@ with random fields, and valid request streams split at random points. After ever
 server is up, a connection opened before the example still transmits, and a fresh connection
 round-trips data. Well-formed requests with random fields must each get one well-formed reply
 (tests/helpers/nbdwire.py checks every reply against the spec) and leave the stream in step.
-Run against `nbdkit memory` (the reference) and `kvstore blockdev serve`."""
+Run against `kvstore blockdev serve` on a unix socket and TCP. Not against `nbdkit memory`, the
+reference of test_nbd_protocol.py: Debian's nbdkit 1.32.5 aborts (an assertion in
+raw_send_socket) when a client closes with replies unsent, which is what this fuzz does at random,
+so a run against it fails by chance."""
 import os
 import random
 import struct
@@ -23,7 +26,7 @@ FUZZ = settings(max_examples=int(os.environ.get("NBD_FUZZ_EXAMPLES", 60)), deadl
 SPEC_ERRORS = {w.EPERM, w.EIO, w.ENOMEM, w.EINVAL, w.ENOSPC, w.EOVERFLOW, w.ENOTSUP, w.ESHUTDOWN}
 
 
-@pytest.fixture(scope="module", params=w.KINDS)
+@pytest.fixture(scope="module", params=[k for k in w.KINDS if not k.startswith("nbdkit")])
 def target(request):
     t = w.start(request.param, size=SIZE)
     t.witness = t.open()
