@@ -2,8 +2,9 @@
 #include "frontend/nbd_backend.h"
 
 #include <errno.h>
-#include <stdio.h>
 #include <string.h>
+
+#include "proto/resp.h"
 
 static const struct nbd_backend_ops *const backends[] = {
     &nbd_be_embedded,
@@ -26,19 +27,13 @@ const struct nbd_backend_ops *nbd_backend_find(const char *url)
 
 int nbd_key(char *dst, size_t cap, const char *prefix, uint64_t block)
 {
-    /* once per block operation: no snprintf */
-    char digits[20];
-    int nd = 0;
-    do {
-        digits[nd++] = (char)('0' + block % 10);
-        block /= 10;
-    } while (block);
+    char digits[24]; /* once per block operation: no snprintf */
+    int nd = resp_ll2str(digits, (long long)block); /* a block number is below 2^62 (nbd.c bounds the size) */
     size_t pl = strlen(prefix);
     if (pl + (size_t)nd >= cap)
         return -ENAMETOOLONG;
     memcpy(dst, prefix, pl);
-    for (int i = 0; i < nd; i++)
-        dst[pl + (size_t)i] = digits[nd - 1 - i];
+    memcpy(dst + pl, digits, (size_t)nd);
     dst[pl + (size_t)nd] = '\0';
     return (int)pl + nd;
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "frontend/nbd_backend.h"
+#include "proto/resp.h"
 
 /* A backend URL taken apart: scheme://[[USER]:PASSWORD@]HOST:PORT[/DB]. */
 #define NK_HOST_MAX 256
@@ -81,15 +82,7 @@ void nk_out_block(struct nk_conn *c, const char *hdr, size_t n, const char *bloc
 /* Request encoding helpers: n in decimal at p / n bytes of s at p; return the end. */
 static inline char *nk_put_num(char *p, uint64_t n)
 {
-    char d[24];
-    int k = 0;
-    do {
-        d[k++] = (char)('0' + n % 10);
-        n /= 10;
-    } while (n);
-    while (k)
-        *p++ = d[--k];
-    return p;
+    return p + resp_ll2str(p, (long long)n); /* lengths and block sizes: far below 2^63 */
 }
 
 static inline char *nk_put_str(char *p, const char *s, size_t n)

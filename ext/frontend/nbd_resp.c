@@ -15,9 +15,6 @@
 #include "core/log.h"
 #include "frontend/nbd_netkv.h"
 
-#define RESP_MAX_BULK (512L * 1024 * 1024) /* Redis's proto-max-bulk-len */
-
-
 /* "$<len>\r\n<s>\r\n" */
 static char *put_bulk(char *p, const char *s, size_t n)
 {

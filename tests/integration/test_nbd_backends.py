@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 EXT = ROOT / "ext"
 BIN = ROOT / "tests" / "c" / "bin"
 SOURCES = ["tests/c/nbd_backend_test.c", "ext/frontend/nbd_netkv.c", "ext/frontend/nbd_netkv_open.c",
-           "ext/frontend/nbd_resp.c", "ext/frontend/nbd_memcache.c", "ext/core/log.c"]
+           "ext/frontend/nbd_resp.c", "ext/frontend/nbd_memcache.c", "ext/core/log.c",
+           "ext/proto/resp.c"]
 STALL_MS = 1000  # the client resets a connection this long unanswered (30 s in the server)
 FLAGS = [f"-DNK_STALL_MS={STALL_MS}", "-std=gnu11", "-g", "-O1", "-Wall", "-Wno-unused-parameter", "-pthread", f"-I{EXT}",
          "-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"]
