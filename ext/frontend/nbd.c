@@ -222,11 +222,11 @@ int nbd_create(struct nbd_server **out, const struct nbd_config *cfg, struct kv_
         rc = -ENOMEM;
         goto fail;
     }
-    for (int i = 0; i < s->threads; i++) {
+    for (int i = 0; i < s->threads; i++) /* all, before any init: nbd_destroy closes what is >= 0 */
         s->th[i].epfd = s->th[i].evfd = -1;
+    for (int i = 0; i < s->threads; i++)
         if ((rc = thread_init(s, i, err, errlen)) < 0)
             goto fail;
-    }
     *out = s;
     return 0;
 fail:
