@@ -266,27 +266,32 @@ static void check_syncs(struct emb *e)
 }
 
 /* Batched lookups, as the poller's process_input does (kvt_prefetch): the table
- * lines of the next EMB_PREFETCH queued GETs are pulled in stages before any runs,
- * so their cache misses (the entry's first line, a miss per block) overlap instead
- * of being paid one after another inside kvt_get_copy. Only ever prefetches. */
-#define EMB_PREFETCH 32
-static void prefetch_queue(struct emb *e)
+ * lines of the queued ops (GET, SET and DEL all look their key up) are pulled in
+ * batches of EMB_PREFETCH, kept EMB_PREFETCH to 2x ahead of the op being run, so
+ * their cache misses (the bucket slot, the entry's first line: a miss each per
+ * block) overlap instead of being paid one after another inside the lookup.
+ * Only ever prefetches. */
+#define EMB_PREFETCH 16
+/* Prefetch up to EMB_PREFETCH ops from op on; returns the last one prefetched. */
+static struct nbd_kvop *prefetch_batch(struct emb *e, struct nbd_kvop *op, int *count)
 {
     struct kv_table *t = e->eng->table;
     uint64_t h[EMB_PREFETCH];
     int n = 0;
-    for (struct nbd_kvop *op = e->qhead; op && n < EMB_PREFETCH; op = op->next) {
+    struct nbd_kvop *last = NULL;
+    for (; op && n < EMB_PREFETCH; op = op->next) {
+        last = op;
+        (*count)++;
         int kl;
-        if (op->kind != NBD_KV_GET || (kl = nbd_key(e->key, sizeof e->key, e->prefix, op->block)) < 0)
+        if (op->kind == NBD_KV_SYNC || (kl = nbd_key(e->key, sizeof e->key, e->prefix, op->block)) < 0)
             continue;
         h[n] = kvt_hash(e->key, (size_t)kl);
         kvt_prefetch(t, h[n++], 1);
     }
-    if (n < 2)
-        return;
     for (int stage = 2; stage <= 3; stage++)
         for (int i = 0; i < n; i++)
             kvt_prefetch(t, h[i], stage);
+    return last;
 }
 
 static void run_queue(struct emb *e)
@@ -294,9 +299,15 @@ static void run_queue(struct emb *e)
     if (e->running) /* a completion submitted more: the loop below takes it */
         return;
     e->running = 1;
-    if (!e->stalled)
-        prefetch_queue(e);
+    struct nbd_kvop *pf_last = NULL; /* the last op prefetched, still queued while ahead > 0 */
+    int ahead = 0;                   /* queued ops prefetched and not yet run */
     while (e->qhead && !e->stalled) {
+        while (ahead < EMB_PREFETCH + EMB_PREFETCH / 2) {
+            struct nbd_kvop *from = ahead ? pf_last->next : e->qhead;
+            if (!from)
+                break;
+            pf_last = prefetch_batch(e, from, &ahead);
+        }
         struct nbd_kvop *op = e->qhead;
         int rc = 0;
         if (op->kind == NBD_KV_SYNC) {
@@ -305,6 +316,7 @@ static void run_queue(struct emb *e)
                 e->qtail = NULL;
             op->next = e->syncs;
             e->syncs = op;
+            ahead--;
             continue;
         }
         if (run(e, op, &rc) == SES_STALL) {
@@ -314,6 +326,7 @@ static void run_queue(struct emb *e)
         e->qhead = op->next;
         if (!e->qhead)
             e->qtail = NULL;
+        ahead--;
         complete(e, op, rc);
     }
     e->running = 0;
