@@ -157,7 +157,8 @@ static int thread_init(struct nbd_server *s, int i, char *err, size_t errlen)
         }
     }
     struct nbd_backend_cfg bc = {.url = s->backend, .key_prefix = s->key_prefix, .block_size = s->block_size,
-                                 .conns = s->conns_per_thread, .thread = i, .eng = s->eng, .epfd = t->epfd};
+                                 .size = s->size, .read_only = s->read_only, .conns = s->conns_per_thread,
+                                 .thread = i, .eng = s->eng, .epfd = t->epfd};
     return s->be->open(&t->be, &bc, err, errlen);
 }
 

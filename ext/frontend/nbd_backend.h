@@ -53,6 +53,8 @@ struct nbd_backend_cfg {
     const char *url;          /* the whole backend URL ("embedded" or scheme://...) */
     const char *key_prefix;
     uint32_t block_size;
+    uint64_t size;            /* the device's size in bytes (the record below) */
+    int read_only;            /* the device is served read-only: no record is stored */
     int conns;                /* network backends: connections of this context */
     int thread;               /* index of the NBD thread that owns the context */
     struct kv_engine *eng;    /* embedded: the engine; NULL for network backends */
@@ -98,6 +100,21 @@ struct nbd_backend_ops {
 
 /* The backend for url's scheme ("embedded" has no "://"); NULL if unknown. */
 const struct nbd_backend_ops *nbd_backend_find(const char *url);
+
+/* The device's record, kept under key_prefix + NBD_META_SUFFIX (a block's key is
+ * the prefix and digits only, so the two never meet): "kvstore-blockdev size=N
+ * block_size=B". Thread 0's context reads it at open (embedded: through the
+ * session; network: a request on its first connection). Served again with another
+ * block size, a device's blocks would read garbled; served smaller, those past the
+ * end would be out of reach while they keep their memory. So open refuses both,
+ * and stores the record for a new device (none yet) or a grown one, unless read-only. */
+#define NBD_META_SUFFIX "meta"
+#define NBD_META_MAX 128
+/* have (have_len bytes; NULL: no record) against cfg: 1 with the record to store
+ * in rec (NUL-terminated), 0 nothing to store, or -EINVAL with what the store
+ * holds and what to do in err. */
+int nbd_meta_check(const char *have, size_t have_len, const struct nbd_backend_cfg *cfg, char *rec, size_t cap,
+                   char *err, size_t errlen);
 
 /* key_prefix + block in decimal into dst (cap bytes); returns its length, or
  * -ENAMETOOLONG. */

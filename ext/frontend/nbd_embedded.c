@@ -48,6 +48,69 @@ struct emb {
     struct nbd_backend_stats st;
 };
 
+/* Run one request to its end on the control thread (open: the thread is not
+ * running), waiting out a stall (the key in the data file): the reply in e->out. */
+static int run_blocking(struct emb *e, int argc, const char **argv, const size_t *argl)
+{
+    for (;;) {
+        e->out.len = 0;
+        int r = ses_run(&e->ses, argc, argv, argl);
+        if (r != SES_STALL)
+            return r < 0 ? r : 0;
+        if ((r = ses_wait(&e->ses)) < 0)
+            return r;
+    }
+}
+
+/* Thread 0's open: the device's record (nbd_backend.h) read, and stored for a new
+ * or grown device. A node still waiting for its state (remote mode, from its peer)
+ * cannot say: not checked then, with a warning. */
+static int check_meta(struct emb *e, const struct nbd_backend_cfg *cfg, char *err, size_t errlen)
+{
+    if (atomic_load_explicit(&e->eng->loading, memory_order_acquire)) {
+        kvlog(KVLOG_WARNING, "blockdev: the node is loading its state: the device's size and block size are not "
+                             "checked against the record in the store");
+        return 0;
+    }
+    char key[EMB_KEY_MAX], rec[NBD_META_MAX + 1];
+    int kl = snprintf(key, sizeof key, "%s" NBD_META_SUFFIX, e->prefix);
+    const char *argv[3] = {"GET", key, rec};
+    size_t argl[3] = {3, (size_t)kl, 0};
+    int rc = run_blocking(e, 2, argv, argl);
+    if (rc < 0) {
+        snprintf(err, errlen, "reading the device's record (key \"%s\"): %s", key, strerror(-rc));
+        return rc;
+    }
+    const char *p = e->out.p, *have = NULL;
+    size_t n = e->out.len, len = 0;
+    if (n >= 4 && p[0] == '$' && p[1] != '-') {
+        size_t i = 1;
+        while (i < n && p[i] >= '0' && p[i] <= '9')
+            len = len * 10 + (size_t)(p[i++] - '0');
+        have = i + 2 + len <= n ? p + i + 2 : NULL;
+    }
+    if (!have && !(n >= 3 && !memcmp(p, "$-1", 3))) {
+        snprintf(err, errlen, "reading the device's record (key \"%s\"): %.*s", key,
+                 n > 2 ? (int)(n > 200 ? 200 : n - 2) : 0, p);
+        return -EIO;
+    }
+    if ((rc = nbd_meta_check(have, len, cfg, rec, sizeof rec, err, errlen)) <= 0)
+        return rc;
+    argv[0] = "SET";
+    argl[2] = strlen(rec);
+    if ((rc = run_blocking(e, 3, argv, argl)) < 0)
+        snprintf(err, errlen, "storing the device's record (key \"%s\"): %s", key, strerror(-rc));
+    else if (e->out.len && e->out.p[0] == '-') {
+        snprintf(err, errlen, "storing the device's record (key \"%s\"): %.*s", key,
+                 (int)(e->out.len > 200 ? 200 : e->out.len - 2), e->out.p);
+        rc = -EIO;
+    }
+    e->out.len = 0;
+    return rc;
+}
+
+static void emb_close(void *ctx);
+
 static int emb_open(void **out, const struct nbd_backend_cfg *cfg, char *err, size_t errlen)
 {
     if (!cfg->eng) {
@@ -93,6 +156,10 @@ static int emb_open(void **out, const struct nbd_backend_cfg *cfg, char *err, si
     snprintf(addr, sizeof addr, "nbd:%d", cfg->thread);
     ses_init(&e->ses, e->eng, &e->out, addr, cfg->thread, e->evfd);
     e->ses.cl.authenticated = 1; /* the server's own session: no AUTH */
+    if (cfg->thread == 0 && (rc = check_meta(e, cfg, err, errlen)) < 0) {
+        emb_close(e);
+        return rc;
+    }
     *out = e;
     return 0;
 }

@@ -20,10 +20,11 @@
 
 static void mc_encode(struct nk_conn *c, struct nbd_kvop *op, const char *key, int klen)
 {
-    char h[MC_KEY_MAX + 64];
+    char h[MC_KEY_MAX + NBD_META_MAX + 64];
     char *p = h;
     switch (op->kind) {
     case NBD_KV_GET:
+    case NK_OP_META_GET: /* the device's record: its key is given as a block's */
         p = nk_put_str(p, "mg ", 3);
         p = nk_put_str(p, key, (size_t)klen);
         p = nk_put_str(p, " v\r\n", 4);
@@ -44,6 +45,17 @@ static void mc_encode(struct nk_conn *c, struct nbd_kvop *op, const char *key, i
     case NK_OP_VERSION:
         p = nk_put_str(p, "version\r\n", 9);
         break;
+    case NK_OP_META_SET: {
+        size_t n = strlen(op->buf); /* at most NBD_META_MAX bytes */
+        p = nk_put_str(p, "ms ", 3);
+        p = nk_put_str(p, key, (size_t)klen);
+        *p++ = ' ';
+        p = nk_put_num(p, n);
+        p = nk_put_str(p, "\r\n", 2);
+        p = nk_put_str(p, op->buf, n);
+        p = nk_put_str(p, "\r\n", 2);
+        break;
+    }
     }
     nk_out_copy(c, h, (size_t)(p - h));
 }
@@ -63,17 +75,19 @@ static int mc_line(struct nk_conn *c, struct nbd_kvop *op, char *line, size_t le
             long n = strtol(line + 3, &end, 10);
             if (end == line + 3 || (*end && *end != ' ') || n < 0 || n > MC_MAX_VALUE)
                 return NK_LINE_BAD;
-            op->rc = op->kind == NBD_KV_GET ? 0 : -EIO;
-            return (int)n; /* nbd_netkv.c checks it against the block size */
+            op->rc = op->kind == NBD_KV_GET || op->kind == NK_OP_META_GET ? 0 : -EIO;
+            if (op->kind == NK_OP_META_GET)
+                op->block = 1; /* there is a record */
+            return (int)n; /* nbd_netkv.c checks a block's against the block size */
         }
         if (!strncmp(line, "EN", 2)) { /* miss: an absent block reads as zeros */
             if (op->kind == NBD_KV_GET)
                 memset(op->buf, 0, nk_conn_block_size(c));
-            op->rc = op->kind == NBD_KV_GET ? 0 : -EIO;
+            op->rc = op->kind == NBD_KV_GET || op->kind == NK_OP_META_GET ? 0 : -EIO;
             return NK_LINE_DONE;
         }
         if (!strncmp(line, "HD", 2)) {
-            op->rc = op->kind == NBD_KV_PUT || op->kind == NBD_KV_DEL ? 0 : -EIO;
+            op->rc = op->kind == NBD_KV_PUT || op->kind == NBD_KV_DEL || op->kind == NK_OP_META_SET ? 0 : -EIO;
             return NK_LINE_DONE;
         }
         if (!strncmp(line, "NF", 2)) { /* md of an absent key: absent is what was asked */
@@ -137,6 +151,8 @@ static int memcached_open(void **ctx, const struct nbd_backend_cfg *cfg, char *e
         return rc;
     const char *payload;
     rc = nk_call(*ctx, NK_OP_VERSION, &payload, err, errlen);
+    if (rc == 0 && cfg->thread == 0)
+        rc = nk_check_meta(*ctx, cfg, err, errlen);
     if (rc < 0) {
         nk_close(*ctx);
         *ctx = NULL;

@@ -201,7 +201,13 @@ static void encode_queue(struct nk_conn *c)
     }
     while ((op = list_pop(&c->sendq))) {
         c->req_start = 1;
-        int klen = is_internal(op) ? 0 : make_key(x, op->block, key);
+        int klen = 0;
+        if (op->kind == NK_OP_META_GET || op->kind == NK_OP_META_SET) {
+            memcpy(key, x->prefix, x->prefix_len);
+            memcpy(key + x->prefix_len, NBD_META_SUFFIX, sizeof NBD_META_SUFFIX - 1);
+            klen = (int)(x->prefix_len + sizeof NBD_META_SUFFIX - 1);
+        } else if (!is_internal(op))
+            klen = make_key(x, op->block, key);
         x->proto->encode(c, op, key, klen);
         list_push(&c->inflight, op);
     }

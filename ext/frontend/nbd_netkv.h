@@ -41,6 +41,9 @@ enum {
     NK_OP_SELECT,             /* RESP SELECT db: +OK */
     NK_OP_INFO,               /* RESP INFO (the default sections): a bulk string */
     NK_OP_VERSION,            /* memcached "version": VERSION x.y.z */
+    NK_OP_META_GET,           /* the device's record (nbd_backend.h): its value, or none
+                                 (the protocol's line sets op->block to 1 when there is one) */
+    NK_OP_META_SET,           /* store the record, op->buf (NUL-terminated) */
 };
 
 struct nk_conn;
@@ -114,6 +117,9 @@ void nk_add_stats(void *ctx, struct nbd_backend_stats *st);
  * for its reply (open's timeout); *payload = its payload, NUL-terminated (valid
  * until nk_open_done). 0, or -errno with the reason in err. */
 int nk_call(void *ctx, int kind, const char **payload, char *err, size_t errlen);
+/* Thread 0's open: the device's record checked and stored (nbd_meta_check). 0, or
+ * -errno with the reason in err. */
+int nk_check_meta(void *ctx, const struct nbd_backend_cfg *cfg, char *err, size_t errlen);
 /* The open-time checks are over: free what they needed. */
 void nk_open_done(void *ctx);
 /* "scheme://host:port", for messages. */

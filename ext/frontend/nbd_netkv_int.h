@@ -18,7 +18,7 @@
 #define NK_OPEN_TIMEOUT_MS 5000    /* connect and the first requests at open */
 #define NK_BACKOFF_MIN_MS 10
 #define NK_BACKOFF_MAX_MS 1000
-#define NK_NINTERNAL 4
+#define NK_NINTERNAL 6
 #ifndef NK_STALL_MS
 #define NK_STALL_MS 30000          /* no reply for this long with requests in flight: reset */
 #endif

@@ -108,7 +108,8 @@ int nk_call(void *ctx, int kind, const char **payload, char *err, size_t errlen)
 {
     struct nk_ctx *x = ctx;
     struct nk_conn *c = &x->conns[0];
-    nk_queue_internal(c, kind);
+    if (kind >= 0) /* -1: what is queued already */
+        nk_queue_internal(c, kind);
     int rc = run_sync(c, err, errlen);
     *payload = x->scratch ? x->scratch : "";
     return rc;
@@ -201,6 +202,25 @@ int nk_open(void **ctxp, const struct nbd_backend_cfg *cfg, const struct nk_prot
 fail:
     nk_close(x);
     return rc;
+}
+
+int nk_check_meta(void *ctx, const struct nbd_backend_cfg *cfg, char *err, size_t errlen)
+{
+    struct nk_ctx *x = ctx;
+    const char *have;
+    struct nk_conn *c = &x->conns[0];
+    x->scratch[0] = 0;
+    int rc = nk_call(ctx, NK_OP_META_GET, &have, err, errlen);
+    if (rc < 0)
+        return rc;
+    char rec[NBD_META_MAX + 1];
+    int found = c->iops[NK_OP_META_GET - NK_OP_AUTH].block != 0; /* the protocol's line said so */
+    rc = nbd_meta_check(found ? have : NULL, strlen(have), cfg, rec, sizeof rec, err, errlen);
+    if (rc <= 0)
+        return rc;
+    nk_queue_internal(c, NK_OP_META_SET);
+    c->iops[NK_OP_META_SET - NK_OP_AUTH].buf = rec;
+    return nk_call(ctx, -1, &have, err, errlen);
 }
 
 /* The open-time checks are done: the scratch buffer is not needed any more. */

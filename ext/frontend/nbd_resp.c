@@ -32,6 +32,7 @@ static void resp_encode(struct nk_conn *c, struct nbd_kvop *op, const char *key,
     const struct nk_url *u = nk_conn_url(c);
     switch (op->kind) {
     case NBD_KV_GET:
+    case NK_OP_META_GET: /* the device's record: its key is given as a block's */
         p = nk_put_str(p, "*2\r\n$3\r\nGET\r\n", 13);
         p = put_bulk(p, key, (size_t)klen);
         break;
@@ -63,6 +64,11 @@ static void resp_encode(struct nk_conn *c, struct nbd_kvop *op, const char *key,
     case NK_OP_INFO: /* all default sections: Redis before 7 takes one section at most */
         p = nk_put_str(p, "*1\r\n$4\r\nINFO\r\n", 14);
         break;
+    case NK_OP_META_SET:
+        p = nk_put_str(p, "*3\r\n$3\r\nSET\r\n", 13);
+        p = put_bulk(p, key, (size_t)klen);
+        p = put_bulk(p, op->buf, strlen(op->buf)); /* at most NBD_META_MAX bytes */
+        break;
     }
     nk_out_copy(c, h, (size_t)(p - h));
 }
@@ -86,13 +92,18 @@ static const char *kind_name(int kind)
         return "SELECT";
     case NK_OP_INFO:
         return "INFO";
+    case NK_OP_META_GET:
+        return "GET of the device's record";
+    case NK_OP_META_SET:
+        return "SET of the device's record";
     }
     return kind >= 0 && kind < 4 ? names[kind] : "?";
 }
 
 static int resp_line(struct nk_conn *c, struct nbd_kvop *op, char *line, size_t len)
 {
-    int expect_ok = op->kind == NBD_KV_PUT || op->kind == NK_OP_AUTH || op->kind == NK_OP_SELECT;
+    int expect_ok = op->kind == NBD_KV_PUT || op->kind == NK_OP_AUTH || op->kind == NK_OP_SELECT ||
+                    op->kind == NK_OP_META_SET;
     switch (line[0]) {
     case '+':
         op->rc = expect_ok ? 0 : -EIO;
@@ -108,14 +119,16 @@ static int resp_line(struct nk_conn *c, struct nbd_kvop *op, char *line, size_t 
         if (!strcmp(line, "$-1")) { /* nil: an absent block reads as zeros */
             if (op->kind == NBD_KV_GET)
                 memset(op->buf, 0, nk_conn_block_size(c));
-            op->rc = op->kind == NBD_KV_GET ? 0 : -EIO;
+            op->rc = op->kind == NBD_KV_GET || op->kind == NK_OP_META_GET ? 0 : -EIO;
             return NK_LINE_DONE;
         }
         char *end;
         long n = strtol(line + 1, &end, 10);
         if (end == line + 1 || *end || n < 0 || n > RESP_MAX_BULK)
             return NK_LINE_BAD;
-        op->rc = op->kind == NBD_KV_GET || op->kind == NK_OP_INFO ? 0 : -EIO;
+        op->rc = op->kind == NBD_KV_GET || op->kind == NK_OP_INFO || op->kind == NK_OP_META_GET ? 0 : -EIO;
+        if (op->kind == NK_OP_META_GET)
+            op->block = 1; /* there is a record */
         return (int)n; /* nbd_netkv.c checks a GET's length against the block size */
     }
     }
@@ -168,6 +181,8 @@ static int resp_open(void **ctx, const struct nbd_backend_cfg *cfg, const struct
         }
         info_field(info, "durability", durability, sizeof durability);
     }
+    if (rc == 0 && cfg->thread == 0)
+        rc = nk_check_meta(*ctx, cfg, err, errlen);
     if (rc < 0 && strstr(err, "NOAUTH")) {
         size_t n = strlen(err);
         snprintf(err + n, errlen - n, " (give the password in the URL: %s://:PASSWORD@HOST:PORT)",

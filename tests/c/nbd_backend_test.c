@@ -102,7 +102,7 @@ static uint64_t now_ms(void)
 
 static void *open_ctx(const char *url, const char *prefix, int conns)
 {
-    struct nbd_backend_cfg cfg = {url, prefix, BS, conns, 0, NULL, epfd};
+    struct nbd_backend_cfg cfg = {.url = url, .key_prefix = prefix, .block_size = BS, .conns = conns, .epfd = epfd};
     char err[512];
     void *ctx = NULL;
     int rc = be->open(&ctx, &cfg, err, sizeof err);
@@ -510,7 +510,7 @@ int main(int argc, char **argv)
     if (!strcmp(mode, "basic")) {
         basic(url, prefix, argc > 4 ? atol(argv[4]) : -1);
     } else if (!strcmp(mode, "openfail")) {
-        struct nbd_backend_cfg cfg = {url, prefix, BS, 2, 0, NULL, epfd};
+        struct nbd_backend_cfg cfg = {.url = url, .key_prefix = prefix, .block_size = BS, .conns = 2, .epfd = epfd};
         char err[512] = "";
         void *ctx = NULL;
         int rc = be->open(&ctx, &cfg, err, sizeof err);

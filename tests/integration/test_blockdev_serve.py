@@ -155,8 +155,37 @@ def test_block_keys_are_prefix_and_block_number(tmp_path, prefix):
         nbdsh(dev.uri, "h.pwrite(b'a' * 4096 + b'b' * 100, 5 * 4096); h.pwrite(bytes(4096), 9 * 4096)")
         with client(redis.port, decode_responses=False) as c:
             p = (prefix or "nbd:kvstore:").encode()
-            assert sorted(c.keys()) == [p + b"5", p + b"6"]
+            assert sorted(c.keys()) == [p + b"5", p + b"6", p + b"meta"]
+            assert c.get(p + b"meta") == b"kvstore-blockdev size=8388608 block_size=4096"
             assert c.get(p + b"5") == b"a" * 4096 and c.get(p + b"6") == b"b" * 100 + bytes(3996)
     finally:
         dev.stop()
         redis.stop()
+
+
+def test_a_device_served_again_keeps_its_block_size_and_may_only_grow(tmp_path):
+    """The device's record (PREFIX meta) is kept with its blocks, in the data directory: served
+    again with another block size, or smaller, the device is refused with what the store holds
+    (nothing written); larger, it grows and its data stays."""
+    data = tmp_path / "data"
+    dev = Device("kvstore", "8M", "--durability", "disk", "--data-dir", data, workdir=str(tmp_path))
+    try:
+        dev.start()
+        nbdsh(dev.uri, "h.pwrite(b'k' * 4096, 7 * 4096); h.flush()")
+    finally:
+        dev.stop()
+    base = ["--listen", "127.0.0.1:0", "--durability", "disk", "--data-dir", data]
+    err = refuse("--size", "4M", *base)
+    assert "the store holds a block device of 8388608 bytes in 4096-byte blocks" in err, err
+    assert "past the new end would be out of reach" in err and "--size 8388608 --block-size 4096" in err
+    err = refuse("--size", "8M", "--block-size", "512", *base)
+    assert "in 512-byte blocks, its blocks would read garbled" in err, err
+    dev = Device("kvstore", "16M", "--durability", "disk", "--data-dir", data, workdir=str(tmp_path))
+    try:
+        dev.start()
+        assert nbdsh(dev.uri, "print(h.get_size(), h.pread(4096, 7 * 4096) == b'k' * 4096)").split() == \
+            ["16777216", "True"]
+    finally:
+        dev.stop()
+    err = refuse("--size", "8M", *base)  # the record says 16M now
+    assert "a block device of 16777216 bytes" in err, err

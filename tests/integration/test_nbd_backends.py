@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 EXT = ROOT / "ext"
 BIN = ROOT / "tests" / "c" / "bin"
 SOURCES = ["tests/c/nbd_backend_test.c", "ext/frontend/nbd_netkv.c", "ext/frontend/nbd_netkv_open.c",
-           "ext/frontend/nbd_resp.c", "ext/frontend/nbd_memcache.c", "ext/core/log.c",
+           "ext/frontend/nbd_resp.c", "ext/frontend/nbd_memcache.c", "ext/frontend/nbd_meta.c", "ext/core/log.c",
            "ext/proto/resp.c"]
 STALL_MS = 1000  # the client resets a connection this long unanswered (30 s in the server)
 FLAGS = [f"-DNK_STALL_MS={STALL_MS}", "-std=gnu11", "-g", "-O1", "-Wall", "-Wno-unused-parameter", "-pthread", f"-I{EXT}",
@@ -297,6 +297,8 @@ class FakeRedis:
             text = b"# Server\r\nredis_version:7.0.0\r\n"
             return b"$%d\r\n%s\r\n" % (len(text), text)
         if args[0].upper() == b"GET":
+            if args[1].endswith(b":meta"):  # the device's record, at open: none yet (the SET is +OK)
+                return b"$-1\r\n"
             return self.script(int(args[1].rsplit(b":", 1)[1]))
         return b"+OK\r\n"
 
@@ -343,12 +345,22 @@ class FakeMemcached(FakeRedis):
         if b"\r\n" not in buf:
             return None, buf
         line, rest = buf.split(b"\r\n", 1)
-        return line.split(), rest
+        args = line.split()
+        if args[:1] == [b"ms"]:  # the device's record, at open: its data follows
+            n = int(args[2]) + 2
+            if len(rest) < n:
+                return None, buf
+            rest = rest[n:]
+        return args, rest
 
     def _reply(self, args):
         if args[0] == b"version":
             return b"VERSION 1.6.18\r\n"
+        if args[0] == b"ms":
+            return b"HD\r\n"
         if args[0] == b"mg":
+            if args[1].endswith(b":meta"):
+                return b"EN\r\n"
             return self.script(int(args[1].rsplit(b":", 1)[1]))
         return b"ERROR\r\n"
 

@@ -29,11 +29,11 @@ TIMEOUT = 120
 class Served:
     """An NBD server (2 threads, 2 backend connections each) over one backend URL."""
 
-    def __init__(self, url, threads=2, conns=2, size=SIZE):
+    def __init__(self, url, threads=2, conns=2, size=SIZE, block_size=4096):
         self._keep = [ffi.new("char[]", b"127.0.0.1"), ffi.new("char[]", b"kvstore"), ffi.new("char[]", url.encode())]
         cfg = ffi.new("struct nbd_config *")
         cfg.bind, cfg.port, cfg.unix_path, cfg.export_name = self._keep[0], 0, ffi.NULL, self._keep[1]
-        cfg.size, cfg.block_size, cfg.threads, cfg.conns_per_thread = size, 4096, threads, conns
+        cfg.size, cfg.block_size, cfg.threads, cfg.conns_per_thread = size, block_size, threads, conns
         cfg.max_clients, cfg.backend, cfg.key_prefix = 16, self._keep[2], ffi.NULL
         out, err = ffi.new("struct nbd_server **"), ffi.new("char[1024]")
         self.rc = lib.nbd_create(out, cfg, ffi.NULL, err, len(err))
@@ -167,3 +167,49 @@ def test_auth_refused_at_create(kv_server, served):
     assert dev.rc == -13 and "AUTH refused: WRONGPASS" in dev.error, (dev.rc, dev.error)
     dev = served(f"redis://:{PASSWORD}@127.0.0.1:{srv.port}")
     assert dev.rc == 0, dev.error
+
+
+def get_key(srv, key):
+    """key's value in the KV server, or None (asked with a plain client)."""
+    with socket.create_connection(("127.0.0.1", srv.port), 10) as s:
+        if srv.kind == "memcached":
+            s.sendall(b"mg %s v\r\n" % key)
+        else:
+            s.sendall(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(key), key))
+        got = b""
+        while not (got.startswith((b"EN\r\n", b"$-1\r\n")) or got.count(b"\r\n") >= 2):
+            got += s.recv(1000)
+    return None if got.startswith((b"EN", b"$-1")) else got.split(b"\r\n")[1]
+
+
+def set_key(srv, key, value):
+    with socket.create_connection(("127.0.0.1", srv.port), 10) as s:
+        if srv.kind == "memcached":
+            s.sendall(b"ms %s %d\r\n%s\r\n" % (key, len(value), value))
+        else:
+            s.sendall(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n%s\r\n" % (len(key), key, len(value), value))
+        assert s.recv(100) in (b"HD\r\n", b"+OK\r\n")
+
+
+@pytest.mark.parametrize("kind", ["redis", "memcached", "kvstore"])
+def test_device_record_in_the_backend(kv_server, served, kind):
+    """The first open stores the device's record under PREFIX meta; an open with another block
+    size or a smaller size is refused with what the store holds, a larger one grows the record;
+    a key of that name holding something else is refused, untouched."""
+    srv = kv_server(kind)
+    url = srv.url
+    key = b"nbd:kvstore:meta"
+    assert get_key(srv, key) is None
+    served(url).close()
+    assert get_key(srv, key) == b"kvstore-blockdev size=%d block_size=4096" % SIZE
+    small = served(url, size=SIZE // 2)
+    assert small.rc < 0 and f"the store holds a block device of {SIZE} bytes in 4096-byte blocks" in small.error
+    other = served(url, block_size=512)
+    assert other.rc < 0 and "its blocks would read garbled" in other.error, other.error
+    assert get_key(srv, key) == b"kvstore-blockdev size=%d block_size=4096" % SIZE
+    served(url, size=2 * SIZE).close()
+    assert get_key(srv, key) == b"kvstore-blockdev size=%d block_size=4096" % (2 * SIZE)
+    set_key(srv, key, b"something else")
+    taken = served(url, size=2 * SIZE)
+    assert taken.rc < 0 and "holds something other than a kvstore block device's record" in taken.error, taken.error
+    assert get_key(srv, key) == b"something else"

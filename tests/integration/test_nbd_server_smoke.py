@@ -134,7 +134,9 @@ def test_nbdcopy_round_trip_lands_in_the_store(device, tmp_path):
     out = nbdsh(d.uri, "import hashlib\nprint(hashlib.sha256(h.pread(h.get_size(), 0)).hexdigest())\n"
                        "h.trim(h.get_size(), 0)\nprint(h.pread(h.get_size(), 0) == bytes(h.get_size()))")
     assert out.split() == [hashlib.sha256(got).hexdigest(), "True"]
-    assert len(d.store) == 0  # every block gone: no KV memory for zeros
+    # every block gone (no KV memory for zeros); the device's record stays
+    assert len(d.store) == 1
+    assert d.store.get(b"nbd:kvstore:meta") == b"kvstore-blockdev size=%d block_size=%d" % (SIZE, BS)
 
 
 def test_unaligned_writes_trim_and_zero_over_a_unix_socket(device):
