@@ -22,17 +22,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "engine/engine.h"
 
-
 static int listed(const struct cmd_client *c) { return c->reg.next && !list_empty(&c->reg); }
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- the registry */
 
@@ -255,7 +248,7 @@ static int client_list(struct cmd_client *c, const struct cmd_args *a)
     }
     struct kvbuf b = {0};
     struct kv_engine *e = c->eng;
-    int64_t now = mono_ms();
+    int64_t now = kv_coarse_ms();
     size_t argv_mem = argv_bytes(a);
     pthread_mutex_lock(&e->clients_lock);
     for (int i = by_id ? 3 : 0; type == 0 && (by_id ? i < a->argc : i == 0); i++) {
@@ -343,7 +336,7 @@ static int client_kill(struct cmd_client *c, const struct cmd_args *a)
         return 0;
     }
     struct kv_engine *e = c->eng;
-    int64_t now = mono_ms();
+    int64_t now = kv_coarse_ms();
     long long killed = 0;
     int self = 0;
     pthread_mutex_lock(&e->clients_lock);
@@ -442,7 +435,7 @@ int c_client(struct cmd_client *c, const struct cmd_args *a)
         if (!cmd_sub_arity(c, a, 2, "client|info"))
             return 0;
         struct kvbuf b = {0};
-        add_info_line(&b, c, 1, argv_bytes(a), mono_ms()); /* own fields: no lock needed */
+        add_info_line(&b, c, 1, argv_bytes(a), kv_coarse_ms()); /* own fields: no lock needed */
         int rc = resp_add_verbatim(c->out, c->resp, b.p, b.len);
         kvbuf_free(&b);
         return rc;

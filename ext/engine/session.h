@@ -54,7 +54,7 @@ void ses_free(struct session *s);
 /* A TCP connection's session: listed by CLIENT LIST (and reachable by CLIENT KILL)
  * from ses_connect until ses_disconnect, which the front end calls before it
  * closes fd (ses_free does too). A killed connection's socket is shut down: the
- * front end sees end of stream. now_ms: CLOCK_MONOTONIC_COARSE (tcp_mono_ms). */
+ * front end sees end of stream. now_ms: CLOCK_MONOTONIC_COARSE (kv_coarse_ms). */
 void ses_connect(struct session *s, int fd, int64_t now_ms);
 void ses_disconnect(struct session *s);
 /* CLIENT LIST's view of the front end's buffers and last interaction (relaxed

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/log.h"
 #include "core/net.h"
 #include "core/tls.h"
@@ -31,13 +32,6 @@
 
 #define NBD_IOV 64       /* iovecs per writev */
 #define NBD_EVENTS 64    /* epoll events per round */
-
-static uint64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /* A client's name for log lines: ADDR:PORT over TCP; over a unix socket
  * "unix:pid PID" (SO_PEERCRED), as the address says nothing. */
@@ -181,7 +175,7 @@ static void conn_new(struct nbd_thread *t, int fd)
     c->events = e.events;
     list_add(&t->conns, &c->node);
     c->in_hs = 1;
-    c->born_ms = mono_ms();
+    c->born_ms = kv_coarse_ms();
     if (!t->hs_conns++)
         t->next_hs_sweep = c->born_ms + 1000;
     NBD_ST(t, connections, 1);
@@ -525,7 +519,7 @@ static void on_wake(struct nbd_thread *t)
  * without it, clients that connect and say nothing hold every client slot. */
 static void hs_sweep(struct nbd_thread *t)
 {
-    uint64_t now = mono_ms();
+    uint64_t now = kv_coarse_ms();
     if (!t->hs_conns || now < t->next_hs_sweep)
         return;
     t->next_hs_sweep = now + 1000;
@@ -580,8 +574,8 @@ static void drain(struct nbd_thread *t)
         set_events((struct nbd_conn *)((char *)n - offsetof(struct nbd_conn, node)));
     round_end(t);
     struct epoll_event ev[NBD_EVENTS];
-    for (int64_t end = (int64_t)mono_ms() + NBD_DRAIN_MS, left;
-         s->be->pending(t->be) && (left = end - (int64_t)mono_ms()) > 0;) {
+    for (int64_t end = kv_coarse_ms() + NBD_DRAIN_MS, left;
+         s->be->pending(t->be) && (left = end - kv_coarse_ms()) > 0;) {
         int n = epoll_wait(t->epfd, ev, NBD_EVENTS, left < 100 ? (int)left : 100);
         for (int i = 0; i < n; i++) {
             struct nbd_watch *w = ev[i].data.ptr;

@@ -26,6 +26,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/counter.h"
 #include "core/fdq.h"
 #include "core/kvbuf.h"
@@ -617,7 +618,7 @@ void *poller_main(void *arg)
         if (w)
             wal_want(w, &p->log_slot, p->evfd, UINT64_MAX); /* awake: no wake-ups */
         st_inc(&p->st->epoll_wait, 1);
-        p->now = tcp_mono_ms();
+        p->now = kv_coarse_ms();
         for (int i = 0; i < n; i++) {
             int *tag = ev[i].data.ptr;
             if (*tag == TAG_LISTENER || *tag == TAG_TLS_LISTENER) {

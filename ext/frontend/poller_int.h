@@ -53,7 +53,7 @@ struct poller {
     struct conn *pending;        /* connections with replies queued this round */
     struct fdq handed;           /* connections poller 0 accepted for this one (handoff mode) */
     int64_t last_cron;
-    int64_t now;                 /* tcp_mono_ms() when this round's events arrived */
+    int64_t now;                 /* kv_coarse_ms() when this round's events arrived */
     /* scratch for the batch being run (process_input): requests and their arguments */
     struct batch_req batch[BATCH];
     struct resp_args args;

@@ -22,13 +22,6 @@
 
 #define HOUSEKEEP_BUDGET 64
 
-int64_t tcp_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void info_pollers(void *arg, struct kvbuf *b)
 {
     struct tcp_front *f = arg;

@@ -93,7 +93,6 @@ void tcp_timed_out(struct tcp_front *f, const char *addr, int limit_ms);
 /* Once per TCP_CRON_MS on thread idx: its slice of the table's rehash/expiry
  * housekeeping; thread 0 also samples the command rate. */
 void tcp_cron(struct tcp_front *f, int idx, int64_t now_ms);
-int64_t tcp_mono_ms(void);
 
 void tcp_add_stats(struct tcp_front *f, struct fe_stats *st);
 int tcp_thread_stats(struct tcp_front *f, int i, struct fe_thread_stats *st);

@@ -32,6 +32,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "core/clock.h"
 #include "core/counter.h"
 #include "core/list.h"
 #include "core/net.h"
@@ -90,8 +91,8 @@ static int client_timeout(struct tp_server *tp)
  * a client-memory limit closes it (counted and logged by the command layer). */
 static int tp_publish(struct tp_conn *c, size_t out_off, int events)
 {
-    return tcp_conn_publish(&c->ses, tcp_mono_ms(), &c->in, c->in_off, &c->rp, &c->out, out_off, events) ? -ENOMEM
-                                                                                                         : 0;
+    return tcp_conn_publish(&c->ses, kv_coarse_ms(), &c->in, c->in_off, &c->rp, &c->out, out_off, events) ? -ENOMEM
+                                                                                                          : 0;
 }
 
 static void tp_close(struct tp_server *tp, struct tp_conn *c)
@@ -133,7 +134,7 @@ static void tp_accept(struct tp_worker *w)
         pthread_mutex_lock(&tp->lock);
         list_add(&tp->conns, &c->node);
         pthread_mutex_unlock(&tp->lock);
-        ses_connect(&c->ses, fd, tcp_mono_ms());
+        ses_connect(&c->ses, fd, kv_coarse_ms());
         struct epoll_event e = {.events = EPOLLIN | EPOLLONESHOT, .data.ptr = c};
         st_inc(&w->st->epoll_ctl, 1);
         if (epoll_ctl(tp->epfd, EPOLL_CTL_ADD, fd, &e)) {
@@ -150,11 +151,11 @@ static void tp_accept(struct tp_worker *w)
 static int wait_fd(struct tp_server *tp, int fd, short ev)
 {
     int limit = client_timeout(tp);
-    int64_t deadline = tcp_mono_ms() + limit;
+    int64_t deadline = kv_coarse_ms() + limit;
     for (;;) {
         int wait = TCP_CRON_MS;
         if (limit > 0) {
-            int64_t left = deadline - tcp_mono_ms();
+            int64_t left = deadline - kv_coarse_ms();
             if (left <= 0)
                 return -ETIMEDOUT;
             wait = left < wait ? (int)left : wait;
@@ -320,7 +321,7 @@ static void *tp_worker_main(void *arg)
         struct epoll_event ev;
         int n = epoll_wait(tp->epfd, &ev, 1, TCP_CRON_MS);
         st_inc(&w->st->epoll_wait, 1);
-        int64_t now = tcp_mono_ms();
+        int64_t now = kv_coarse_ms();
         if (now - w->last_cron >= TCP_CRON_MS) {
             w->last_cron = now;
             tcp_cron(&tp->tcp, w->idx, now);
