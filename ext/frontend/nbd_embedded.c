@@ -334,7 +334,7 @@ static void check_syncs(struct emb *e)
 
 /* Batched lookups, as the poller's process_input does (kvt_prefetch): the table
  * lines of the queued ops (GET, SET and DEL all look their key up) are pulled in
- * batches of EMB_PREFETCH, kept EMB_PREFETCH to 2x ahead of the op being run, so
+ * batches of EMB_PREFETCH, kept 1.5x to 2.5x EMB_PREFETCH ahead of the op being run, so
  * their cache misses (the bucket slot, the entry's first line: a miss each per
  * block) overlap instead of being paid one after another inside the lookup.
  * Only ever prefetches. */
@@ -355,6 +355,8 @@ static struct nbd_kvop *prefetch_batch(struct emb *e, struct nbd_kvop *op, int *
         h[n] = kvt_hash(e->key, (size_t)kl);
         kvt_prefetch(t, h[n++], 1);
     }
+    if (n < 2) /* a lone op: its lookup follows at once, nothing to overlap */
+        return last;
     for (int stage = 2; stage <= 3; stage++)
         for (int i = 0; i < n; i++)
             kvt_prefetch(t, h[i], stage);

@@ -23,11 +23,15 @@ int nbd_meta_check(const char *have, size_t have_len, const struct nbd_backend_c
         memcpy(text, have, have_len);
         text[have_len] = 0;
     }
+    char again[NBD_META_MAX + 1]; /* only the form this file writes: no sign, spaces, zeros or overflow */
     if (have_len > NBD_META_MAX ||
         sscanf(text, "kvstore-blockdev size=%" SCNu64 " block_size=%" SCNu32 "%n", &size, &bs, &used) != 2 ||
-        (size_t)used != have_len) {
+        (size_t)used != have_len ||
+        snprintf(again, sizeof again, "kvstore-blockdev size=%" PRIu64 " block_size=%" PRIu32, size, bs) < 0 ||
+        strcmp(again, text)) {
         snprintf(err, errlen, "key \"%s" NBD_META_SUFFIX "\" holds something other than a kvstore block device's "
-                 "record: the key prefix \"%s\" is in use by other data; choose another --key-prefix or --export",
+                 "record: the key prefix \"%s\" is in use by other data; choose another key prefix (--key-prefix, "
+                 "or --export for the default one)",
                  prefix, prefix);
         return -EINVAL;
     }
@@ -35,15 +39,16 @@ int nbd_meta_check(const char *have, size_t have_len, const struct nbd_backend_c
         snprintf(err, errlen, "the store holds a block device of %" PRIu64 " bytes in %" PRIu32 "-byte blocks under key "
                  "prefix \"%s\"; served as %" PRIu64 " bytes in %" PRIu32 "-byte blocks, %s. Serve it "
                  "with --size %" PRIu64 " --block-size %" PRIu32 " (or larger --size: a device may grow), or use "
-                 "another --export or --key-prefix, or delete its keys (\"%s*\") to start over",
+                 "another key prefix (--key-prefix, or --export for the default one), or delete its keys (\"%s\" "
+                 "followed by a block number, and \"%s" NBD_META_SUFFIX "\") to start over",
                  size, bs, prefix, cfg->size, cfg->block_size,
                  bs != cfg->block_size ? "its blocks would read garbled" : "its blocks past the new end would be out of reach",
-                 size, bs, prefix);
+                 size, bs, prefix, prefix);
         return -EINVAL;
     }
     if (size == cfg->size || cfg->read_only)
         return 0;
-    kvlog(KVLOG_NOTICE, "blockdev: the device under key prefix \"%s\" grows from %" PRIu64 " to %" PRIu64 " bytes",
+    kvlog(KVLOG_NOTICE, "blockdev: the device under key prefix \"%s\" is served larger: its record goes from %" PRIu64 " to %" PRIu64 " bytes",
           prefix, size, cfg->size);
     return 1;
 }

@@ -42,7 +42,8 @@ enum {
     NK_OP_INFO,               /* RESP INFO (the default sections): a bulk string */
     NK_OP_VERSION,            /* memcached "version": VERSION x.y.z */
     NK_OP_META_GET,           /* the device's record (nbd_backend.h): its value, or none
-                                 (the protocol's line sets op->block to 1 when there is one) */
+                                 (the protocol's line sets op->block to 1 when there is one,
+                                 2 when the server is loading and cannot say) */
     NK_OP_META_SET,           /* store the record, op->buf (NUL-terminated) */
 };
 

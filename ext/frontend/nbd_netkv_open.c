@@ -16,6 +16,8 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include "core/log.h"
+
 /* ---------------------------------------------------------------- open / close */
 
 /* Run c's queue to completion with poll() (open: before the thread's loop runs):
@@ -214,7 +216,12 @@ int nk_check_meta(void *ctx, const struct nbd_backend_cfg *cfg, char *err, size_
     if (rc < 0)
         return rc;
     char rec[NBD_META_MAX + 1];
-    int found = c->iops[NK_OP_META_GET - NK_OP_AUTH].block != 0; /* the protocol's line said so */
+    uint64_t found = c->iops[NK_OP_META_GET - NK_OP_AUTH].block; /* the protocol's line said so */
+    if (found == 2) { /* as the embedded backend does on a node still loading */
+        kvlog(KVLOG_WARNING, "blockdev: backend %s is loading its data: the device's size and block size are not "
+                             "checked against the record in the store", x->name);
+        return 0;
+    }
     rc = nbd_meta_check(found ? have : NULL, strlen(have), cfg, rec, sizeof rec, err, errlen);
     if (rc <= 0)
         return rc;

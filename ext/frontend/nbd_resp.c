@@ -109,6 +109,10 @@ static int resp_line(struct nk_conn *c, struct nbd_kvop *op, char *line, size_t 
         op->rc = expect_ok ? 0 : -EIO;
         return NK_LINE_DONE;
     case '-':
+        if (op->kind == NK_OP_META_GET && !strncmp(line, "-LOADING", 8)) {
+            op->block = 2; /* the node is loading its state: it cannot say yet */
+            return NK_LINE_DONE;
+        }
         op->rc = !strncmp(line, "-OOM", 4) ? -ENOSPC : -EIO;
         nk_conn_note(c, "%s refused: %.200s", kind_name(op->kind), line + 1);
         return NK_LINE_DONE;
