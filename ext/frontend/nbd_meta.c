@@ -36,19 +36,20 @@ int nbd_meta_check(const char *have, size_t have_len, const struct nbd_backend_c
         return -EINVAL;
     }
     if (bs != cfg->block_size || size > cfg->size) {
-        snprintf(err, errlen, "the store holds a block device of %" PRIu64 " bytes in %" PRIu32 "-byte blocks under key "
-                 "prefix \"%s\"; served as %" PRIu64 " bytes in %" PRIu32 "-byte blocks, %s. Serve it "
+        snprintf(err, errlen, "the store holds a block device of %" PRIu64 " bytes in %" PRIu32 "-byte blocks "
+                 "under key prefix \"%s\"; served as %" PRIu64 " bytes in %" PRIu32 "-byte blocks, %s. Serve it "
                  "with --size %" PRIu64 " --block-size %" PRIu32 " (or larger --size: a device may grow), or use "
                  "another key prefix (--key-prefix, or --export for the default one), or delete its keys (\"%s\" "
                  "followed by a block number, and \"%s" NBD_META_SUFFIX "\") to start over",
                  size, bs, prefix, cfg->size, cfg->block_size,
-                 bs != cfg->block_size ? "its blocks would read garbled" : "its blocks past the new end would be out of reach",
+                 bs != cfg->block_size ? "its blocks would read garbled"
+                                       : "its blocks past the new end would be out of reach",
                  size, bs, prefix, prefix);
         return -EINVAL;
     }
     if (size == cfg->size || cfg->read_only)
         return 0;
-    kvlog(KVLOG_NOTICE, "blockdev: the device under key prefix \"%s\" is served larger: its record goes from %" PRIu64 " to %" PRIu64 " bytes",
-          prefix, size, cfg->size);
+    kvlog(KVLOG_NOTICE, "blockdev: the device under key prefix \"%s\" is served larger: its record goes from %" PRIu64
+          " to %" PRIu64 " bytes", prefix, size, cfg->size);
     return 1;
 }
