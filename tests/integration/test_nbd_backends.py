@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from helpers.netkv import KVServer
+from helpers.pair import stop_process
 from helpers.servers import PASSWORD, free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -198,7 +199,7 @@ def test_server_killed_mid_flight(binary, server_of, kind, durability):
     d = Driver(binary, srv.url, prefix(), "kill", *(["durable"] if durability == "disk" else []))
     try:
         d.expect("FREEZE")
-        os.kill(srv.pid, signal.SIGSTOP)  # requests pile up unanswered
+        stop_process(srv.pid)  # requests pile up unanswered (every thread stopped before they are sent)
         d.reply()
         d.expect("KILL")
         srv.stop(sig=signal.SIGKILL)      # the kernel resets its connections
@@ -219,7 +220,7 @@ def test_server_stops_answering(binary, server_of, kind):
     d = Driver(binary, srv.url, prefix(), "stall")
     try:
         d.expect("FREEZE")
-        os.kill(srv.pid, signal.SIGSTOP)
+        stop_process(srv.pid)
         d.reply()
         d.expect("THAW")
         os.kill(srv.pid, signal.SIGCONT)

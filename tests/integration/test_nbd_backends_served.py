@@ -17,6 +17,7 @@ import pytest
 from kvstore._native import ffi, lib
 
 from helpers.netkv import KVServer
+from helpers.pair import stop_process
 from helpers.servers import PASSWORD, need
 
 pytestmark = pytest.mark.skipif(not hasattr(lib, "nbd_create"), reason="the NBD server is not built in")
@@ -140,7 +141,7 @@ def test_kv_server_killed_under_a_copy(kv_server, served, kind):
         deadline = time.monotonic() + 30
         while dev.stats().kv_puts < 256 and time.monotonic() < deadline:  # the copy is under way
             time.sleep(0.01)
-        os.kill(srv.pid, signal.SIGSTOP)  # the copy cannot finish now: its writes wait for replies
+        stop_process(srv.pid)  # the copy cannot finish now: its writes wait for replies
         srv.stop(sig=signal.SIGKILL)
         err = copy.communicate(timeout=TIMEOUT)[1]
     finally:
