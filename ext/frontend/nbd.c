@@ -47,6 +47,8 @@ static int check(const struct nbd_config *c, char *err, size_t errlen)
         BAD("threads %d: expected 1 to %d", c->threads, NBD_MAX_THREADS);
     if (c->conns_per_thread < 1 || c->conns_per_thread > NBD_MAX_CONNS_PER_THREAD)
         BAD("connections per thread %d: expected 1 to %d", c->conns_per_thread, NBD_MAX_CONNS_PER_THREAD);
+    if (c->busy_poll_us < 0 || c->busy_poll_us > NBD_MAX_BUSY_POLL_US)
+        BAD("busy poll %d us: expected 0 (off) to %d", c->busy_poll_us, NBD_MAX_BUSY_POLL_US);
     if (c->port < -1 || c->port > 65535)
         BAD("port %d: expected 0 to 65535 (0: any free port), or -1 for no TCP listener", c->port);
     int has_unix = c->unix_path && *c->unix_path;
@@ -188,6 +190,7 @@ int nbd_create(struct nbd_server **out, const struct nbd_config *cfg, struct kv_
     s->port = cfg->port;
     s->threads = cfg->threads;
     s->conns_per_thread = cfg->conns_per_thread;
+    s->busy_poll_ns = (uint64_t)cfg->busy_poll_us * 1000;
     s->read_only = !!cfg->read_only;
     s->max_clients = cfg->max_clients > 0 ? cfg->max_clients : 1024;
     s->size = cfg->size;

@@ -57,7 +57,17 @@ struct nbd_config {
      * NBD_TLS_REQUIRE lets anyone who reaches it read and write the device: refused
      * unless this is set (Redis's "protected-mode no"). */
     int allow_plain_remote;
+    /* After a round that did work, poll the thread's sockets without sleeping
+     * for up to this many microseconds (0 = always sleep in epoll_wait): at queue
+     * depth 1 the client's next request arrives a few microseconds after the
+     * reply, and a sleep and wake-up costs more than that. Not while requests
+     * wait for a network backend, and not again after a few windows in a row
+     * found nothing (nbd_conn.c's next_events), so an idle or slow client costs
+     * no CPU. 0..NBD_MAX_BUSY_POLL_US. */
+    int busy_poll_us;
 };
+
+#define NBD_MAX_BUSY_POLL_US 1000
 
 enum { NBD_TLS_OFF = 0, NBD_TLS_ON = 1, NBD_TLS_REQUIRE = 2 };
 

@@ -149,6 +149,8 @@ struct nbd_thread {
     struct nbd_conn *dead;    /* closed connections to free at the round's end */
     int hs_conns;             /* connections still negotiating: epoll_wait wakes to time them out */
     uint64_t next_hs_sweep;   /* when they are next checked (ms, CLOCK_MONOTONIC) */
+    unsigned spin_misses;     /* busy-poll windows in a row that found nothing */
+    unsigned spin_rounds;     /* rounds since spinning stopped paying (one in SPIN_RETRY tries again) */
     struct nbd_req *pool;     /* free requests with NBD_POOL_DATA bytes of data */
     int npool;
     char **blocks;            /* free scratch blocks */
@@ -171,6 +173,7 @@ struct nbd_server {
     int port, threads, conns_per_thread, read_only, max_clients;
     uint64_t size;
     uint32_t block_size, bs_shift;
+    uint64_t busy_poll_ns;    /* next_events' polling window after a round that did work (0: none) */
     const struct nbd_backend_ops *be;
     struct kv_engine *eng;
     int tcp_fd, unix_fd, tcp_port;

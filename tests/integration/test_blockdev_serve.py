@@ -5,10 +5,11 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
-from helpers.blockdev import READY, Backend, Device, have_our_server, nbdsh
+from helpers.blockdev import READY, SYSTEM_PATH, Backend, Device, have_our_server, nbdsh
 from helpers.servers import PASSWORD
 from kvstore.process import Process
 
@@ -140,6 +141,54 @@ def test_threads_times_connections_per_thread_reach_the_backend(tmp_path, thread
     finally:
         dev.stop()
         redis.stop()
+
+
+def _cpu_seconds(pid):
+    """User + system CPU time of a process so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_busy_poll_stops_when_it_does_not_pay(tmp_path):
+    """With the longest window (1 ms), a client slower than the window (a request every ~1.2 ms)
+    makes the workers give up polling after a few empty windows: the server's CPU stays well
+    below the one core that polling through every gap would take; and with the client connected
+    but idle the server takes (almost) no CPU."""
+    dev = Device("kvstore", "8M", "--busy-poll-us", 1000, "--threads", 1, "--durability", "none", "--port", 0,
+                 "--data-dir", tmp_path / "data", workdir=str(tmp_path)).start()
+    code = "\n".join([
+        "import sys, time",
+        "def cpu():",
+        f"    f = open('/proc/{dev.proc.pid}/stat').read().rpartition(')')[2].split()",
+        "    return time.monotonic(), (int(f[11]) + int(f[12])) / os.sysconf('SC_CLK_TCK')",
+        "import os",
+        "w0, c0 = cpu()",
+        "for i in range(2000):",
+        "    h.pwrite(i.to_bytes(4, 'little') * 1024, (i % 2048) * 4096)",
+        "    time.sleep(0.0012)",
+        "w1, c1 = cpu()",
+        "print(int.from_bytes(h.pread(4, 1999 * 4096), 'little'), c1 - c0, w1 - w0, flush=True)",
+        "sys.stdin.readline()",  # idle, connected, until the test has measured
+        "print(len(h.pread(4096, 0)))",
+    ])
+    client = subprocess.Popen(["nbdsh", "-u", dev.uri, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=dict(os.environ, PATH=SYSTEM_PATH))
+    try:
+        last, paced_cpu, paced_wall = client.stdout.readline().split()
+        assert last == "1999"
+        assert float(paced_cpu) < 0.5 * float(paced_wall), \
+            f"the server took {paced_cpu} s of CPU in {paced_wall} s of requests slower than its window"
+        time.sleep(0.2)
+        before = _cpu_seconds(dev.proc.pid)
+        time.sleep(3)
+        idle = _cpu_seconds(dev.proc.pid) - before
+        out, _ = client.communicate("go\n", timeout=60)
+        assert out.split() == ["4096"] and client.returncode == 0, out
+        assert idle < 0.3, f"the server took {idle:.2f} s of CPU in 3 s while its client was idle"
+    finally:
+        client.kill()
+        dev.stop()
 
 
 @pytest.mark.parametrize("prefix", [None, "disk7:"])

@@ -199,7 +199,10 @@ def test_create_errors_name_the_setting():
     out, err = ffi.new("struct nbd_server **"), ffi.new("char[256]")
     assert lib.nbd_create(out, cfg, ffi.NULL, err, 256) < 0
     assert "block size 3000" in ffi.string(err).decode()
-    cfg.block_size = BS
+    cfg.block_size, cfg.busy_poll_us = BS, 1001
+    assert lib.nbd_create(out, cfg, ffi.NULL, err, 256) < 0
+    assert "busy poll 1001 us: expected 0 (off) to 1000" in ffi.string(err).decode()
+    cfg.busy_poll_us = 0
     assert lib.nbd_create(out, cfg, ffi.NULL, err, 256) < 0  # embedded without an engine
     assert "embedded" in ffi.string(err).decode()
     keep.append(ffi.new("char[]", b"nosuch://x"))

@@ -13,7 +13,7 @@ from kvstore.blockdev import SHARED_TLS
 
 SETTINGS = BlockdevConfig.settings()
 NBD_CONFIG_FIELDS = {"bind", "port", "unix_path", "export_name", "description", "size", "block_size", "threads",
-                     "conns_per_thread", "read_only", "max_clients", "backend", "key_prefix",
+                     "conns_per_thread", "busy_poll_us", "read_only", "max_clients", "backend", "key_prefix",
                      "tls", "tls_cert_file", "tls_key_file", "tls_ca_cert_file", "tls_psk_file", "tls_auth_clients",
                      "allow_plain_remote"}  # ext/frontend/nbd.h
 
@@ -36,7 +36,7 @@ def test_defaults_follow_the_contract():
     v = c.c_values()
     assert set(v) == NBD_CONFIG_FIELDS
     assert v == dict(v, bind="127.0.0.1", port=10809, unix_path="", export_name="kvstore", size=1 << 30,
-                     block_size=4096, conns_per_thread=1, read_only=0, backend="embedded", key_prefix="nbd:kvstore:",
+                     block_size=4096, conns_per_thread=1, busy_poll_us=20, read_only=0, backend="embedded", key_prefix="nbd:kvstore:",
                      tls=0, allow_plain_remote=0)  # TLS off; protected: no plain listener beyond loopback
     assert v["threads"] >= 1  # 0 = one per core
     assert BlockdevConfig(size="1G", export="disk2").validate().c_values()["key_prefix"] == "nbd:disk2:"
@@ -59,6 +59,8 @@ def test_unix_alone_means_no_tcp_listener_and_both_may_be_given():
     (dict(size="1G", listen="127.0.0.1:70000"), "listen: expected IPV4:PORT"),
     (dict(size="1G", threads=65), "threads: expected an integer from 0 .* to 64, got 65"),
     (dict(size="1G", connections_per_thread=0), "connections_per_thread: expected an integer from 1 to 16"),
+    (dict(size="1G", busy_poll_us=1001), "busy_poll_us: expected microseconds from 0 .off. to 1000, got 1001"),
+    (dict(size="1G", busy_poll_us=-1), "busy_poll_us: expected microseconds from 0 .off. to 1000, got -1"),
     (dict(size="1G", unix="/" + "x" * 120), "unix: a socket path is at most 107 bytes"),
     (dict(size="1G", read_only="yes"), "read_only: expected true or false"),
 ])
