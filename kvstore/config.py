@@ -652,7 +652,7 @@ class BlockdevConfig:
         1, "Network backends: connections of each worker thread to the backend; a block's requests always "
            "use the same one.", min=1, max=16, c="conns_per_thread")
     busy_poll_us: int = setting(
-        20, "After serving requests, a worker polls its sockets this many microseconds before sleeping (0 = "
+        50, "After serving requests, a worker polls its sockets this many microseconds before sleeping (0 = "
             "never): at queue depth 1 the next request comes sooner than a sleep and wake-up, which is most of "
             "the latency. Not while requests wait for a network backend, and it stops after a few windows that "
             "found nothing, so an idle device costs no CPU.", min=0, max=1000,

@@ -36,7 +36,7 @@ def test_defaults_follow_the_contract():
     v = c.c_values()
     assert set(v) == NBD_CONFIG_FIELDS
     assert v == dict(v, bind="127.0.0.1", port=10809, unix_path="", export_name="kvstore", size=1 << 30,
-                     block_size=4096, conns_per_thread=1, busy_poll_us=20, read_only=0, backend="embedded", key_prefix="nbd:kvstore:",
+                     block_size=4096, conns_per_thread=1, busy_poll_us=50, read_only=0, backend="embedded", key_prefix="nbd:kvstore:",
                      tls=0, allow_plain_remote=0)  # TLS off; protected: no plain listener beyond loopback
     assert v["threads"] >= 1  # 0 = one per core
     assert BlockdevConfig(size="1G", export="disk2").validate().c_values()["key_prefix"] == "nbd:disk2:"
