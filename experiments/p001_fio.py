@@ -176,8 +176,9 @@ class Device:
             scheme = {"kvstore-node": "kvstore", "redis": "redis", "memcached": "memcached"}[self.backend]
             backend = ["--backend", f"{scheme}://127.0.0.1:{self.kv.port}"]
         where = ["--unix", sock] if unix else ["--listen", "127.0.0.1:0"]  # the ready line says the port
+        poll = [] if self.args.busy_poll_us is None else ["--busy-poll-us", self.args.busy_poll_us]
         return Process([sys.executable, "-m", "kvstore.cli", "blockdev", "serve", "--size", size, *backend, *where,
-                        "--threads", self.args.nbd_threads], ready_line=READY, name=f"blockdev-{self.backend}")
+                        "--threads", self.args.nbd_threads, *poll], ready_line=READY, name=f"blockdev-{self.backend}")
 
     def start(self):
         t0 = time.monotonic()
@@ -325,8 +326,11 @@ def targets_of(args):
 def measure(args):
     backends, targets = backends_of(args), targets_of(args)
     loads = [BY_LOAD[n] for n in args.loads]
+    # --rerun measures again only the points of the loads, targets and backends named (the rest stay)
+    names = {ld.name for ld in loads}
     sweep = common.Sweep(args.csv, ("round", "target", "load", "backend"),
-                         args.rounds * len(targets) * len(loads) * len(backends), args)
+                         args.rounds * len(targets) * len(loads) * len(backends), args,
+                         selected=lambda r: r["load"] in names and r["target"] in targets and r["backend"] in backends)
     dropped = {}
     try:
         for rnd in range(args.rounds):
@@ -478,6 +482,8 @@ def add_args(ap):
     ap.add_argument("--runtime", type=float, default=5.0, help="measured seconds per point")
     ap.add_argument("--ramp", type=float, default=1.0, help="warm-up seconds per point, not measured")
     ap.add_argument("--nbd-threads", type=int, default=2, help="kvstore blockdev serve --threads")
+    ap.add_argument("--busy-poll-us", type=int, default=None,
+                    help="kvstore blockdev serve --busy-poll-us (default: the server's own default)")
     ap.add_argument("--kv-threads", type=int, default=2, help="threads of the kvstore node and of memcached")
 
 
