@@ -36,6 +36,10 @@
                   against a model (fields in Redis's listpack order), then the decoder and
                   the writers fed damaged encodings and random bytes, each in a buffer of
                   exactly its size; -fsanitize=address,undefined
+  stream_test.c   ext/core/stream*.c, a stream value: ID rules at their edges, random
+                  XADD/XDEL/trims against a sorted model (ranges both ways, batches' bounds
+                  and numbers, exact memory count), then consumer groups' PEL against a
+                  sorted model; -fsanitize=address,undefined
   bosc_stress.c   the table with a BOSC data file behind it (spill mode): concurrent
                   workers checked against per-thread models while the flusher evicts
                   and keys are loaded back, then DBSIZE, a restart on the same file and
@@ -79,6 +83,7 @@ BIN = HERE / "bin"
 SEED = int(os.environ.get("KVSTORE_C_SEED", "1"))
 TABLE_OPS = 500_000      # operations per worker thread and phase
 FUZZ_ITERATIONS = 200_000
+STREAM_ROUNDS = 4_000    # stream_test: each round checks the whole stream against the model
 LDU_OPS = 1_000_000      # ldu_log calls per producer thread
 BOSC_OPS = 60_000        # per worker thread (4): ~5 s under TSan on an idle 2-core machine
 TABLE_OPS_ROUNDS = 30     # table_ops_stress: full scans; x100 increments and transactions
@@ -110,7 +115,9 @@ def _ext(*names):
 
 
 # The C files each stress binary links (paths under ext/), by component.
-TABLE = [str(p) for p in sorted(EXT.glob("core/table*.c"))] + _ext("core/siphash.c", "core/ldu.c")
+STREAM = [str(p) for p in sorted(EXT.glob("core/stream*.c"))]  # a stream value's parts, however split
+# the table, with what its stream keys need
+TABLE = [str(p) for p in sorted(EXT.glob("core/table*.c"))] + _ext("core/siphash.c", "core/ldu.c") + STREAM
 WAL = [str(p) for p in sorted(EXT.glob("durability/wal*.c"))] + _ext(  # the log's parts, however split
     "core/crc32c.c", "core/log.c", "core/latmon.c")
 BOSC = [str(p) for p in sorted(EXT.glob("durability/bosc_*.c"))]  # the data file's parts, however split
@@ -139,6 +146,7 @@ BUILDS = {
     "resp_fuzz_asan": (["resp_fuzz.c", *_ext("proto/resp.c")], ASAN_UBSAN),
     "hashenc_fuzz_asan": (["hashenc_fuzz.c", *_ext("core/hashenc.c", "core/siphash.c")], ASAN_UBSAN),
     "nbd_proto_test_asan": (["nbd_proto_test.c", *_ext("proto/nbd.c")], ASAN_UBSAN),
+    "stream_test_asan": (["stream_test.c", *STREAM], ASAN_UBSAN),
     # 4 KiB chunks (1 MiB in the server): records cross many chunk boundaries
     "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN + ["-DWAL_CHUNK_BYTES=4096"]),
     "wal_stress_asan": (["wal_stress.c", *WAL, *TABLE], ASAN_UBSAN + ["-DWAL_CHUNK_BYTES=4096"]),
@@ -236,6 +244,12 @@ def test_resp_fuzz_asan_ubsan(binaries, seed_offset):
 def test_hashenc_fuzz_asan_ubsan(binaries, seed_offset):
     out = _run(binaries("hashenc_fuzz_asan"), SEED + seed_offset, FUZZ_ITERATIONS)
     assert "values" in out and "valid" in out
+
+
+@pytest.mark.parametrize("seed_offset", [0, 1])
+def test_stream_asan_ubsan(binaries, seed_offset):
+    out = _run(binaries("stream_test_asan"), SEED + seed_offset, STREAM_ROUNDS)
+    assert "added" in out and "deliveries" in out
 
 
 @pytest.mark.parametrize("seed_offset", [0, 1])

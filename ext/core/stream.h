@@ -1,0 +1,352 @@
+/* stream.h - a stream value (Redis 7 streams, paper 004's message queue): entries
+ * appended into batches, consumer groups with their pending entries.
+ *
+ * Entries: an ID (ms-seq, strictly increasing) and one or more field-value
+ * pairs, appended into the stream's open batch. A batch is a compact run of
+ * consecutive entries in one allocation; it is sealed (never appended to again)
+ * when it holds XS_BATCH_BYTES of entries or XS_BATCH_ENTRIES of them, or when
+ * it is older than the seal age the caller passes: then a sealed batch is at
+ * most one datagram of entries (paper 004's batch transfer) unless one entry is
+ * larger than that alone. A stream is its batches in ID order, numbered from 0 as
+ * they are created (a batch keeps its number until it is trimmed away), found by
+ * binary search on their first IDs for XRANGE. XDEL marks an entry deleted in
+ * its batch (its bytes go when the batch does) and bumps the batch's version,
+ * so a copy of the batch made before (a pull cache slot) is known stale.
+ * Trimming removes whole batches from the front; an exact trim also marks the
+ * first entries of the batch it stops in deleted.
+ *
+ * Batch entry encoding (bytes in b->data, one after another):
+ *     u8 flags                        XS_F_DELETED
+ *     varint ms - b->first.ms          (IDs only grow, so never negative)
+ *     varint seq
+ *     varint nfields                   >= 1
+ *     nfields times: varint flen, field bytes, varint vlen, value bytes
+ * A varint is unsigned LEB128 (core/varint.h). The same bytes are what a pull
+ * of the batch carries and what xs_encode writes, so a snapshot is a copy of
+ * the batches.
+ *
+ * Consumer groups (xs_group): the last delivered ID, the count of entries read
+ * (for XINFO's lag), the pending entries list (PEL: delivered and not yet
+ * acknowledged, ordered by ID, with owner, delivery time and count) and the
+ * consumers. See stream_group.c.
+ *
+ * Memory: every allocation is counted in s->mem (malloc_usable_size), which the
+ * table charges against its bound. Threads: none; a stream belongs to its key and
+ * is used under the key's shard lock.
+ */
+#ifndef KV_STREAM_H
+#define KV_STREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/list.h"
+
+#define XS_BATCH_BYTES 1400 /* a sealed batch fits a 1500-byte datagram with its headers */
+#define XS_BATCH_ENTRIES 128
+#define XS_F_DELETED 1u
+#define XS_MAX_FIELDS (1u << 20) /* field-value pairs of one entry */
+
+struct xs_id {
+    uint64_t ms, seq;
+};
+
+static inline int xs_cmp(struct xs_id a, struct xs_id b)
+{
+    if (a.ms != b.ms)
+        return a.ms < b.ms ? -1 : 1;
+    return a.seq < b.seq ? -1 : a.seq > b.seq;
+}
+
+static inline int xs_is_zero(struct xs_id a) { return !a.ms && !a.seq; }
+
+#define XS_ID_MIN ((struct xs_id){0, 0})
+#define XS_ID_MAX ((struct xs_id){UINT64_MAX, UINT64_MAX})
+
+/* The ID right after / before a (saturating: *ok = 0 at the end of the range). */
+struct xs_id xs_id_next(struct xs_id a, int *ok);
+struct xs_id xs_id_prev(struct xs_id a, int *ok);
+
+/* "ms-seq" into buf (at least XS_ID_STR bytes); returns the length. */
+#define XS_ID_STR 42
+int xs_id_format(struct xs_id id, char *buf);
+/* Parse an ID argument as Redis 7.0 does (streamGenericParseIDOrReply): "ms" or
+ * "ms-seq", each part 64 bits at most (string2ull: leading blanks, a '+' and
+ * leading zeros pass), at most XS_ID_ARG_MAX bytes; "-" and "+" are 0-0 and the
+ * largest ID unless strict. missing_seq: the seq of a bare "ms". seq_star (XADD
+ * only, else NULL): "ms-*" is accepted and sets *seq_star = 1. 0 or -EINVAL. */
+#define XS_ID_ARG_MAX 127
+int xs_id_parse(const char *p, size_t n, int strict, uint64_t missing_seq, struct xs_id *out, int *seq_star);
+
+struct xs_batch {
+    struct xs_id first, last;   /* IDs of its first and last entry (deleted ones included) */
+    uint64_t no;                /* its number in the stream */
+    uint32_t len, cap;          /* entry bytes used, allocated */
+    uint32_t count, deleted;    /* entries, of which deleted */
+    uint32_t version;           /* bumped by every change after the batch was sealed */
+    uint32_t sealed;
+    int64_t born_ms;            /* when its first entry was added */
+    unsigned char data[];
+};
+
+struct xs_group;
+struct xstream {
+    struct xs_batch **b;        /* batches b[head .. head + n) in ID order */
+    size_t head, n, cap;
+    uint64_t next_no;           /* the number the next batch gets */
+    uint64_t length;            /* live entries */
+    uint64_t entries_added;     /* every entry ever added (XINFO, lag) */
+    struct xs_id last_id;       /* the largest ID ever added or set (XSETID) */
+    struct xs_id max_deleted;   /* the largest ID ever deleted by XDEL (lag) */
+    struct list groups;         /* struct xs_group, in creation order */
+    size_t ngroups;
+    size_t mem;                 /* bytes allocated for this stream, the struct included */
+    /* the table's (core/table_stream.c): */
+    size_t charged;             /* the bytes of mem its memory count holds */
+    uint64_t lsn;               /* the log record of its last change (kept in its bytes, so that
+                                   replay after a data-file load skips what the load holds) */
+};
+
+/* One field-value pair, pointing into the caller's or the batch's memory. */
+struct xs_field {
+    const char *f, *v;
+    size_t flen, vlen;
+};
+
+/* An entry read from a batch (valid until the stream changes). */
+struct xs_entry {
+    struct xs_id id;
+    int deleted;
+    uint32_t nfields;
+    const unsigned char *fields, *end; /* the encoded pairs: xs_field_next */
+    const struct xs_batch *batch;
+    size_t off;                 /* the entry's offset in its batch */
+};
+
+/* Next pair of e, advancing *p (start: *p = e->fields). 1, or 0 at the end. */
+int xs_field_next(const struct xs_entry *e, const unsigned char **p, struct xs_field *out);
+
+struct xstream *xs_new(void);
+void xs_free(struct xstream *s);
+
+/* The ID XADD gives: explicit (seq_star 0) must be above last_id and above 0-0;
+ * "ms-*" (seq_star 1) takes the next seq of ms; "*" (auto 1) the current time,
+ * or last_id's ms when the clock is behind. Returns 0, or XS_E_* below. */
+enum {
+    XS_E_ZERO = -1001,       /* explicit 0-0 */
+    XS_E_SMALL = -1002,      /* not above the top item */
+    XS_E_EXHAUSTED = -1003,  /* "*" and last_id is the largest ID */
+};
+int xs_next_id(const struct xstream *s, int autoid, int seq_star, struct xs_id given, uint64_t now_ms,
+               struct xs_id *out);
+/* Append an entry with id (> last_id: the caller got it from xs_next_id) and
+ * nf >= 1 pairs. The open batch is sealed first if it is full or born before
+ * now_ms - seal_ms (seal_ms 0: no age bound). Returns 0, -ENOMEM or -E2BIG (an
+ * entry over 512 MiB). */
+int xs_add(struct xstream *s, struct xs_id id, const struct xs_field *f, size_t nf, int64_t now_ms,
+           int64_t seal_ms);
+/* Seal the open batch if it is born at or before older_than_ms. 1 sealed, 0 not. */
+int xs_seal_aged(struct xstream *s, int64_t older_than_ms);
+
+/* Mark the live entry id deleted: 1 done, 0 no such live entry. */
+int xs_del(struct xstream *s, struct xs_id id);
+
+/* Trimming (XTRIM and XADD's MAXLEN/MINID) is planned, then cut, so that the
+ * cut (which does not depend on how the entries fall into batches) is what a
+ * log record carries. xs_trim_plan: by_minid 0: keep at most maxlen live
+ * entries; 1: remove the entries below minid. approx: only whole batches, and
+ * (limit > 0) no more than limit entries; an exact trim takes no limit.
+ * Returns the live entries the cut removes and fills cut. xs_cut removes every
+ * live entry below cut->below (all of them if cut->all): whole batches, and
+ * marks in the batch it stops in. */
+struct xs_cut {
+    int all;
+    struct xs_id below;
+};
+uint64_t xs_trim_plan(const struct xstream *s, int by_minid, uint64_t maxlen, struct xs_id minid, int approx,
+                      uint64_t limit, struct xs_cut *cut);
+void xs_cut(struct xstream *s, const struct xs_cut *cut);
+/* Plan and cut at once. Returns the live entries removed. */
+uint64_t xs_trim_maxlen(struct xstream *s, uint64_t threshold, int approx, uint64_t limit);
+uint64_t xs_trim_minid(struct xstream *s, struct xs_id minid, int approx, uint64_t limit);
+
+/* Iteration over [lo, hi], forward or backward (rev), live entries only unless
+ * with_deleted. */
+struct xs_iter {
+    const struct xstream *s;
+    struct xs_id lo, hi;
+    int rev, with_deleted;
+    size_t bi;                  /* batch index (relative to head) */
+    size_t off;                 /* next entry's offset (forward) */
+    /* backward: the batch's entry offsets, collected when the batch is entered */
+    size_t *offs, noffs, capoffs, oi;
+    int started, done;
+};
+void xs_iter_init(struct xs_iter *it, const struct xstream *s, struct xs_id lo, struct xs_id hi, int rev,
+                  int with_deleted);
+/* 1 with *e set, 0 at the end, -ENOMEM (backward only). */
+int xs_iter_next(struct xs_iter *it, struct xs_entry *e);
+void xs_iter_done(struct xs_iter *it);
+
+/* The first / last live entry: 1 found, 0 empty. */
+int xs_first(const struct xstream *s, struct xs_entry *e);
+int xs_last(const struct xstream *s, struct xs_entry *e);
+/* The live entry id: 1 found, 0 not. */
+int xs_lookup(const struct xstream *s, struct xs_id id, struct xs_entry *e);
+
+/* The batch with number no, or NULL (trimmed, not yet made). */
+const struct xs_batch *xs_batch_by_no(const struct xstream *s, uint64_t no);
+
+/* ---- consumer groups (stream_group.c) */
+
+struct xs_consumer {
+    struct list node;           /* in its group's consumers, in creation order */
+    char *name;
+    size_t nlen;
+    int64_t seen_ms;            /* its last read or claim (XINFO's idle) */
+    uint64_t pending;           /* its entries in the group's PEL */
+};
+
+/* A pending entry: delivered to owner, not yet acknowledged. */
+struct xs_nack {
+    struct xs_id id;
+    struct xs_consumer *owner;
+    int64_t delivery_ms;        /* last delivery */
+    uint64_t delivery_count;
+    struct xs_nack *l, *r;      /* the PEL's AVL tree, by id */
+    int h;
+};
+
+#define XS_ENTRIES_READ_UNKNOWN (-1)
+
+struct xs_group {
+    struct list node;           /* in the stream's groups, in creation order */
+    char *name;
+    size_t nlen;
+    struct xs_id last_id;       /* the last entry delivered */
+    int64_t entries_read;       /* entries the group has read, or XS_ENTRIES_READ_UNKNOWN */
+    struct xs_nack *pel;
+    uint64_t npel;
+    struct list consumers;
+    size_t nconsumers;
+};
+
+struct xs_group *xs_group_find(const struct xstream *s, const char *name, size_t nlen);
+/* A new group (the caller checked that name is free). NULL: out of memory. */
+struct xs_group *xs_group_create(struct xstream *s, const char *name, size_t nlen, struct xs_id last_id,
+                                 int64_t entries_read);
+void xs_group_destroy(struct xstream *s, struct xs_group *g);
+struct xs_consumer *xs_consumer_find(const struct xs_group *g, const char *name, size_t nlen);
+/* A new consumer (the caller checked that name is free). NULL: out of memory. */
+struct xs_consumer *xs_consumer_create(struct xstream *s, struct xs_group *g, const char *name, size_t nlen,
+                                       int64_t now_ms);
+/* Delete c and its pending entries; returns how many it had. */
+uint64_t xs_consumer_delete(struct xstream *s, struct xs_group *g, struct xs_consumer *c);
+
+struct xs_nack *xs_pel_find(const struct xs_group *g, struct xs_id id);
+/* The first pending entry with id >= from (> from if exclusive), or NULL. */
+struct xs_nack *xs_pel_ceil(const struct xs_group *g, struct xs_id from, int exclusive);
+/* The last pending entry, or NULL. */
+struct xs_nack *xs_pel_last(const struct xs_group *g);
+/* Deliver id to owner: a new pending entry (count 1) or, if pending already, it
+ * changes owner and gets count + 1. Returns the entry, NULL out of memory. */
+struct xs_nack *xs_pel_deliver(struct xstream *s, struct xs_group *g, struct xs_id id, struct xs_consumer *owner,
+                               int64_t now_ms);
+/* Give a pending entry to another consumer. */
+void xs_pel_chown(struct xs_nack *n, struct xs_consumer *owner);
+/* Remove id from the PEL: 1 removed, 0 not pending. */
+int xs_pel_remove(struct xstream *s, struct xs_group *g, struct xs_id id);
+
+/* Delivering id to the group moves its last delivered ID and keeps its read
+ * counter (Redis 7's rules: counted on while nothing ahead was deleted, else
+ * estimated). */
+void xs_group_advance(const struct xstream *s, struct xs_group *g, struct xs_id id);
+/* The group's lag (entries added and not yet read): 1 with *lag, 0 unknown. */
+int xs_group_lag(const struct xstream *s, const struct xs_group *g, int64_t *lag);
+/* The read counter of id: the number of entries added up to it, or
+ * XS_ENTRIES_READ_UNKNOWN where deletions make it unknowable. */
+int64_t xs_entries_read_at(const struct xstream *s, struct xs_id id);
+/* The first live ID (0-0 when empty), as Redis's first_id. */
+struct xs_id xs_first_id(const struct xstream *s);
+
+/* ---- a whole stream as bytes (stream_snap.c): what the data file holds, what
+ * COPY and RESTORE-like paths copy, what a log record carries for a state set
+ * whole. Format (varints unless said):
+ *     u8 XS_SNAP_VERSION
+ *     lsn, next_no, entries_added, last_id (ms, seq), max_deleted (ms, seq)
+ *     nbatches, then each: no, first (ms, seq), u8 sealed, len, len bytes of entries
+ *     ngroups, then each: name (len, bytes), last_id (ms, seq), entries_read + 1,
+ *         nconsumers, each: name (len, bytes), seen_ms;
+ *         npel, each: id (ms, seq), owner (consumer index), delivery_ms, delivery_count
+ * xs_decode reads untrusted bytes (a damaged file or log): every length and
+ * count is bounded by the bytes left, entries are parsed whole, IDs must
+ * ascend, batch numbers ascend, names are unique, owners exist, and only the
+ * last batch may be open; anything else is -EBADMSG and nothing is allocated. */
+#define XS_SNAP_VERSION 1
+struct kvbuf;
+/* Append s's bytes to out. 0 or -ENOMEM. */
+int xs_encode(const struct xstream *s, struct kvbuf *out);
+/* A new stream from bytes: 0 with *out, -EBADMSG, -ENOMEM. */
+int xs_decode(const void *p, size_t n, struct xstream **out);
+
+/* ---- changes as bytes (stream_delta.c). A command changes a stream by
+ * building a delta (what it decided, with IDs, times and trim cuts resolved)
+ * and applying it; the table logs the same bytes, so recovery and a log peer
+ * replay exactly what ran, whatever the clock or the batch layout says then.
+ * A delta is a sequence of ops, each a byte XOP_* then varints:
+ *     CREATE                                  a new empty stream (the key was absent)
+ *     ADD      id, nf, nf x (flen, f, vlen, v)
+ *     DEL      n, n x id                      ids that are live entries
+ *     CUT      all (0/1), below id            xs_cut
+ *     SETID    last id, entries_added, max_deleted id
+ *     GCREATE  group, last id, entries_read + 1
+ *     GSETID   group, last id, entries_read + 1
+ *     GDESTROY group
+ *     CCREATE  group, consumer, seen_ms
+ *     CDELETE  group, consumer
+ *     DELIVER  group, consumer, now_ms, flags, n, n x id   (XREADGROUP: new entries with
+ *              XD_NEW move the group's last ID and read counter; XD_NOACK: no PEL entry)
+ *     ACK      group, n, n x id
+ *     CLAIM    group, consumer, seen_ms, n, n x (id, delivery_ms, delivery_count, force)
+ * (group and consumer: a name, length then bytes). xs_apply first checks the
+ * whole delta's form (untrusted when replayed), then applies it op by op; an op
+ * the stream's state does not allow (an ADD not above last_id, a group that is
+ * not there) stops it with -EINVAL: ops before it stay applied. */
+enum { XOP_CREATE = 1, XOP_ADD, XOP_DEL, XOP_CUT, XOP_SETID, XOP_GCREATE, XOP_GSETID, XOP_GDESTROY, XOP_CCREATE,
+       XOP_CDELETE, XOP_DELIVER, XOP_ACK, XOP_CLAIM, XOP_LAST = XOP_CLAIM };
+#define XD_NEW 1u
+#define XD_NOACK 2u
+struct xd_claim {
+    struct xs_id id;
+    int64_t delivery_ms;
+    uint64_t delivery_count;
+    int force;                  /* create the pending entry if it is not there */
+};
+/* Builders: append one op to d. 0 or -ENOMEM. */
+int xd_create(struct kvbuf *d);
+int xd_add(struct kvbuf *d, struct xs_id id, const struct xs_field *f, size_t nf);
+int xd_del(struct kvbuf *d, const struct xs_id *ids, size_t n);
+int xd_cut(struct kvbuf *d, const struct xs_cut *cut);
+int xd_setid(struct kvbuf *d, struct xs_id last, uint64_t entries_added, struct xs_id max_deleted);
+/* op XOP_GCREATE or XOP_GSETID */
+int xd_group(struct kvbuf *d, int op, const char *g, size_t gl, struct xs_id last, int64_t entries_read);
+int xd_gdestroy(struct kvbuf *d, const char *g, size_t gl);
+/* op XOP_CCREATE or XOP_CDELETE (seen_ms unused) */
+int xd_consumer(struct kvbuf *d, int op, const char *g, size_t gl, const char *c, size_t cl, int64_t seen_ms);
+int xd_deliver(struct kvbuf *d, const char *g, size_t gl, const char *c, size_t cl, int64_t now_ms, unsigned flags,
+               const struct xs_id *ids, size_t n);
+int xd_ack(struct kvbuf *d, const char *g, size_t gl, const struct xs_id *ids, size_t n);
+int xd_claim(struct kvbuf *d, const char *g, size_t gl, const char *c, size_t cl, int64_t seen_ms,
+             const struct xd_claim *items, size_t n);
+/* Apply delta [p, p+n) to *s (NULL: absent; CREATE makes it); now_ms and
+ * seal_ms as xs_add's (they only decide where batches end). Returns 0,
+ * -EBADMSG (malformed: nothing applied), -EINVAL (see above), -ENOMEM. */
+int xs_apply(struct xstream **s, const void *p, size_t n, int64_t now_ms, int64_t seal_ms);
+/* The form check alone: 0 or -EBADMSG. */
+int xs_delta_check(const void *p, size_t n);
+
+/* Decode the entry at b->data + off (bytes of a batch of this stream, or of one
+ * xs_decode accepted). Returns the offset after it. */
+size_t xs_entry_at(const struct xs_batch *b, size_t off, struct xs_entry *e);
+
+#endif

@@ -1,0 +1,225 @@
+/* stream_snap.c - a whole stream as bytes and back (format in stream.h). The
+ * decoder reads untrusted bytes: every count is bounded by the bytes left
+ * before anything is allocated for it, and every rule the rest of stream.c
+ * relies on (IDs ascending, entries well formed, one open batch at most, unique
+ * names, existing owners) is checked, so a stream that decodes is one that
+ * stream.c could have built. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/stream.h"
+#include "core/stream_int.h"
+
+int xs_encode(const struct xstream *s, struct kvbuf *out)
+{
+    struct wr w = {out, 0};
+    unsigned char v = XS_SNAP_VERSION;
+    w_bytes(&w, &v, 1);
+    w_u(&w, s->lsn);
+    w_u(&w, s->next_no);
+    w_u(&w, s->entries_added);
+    w_id(&w, s->last_id);
+    w_id(&w, s->max_deleted);
+    w_u(&w, s->n);
+    for (size_t i = 0; i < s->n; i++) {
+        const struct xs_batch *b = s->b[s->head + i];
+        unsigned char sealed = b->sealed ? 1 : 0;
+        w_u(&w, b->no);
+        w_id(&w, b->first);
+        w_bytes(&w, &sealed, 1);
+        w_u(&w, b->len);
+        w_bytes(&w, b->data, b->len);
+    }
+    w_u(&w, s->ngroups);
+    for (struct list *gn = s->groups.next; gn != &s->groups; gn = gn->next) {
+        const struct xs_group *g = list_entry(gn, struct xs_group, node);
+        w_name(&w, g->name, g->nlen);
+        w_id(&w, g->last_id);
+        w_u(&w, (uint64_t)(g->entries_read + 1));
+        w_u(&w, g->nconsumers);
+        for (struct list *cn = g->consumers.next; cn != &g->consumers; cn = cn->next) {
+            const struct xs_consumer *c = list_entry(cn, struct xs_consumer, node);
+            w_name(&w, c->name, c->nlen);
+            w_u(&w, (uint64_t)c->seen_ms);
+        }
+        w_u(&w, g->npel);
+        for (const struct xs_nack *n = xs_pel_ceil(g, XS_ID_MIN, 0); n; n = xs_pel_ceil(g, n->id, 1)) {
+            size_t idx = 0; /* the owner's index: consumers are few next to pending entries */
+            for (struct list *cn = g->consumers.next; list_entry(cn, struct xs_consumer, node) != n->owner;
+                 cn = cn->next)
+                idx++;
+            w_id(&w, n->id);
+            w_u(&w, idx);
+            w_u(&w, (uint64_t)n->delivery_ms);
+            w_u(&w, n->delivery_count);
+        }
+    }
+    return w.err;
+}
+
+/* Check a batch's entry bytes: entries whole, IDs ascending from first (and
+ * above *prev), flags known, at least one pair each. Sets count, deleted, last. */
+static int check_entries(struct xs_batch *b, struct xs_id *prev, int have_prev)
+{
+    const unsigned char *p = b->data, *end = b->data + b->len;
+    uint32_t count = 0, deleted = 0;
+    while (p < end) {
+        unsigned flags = *p++;
+        uint64_t dms, seq, nf, l;
+        if (flags & ~XS_F_DELETED)
+            return -EBADMSG;
+        if (get_varint(&p, end, &dms) || get_varint(&p, end, &seq) || get_varint(&p, end, &nf))
+            return -EBADMSG;
+        if (dms > UINT64_MAX - b->first.ms || !nf || nf > XS_MAX_FIELDS)
+            return -EBADMSG;
+        struct xs_id id = {b->first.ms + dms, seq};
+        if (count == 0 ? xs_cmp(id, b->first) != 0 : xs_cmp(id, *prev) <= 0)
+            return -EBADMSG;
+        if (count == 0 && have_prev && xs_cmp(id, *prev) <= 0)
+            return -EBADMSG;
+        for (uint64_t i = 0; i < 2 * nf; i++) {
+            if (get_varlen(&p, end, &l))
+                return -EBADMSG;
+            p += l;
+        }
+        *prev = id;
+        count++;
+        deleted += flags & XS_F_DELETED;
+    }
+    if (!count)
+        return -EBADMSG;
+    b->count = count;
+    b->deleted = deleted;
+    b->last = *prev;
+    return 0;
+}
+
+static int decode_batches(struct rd *r, struct xstream *s)
+{
+    uint64_t nb = r_count(r, 5);
+    struct xs_id prev = XS_ID_MIN;
+    uint64_t prev_no = 0;
+    for (uint64_t i = 0; i < nb && !r->err; i++) {
+        uint64_t no = r_u(r);
+        struct xs_id first = r_id(r);
+        int sealed = r_byte(r);
+        uint64_t len = r_u(r);
+        const unsigned char *data = r_bytes(r, len);
+        if (r->err || sealed > 1 || (i && no <= prev_no) || len > UINT32_MAX - 64)
+            return -EBADMSG;
+        if (i && !s->b[s->head + s->n - 1]->sealed)
+            return -EBADMSG; /* an open batch before another */
+        struct xs_batch *b = malloc(sizeof *b + len);
+        if (!b)
+            return -ENOMEM;
+        memset(b, 0, sizeof *b);
+        memcpy(b->data, data, len);
+        b->len = b->cap = (uint32_t)len;
+        b->first = first;
+        b->no = no;
+        b->sealed = (uint32_t)sealed;
+        int rc = check_entries(b, &prev, i > 0);
+        if (!rc && s->head + s->n == s->cap) {
+            size_t cap = s->cap ? s->cap * 2 : 4;
+            size_t was = xs_usable(s->b);
+            struct xs_batch **na = realloc(s->b, cap * sizeof *na);
+            if (!na)
+                rc = -ENOMEM;
+            else
+                s->b = na, s->cap = cap, s->mem = s->mem - was + xs_usable(na);
+        }
+        if (rc) {
+            free(b);
+            return rc;
+        }
+        s->b[s->n++] = b;
+        s->mem += xs_usable(b);
+        s->length += b->count - b->deleted;
+        prev_no = no;
+    }
+    return r->err;
+}
+
+static int decode_groups(struct rd *r, struct xstream *s)
+{
+    uint64_t ng = r_count(r, 6);
+    for (uint64_t i = 0; i < ng && !r->err; i++) {
+        uint64_t nl = r_u(r);
+        const unsigned char *name = r_bytes(r, nl);
+        struct xs_id last = r_id(r);
+        uint64_t er = r_u(r);
+        if (r->err || er > (uint64_t)INT64_MAX || xs_group_find(s, (const char *)name, nl))
+            return -EBADMSG;
+        struct xs_group *g = xs_group_create(s, (const char *)name, nl, last, (int64_t)er - 1);
+        if (!g)
+            return -ENOMEM;
+        uint64_t nc = r_count(r, 2);
+        struct xs_consumer **byidx = nc ? calloc(nc, sizeof *byidx) : NULL;
+        if (nc && !byidx)
+            return -ENOMEM;
+        int rc = 0;
+        for (uint64_t k = 0; k < nc && !rc; k++) {
+            uint64_t cl = r_u(r);
+            const unsigned char *cname = r_bytes(r, cl);
+            uint64_t seen = r_u(r);
+            if (r->err || seen > (uint64_t)INT64_MAX || xs_consumer_find(g, (const char *)cname, cl))
+                rc = -EBADMSG;
+            else if (!(byidx[k] = xs_consumer_create(s, g, (const char *)cname, cl, (int64_t)seen)))
+                rc = -ENOMEM;
+        }
+        uint64_t np = rc ? 0 : r_count(r, 5);
+        struct xs_id prev = XS_ID_MIN;
+        for (uint64_t k = 0; k < np && !rc; k++) {
+            struct xs_id id = r_id(r);
+            uint64_t owner = r_u(r), when = r_u(r), count = r_u(r);
+            if (r->err || owner >= nc || when > (uint64_t)INT64_MAX || (k && xs_cmp(id, prev) <= 0)) {
+                rc = -EBADMSG;
+                break;
+            }
+            struct xs_nack *n = xs_pel_deliver(s, g, id, byidx[owner], (int64_t)when);
+            if (!n)
+                rc = -ENOMEM;
+            else
+                n->delivery_count = count;
+            prev = id;
+        }
+        free(byidx);
+        if (rc)
+            return rc;
+    }
+    return r->err;
+}
+
+int xs_decode(const void *p, size_t n, struct xstream **out)
+{
+    struct rd r = {p, (const unsigned char *)p + n, 0};
+    if (r_byte(&r) != XS_SNAP_VERSION)
+        return -EBADMSG;
+    struct xstream *s = xs_new();
+    if (!s)
+        return -ENOMEM;
+    s->lsn = r_u(&r);
+    s->next_no = r_u(&r);
+    s->entries_added = r_u(&r);
+    s->last_id = r_id(&r);
+    s->max_deleted = r_id(&r);
+    int rc = r.err ? r.err : decode_batches(&r, s);
+    if (!rc && s->n) {
+        const struct xs_batch *b = s->b[s->n - 1];
+        if (b->no >= s->next_no || xs_cmp(b->last, s->last_id) > 0)
+            rc = -EBADMSG;
+    }
+    if (!rc && s->entries_added < s->length)
+        rc = -EBADMSG;
+    if (!rc)
+        rc = decode_groups(&r, s);
+    if (!rc && r.p != r.end)
+        rc = -EBADMSG; /* bytes after the stream */
+    if (rc) {
+        xs_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
