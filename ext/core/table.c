@@ -127,7 +127,7 @@ int kvt_get(struct kv_table *t, const void *key, size_t klen, kvt_read_fn fn, vo
     if (e) {
         cnt_add(&s->hits, 1);
         kvt_lsn_touch(e->lsn);
-        if (e->flags & E_HASH)
+        if (e->flags & E_TYPED)
             rc = KVT_WRONGTYPE;
         else if (fn)
             fn(arg, entry_val(e), e->vlen);
@@ -179,7 +179,7 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
     int op = KVT_LOG_SET | (type == KVT_HASH ? KVT_LOG_HASH : 0);
     if (old_fn && e) {
         kvt_lsn_touch(e->lsn);
-        if (e->flags & E_HASH) { /* SET ... GET on a hash: nothing changes */
+        if (e->flags & E_TYPED) { /* SET ... GET on a hash or a stream: nothing changes */
             rc = KVT_WRONGTYPE;
             goto out;
         }
@@ -195,6 +195,11 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
     }
     if (e && (flags & KVT_KEEPTTL))
         expire_ms = e->expire_ms;
+    if (flags & KVT_TYPE_STREAM) { /* a stream's bytes (log replay) */
+        rc = kvt_do_store_stream(t, s, h, ref, st, key, klen, 0, val, vlen, expire_ms, !(flags & KVT_NOBOUND));
+        rc = rc < 0 ? rc : 1;
+        goto out;
+    }
     size_t need = klen + vlen;
     /* Overwrite in place when the value fits and would not waste over half the block. */
     if (slot && need <= slot->cap && slot->cap <= 2 * need + 64) {
@@ -207,6 +212,7 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
             rc = (int)lsn;
             goto out;
         }
+        kvt_entry_drop_stream(t, slot); /* a stream overwritten by SET */
         kd_add(s, -contrib(slot));
         slot->flags &= ~E_TOMB;
         entry_set_type(slot, type);
@@ -332,7 +338,7 @@ int64_t kvt_key_memory(struct kv_table *t, const void *key, size_t klen)
     struct shard *s = kvt_lock_shard(t, h);
     int st;
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
-    int64_t n = e ? (int64_t)(malloc_usable_size(e) + sizeof(struct kvt_entry *)) : 0;
+    int64_t n = e ? (int64_t)(malloc_usable_size(e) + sizeof(struct kvt_entry *) + kvt_stream_mem(e)) : 0;
     if (e && e->dn)
         n += (int64_t)malloc_usable_size(e->dn);
     shard_unlock(s);
@@ -383,12 +389,19 @@ int kvt_do_store(struct kv_table *t, struct shard *s, uint64_t h, struct kvt_ent
     struct kvt_entry *slot = ref ? *ref : NULL;
     size_t vlen = n1 + n2;
     int op = KVT_LOG_SET | (type == KVT_HASH ? KVT_LOG_HASH : 0);
+    if (type == KVT_STREAM) {
+        int keep = st == LK_LIVE && (slot->flags & E_STREAM) && !n1 && !n2;
+        if (!keep && n2)
+            return -EINVAL; /* a stream's bytes come in one piece */
+        return kvt_do_store_stream(t, s, h, ref, st, key, klen, keep, v1, n1, expire, bounded);
+    }
     if (slot && klen + vlen <= slot->cap) {
         if (kvt_prep_dn(t, slot, NULL))
             return -ENOMEM;
         int64_t lsn = kvt_do_log(t, s, op, key, klen, v1, n1, v2, n2, expire);
         if (lsn < 0)
             return (int)lsn;
+        kvt_entry_drop_stream(t, slot); /* a stream overwritten by another type */
         kd_add(s, -contrib(slot));
         slot->flags &= ~E_TOMB;
         entry_set_type(slot, type);
@@ -446,7 +459,7 @@ int kvt_incrby(struct kv_table *t, const void *key, size_t klen, int64_t delta, 
         goto out;
     }
     kvt_lsn_touch(e ? e->lsn : s->del_lsn); /* an error reply reveals the current value too */
-    if (e && (e->flags & E_HASH)) {
+    if (e && (e->flags & E_TYPED)) {
         rc = KVT_WRONGTYPE;
         goto out;
     }
@@ -484,7 +497,7 @@ int64_t kvt_append(struct kv_table *t, const void *key, size_t klen, const void 
         goto out;
     }
     kvt_lsn_touch(e ? e->lsn : s->del_lsn);
-    if (e && (e->flags & E_HASH)) {
+    if (e && (e->flags & E_TYPED)) {
         rc = KVT_WRONGTYPE;
         goto out;
     }
@@ -510,7 +523,7 @@ int64_t kvt_strlen(struct kv_table *t, const void *key, size_t klen)
     int st;
     struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
     /* (int64_t): with a uint32_t arm the ?: would turn KVT_WRONGTYPE into 4294967205 */
-    int64_t n = !e ? 0 : (e->flags & E_HASH) ? KVT_WRONGTYPE : (int64_t)e->vlen;
+    int64_t n = !e ? 0 : (e->flags & E_TYPED) ? KVT_WRONGTYPE : (int64_t)e->vlen;
     kvt_lsn_touch(e ? e->lsn : s->del_lsn);
     shard_unlock(s);
     return st == LK_NOTRES ? -ENODATA : n;

@@ -28,9 +28,12 @@ struct kv_table;
 
 /* Value types. A key holds a string, or a hash whose value is its fields
  * encoded as one byte string (core/hashenc.h): the table stores, logs, spills
- * and accounts both alike and only keeps the type beside the value. An
- * operation meant for one type on a key of another returns KVT_WRONGTYPE. */
-enum { KVT_STRING = 0, KVT_HASH = 1 };
+ * and accounts both alike and only keeps the type beside the value. Or a
+ * stream (core/stream.h): a structure the entry points to, changed in place by
+ * deltas (kvt_xapply), written whole as its bytes (xs_encode) to the data file
+ * and where a command sets a whole state (COPY, RENAME). An operation meant for
+ * one type on a key of another returns KVT_WRONGTYPE. */
+enum { KVT_STRING = 0, KVT_HASH = 1, KVT_STREAM = 2 };
 #define KVT_WRONGTYPE (-EPROTOTYPE)
 
 /* Flags for kvt_set. */
@@ -39,6 +42,7 @@ enum { KVT_STRING = 0, KVT_HASH = 1 };
 #define KVT_KEEPTTL (1 << 2) /* keep the key's current expire time */
 #define KVT_NOBOUND (1 << 3) /* the caller checked the memory bound for a whole batch (MSET) */
 #define KVT_TYPE_HASH (1 << 4) /* the value is an encoded hash (log replay, data-file load) */
+#define KVT_TYPE_STREAM (1 << 5) /* the value is a stream's bytes (log replay) */
 
 /* Called with a value while its shard is locked. */
 typedef void (*kvt_read_fn)(void *arg, const char *val, size_t vlen);
@@ -70,9 +74,13 @@ struct kvt_stats {
  * unit (0 when the unit logged nothing). The logger returns the record's LSN
  * (> 0) or -errno; on error the mutation is not applied and the operation
  * returns that error. Entries remember the LSN that wrote them. */
-enum { KVT_LOG_SET = 1, KVT_LOG_DEL = 2, KVT_LOG_FLUSH = 3, KVT_LOG_UNIT_BEGIN = 4, KVT_LOG_UNIT_END = 5 };
+enum { KVT_LOG_SET = 1, KVT_LOG_DEL = 2, KVT_LOG_FLUSH = 3, KVT_LOG_UNIT_BEGIN = 4, KVT_LOG_UNIT_END = 5,
+       KVT_LOG_XOP = 6 };
 #define KVT_LOG_OP(op) ((op) & 0x0f)
 #define KVT_LOG_HASH 0x10    /* with KVT_LOG_SET: the value is an encoded hash */
+#define KVT_LOG_STREAM 0x20  /* with KVT_LOG_SET: the value is a stream's bytes (xs_encode) */
+/* KVT_LOG_XOP: a change to a stream key, v1 = its delta (core/stream.h; empty
+ * when only the expire time changed), expire_ms = the key's expire time after it. */
 typedef int64_t (*kvt_log_fn)(void *arg, int op, const void *key, size_t klen, const void *v1,
                               size_t n1, const void *v2, size_t n2, int64_t expire_ms);
 void kvt_set_log(struct kv_table *t, kvt_log_fn fn, void *arg);
@@ -126,18 +134,23 @@ int kvt_set(struct kv_table *t, const void *key, size_t klen, const void *val, s
             int flags, int64_t expire_ms, kvt_read_fn old_fn, void *old_arg);
 
 /* A key's state as kvt_apply's function sees it. */
+struct xstream;
+struct kvbuf;
 struct kvt_state {
     int exists;              /* 0: absent (or expired); the rest is then 0 */
-    int type;                /* KVT_STRING, KVT_HASH */
-    const char *val;         /* valid only during the call */
+    int type;                /* KVT_STRING, KVT_HASH, KVT_STREAM */
+    const char *val;         /* valid only during the call (a stream: NULL, vlen 0) */
     size_t vlen;
     int64_t expire_ms;       /* absolute unix ms, 0 = none */
+    struct xstream *stream;  /* KVT_STREAM: the stream (read it; kvt_xapply changes it) */
 };
 /* What kvt_apply's function wants done. Preset to KVT_KEEP. */
 enum { KVT_KEEP, KVT_PUT, KVT_DELETE };
 struct kvt_change {
     int action;              /* KVT_KEEP: nothing (a read); KVT_PUT: store val/type/expire_ms;
-                                KVT_DELETE: remove the key */
+                                KVT_DELETE: remove the key. A PUT of type KVT_STREAM: val
+                                NULL and n1 0 on a stream keep it (only expire_ms changes),
+                                else val is a stream's bytes (xs_encode), decoded */
     int type;
     const void *val;         /* KVT_PUT: the new value, v1 then v2 (either may be empty; v1
                                 may point into the state's own value, e.g. EXPIRE's) */
@@ -158,6 +171,28 @@ struct kvt_change {
  * -E2BIG, the log's) after fn ran: the caller discards what fn produced. */
 typedef int64_t (*kvt_apply_fn)(void *arg, const struct kvt_state *cur, struct kvt_change *ch);
 int64_t kvt_apply(struct kv_table *t, const void *key, size_t klen, kvt_apply_fn fn, void *arg);
+
+/* A change to a stream key (XADD, XGROUP, XREADGROUP, ...): with the key's
+ * shard locked, fn(arg, &state, delta) reads the state (a stream, another type,
+ * or absent) and appends to delta the change it decides (core/stream.h's
+ * deltas; a key it creates starts with XOP_CREATE), or nothing for a read.
+ * fn returns a result >= 0 (kept for the caller) or -errno (nothing changes).
+ * It may update what is not logged (a consumer's seen time), and must be short.
+ * A delta is then held against the memory bound (-ENOMEM, nothing changed),
+ * logged (KVT_LOG_XOP) and applied (xs_apply). Returns fn's result, -ENODATA
+ * (load the key first; fn not called), or the write's error. */
+typedef int64_t (*kvt_xapply_fn)(void *arg, const struct kvt_state *cur, struct kvbuf *delta);
+int64_t kvt_xapply(struct kv_table *t, const void *key, size_t klen, kvt_xapply_fn fn, void *arg);
+/* Log replay of a KVT_LOG_XOP record with LSN lsn: applied unless the key's
+ * stream already holds it (a data-file load of a later state) or the key is not
+ * a stream and the delta does not create one (a later record removed it).
+ * Returns 1 applied, 0 skipped, -errno. */
+int kvt_xreplay(struct kv_table *t, const void *key, size_t klen, const void *delta, size_t n, int64_t expire_ms,
+                uint64_t lsn);
+/* Called with a key's name (its shard locked) when the stream it held is gone
+ * (deleted, expired, overwritten, flushed): blocking readers of it must look
+ * again. fn must be short and must not call into the table. Set before use. */
+void kvt_set_gone_hook(struct kv_table *t, void (*fn)(void *arg, const void *key, size_t klen), void *arg);
 
 /* Delete. Returns 1 if a live key was removed, 0 otherwise, -errno if logging failed. */
 int kvt_del(struct kv_table *t, const void *key, size_t klen);

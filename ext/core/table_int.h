@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "core/ldu.h"
@@ -41,11 +42,18 @@ struct kvt_entry {
 #define OD_YES 4u            /* in its block, as the flusher last wrote it */
 #define OD_UNK 8u            /* unknown: written blind (without reading the block) */
 #define E_HASH 16u           /* the value is an encoded hash (KVT_HASH), else a string */
+#define E_STREAM 32u         /* the value is a struct xstream * (KVT_STREAM), which the entry owns */
+#define E_TYPED (E_HASH | E_STREAM) /* not a string */
 
-static inline int entry_type(const struct kvt_entry *e) { return (e->flags & E_HASH) ? KVT_HASH : KVT_STRING; }
+static inline int entry_type(const struct kvt_entry *e)
+{
+    return (e->flags & E_HASH) ? KVT_HASH : (e->flags & E_STREAM) ? KVT_STREAM : KVT_STRING;
+}
+/* A string or a hash (a stream entry is made by table_stream.c, whose value is
+ * the pointer). */
 static inline void entry_set_type(struct kvt_entry *e, int type)
 {
-    e->flags = (e->flags & ~E_HASH) | (type == KVT_HASH ? E_HASH : 0);
+    e->flags = (e->flags & ~E_TYPED) | (type == KVT_HASH ? E_HASH : 0);
 }
 
 /* A dirty key's node in the flusher's LDU queue. Owned by the entry (e->dn)
@@ -102,6 +110,8 @@ struct kv_table {
                                    a shard's kdelta and disk_keys (kvt_written) */
     _Atomic int spill_stuck; /* nothing left to evict: writes get -ENOMEM instead of waiting */
     unsigned clock_shard;    /* evictor's position (evictor thread only) */
+    void (*gone)(void *arg, const void *key, size_t klen); /* kvt_set_gone_hook */
+    void *gone_arg;
 };
 
 /* Shard locks. A thread inside kvt_tx_begin/kvt_tx_end holds every shard
@@ -141,6 +151,10 @@ int64_t kvt_do_log(struct kv_table *t, struct shard *s, int op, const void *key,
 
 /* ---- memory accounting and counters */
 
+/* Add n bytes to the count; bounded: refused (-ENOMEM, nothing added) if that
+ * passes max_memory. In table_shard.c. */
+int kvt_mem_charge(struct kv_table *t, size_t n, int bounded);
+
 static inline void mem_uncharge(struct kv_table *t, size_t n)
 {
     atomic_fetch_sub_explicit(&t->used_memory, n, memory_order_relaxed);
@@ -164,6 +178,27 @@ static inline int64_t now_ms(void)
 
 static inline char *entry_val(struct kvt_entry *e) { return (char *)e->data + e->klen; }
 
+/* ---- stream entries (table_stream.c): the value is the stream's pointer */
+
+struct xstream;
+static inline struct xstream *entry_stream(struct kvt_entry *e)
+{
+    struct xstream *x;
+    memcpy(&x, entry_val(e), sizeof x);
+    return x;
+}
+/* Free e's stream (if it holds one) and give back its memory: the entry is
+ * then an empty string (it is being freed, overwritten or made a tombstone). */
+void kvt_entry_drop_stream(struct kv_table *t, struct kvt_entry *e);
+/* Store a stream under the key whose lookup gave ref/st: keep (non-NULL: the
+ * live stream entry *ref keeps its stream, only expire changes; logged as an
+ * XOP with no delta) or the stream decoded from bytes [val, val + n) (logged as
+ * KVT_LOG_SET | KVT_LOG_STREAM). Returns 0 or -errno (-EBADMSG: bad bytes). */
+int kvt_do_store_stream(struct kv_table *t, struct shard *s, uint64_t h, struct kvt_entry **ref, int st,
+                        const void *key, size_t klen, int keep, const void *val, size_t n, int64_t expire,
+                        int bounded);
+/* The memory a stream's entry holds beyond the entry itself. */
+uint64_t kvt_stream_mem(struct kvt_entry *e);
 /* ---- spill mode: the key count and the dirty queue */
 
 /* The entry's share of the key count beyond the data file's own keys. */

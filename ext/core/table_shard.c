@@ -17,7 +17,7 @@
 
 /* ---- memory accounting */
 
-static int mem_charge(struct kv_table *t, size_t n, int bounded)
+int kvt_mem_charge(struct kv_table *t, size_t n, int bounded)
 {
     uint64_t max = bounded ? atomic_load_explicit(&t->max_memory, memory_order_relaxed) : 0;
     uint64_t prev = atomic_fetch_add_explicit(&t->used_memory, n, memory_order_relaxed);
@@ -37,7 +37,7 @@ struct kvt_entry *kvt_entry_new_b(struct kv_table *t, uint64_t h, const void *ke
     if (!e)
         return NULL;
     size_t usable = malloc_usable_size(e);
-    if (mem_charge(t, usable, bounded)) {
+    if (kvt_mem_charge(t, usable, bounded)) {
         free(e);
         atomic_fetch_add_explicit(&t->oom_rejections, 1, memory_order_relaxed);
         errno = ENOMEM;
@@ -61,6 +61,7 @@ struct kvt_entry *kvt_entry_new_b(struct kv_table *t, uint64_t h, const void *ke
 
 void kvt_entry_free(struct kv_table *t, struct kvt_entry *e)
 {
+    kvt_entry_drop_stream(t, e);
     mem_uncharge(t, malloc_usable_size(e));
     free(e);
 }
@@ -70,7 +71,7 @@ struct kvt_entry **kvt_buckets_new(struct kv_table *t, uint64_t n)
     struct kvt_entry **b = calloc(n, sizeof *b);
     if (!b)
         return NULL;
-    if (mem_charge(t, malloc_usable_size(b), 1)) {
+    if (kvt_mem_charge(t, malloc_usable_size(b), 1)) {
         free(b);
         return NULL;
     }
@@ -180,6 +181,7 @@ int kvt_do_remove(struct kv_table *t, struct shard *s, struct kvt_entry **ref, u
     kd_add(s, -contrib(e));
     if (e->expire_ms)
         cnt_add(&s->expires, -1);
+    kvt_entry_drop_stream(t, e);
     e->flags |= E_TOMB;
     e->vlen = 0;
     e->expire_ms = 0;

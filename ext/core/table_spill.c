@@ -15,6 +15,7 @@
 
 #include "core/kvbuf.h"
 #include "core/ldu.h"
+#include "core/stream.h"
 #include "core/table_int.h"
 
 /* ---- dirty nodes (caller holds the shard lock) */
@@ -132,8 +133,16 @@ int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, uint64_t durable, stru
             out->kind = KVT_SNAP_VALUE;
             out->type = entry_type(e);
             out->expire = e->expire_ms;
-            out->vlen = e->vlen;
-            rc = kvbuf_append(val, entry_val(e), e->vlen);
+            if (e->flags & E_STREAM) { /* its bytes, O(size): the whole stream per write-back */
+                size_t at = val->len;
+                struct xstream *x = entry_stream(e);
+                x->lsn = e->lsn;
+                rc = xs_encode(x, val);
+                out->vlen = (uint32_t)(val->len - at);
+            } else {
+                out->vlen = e->vlen;
+                rc = kvbuf_append(val, entry_val(e), e->vlen);
+            }
         }
         d->inflight = !rc;
     }
@@ -337,17 +346,33 @@ int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, 
          * expiry pass records it later, kvt_expire_disk.) */
         if (found && expire_ms && expire_ms <= now_ms())
             found = 0;
+        struct xstream *x = NULL;
+        if (found && type == KVT_STREAM) { /* the stream's bytes: the entry holds the stream they make */
+            if ((rc = xs_decode(val, vlen, &x)))
+                goto out;
+            kvt_mem_charge(t, x->mem, 0);
+            x->charged = x->mem;
+            val = &x;
+            vlen = sizeof x;
+        }
         struct kvt_entry *e = kvt_entry_new_b(t, h, key, klen, found ? val : NULL, found ? vlen : 0, 0, 0);
+        if (!e && x) {
+            mem_uncharge(t, x->charged);
+            xs_free(x);
+        }
         if (!e) {
             rc = -ENOMEM;
         } else {
             e->flags = E_REF | (found ? OD_YES : (E_TOMB | OD_NO));
             entry_set_type(e, found ? type : KVT_STRING);
+            if (x)
+                e->flags |= E_STREAM;
             e->expire_ms = found ? expire_ms : 0;
             kvt_do_insert(t, s, e);
             rc = 1;
         }
     }
+out:
     shard_unlock(s);
     return rc;
 }

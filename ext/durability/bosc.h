@@ -38,8 +38,9 @@
  *   an empty bucket. Blocks of an older generation (before a FLUSHALL) are
  *   empty. The payload of a chain is one stream of records
  *   u32 type << 30 | klen | u32 vlen | i64 expire ms | key | value
- *   (klen and vlen <= 512 MiB; type KVT_STRING = 0 or KVT_HASH = 1, whose value
- *   is the encoded hash; files written before types existed hold only strings,
+ *   (klen and vlen <= 512 MiB; type KVT_STRING = 0, KVT_HASH = 1, whose value
+ *   is the encoded hash, or KVT_STREAM = 2, whose value is the stream's bytes
+ *   (core/stream.h's xs_encode: a stream is written whole); files written before types existed hold only strings,
  *   type 0; an expire time is absolute unix ms, 0 = none).
  * Everything read from the file is untrusted: lengths and chains are bounded,
  * every block's checksum, number and owner are checked, and damage is
@@ -165,7 +166,7 @@ int bosc_dirty(struct bosc *b);
  * rewritten in memory since its last sweep is listed as the file has it, so
  * check each listed key against the table.
  * bosc_keys_take: 0 not ready yet; 1 ready: the keys were appended to out as
- * records u32 klen | u8 type (KVT_STRING, KVT_HASH) | key (host order, as
+ * records u32 klen | u8 type (KVT_STRING, KVT_HASH, KVT_STREAM) | key (host order, as
  * every u32 here), and the ticket is released; -errno, the ticket released:
  * -EILSEQ a damaged block (see bosc_error), -ENOMEM, -ESTALE an unknown ticket
  * or one dropped untaken (below).

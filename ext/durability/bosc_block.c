@@ -359,7 +359,7 @@ int64_t bosc_stream_walk(const unsigned char *p, size_t n, rec_fn fn, void *arg)
             return -EILSEQ;
         uint32_t kw = get32(p + off), vlen = get32(p + off + 4);
         uint32_t klen = kw & REC_KLEN_MASK, type = kw >> REC_TYPE_SHIFT;
-        if (klen > MAX_REC || vlen > MAX_REC || (uint64_t)klen + vlen > n - off - REC_HDR || type > KVT_HASH)
+        if (klen > MAX_REC || vlen > MAX_REC || (uint64_t)klen + vlen > n - off - REC_HDR || type > KVT_STREAM)
             return -EILSEQ;
         if (fn)
             fn(arg, p + off, REC_HDR + (size_t)klen + vlen, p + off + REC_HDR, klen, p + off + REC_HDR + klen,

@@ -220,7 +220,10 @@ int64_t wal_append(struct wal *w, int op, const void *key, uint32_t klen, const 
         if (op == (WAL_SET | WAL_HASH)) {
             op = WAL_SET;
             type = WAL_T_HASH;
-        } else if (op != WAL_DEL && op != WAL_FLUSH) {
+        } else if (op == (WAL_SET | WAL_STREAM)) {
+            op = WAL_SET;
+            type = WAL_T_STREAM;
+        } else if (op != WAL_DEL && op != WAL_FLUSH && op != WAL_XOP) {
             return -EINVAL;
         }
     }
@@ -306,8 +309,10 @@ int64_t wal_log_fn(void *arg, int op, const void *key, size_t klen, const void *
         return wal_unit_end(arg);
     }
     _Static_assert((int)KVT_LOG_SET == (int)WAL_SET && (int)KVT_LOG_DEL == (int)WAL_DEL &&
-                   (int)KVT_LOG_FLUSH == (int)WAL_FLUSH && KVT_LOG_HASH == WAL_HASH,
-                   "the table's log ops are the log's");
+                   (int)KVT_LOG_FLUSH == (int)WAL_FLUSH && KVT_LOG_HASH == WAL_HASH &&
+                   KVT_LOG_STREAM == WAL_STREAM, "the table's log ops are the log's");
+    if (KVT_LOG_OP(op) == KVT_LOG_XOP)
+        op = WAL_XOP;
     return wal_append(arg, op, key, (uint32_t)klen, v1, (uint32_t)n1, v2, (uint32_t)n2, expire_ms);
 }
 

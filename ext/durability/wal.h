@@ -38,10 +38,14 @@ struct kv_table;
 struct wal;
 struct kvbuf;
 
-enum wal_op { WAL_SET = 1, WAL_DEL = 2, WAL_FLUSH = 3, WAL_COMMIT = 4 };
+enum wal_op { WAL_SET = 1, WAL_DEL = 2, WAL_FLUSH = 3, WAL_COMMIT = 4, WAL_XOP = 5 };
 #define WAL_HASH 0x10        /* or'ed into wal_append's op with WAL_SET: the value is an
                                 encoded hash (the same bit as KVT_LOG_HASH) */
-enum wal_type { WAL_T_STRING = 0, WAL_T_HASH = 1 };
+#define WAL_STREAM 0x20      /* or'ed with WAL_SET: the value is a stream's bytes (KVT_LOG_STREAM) */
+/* WAL_XOP: a change to a stream key (KVT_LOG_XOP): the value is its delta
+ * (core/stream.h, empty when only the expire time changed), the expire field
+ * the key's expire time after it; replayed with kvt_xreplay. */
+enum wal_type { WAL_T_STRING = 0, WAL_T_HASH = 1, WAL_T_STREAM = 2 };
 #define WAL_F_UNIT 0x01      /* flags: the record belongs to the unit its COMMIT closes */
 
 #define WAL_HDR 32           /* bytes before the key */

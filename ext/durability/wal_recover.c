@@ -111,7 +111,7 @@ static int read_file(const char *path, unsigned char **data, size_t *len)
     return 0;
 }
 
-static int apply(struct kv_table *t, const unsigned char *p)
+static int apply(struct kv_table *t, const unsigned char *p, uint64_t lsn)
 {
     uint32_t klen = get32(p + WAL_OFF_KLEN), vlen = get32(p + WAL_OFF_VLEN);
     const unsigned char *key = p + WAL_HDR;
@@ -119,7 +119,9 @@ static int apply(struct kv_table *t, const unsigned char *p)
     case WAL_SET: {
         /* Without the bound: what was accepted live (MSET checks its bound once for
          * the whole command) must replay; the bound applies to new writes. */
-        int flags = KVT_NOBOUND | (p[WAL_OFF_TYPE] == WAL_T_HASH ? KVT_TYPE_HASH : 0);
+        int flags = KVT_NOBOUND | (p[WAL_OFF_TYPE] == WAL_T_HASH     ? KVT_TYPE_HASH
+                                   : p[WAL_OFF_TYPE] == WAL_T_STREAM ? KVT_TYPE_STREAM
+                                                                     : 0);
         int rc = kvt_set(t, key, klen, key + klen, vlen, flags, (int64_t)get64(p + WAL_OFF_EXPIRE), NULL, NULL);
         return rc < 0 ? rc : 0;
     }
@@ -130,6 +132,10 @@ static int apply(struct kv_table *t, const unsigned char *p)
     }
     case WAL_FLUSH: {
         int rc = kvt_flush(t);
+        return rc < 0 ? rc : 0;
+    }
+    case WAL_XOP: {
+        int rc = kvt_xreplay(t, key, klen, key + klen, vlen, (int64_t)get64(p + WAL_OFF_EXPIRE), lsn);
         return rc < 0 ? rc : 0;
     }
     }
@@ -143,8 +149,8 @@ size_t wal_rec_len(const unsigned char *p, size_t n)
     uint32_t klen = get32(p + WAL_OFF_KLEN), vlen = get32(p + WAL_OFF_VLEN);
     uint32_t count = get32(p + WAL_OFF_COUNT);
     int op = p[WAL_OFF_OP], type = p[WAL_OFF_TYPE], flags = p[WAL_OFF_FLAGS];
-    if (klen > WAL_MAX_LEN || vlen > WAL_MAX_LEN || op < WAL_SET || op > WAL_COMMIT || p[19] ||
-        (flags & ~WAL_F_UNIT) || type > WAL_T_HASH || (type && op != WAL_SET))
+    if (klen > WAL_MAX_LEN || vlen > WAL_MAX_LEN || op < WAL_SET || op > WAL_XOP || p[19] ||
+        (flags & ~WAL_F_UNIT) || type > WAL_T_STREAM || (type && op != WAL_SET))
         return 0;
     if (op == WAL_COMMIT ? (klen || vlen || flags || get64(p + WAL_OFF_EXPIRE) || !count) : count != 0)
         return 0;
@@ -228,7 +234,7 @@ static void counted(struct wal_recovery *rec, uint64_t lsn)
 static int replay_one(struct replay *r, const unsigned char *p, uint64_t lsn, const char *path, char *err,
                       size_t errlen)
 {
-    int rc = r->t ? apply(r->t, p) : 0;
+    int rc = r->t ? apply(r->t, p, lsn) : 0;
     if (rc) {
         snprintf(err, errlen, "cannot apply LSN %" PRIu64 " from %s: %s (raise --max-memory?)", lsn, path,
                  strerror(-rc));

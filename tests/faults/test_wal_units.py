@@ -189,8 +189,10 @@ def test_broken_unit_rules_are_corruption(tmp_path, case):
 
 # Header fields with a valid header CRC that no record may carry (wal_rec_len).
 BAD_FIELDS = {
-    "type 2": dict(op=fl.OP_SET, key=b"k", value=b"v", type_=2),
+    "type 3": dict(op=fl.OP_SET, key=b"k", value=b"v", type_=3),
     "hash type on a DEL": dict(op=fl.OP_DEL, key=b"k", type_=T_HASH),
+    "stream type on a stream change": dict(op=5, key=b"k", type_=2),
+    "count on a stream change": dict(op=5, key=b"k", count=1),
     "unknown flag": dict(op=fl.OP_SET, key=b"k", value=b"v", flags=2),
     "byte 19 set": dict(op=fl.OP_SET, key=b"k", value=b"v", byte19=1),
     "count on a SET": dict(op=fl.OP_SET, key=b"k", value=b"v", count=1),
@@ -199,7 +201,7 @@ BAD_FIELDS = {
     "COMMIT counting 0": dict(op=OP_COMMIT, count=0),
     "COMMIT with an expire time": dict(op=OP_COMMIT, count=1, expire_ms=5),
     "COMMIT flagged as in a unit": dict(op=OP_COMMIT, count=1, flags=F_UNIT),
-    "op 5": dict(op=5, key=b"k"),
+    "op 6": dict(op=6, key=b"k"),
     "op 0": dict(op=0, key=b"k"),
 }
 
