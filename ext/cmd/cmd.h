@@ -58,6 +58,7 @@ struct cmd_client {
     long long resume_n;
     int datagram;            /* a UDP front end's session: no connection, so no MULTI/WATCH */
     struct cmd_tx *tx;       /* MULTI's queue and WATCH's keys (multi.c), NULL until used */
+    struct cmd_block *block; /* a blocking read's wait (block.c), NULL when none */
     /* CLIENT LIST/KILL and MONITOR (client.c). A TCP connection is on the engine's
      * registry (reg) from cmd_client_register to cmd_client_unregister, which its
      * owner calls before it closes fd: a killer, holding the registry's lock, may
@@ -91,7 +92,23 @@ enum { CMD_TOP_NONE, CMD_TOP_NEXT, CMD_TOP_RUNNING, CMD_TOP_NESTED };
 /* CMD_STALL_SYNC: for a sweep of the flusher (DBSIZE counts exactly only when
  * every key's presence in its block is known); CMD_STALL_KEYS: for a listing of
  * the data file's keys (keys_ticket), which the command requested. */
-enum { CMD_STALL_NONE, CMD_STALL_LOAD, CMD_STALL_MEM, CMD_STALL_SYNC, CMD_STALL_KEYS };
+/* CMD_STALL_BLOCK: a blocking read (XREAD/XREADGROUP BLOCK) waits for a write to
+ * one of its keys or for its time to pass (block.c): run it again once
+ * cmd_block_ready says so. */
+enum { CMD_STALL_NONE, CMD_STALL_LOAD, CMD_STALL_MEM, CMD_STALL_SYNC, CMD_STALL_KEYS, CMD_STALL_BLOCK };
+
+/* ---- blocking reads (block.c) */
+struct cmd_block;
+/* A request stalled with CMD_STALL_BLOCK should run again now: a key it waits on
+ * was written, or its time is up (then it replies the timeout). */
+int cmd_block_ready(struct cmd_client *c);
+/* When its time is up (CLOCK_MONOTONIC ms), or INT64_MAX: never. */
+int64_t cmd_block_deadline(struct cmd_client *c);
+/* The wait ends (answered, or the connection closes): unregister and free it.
+ * Idempotent. */
+void cmd_block_done(struct cmd_client *c);
+/* Blocking front ends (ses_wait): sleep until cmd_block_ready. 0. */
+int cmd_block_sleep(struct cmd_client *c);
 
 /* Execute one request (argc >= 1). Appends exactly one reply to c->out, or
  * none when it sets c->stall (the caller then drops any partial output).

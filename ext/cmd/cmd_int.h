@@ -189,6 +189,48 @@ int c_object(struct cmd_client *c, const struct cmd_args *a);
 int c_scan(struct cmd_client *c, const struct cmd_args *a);
 int c_keys(struct cmd_client *c, const struct cmd_args *a);
 int c_randomkey(struct cmd_client *c, const struct cmd_args *a);
+/* xentry.c (streams) */
+int c_xadd(struct cmd_client *c, const struct cmd_args *a);
+int c_xtrim(struct cmd_client *c, const struct cmd_args *a);
+int c_xlen(struct cmd_client *c, const struct cmd_args *a);
+int c_xrange(struct cmd_client *c, const struct cmd_args *a);
+int c_xrevrange(struct cmd_client *c, const struct cmd_args *a);
+int c_xdel(struct cmd_client *c, const struct cmd_args *a);
+int c_xsetid(struct cmd_client *c, const struct cmd_args *a);
+/* block.c: a blocking read's wait. cmd_block_of: the wait of this request when it
+ * runs again after one (its IDs as its first run resolved them), else NULL; the
+ * wait's flag is lowered first, so a write while it looks wakes it again.
+ * cmd_can_block: not inside EXEC, not a datagram. cmd_block_wait: stall the
+ * request until one of the nkeys keys at argv[first..] is written or block_ms
+ * pass (0: no end); ids are kept for the next run. 0 or -ENOMEM.
+ * cmd_block_expired: its time is up. cmd_stream_signal: key was written, its
+ * waiters may run. */
+struct cmd_block {
+    int nkeys;
+    struct xs_id *ids;
+    int64_t deadline_ms;     /* CLOCK_MONOTONIC ms, INT64_MAX: none */
+    _Atomic int ready;
+    int own_fd;              /* a blocking front end's eventfd, else -1 */
+    struct kw_entry *entries;
+    char *keys;              /* the keys' bytes, which entries point into */
+};
+struct xs_id;
+struct cmd_block *cmd_block_of(struct cmd_client *c, const struct cmd_args *a);
+int cmd_can_block(struct cmd_client *c);
+int cmd_block_wait(struct cmd_client *c, const struct cmd_args *a, int first, int nkeys, const struct xs_id *ids,
+                   long long block_ms);
+int cmd_block_expired(const struct cmd_block *b);
+void cmd_stream_signal(struct cmd_client *c, const char *key, size_t klen);
+/* xread.c */
+int c_xread(struct cmd_client *c, const struct cmd_args *a);
+int c_xreadgroup(struct cmd_client *c, const struct cmd_args *a);
+int c_xinfo(struct cmd_client *c, const struct cmd_args *a);
+/* xgroup.c */
+int c_xgroup(struct cmd_client *c, const struct cmd_args *a);
+int c_xack(struct cmd_client *c, const struct cmd_args *a);
+int c_xpending(struct cmd_client *c, const struct cmd_args *a);
+int c_xclaim(struct cmd_client *c, const struct cmd_args *a);
+int c_xautoclaim(struct cmd_client *c, const struct cmd_args *a);
 /* hash.c */
 int c_hset(struct cmd_client *c, const struct cmd_args *a);
 int c_hsetnx(struct cmd_client *c, const struct cmd_args *a);

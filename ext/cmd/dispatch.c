@@ -199,6 +199,24 @@ static const struct cmd_def commands[] = {
     {"hincrbyfloat", 4, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_hincrbyfloat, "hash", "Increments the floating point value of a field by a number. Uses 0 as initial value if the field doesn't exist.", "2.6.0"},
     {"hrandfield", -2, F_READONLY, 1, 1, 1, c_hrandfield, "hash", "Returns one or more random fields from a hash.", "6.2.0"},
     {"hscan", -3, F_READONLY, 1, 1, 1, c_hscan, "hash", "Iterates over fields and values of a hash.", "2.8.0"},
+    /* xentry.c (streams) */
+    {"xadd", -5, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_xadd, "stream", "Appends a new message to a stream. Creates the key if it doesn't exist.", "5.0.0"},
+    {"xtrim", -4, F_WRITE, 1, 1, 1, c_xtrim, "stream", "Deletes messages from the beginning of a stream.", "5.0.0"},
+    {"xlen", 2, F_READONLY | F_FAST, 1, 1, 1, c_xlen, "stream", "Return the number of messages in a stream.", "5.0.0"},
+    {"xrange", -4, F_READONLY, 1, 1, 1, c_xrange, "stream", "Returns the messages from a stream within a range of IDs.", "5.0.0"},
+    {"xrevrange", -4, F_READONLY, 1, 1, 1, c_xrevrange, "stream", "Returns the messages from a stream within a range of IDs in reverse order.", "5.0.0"},
+    {"xdel", -3, F_WRITE | F_FAST, 1, 1, 1, c_xdel, "stream", "Returns the number of messages after removing them from a stream.", "5.0.0"},
+    {"xsetid", -3, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_xsetid, "stream", "An internal command for replicating stream values.", "5.0.0"},
+    /* xread.c, xinfo.c */
+    {"xread", -4, F_READONLY, 0, 0, 0, c_xread, "stream", "Returns messages from multiple streams with IDs greater than the ones requested. Blocks until a message is available otherwise.", "5.0.0"},
+    {"xreadgroup", -7, F_WRITE, 0, 0, 0, c_xreadgroup, "stream", "Returns new or historical messages from a stream for a consumer in a group. Blocks until a message is available otherwise.", "5.0.0"},
+    {"xinfo", -2, F_READONLY, 2, 2, 1, c_xinfo, "stream", "A container for stream introspection commands.", "5.0.0"},
+    /* xgroup.c */
+    {"xgroup", -2, F_WRITE, 2, 2, 1, c_xgroup, "stream", "A container for consumer groups commands.", "5.0.0"},
+    {"xack", -4, F_WRITE | F_FAST, 1, 1, 1, c_xack, "stream", "Returns the number of messages that were successfully acknowledged by the consumer group member of a stream.", "5.0.0"},
+    {"xpending", -3, F_READONLY, 1, 1, 1, c_xpending, "stream", "Returns the information and entries from a stream consumer group's pending entries list.", "5.0.0"},
+    {"xclaim", -6, F_WRITE | F_FAST, 1, 1, 1, c_xclaim, "stream", "Changes, or acquires, ownership of a message in a consumer group, as if the message was delivered a consumer group member.", "5.0.0"},
+    {"xautoclaim", -6, F_WRITE | F_FAST, 1, 1, 1, c_xautoclaim, "stream", "Changes, or acquires, ownership of messages in a consumer group, as if the messages were delivered to as consumer group member.", "6.2.0"},
     /* multi.c */
     {"multi", 1, F_FAST, 0, 0, 0, c_multi, "transactions", "Starts a transaction.", "1.2.0"},
     {"exec", 1, 0, 0, 0, 0, c_exec, "transactions", "Executes all commands in a transaction.", "1.2.0"},

@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <string.h>
 
+#include "core/stream.h"
 #include "core/table.h"
 
 /* ---- TYPE */
@@ -31,7 +32,10 @@ int c_type(struct cmd_client *c, const struct cmd_args *a)
     int64_t rc = kvt_apply(c->table, a->argv[1], a->argl[1], cmd_peek_fn, &p);
     if (rc < 0) /* a read: -ENODATA (load the key) is the only error */
         return cmd_write_err_key(c, rc, a->argv[1], a->argl[1], 0);
-    return resp_add_status(c->out, !p.exists ? "none" : p.type == KVT_HASH ? "hash" : "string");
+    return resp_add_status(c->out, !p.exists                ? "none"
+                                   : p.type == KVT_HASH     ? "hash"
+                                   : p.type == KVT_STREAM   ? "stream"
+                                                            : "string");
 }
 
 /* ---- RENAME, RENAMENX, COPY */
@@ -53,6 +57,8 @@ static int64_t copy_out_fn(void *arg, const struct kvt_state *cur, struct kvt_ch
     k->type = cur->type;
     k->expire_ms = cur->expire_ms;
     k->val.len = 0;
+    if (cur->type == KVT_STREAM) /* its bytes: the destination decodes its own copy */
+        return xs_encode(cur->stream, &k->val);
     return cur->vlen ? kvbuf_append(&k->val, cur->val, cur->vlen) : 0;
 }
 
@@ -210,8 +216,9 @@ int c_copy(struct cmd_client *c, const struct cmd_args *a)
  * no such history and answers what a SET of the same bytes would give.
  * A hash is "listpack": kvstore keeps every hash as one encoded byte string,
  * whatever its size (Redis converts to "hashtable" past hash-max-listpack-entries
- * 128 fields or hash-max-listpack-value 64 bytes, and never back). */
-enum { ENC_NONE, ENC_INT, ENC_SHARED_INT, ENC_EMBSTR, ENC_RAW, ENC_LISTPACK };
+ * 128 fields or hash-max-listpack-value 64 bytes, and never back). A stream is
+ * "stream", as in Redis. */
+enum { ENC_NONE, ENC_INT, ENC_SHARED_INT, ENC_EMBSTR, ENC_RAW, ENC_LISTPACK, ENC_STREAM };
 
 static int64_t encoding_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
 {
@@ -219,6 +226,8 @@ static int64_t encoding_fn(void *arg, const struct kvt_state *cur, struct kvt_ch
         return ENC_NONE;
     if (cur->type == KVT_HASH)
         return ENC_LISTPACK;
+    if (cur->type == KVT_STREAM)
+        return ENC_STREAM;
     const char *v = cur->val;
     size_t n = cur->vlen;
     if (n <= 20) {
@@ -262,7 +271,7 @@ static int object_key(struct cmd_client *c, const struct cmd_args *a, const char
     if (enc == ENC_NONE)
         return resp_add_null(c->out, c->resp);
     if (!strcmp(sub, "object|encoding")) {
-        static const char *const names[] = {"", "int", "int", "embstr", "raw", "listpack"};
+        static const char *const names[] = {"", "int", "int", "embstr", "raw", "listpack", "stream"};
         return resp_add_bulk_str(c->out, names[enc]);
     }
     if (!strcmp(sub, "object|refcount"))

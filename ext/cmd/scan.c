@@ -105,7 +105,7 @@ static void collect_cb(void *arg, const char *key, size_t klen, int type)
 struct filter {
     const char *pat;  /* NULL: every key */
     size_t plen;
-    int type;         /* -1: any; KVT_STRING, KVT_HASH; -2: a type kvstore has no keys of */
+    int type;         /* -1: any; KVT_STRING, KVT_HASH, KVT_STREAM; -2: a type kvstore has no keys of */
 };
 
 static int filter_type(const char *name, size_t n)
@@ -115,7 +115,9 @@ static int filter_type(const char *name, size_t n)
         return KVT_STRING;
     if (n == 4 && !strncasecmp(name, "hash", 4))
         return KVT_HASH;
-    return -2; /* list, set, zset, stream or a name no type has: nothing matches */
+    if (n == 6 && !strncasecmp(name, "stream", 6))
+        return KVT_STREAM;
+    return -2; /* list, set, zset or a name no type has: nothing matches */
 }
 
 static int filter_pass(const struct filter *f, const char *key, size_t klen, int type)

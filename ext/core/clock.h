@@ -15,4 +15,13 @@ static inline int64_t kv_coarse_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* CLOCK_MONOTONIC in ms, at full resolution (timeouts of blocking reads, which
+ * may be a few ms). */
+static inline int64_t kv_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 #endif

@@ -11,6 +11,7 @@
 #include <strings.h>
 #include <sys/resource.h>
 
+#include "core/keywait.h"
 #include "core/latmon.h"
 #include "core/table.h"
 #include "durability/bosc.h"
@@ -294,6 +295,8 @@ static int dup_str(const char **dst, const char *src, const char *dflt)
     X(config_file, NULL) X(version, "0") X(durability, "none") X(arch, "poller") X(dpdk_iface, NULL)               \
     X(dpdk_eal_args, NULL)
 
+static void stream_gone(void *arg, const void *key, size_t klen) { kw_signal(arg, key, klen); }
+
 int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_config *cfg, char *err, size_t errlen)
 {
     struct kv_engine *e = calloc(1, sizeof *e);
@@ -322,11 +325,12 @@ int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_confi
     /* statistics: the log and the data file report to the latency monitor; they
      * are closed before the engine is destroyed (kvstore/server.py's stop) */
     if (cst_create(&e->stats, cfg->slowlog_log_slower_than, cfg->slowlog_max_len) ||
-        latmon_create(&e->latmon, (uint32_t)cfg->latency_monitor_threshold)) {
+        latmon_create(&e->latmon, (uint32_t)cfg->latency_monitor_threshold) || kw_create(&e->keywait)) {
         eng_destroy(e);
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
     }
+    kvt_set_gone_hook(t, stream_gone, e->keywait); /* blocked readers of a deleted stream look again */
     if (e->wal)
         wal_set_latmon(e->wal, e->latmon);
     if (e->bosc)
@@ -351,6 +355,9 @@ void eng_destroy(struct kv_engine *e)
 #undef FREE
     cst_destroy(e->stats);
     latmon_destroy(e->latmon);
+    if (e->keywait && e->table)
+        kvt_set_gone_hook(e->table, NULL, NULL);
+    kw_destroy(e->keywait);
     if (e->clients.next) /* not when eng_create failed before it */
         pthread_mutex_destroy(&e->clients_lock);
     free(e);

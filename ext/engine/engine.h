@@ -102,6 +102,7 @@ struct eng_info {
     void *arg;
 };
 
+struct kw_reg;
 struct kv_engine {
     struct kv_config cfg;    /* strings are owned copies */
     struct kv_table *table;  /* not owned */
@@ -124,7 +125,8 @@ struct kv_engine {
                                    that makes MONITOR free while nobody monitors */
     /* ---- command statistics, slow log, latency monitor */
     struct cst *stats;       /* engine/cmdstats.h: per-thread counters, error kinds, slow log */
-    struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */    /* ---- TLS (tls) */
+    struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */
+    struct kw_reg *keywait;  /* core/keywait.h: blocking reads waiting for their keys (cmd/block.c) */    /* ---- TLS (tls) */
     int tls_port;            /* the TLS port bound (cfg.tls_port, or the one picked for 0); -1 off */
     const char *tls_auth;    /* tls-auth-clients as a static string ("yes", "no", "optional") */
     /* ---- node identity and empty starts (identity) */

@@ -40,6 +40,7 @@ void ses_disconnect(struct session *s) { cmd_client_unregister(&s->cl); }
 void ses_free(struct session *s)
 {
     cmd_client_unregister(&s->cl);
+    cmd_block_done(&s->cl);
     cmd_client_release(&s->cl);
     free(s->cl.name);
     s->cl.name = NULL;
@@ -151,6 +152,8 @@ int ses_wait(struct session *s)
         if (e->bosc)
             bosc_keys_wait(e->bosc, s->cl.keys_ticket);
         return 0;
+    case CMD_STALL_BLOCK:
+        return cmd_block_sleep(&s->cl);
     }
     return 0;
 }

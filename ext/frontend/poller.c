@@ -57,6 +57,8 @@ static void conn_free(struct conn *c)
 }
 
 static int stalled(const struct conn *c) { return !list_empty(&c->stall_node); }
+/* Parked: a blocking read (XREAD BLOCK) waits for a write to its keys or its time. */
+static int parked(const struct conn *c) { return stalled(c) && c->ses.stall == CMD_STALL_BLOCK; }
 
 static void list_pending(struct conn *c);
 
@@ -66,6 +68,9 @@ static void stall_add(struct conn *c)
 {
     if (!stalled(c))
         list_add(&c->p->stalled, &c->stall_node);
+    int64_t d = c->ses.stall == CMD_STALL_BLOCK ? cmd_block_deadline(&c->ses.cl) : INT64_MAX;
+    if (d < c->p->block_deadline)
+        c->p->block_deadline = d;
 }
 
 /* End of the part of out that may be sent now: up to the first reply still
@@ -164,7 +169,11 @@ static void update_interest(struct conn *c, int spurious)
     /* No EPOLLIN while input is not wanted: level-triggered epoll would report
      * it again on every round (busy loop) for bytes we refuse to read. */
     const struct pp_policy *pol = c->p->ps->policy;
-    uint32_t ev = (c->paused || stalled(c) || c->ses.cl.close_after_reply) ? 0 : in_events(pol);
+    /* A parked read keeps EPOLLRDHUP: a client gone while it waits is closed then. */
+    uint32_t ev = (c->paused || c->ses.cl.close_after_reply) ? 0
+                  : parked(c)                                ? EPOLLRDHUP
+                  : stalled(c)                               ? 0
+                                                             : in_events(pol);
     if (pol->edge)
         ev |= EPOLLET;
     /* Replies held for the log leave through the log's wakeup, not EPOLLOUT: while
@@ -513,14 +522,20 @@ static void release_waiting(struct poller *p)
     }
 }
 
-/* The data file loaded a key or freed memory: run the stalled requests again. */
+/* The data file loaded a key or freed memory: run the stalled requests again;
+ * a parked read only once a key it waits on was written or its time is up. */
 static void retry_stalled(struct poller *p)
 {
     struct list l;
     list_move_all(&l, &p->stalled);
+    p->block_deadline = INT64_MAX;
     while (!list_empty(&l)) {
         struct conn *c = list_entry(l.next, struct conn, stall_node);
         list_del(&c->stall_node);
+        if (c->ses.stall == CMD_STALL_BLOCK && !cmd_block_ready(&c->ses.cl)) {
+            stall_add(c); /* still waiting */
+            continue;
+        }
         process_input(c); /* may stall again */
         if (!c->closed)
             list_pending(c); /* replies out, EPOLLIN back */
@@ -614,7 +629,12 @@ void *poller_main(void *arg)
     while (!atomic_load_explicit(&ps->stopping, memory_order_acquire)) {
         struct wal *w = ps->eng->wal;
         int released = w && log_arm(p, w);
-        int n = epoll_wait(p->epfd, ev, MAX_EVENTS, released ? 0 : TCP_CRON_MS);
+        int timeout = released ? 0 : TCP_CRON_MS;
+        if (p->block_deadline != INT64_MAX && !released) { /* a parked read's time */
+            int64_t left = p->block_deadline - kv_mono_ms();
+            timeout = left <= 0 ? 0 : left < timeout ? (int)left : timeout;
+        }
+        int n = epoll_wait(p->epfd, ev, MAX_EVENTS, timeout);
         if (w)
             wal_want(w, &p->log_slot, p->evfd, UINT64_MAX); /* awake: no wake-ups */
         st_inc(&p->st->epoll_wait, 1);
@@ -628,7 +648,8 @@ void *poller_main(void *arg)
             } else {
                 struct conn *c = (struct conn *)tag;
                 uint32_t e = ev[i].events;
-                if ((e & EPOLLERR) || ((e & EPOLLHUP) && (c->paused || stalled(c) || c->ses.cl.close_after_reply)))
+                if ((e & EPOLLERR) || ((e & EPOLLHUP) && (c->paused || stalled(c) || c->ses.cl.close_after_reply)) ||
+                    ((e & EPOLLRDHUP) && parked(c)))
                     conn_close(c); /* reported whatever the interest set: never ignore them */
                 else if (e & (EPOLLIN | EPOLLHUP))
                     conn_readable(c);
@@ -646,6 +667,8 @@ void *poller_main(void *arg)
                 }
             }
         }
+        if (p->block_deadline != INT64_MAX && kv_mono_ms() >= p->block_deadline)
+            retry_stalled(p); /* parked reads whose time is up reply now */
         flush_round(p);
         if (p->now - p->last_cron >= TCP_CRON_MS) {
             p->last_cron = p->now;

@@ -48,7 +48,9 @@ struct poller {
     struct tcp_thread *st;       /* its counters (in ps->tcp) */
     struct list all;             /* every connection of this poller */
     struct list waiting;         /* connections with replies held for the log */
-    struct list stalled;         /* connections whose next request waits for the data file */
+    struct list stalled;         /* connections whose next request waits for the data file, or
+                                    (CMD_STALL_BLOCK) a blocking read parked until a write or its time */
+    int64_t block_deadline;      /* the earliest parked read's time (CLOCK_MONOTONIC ms), INT64_MAX: none */
     struct list big;             /* connections with a buffer above TCP_BUF_KEEP (shrink_idle) */
     struct conn *pending;        /* connections with replies queued this round */
     struct fdq handed;           /* connections poller 0 accepted for this one (handoff mode) */

@@ -60,6 +60,7 @@ static int poller_create(void **out, struct kv_engine *eng, char *err, size_t er
         list_init(&p->all);
         list_init(&p->waiting);
         list_init(&p->stalled);
+        p->block_deadline = INT64_MAX;
         list_init(&p->big);
         p->listener_tag = TAG_LISTENER;
         p->event_tag = TAG_EVENT;
