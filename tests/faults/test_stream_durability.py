@@ -4,8 +4,12 @@ entries, and IDs go on from where they were (the log holds each change as the
 delta that ran, ext/core/stream.h; a data file holds whole streams, and replay
 skips the changes a loaded stream already has)."""
 import random
+import shutil
+import threading
+import time
 
 import pytest
+import redis
 
 from helpers import faultlib as fl
 from helpers.conn import client
@@ -124,3 +128,121 @@ def test_streams_leave_memory_and_come_back_across_kill9(tmp_path):
         n = start(tmp_path, **SPILL)
         m.check(n.port, filler)
         n.stop()
+
+
+# ---------------------------------------------------------------- under load
+
+class StreamWriter(threading.Thread):
+    """XADD with server-made IDs to its own stream until stopped or cut off; keeps what
+    was acknowledged (ID -> fields)."""
+
+    def __init__(self, port, key, stop):
+        super().__init__(daemon=True)
+        self.port, self.key, self.stop = port, key, stop
+        self.acked = {}
+
+    def run(self):
+        i = 0
+        try:
+            with client(self.port) as c:
+                while not self.stop.is_set():
+                    fields = {b"n": b"%d" % i, b"v": b"x" * (i % 90)}
+                    self.acked[c.xadd(self.key, fields)] = fields
+                    i += 1
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            pass  # the server was killed: the last request may or may not have been applied
+
+
+class GroupReader(threading.Thread):
+    """XREADGROUP > then XACK of half of what it got; keeps the IDs it was given (the
+    server's reply acknowledges the delivery) and those it acknowledged."""
+
+    def __init__(self, port, key, stop):
+        super().__init__(daemon=True)
+        self.port, self.key, self.stop = port, key, stop
+        self.delivered, self.acked = set(), set()
+        self.inflight = set()  # an XACK sent and not answered: the server may have applied it
+
+    def run(self):
+        try:
+            with client(self.port) as c:
+                while not self.stop.is_set():
+                    got = c.xreadgroup("g", "reader", {self.key: ">"}, count=50, block=50)
+                    ids = [i for _, entries in got for i, _ in entries]
+                    self.delivered.update(ids)
+                    half = ids[::2]
+                    self.inflight = set(half)
+                    if half and c.xack(self.key, "g", *half) == len(half):
+                        self.acked.update(half)
+                    self.inflight = set()
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            pass
+
+
+def parse_id(i):
+    return tuple(int(x) for x in i.split(b"-"))
+
+
+def check_after_loss(port, writers, readers):
+    with client(port) as c:
+        for w, r in zip(writers, readers):
+            have = dict(c.xrange(w.key, "-", "+"))
+            lost = [i for i in w.acked if i not in have]
+            assert not lost, f"{w.key}: {len(lost)} acknowledged XADDs lost, e.g. {lost[:3]}"
+            assert all(have[i] == f for i, f in w.acked.items())
+            pending = {p["message_id"] for p in c.xpending_range(w.key, "g", "-", "+", 10 ** 6)}
+            assert not (pending & r.acked), f"{w.key}: acknowledged XACKs undone"
+            unacked = r.delivered - r.acked - r.inflight
+            assert unacked <= pending, f"{w.key}: delivered entries left the PEL unacknowledged"
+            [g] = c.xinfo_groups(w.key)
+            last = max((parse_id(i) for i in r.delivered), default=(0, 0))
+            assert parse_id(g["last-delivered-id"]) >= last, f"{w.key}: the group's last ID went back"
+
+
+def load_then(port, seconds):
+    stop = threading.Event()
+    keys = [b"load:%d" % i for i in range(3)]
+    with client(port) as c:
+        for k in keys:
+            c.xgroup_create(k, "g", id="$", mkstream=True)
+    writers = [StreamWriter(port, k, stop) for k in keys]
+    readers = [GroupReader(port, k, stop) for k in keys]
+    for t in writers + readers:
+        t.start()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and min(len(w.acked) for w in writers) < 300:
+        time.sleep(0.05)
+    return stop, writers, readers
+
+
+@pytest.mark.parametrize("data_file", [False, True], ids=["log", "log+datafile"])
+def test_kill9_during_xadd_and_xreadgroup_loses_nothing_acknowledged(tmp_path, data_file):
+    settings = dict(SPILL) if data_file else {}
+    with fl.started_nodes() as start:
+        n = start(tmp_path, **settings)
+        stop, writers, readers = load_then(n.port, 20)
+        n.kill()
+        stop.set()
+        for t in writers + readers:
+            t.join(timeout=15)
+        assert all(w.acked for w in writers) and any(r.delivered for r in readers)
+        n = start(tmp_path, **settings)
+        check_after_loss(n.port, writers, readers)
+        n.stop()
+
+
+@pytest.mark.timeout(150)
+def test_machine_loss_keeps_streams_and_groups_from_the_peer(pair):
+    """durability remote: the node is killed and its directory deleted; rebuilt from the
+    peer's copy of its log, every acknowledged XADD, delivery and XACK is there."""
+    pair.start_both()
+    a = pair.nodes["a"]
+    stop, writers, readers = load_then(a.port, 20)
+    pair.kill("a")
+    stop.set()
+    for t in writers + readers:
+        t.join(timeout=15)
+    assert all(w.acked for w in writers)
+    shutil.rmtree(pair.dirs["a"])
+    a = pair.start("a", from_peer=True)
+    check_after_loss(a.port, writers, readers)
