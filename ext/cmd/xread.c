@@ -283,24 +283,21 @@ static int xread_generic(struct cmd_client *c, const struct cmd_args *a, int gro
     }
     if (t.served) {
         x_hdr_end(c->out, at, c->resp == 3 ? '%' : '*', t.served);
-        cmd_block_done(c);
         goto out;
     }
     c->out->len = at;
     /* nothing to serve */
-    if (t.block_ms < 0 || !cmd_can_block(c)) {
-        cmd_block_done(c);
-        x_add_null_array(c);
-        goto out;
-    }
-    if (blk && cmd_block_expired(blk)) {
-        cmd_block_done(c);
+    if (t.block_ms < 0 || !cmd_can_block(c) || (blk && cmd_block_expired(blk))) {
         x_add_null_array(c);
         goto out;
     }
     if (cmd_block_wait(c, a, t.streams, t.nkeys, t.ids, t.block_ms))
         cmd_reply_err(c, ERR_NOMEM);
 out:
+    /* answered (served, timed out, an error): the wait ends; stalled (for its keys, or
+     * for a key to load from the data file): it goes on */
+    if (c->stall == CMD_STALL_NONE)
+        cmd_block_done(c);
     free(t.ids);
     free(t.newest);
     return 0;

@@ -532,3 +532,20 @@ def test_two_consumers_share_a_stream_without_overlap(kv):
             a.close()
             b.close()
         assert sorted(got) == sorted(f"{i + 1}-{j}".encode() for i in range(50) for j in (0, 1))
+
+
+def test_a_blocked_read_answered_by_an_error_does_not_leave_its_wait_behind(kv):
+    """XREADGROUP BLOCK answered NOGROUP on its second run: the connection's next XREAD
+    resolves its own "$" (not the first request's IDs) and blocks on its own keys."""
+    with client(kv.port) as c, Raw(kv.port, timeout=10) as r:
+        c.delete("s", "t")
+        c.xgroup_create("s", "g", id="$", mkstream=True)
+        r.send(C("XREADGROUP", "GROUP", "g", "c", "BLOCK", "0", "STREAMS", "s", ">"))
+        wait_blocked(kv.port, 1)
+        c.xgroup_destroy("s", "g")
+        assert r.reply().startswith(b"-NOGROUP")
+        c.xadd("t", {"old": "1"}, id="1-0")
+        r.send(C("XREAD", "BLOCK", "0", "STREAMS", "t", "$"))
+        wait_blocked(kv.port, 1)
+        c.xadd("t", {"new": "2"}, id="2-0")
+        assert resp_parse(r.reply())[0] == [[b"t", [[b"2-0", [b"new", b"2"]]]]]
