@@ -228,6 +228,9 @@ def recover(data_dir, max_memory, check_only, from_peer, repl_secret_file, repl_
 @click.option("--protocol", type=click.Choice(["resp", "memcache"]), default="resp", show_default=True,
               help="resp for kvstore/Redis, memcache for memcached's text protocol.")
 @click.option("--check/--no-check", default=False, help="Verify every reply's content.")
+@click.option("--xadd", is_flag=True, help="Writes are XADD KEY * v VALUE, a stream per key (RESP; --ratio N:0): "
+                                           "the message-queue load. -P is the batch of XADDs a connection sends "
+                                           "at once.")
 @click.option("-a", "--password", default=None, help="AUTH password (RESP).")
 @click.option("--udp", is_flag=True, help="Drive the UDP front end (--arch udp or dpdk) with kernel UDP sockets "
                                           "(sendmmsg/recvmmsg): -c sockets, -P requests in flight per socket, "
@@ -258,7 +261,7 @@ def bench(as_json, **kw):
         click.echo(json.dumps(r, indent=2))
         return
     click.echo(f"{r['requests']} requests in {r['elapsed']:.2f} s: {r['throughput']:,.0f} req/s "
-               f"({r['sets']} SET, {r['gets']} GET, {r['hits']} hits, {r['misses']} misses, "
+               f"({r['sets']} {'XADD' if kw['xadd'] else 'SET'}, {r['gets']} GET, {r['hits']} hits, {r['misses']} misses, "
                f"{r['errors']} errors" + (f", {r['timeouts']} timeouts" if kw["udp"] else "") + ")")
     click.echo(f"latency us: mean {r['lat_mean_us']:.1f}  p50 {r['lat_p50_us']:.1f}  "
                f"p90 {r['lat_p90_us']:.1f}  p99 {r['lat_p99_us']:.1f}  p99.9 {r['lat_p999_us']:.1f}  "

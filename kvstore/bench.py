@@ -21,7 +21,7 @@ def parse_ratio(text):
 
 def run(host="127.0.0.1", port=6380, threads=2, conns=50, pipeline=1, value_size=85,
         keyspace=1_000_000, ratio="1:0", requests=0, duration=0.0, rate=0.0, protocol="resp",
-        check=False, password=None, seed=1, progress=None, udp=False, timeout_ms=500):
+        check=False, password=None, seed=1, progress=None, udp=False, timeout_ms=500, xadd=False):
     """Run one load and return a dict of struct lg_result's fields (latencies in microseconds),
     first_error as text.
 
@@ -31,7 +31,9 @@ def run(host="127.0.0.1", port=6380, threads=2, conns=50, pipeline=1, value_size
 
     udp=True drives the UDP front end (--arch udp or dpdk): `conns` UDP sockets, `pipeline`
     requests in flight on each, replies matched by the frame id; the result has a
-    `timeouts` count (requests whose reply never came within timeout_ms)."""
+    `timeouts` count (requests whose reply never came within timeout_ms).
+
+    xadd=True: the writes are XADD KEY * v VALUE (streams; RESP over TCP, writes only)."""
     s, g = parse_ratio(ratio)
     if protocol not in ("resp", "memcache"):
         raise ConfigError(f"protocol: expected 'resp' or 'memcache', got {protocol!r}")
@@ -45,6 +47,9 @@ def run(host="127.0.0.1", port=6380, threads=2, conns=50, pipeline=1, value_size
     cfg.requests, cfg.duration, cfg.rate = requests, duration, rate
     cfg.proto = 1 if protocol == "memcache" else 0
     cfg.check = 1 if check else 0
+    if xadd and (protocol != "resp" or udp or g):
+        raise ConfigError("xadd: RESP over TCP, writes only (--ratio N:0)")
+    cfg.xadd = 1 if xadd else 0
     if password:
         keep.append(ffi.new("char[]", password.encode()))
         cfg.password = keep[-1]

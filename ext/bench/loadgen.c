@@ -354,6 +354,8 @@ static int validate(const struct lg_config *c, struct in_addr *addr, char *err, 
     if (!(c->rate >= 0 && c->rate < 1e12)) BAD("rate must be >= 0 (and finite), got %g", c->rate);
     if (c->proto != LG_PROTO_RESP && c->proto != LG_PROTO_MEMCACHE)
         BAD("proto must be LG_PROTO_RESP or LG_PROTO_MEMCACHE, got %d", c->proto);
+    if (c->xadd && (c->proto != LG_PROTO_RESP || c->get_ratio))
+        BAD("xadd: RESP and writes only (a ratio of N:0)");
     return 0;
 }
 
@@ -362,11 +364,14 @@ static int build_templates(struct run *r)
     const struct lg_config *cfg = r->cfg;
     unsigned long long n = r->vsize;
     char hdr[96];
-    int h = r->mc ? snprintf(hdr, sizeof hdr, "set key:000000000000 0 0 %llu\r\n", n)
-                  : snprintf(hdr, sizeof hdr, "*3\r\n$3\r\nSET\r\n$16\r\nkey:000000000000\r\n$%llu\r\n", n);
+    int h = r->mc        ? snprintf(hdr, sizeof hdr, "set key:000000000000 0 0 %llu\r\n", n)
+            : cfg->xadd  ? snprintf(hdr, sizeof hdr, "*5\r\n$4\r\nXADD\r\n$16\r\nkey:000000000000\r\n$1\r\n*\r\n"
+                                                      "$1\r\nv\r\n$%llu\r\n", n)
+                         : snprintf(hdr, sizeof hdr, "*3\r\n$3\r\nSET\r\n$16\r\nkey:000000000000\r\n$%llu\r\n", n);
     static const char get_resp[] = "*2\r\n$3\r\nGET\r\n$16\r\nkey:000000000000\r\n";
     static const char get_mc[] = "get key:000000000000\r\n";
-    r->large = n > LARGE_VALUE, r->set_key = r->get_key = r->mc ? 8 : 22, r->set_val = (size_t)h;
+    r->large = n > LARGE_VALUE, r->get_key = r->mc ? 8 : 22, r->set_val = (size_t)h;
+    r->set_key = (size_t)(strstr(hdr, "key:") - hdr) + 4;
     r->set_len = (size_t)h + (r->large ? 12 : n + 2);
     r->get_len = r->mc ? sizeof get_mc - 1 : sizeof get_resp - 1;
     /* the full filler is needed to send large values and to verify; a GET-only run needs no more than

@@ -36,6 +36,8 @@ struct lg_config {
                                 (and, for memcached, the right key); mismatches counted in errors */
     const char *password;    /* RESP only: send AUTH first on each connection if non-NULL; a failed AUTH fails
                                 the run with -EACCES. Ignored for LG_PROTO_MEMCACHE */
+    int xadd;                /* RESP only, writes only (ratio N:0): each write is "XADD key * v VALUE" (a
+                                stream per key) and its reply the new entry's ID (check: a bulk, not an error) */
     uint64_t seed;           /* key/op choice; thread i uses a stream derived from seed and i */
     volatile int *stop;      /* optional: when *stop becomes nonzero, finish promptly (within ~20 ms) and
                                 return what was measured; in-flight replies are abandoned */

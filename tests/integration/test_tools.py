@@ -240,6 +240,25 @@ def test_kvstore_bench_reports_errors(kv_auth, bench_available):
     assert ok["errors"] == 0 and ok["requests"] == 2000, ok
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("server", ["kvstore", "redis"])
+def test_kvstore_bench_xadd_appends_every_message(kv_fresh, redis_server, bench_available, server):
+    """--xadd: every acknowledged write is one entry of its key's stream, holding the
+    value kvstore bench writes for that key, against kvstore and Redis alike."""
+    port = kv_fresh.port if server == "kvstore" else redis_server.port
+    with client(port) as c:
+        c.flushall()
+    res = kvstore_bench(port, "--xadd", "-n", "20000", "-P", "16", "-r", "50", "-c", "4", "--check", "--json")
+    assert res["errors"] == 0, res["first_error"]
+    assert res["requests"] == res["sets"] == 20000
+    with client(port) as c:
+        keys = [b"key:%012d" % i for i in range(50)]
+        assert sum(c.xlen(k) for k in keys) == 20000
+        for i in (0, 7, 49):
+            entries = c.xrange(keys[i], count=3)
+            assert entries and all(f == {b"v": bench_value(i)} for _, f in entries)
+
+
 @pytest.mark.timeout(60)
 def test_kvstore_bench_fixed_rate_is_open_loop(kv_fresh, bench_available):
     """--rate schedules requests: never more than rate x duration are sent, and a light
@@ -282,6 +301,8 @@ def test_kvstore_bench_memcache_protocol(bench_available, tmp_path):
     (["--ratio", "0:0"], "not both 0"),
     (["-P", "0"], "pipeline"),
     (["-c", "1", "-t", "2"], "conns"),
+    (["--xadd", "--ratio", "1:1"], "xadd: RESP over TCP, writes only"),
+    (["--xadd", "--protocol", "memcache"], "xadd: RESP over TCP, writes only"),
 ])
 def test_kvstore_bench_rejects_bad_options(kv, bench_available, args, message):
     r = run(KVSTORE + ["bench", "-p", str(kv.port), "-n", "10"] + args, timeout=30)
