@@ -42,6 +42,8 @@ EXPERIMENTS = [
     Experiment("p003_ldu_scalability", "003", "LDU Figs 2.8-2.10, Table 2.1: throughput and idle time vs threads"),
     Experiment("p003_ldu_rw_ratio", "003", "LDU Fig 2.11: throughput vs read:write ratio"),
     Experiment("p003_ldu_kvstore_queue", "003", "LDU in kvstore: the dirty-key queue, LDU vs a locked queue"),
+    Experiment("p004_write", "004", "message queue: XADD write throughput vs batch size k (85-byte messages), "
+               "kvstore memory/disk vs Redis without/with AOF always"),
     Experiment("kv_peer_compare", "kv", "kvstore vs Redis vs memcached, same loads, same run"),
     Experiment("kv_accept_modes", "kv", "connection placement: SO_REUSEPORT listeners vs accept-and-hand-off"),
     Experiment("kv_build_compare", "kv", "this build against a baseline build: throughput and CPU per request"),

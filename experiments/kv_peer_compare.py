@@ -10,6 +10,7 @@ are reported. Server CPU seconds come from /proc for each run.
     kvstore experiment run kv_peer_compare --quick    # smoke scale, into a temporary directory
     kvstore experiment plot kv_peer_compare
 """
+import tempfile
 import statistics
 import sys
 import time
@@ -25,10 +26,11 @@ QUICK = ["--rounds", "1", "--requests", "20000", "--preload", "20000", "--keyspa
 class KvNode:
     protocol = "resp"
 
-    def __init__(self, threads):
-        self.name = f"kvstore-{threads}p"
-        # memory only, as the Redis (persistence off) and memcached beside it
-        self.node = Node(port=0, threads=threads, durability="none")
+    def __init__(self, threads, durability="none", name=None):
+        self.name = name or f"kvstore-{threads}p"
+        # memory only by default, as the Redis (persistence off) and memcached beside it
+        data = {} if durability == "none" else {"data_dir": tempfile.mkdtemp(prefix=f"kv-{self.name}-")}
+        self.node = Node(port=0, threads=threads, durability=durability, **data)
 
     def start(self):
         self.node.start()
