@@ -10,9 +10,9 @@ are reported. Server CPU seconds come from /proc for each run.
     kvstore experiment run kv_peer_compare --quick    # smoke scale, into a temporary directory
     kvstore experiment plot kv_peer_compare
 """
-import tempfile
 import statistics
 import sys
+import tempfile
 import time
 
 from kvstore import Node
