@@ -23,8 +23,6 @@
 #include "core/stream.h"
 #include "engine/engine.h"
 
-static int64_t mono_ms(void) { return kv_mono_ms(); }
-
 struct cmd_block *cmd_block_of(struct cmd_client *c, const struct cmd_args *a)
 {
     struct cmd_block *b = c->block;
@@ -35,7 +33,7 @@ struct cmd_block *cmd_block_of(struct cmd_client *c, const struct cmd_args *a)
 
 int cmd_can_block(struct cmd_client *c) { return !c->datagram && c->top != CMD_TOP_NESTED; }
 
-int cmd_block_expired(const struct cmd_block *b) { return mono_ms() >= b->deadline_ms; }
+int cmd_block_expired(const struct cmd_block *b) { return kv_mono_ms() >= b->deadline_ms; }
 
 int cmd_block_ready(struct cmd_client *c)
 {
@@ -84,7 +82,7 @@ int cmd_block_wait(struct cmd_client *c, const struct cmd_args *a, int first, in
     b->nkeys = nkeys;
     b->own_fd = -1;
     memcpy(b->ids, ids, (size_t)nkeys * sizeof *ids);
-    b->deadline_ms = block_ms ? mono_ms() + block_ms : INT64_MAX;
+    b->deadline_ms = block_ms ? kv_mono_ms() + block_ms : INT64_MAX;
     if (block_ms > INT64_MAX / 2)
         b->deadline_ms = INT64_MAX;
     int fd = c->evfd;
@@ -116,7 +114,7 @@ int cmd_block_sleep(struct cmd_client *c)
 {
     struct cmd_block *b = c->block;
     while (b && !cmd_block_ready(c)) {
-        int64_t left = b->deadline_ms == INT64_MAX ? 1000 : b->deadline_ms - mono_ms();
+        int64_t left = b->deadline_ms == INT64_MAX ? 1000 : b->deadline_ms - kv_mono_ms();
         struct pollfd p = {b->own_fd, POLLIN, 0};
         poll(&p, b->own_fd >= 0, left < 0 ? 0 : left > 1000 ? 1000 : (int)left);
         uint64_t v;

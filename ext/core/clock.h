@@ -15,13 +15,15 @@ static inline int64_t kv_coarse_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* CLOCK_MONOTONIC in ms, at full resolution (timeouts of blocking reads, which
- * may be a few ms). */
-static inline int64_t kv_mono_ms(void)
+/* CLOCK_MONOTONIC at full resolution (vDSO too): in ns (the block device's busy
+ * poll windows) and in ms (timeouts of blocking reads, which may be a few ms). */
+static inline uint64_t kv_mono_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
+
+static inline int64_t kv_mono_ms(void) { return (int64_t)(kv_mono_ns() / 1000000); }
 
 #endif

@@ -598,13 +598,6 @@ static void drain(struct nbd_thread *t)
     }
 }
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* The next round's events. After a round that did work (worked), with
  * busy_poll_ns set, the sockets are polled without sleeping for up to that
  * long first: at queue depth 1 the client's next request comes a few
@@ -619,7 +612,7 @@ static int next_events(struct nbd_thread *t, struct epoll_event *ev, int worked)
     uint64_t window = t->s->busy_poll_ns;
     if (window && worked && list_empty(&t->live) &&
         (t->spin_misses < SPIN_MISSES || ++t->spin_rounds % SPIN_RETRY == 0)) {
-        uint64_t end = mono_ns() + window;
+        uint64_t end = kv_mono_ns() + window;
         do {
             int n = epoll_wait(t->epfd, ev, NBD_EVENTS, 0);
             if (n) {
@@ -627,7 +620,7 @@ static int next_events(struct nbd_thread *t, struct epoll_event *ev, int worked)
                     t->spin_misses = 0, t->spin_rounds = 0;
                 return n;
             }
-        } while (mono_ns() < end);
+        } while (kv_mono_ns() < end);
         if (t->spin_misses < SPIN_MISSES)
             t->spin_misses++;
     }
