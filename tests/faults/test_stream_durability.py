@@ -13,7 +13,7 @@ import redis
 
 from helpers import faultlib as fl
 from helpers.conn import client
-from helpers.keyspace import SPILL, fill, wait_flushed
+from helpers.keyspace import SPILL, apply_ops, fill, wait_flushed
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -73,20 +73,11 @@ class Model:
             assert c.dbsize() == len(self.s) + others
 
 
-def apply(port, ops):
-    with client(port) as c:
-        p = c.pipeline(transaction=False)
-        for op in ops:
-            p.execute_command(*op)
-        for op, r in zip(ops, p.execute(raise_on_error=False)):
-            assert not isinstance(r, Exception), (op, r)
-
-
 def test_streams_survive_kill9_with_durability_disk(tmp_path):
     m = Model([b"sensor:%02d" % i for i in range(20)], random.Random(1))
     with fl.started_nodes() as start:
         n = start(tmp_path)
-        apply(n.port, list(m.ops(3000)))
+        apply_ops(n.port, list(m.ops(3000)))
         with client(n.port) as c:  # whole-state writes and the expire time
             assert c.copy(b"sensor:00", b"copy:00") is True
             assert c.rename(b"sensor:01", b"moved:01") is True
@@ -99,7 +90,7 @@ def test_streams_survive_kill9_with_durability_disk(tmp_path):
         m.check(n.port)
         with client(n.port) as c:
             assert 900 < c.ttl(b"moved:01") <= 1000 and c.ttl(b"copy:00") == -1
-        apply(n.port, list(m.ops(500)))
+        apply_ops(n.port, list(m.ops(500)))
         assert n.stop() == 0
         n = start(tmp_path)
         m.check(n.port)
@@ -114,16 +105,16 @@ def test_streams_leave_memory_and_come_back_across_kill9(tmp_path):
     filler = 3000
     with fl.started_nodes() as start:
         n = start(tmp_path, **SPILL)
-        apply(n.port, list(m.ops(1500)))
+        apply_ops(n.port, list(m.ops(1500)))
         fill(n.port, b"fill", filler)
         i = wait_flushed(n.port)
         assert i["datafile_evicted_keys"] > 0, i
         loads = i["datafile_loads"]
-        apply(n.port, list(m.ops(1000)))  # changes to streams that left memory: each loaded first
+        apply_ops(n.port, list(m.ops(1000)))  # changes to streams that left memory: each loaded first
         assert fl.persistence(n.port)["datafile_loads"] > loads, "no stream was read back from the data file"
         fill(n.port, b"fill", filler)
         wait_flushed(n.port)
-        apply(n.port, list(m.ops(500)))  # in the log only, on top of what the file holds
+        apply_ops(n.port, list(m.ops(500)))  # in the log only, on top of what the file holds
         n.kill()
         n = start(tmp_path, **SPILL)
         m.check(n.port, filler)

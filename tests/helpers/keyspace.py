@@ -35,6 +35,35 @@ def assert_same_replies(redis_port, kv_port, request, n):
     assert got == want, f"request {request[:300]!r}"
 
 
+HELLO3 = resp_cmd("HELLO", "3")
+
+
+def case_replies(port, requests):
+    """The requests' replies on a fresh keyspace, then a PING's (HELLO 3's, which names
+    the server, masked)."""
+    out = exchange(port, b"".join(requests), len(requests))
+    return [b"<hello>" if req == HELLO3 else r for req, r in zip(requests + [b""], out)]
+
+
+def assert_case_matches(redis_port, kv_port, requests):
+    """The same requests on redis-server and on kvstore: every reply byte for byte."""
+    want = case_replies(redis_port, requests)
+    got = case_replies(kv_port, requests)
+    diffs = [f"{req[:120]!r}: kvstore {g[:300]!r}, redis {w[:300]!r}"
+             for req, g, w in zip(requests + [resp_cmd("PING")], got, want) if g != w]
+    assert got == want, "\n".join(diffs)
+
+
+def apply_ops(port, ops):
+    """Pipelined commands (tuples of arguments), none of them refused."""
+    with client(port) as c:
+        p = c.pipeline(transaction=False)
+        for op in ops:
+            p.execute_command(*op)
+        for op, r in zip(ops, p.execute(raise_on_error=False)):
+            assert not isinstance(r, Exception), (op, r)
+
+
 def reply_diffs(kv_port, redis_port, cmds, timeout=10):
     """Each command (a tuple of arguments) sent in turn to kvstore and to redis-server,
     one connection each: a line for every pair of replies that differ."""

@@ -26,23 +26,15 @@ import redis
 
 from helpers import faultlib as fl
 from helpers.conn import Raw, client
-from helpers.keyspace import SPILL, exchange, fill, wait_flushed
+from helpers.keyspace import HELLO3, SPILL, apply_ops, assert_case_matches, fill, wait_flushed
 from helpers.resp import resp_cmd as C, resp_parse
 from kvstore import Server
 from kvstore._native import ffi, lib
 
 pytestmark = pytest.mark.timeout(120)
 
-HELLO3 = C("HELLO", "3")
 MAX = "9223372036854775807"
 MIN = "-9223372036854775808"
-
-
-def replies(port, requests):
-    """The requests' replies on a fresh keyspace, then a PING's (HELLO's, which names
-    the server, masked)."""
-    out = exchange(port, b"".join(requests), len(requests))
-    return [b"<hello>" if req == HELLO3 else r for req, r in zip(requests + [b""], out)]
 
 
 def incrbyfloat(initial, incr):
@@ -199,11 +191,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_same_replies_as_redis(redis_server, kv, name):
-    want = replies(redis_server.port, CASES[name])
-    got = replies(kv.port, CASES[name])
-    diffs = [f"{req[:120]!r}: kvstore {g[:300]!r}, redis {w[:300]!r}"
-             for req, g, w in zip(CASES[name] + [C("PING")], got, want) if g != w]
-    assert got == want, "\n".join(diffs)
+    assert_case_matches(redis_server.port, kv.port, CASES[name])
 
 
 # ----------------------------------------------------------------- HRANDFIELD's random replies
@@ -369,15 +357,6 @@ def random_hash_ops(rng, model, keys, n):
             yield ("HDEL", k, *gone)
         if not h:
             del model[k]
-
-
-def apply_ops(port, ops):
-    with client(port) as c:
-        p = c.pipeline(transaction=False)
-        for op in ops:
-            p.execute_command(*op)
-        for op, r in zip(ops, p.execute(raise_on_error=False)):
-            assert not isinstance(r, Exception), (op, r)
 
 
 def check_hashes(port, model, keys, others=0):

@@ -24,17 +24,11 @@ import pytest
 import redis
 
 from helpers.conn import Raw, client
-from helpers.keyspace import exchange
+from helpers.keyspace import HELLO3, assert_case_matches, exchange
 from helpers.resp import resp_cmd as C, resp_parse
 
 pytestmark = pytest.mark.timeout(120)
 
-HELLO3 = C("HELLO", "3")
-
-
-def replies(port, requests):
-    out = exchange(port, b"".join(requests), len(requests))
-    return [b"<hello>" if req == HELLO3 else r for req, r in zip(requests + [b""], out)]
 
 
 def xadd(key, id, *fv):
@@ -268,11 +262,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_same_replies_as_redis(redis_server, kv, name):
-    want = replies(redis_server.port, CASES[name])
-    got = replies(kv.port, CASES[name])
-    diffs = [f"{req[:120]!r}: kvstore {g[:300]!r}, redis {w[:300]!r}"
-             for req, g, w in zip(CASES[name] + [C("PING")], got, want) if g != w]
-    assert got == want, "\n".join(diffs)
+    assert_case_matches(redis_server.port, kv.port, CASES[name])
 
 
 def test_approximate_trims_keep_what_both_promise(redis_server, kv):
