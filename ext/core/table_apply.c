@@ -24,11 +24,7 @@ int64_t kvt_apply(struct kv_table *t, const void *key, size_t klen, kvt_apply_fn
         goto out;
     }
     struct kvt_entry *e = st == LK_LIVE ? *ref : NULL;
-    struct kvt_state cur = {0};
-    if (e && (e->flags & E_STREAM))
-        cur = (struct kvt_state){1, KVT_STREAM, NULL, 0, e->expire_ms, entry_stream(e)};
-    else if (e)
-        cur = (struct kvt_state){1, entry_type(e), entry_val(e), e->vlen, e->expire_ms, NULL};
+    struct kvt_state cur = entry_state(e);
     /* Whatever fn decides, its result reveals the key's state (or absence). */
     kvt_lsn_touch(e ? e->lsn : s->del_lsn);
     struct kvt_change ch = {.action = KVT_KEEP, .type = cur.type, .expire_ms = cur.expire_ms};

@@ -187,6 +187,15 @@ static inline struct xstream *entry_stream(struct kvt_entry *e)
     memcpy(&x, entry_val(e), sizeof x);
     return x;
 }
+/* The key's state as kvt_apply's and kvt_xapply's functions see it (e NULL: absent). */
+static inline struct kvt_state entry_state(struct kvt_entry *e)
+{
+    if (!e)
+        return (struct kvt_state){0};
+    if (e->flags & E_STREAM)
+        return (struct kvt_state){1, KVT_STREAM, NULL, 0, e->expire_ms, entry_stream(e)};
+    return (struct kvt_state){1, entry_type(e), entry_val(e), e->vlen, e->expire_ms, NULL};
+}
 /* Free e's stream (if it holds one) and give back its memory: the entry is
  * then an empty string (it is being freed, overwritten or made a tombstone). */
 void kvt_entry_drop_stream(struct kv_table *t, struct kvt_entry *e);

@@ -143,10 +143,8 @@ int64_t kvt_xapply(struct kv_table *t, const void *key, size_t klen, kvt_xapply_
         goto out;
     }
     struct kvt_entry *e = st == LK_LIVE ? *ref : NULL;
-    struct xstream *x = e && (e->flags & E_STREAM) ? entry_stream(e) : NULL;
-    struct kvt_state cur = {0};
-    if (e)
-        cur = (struct kvt_state){1, entry_type(e), x ? NULL : entry_val(e), x ? 0 : e->vlen, e->expire_ms, x};
+    struct kvt_state cur = entry_state(e);
+    struct xstream *x = cur.stream;
     kvt_lsn_touch(e ? e->lsn : s->del_lsn);
     xdelta.len = 0;
     rc = fn(arg, &cur, &xdelta);
