@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bytes.h"
 #include "core/stream_int.h"
 #include "core/varint.h"
 
@@ -100,6 +101,14 @@ int xs_id_parse(const char *p, size_t n, int strict, uint64_t missing_seq, struc
 
 static inline struct xs_batch *bat(const struct xstream *s, size_t i) { return s->b[s->head + i]; }
 
+__thread const struct xs_watch *xs_watch;
+
+static inline void watch(const struct xs_batch *b, int ev)
+{
+    if (xs_watch)
+        xs_watch->fn(xs_watch->arg, b, ev);
+}
+
 static void mem_move(struct xstream *s, size_t was, size_t now)
 {
     s->mem = s->mem - was + now;
@@ -136,6 +145,8 @@ static void arr_remove(struct xstream *s, size_t i)
 {
     struct xs_batch *b = bat(s, i);
     s->length -= b->count - b->deleted;
+    if (b->sealed)
+        watch(b, XS_EV_GONE);
     batch_free(s, b);
     if (i == 0) {
         s->head++;
@@ -165,8 +176,10 @@ static void seal(struct xstream *s, struct xs_batch *b)
                 }
             nb->cap = nb->len;
             mem_move(s, was, xs_usable(nb));
+            b = nb;
         }
     }
+    watch(b, XS_EV_SEALED);
 }
 
 /* The index of the last batch whose first ID is <= id (0 when none is). */
@@ -510,6 +523,21 @@ const struct xs_batch *xs_batch_by_no(const struct xstream *s, uint64_t no)
     return NULL;
 }
 
+size_t xs_pull_encode(const struct xs_batch *b, unsigned char *out, size_t room)
+{
+    int fits = b->len <= room - XS_PULL_HDR;
+    out[0] = !fits ? XS_PULL_TOO_LARGE : b->sealed ? XS_PULL_SEALED : XS_PULL_OPEN;
+    out[1] = 0;
+    put_be16(out + 2, (uint16_t)b->count);
+    put_be32(out + 4, b->version);
+    put_be64(out + 8, b->no);
+    put_be64(out + 16, b->first.ms);
+    if (!fits)
+        return XS_PULL_HDR;
+    memcpy(out + XS_PULL_HDR, b->data, b->len);
+    return XS_PULL_HDR + b->len;
+}
+
 /* ---- deleting and trimming */
 
 /* Mark the entry at off of batch i deleted (it is live). */
@@ -519,6 +547,8 @@ static void mark_deleted(struct xstream *s, struct xs_batch *b, size_t off)
     b->deleted++;
     b->version++;
     s->length--;
+    if (b->sealed)
+        watch(b, XS_EV_CHANGED);
 }
 
 int xs_del(struct xstream *s, struct xs_id id)

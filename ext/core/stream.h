@@ -197,6 +197,32 @@ int xs_lookup(const struct xstream *s, struct xs_id id, struct xs_entry *e);
 /* The batch with number no, or NULL (trimmed, not yet made). */
 const struct xs_batch *xs_batch_by_no(const struct xstream *s, uint64_t no);
 
+/* ---- batch transfer (paper 004): pulls and the pull cache */
+
+/* A pull's answer for one batch (its framing is the UDP front end's, frontend/udpfront.h),
+ * all big-endian: u8 status (XS_PULL_SEALED, or XS_PULL_OPEN for the batch still being
+ * filled), u8 0, u16 entries (deleted ones included), u32 version, u64 batch number,
+ * u64 the first entry's ms, then the batch's entry bytes as encoded above. A sealed
+ * batch's answer changes only with its version, so it may be cached (the pull cache's
+ * slots hold exactly these bytes). A batch whose bytes do not fit room (one entry
+ * larger than a datagram) gets the header alone with status XS_PULL_TOO_LARGE.
+ * Returns the answer's length; room must be XS_PULL_HDR at least. */
+enum { XS_PULL_SEALED = 0, XS_PULL_OPEN = 1, XS_PULL_NO_BATCH = 2, XS_PULL_NO_STREAM = 3, XS_PULL_TOO_LARGE = 4 };
+#define XS_PULL_HDR 24
+size_t xs_pull_encode(const struct xs_batch *b, unsigned char *out, size_t room);
+
+/* Batch events, for a cache of sealed batches: while xs_watch is set (by the
+ * caller, around a change it makes on this thread), the stream calls
+ * xs_watch->fn with XS_EV_SEALED once a batch is sealed, XS_EV_CHANGED when a
+ * sealed batch's version moves (an entry deleted in it) and XS_EV_GONE just
+ * before a batch is freed by a trim or an XDEL (b->no still valid). */
+enum { XS_EV_SEALED, XS_EV_CHANGED, XS_EV_GONE };
+struct xs_watch {
+    void (*fn)(void *arg, const struct xs_batch *b, int ev);
+    void *arg;
+};
+extern __thread const struct xs_watch *xs_watch;
+
 /* ---- consumer groups (stream_group.c) */
 
 struct xs_consumer {

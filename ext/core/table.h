@@ -193,6 +193,17 @@ int kvt_xreplay(struct kv_table *t, const void *key, size_t klen, const void *de
  * (deleted, expired, overwritten, flushed): blocking readers of it must look
  * again. fn must be short and must not call into the table. Set before use. */
 void kvt_set_gone_hook(struct kv_table *t, void (*fn)(void *arg, const void *key, size_t klen), void *arg);
+/* The batch hook (the pull cache, frontend/pullcache.h): called with a stream key's
+ * name, its shard locked, for each batch event of a change kvt_xapply makes
+ * (core/stream.h XS_EV_*: sealed, changed, gone) and with b NULL when the whole
+ * stream is gone (as the gone hook). fn must be short and must not call into the
+ * table. Set before use (NULL to unset once nothing changes streams). */
+struct xs_batch;
+typedef void (*kvt_batch_fn)(void *arg, const void *key, size_t klen, const struct xs_batch *b, int ev);
+void kvt_set_batch_hook(struct kv_table *t, kvt_batch_fn fn, void *arg);
+/* A reader (kvt_apply's fn, shard locked) saw sealed batch b of key: the hook gets
+ * it as XS_EV_SEALED (a pull that missed the cache fills it). */
+void kvt_batch_seen(struct kv_table *t, const void *key, size_t klen, const struct xs_batch *b);
 
 /* Delete. Returns 1 if a live key was removed, 0 otherwise, -errno if logging failed. */
 int kvt_del(struct kv_table *t, const void *key, size_t klen);

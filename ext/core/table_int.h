@@ -112,6 +112,8 @@ struct kv_table {
     unsigned clock_shard;    /* evictor's position (evictor thread only) */
     void (*gone)(void *arg, const void *key, size_t klen); /* kvt_set_gone_hook */
     void *gone_arg;
+    kvt_batch_fn batch;      /* kvt_set_batch_hook */
+    void *batch_arg;
 };
 
 /* Shard locks. A thread inside kvt_tx_begin/kvt_tx_end holds every shard

@@ -35,6 +35,31 @@ void kvt_set_gone_hook(struct kv_table *t, void (*fn)(void *arg, const void *key
     t->gone_arg = arg;
 }
 
+void kvt_set_batch_hook(struct kv_table *t, kvt_batch_fn fn, void *arg)
+{
+    t->batch = fn;
+    t->batch_arg = arg;
+}
+
+void kvt_batch_seen(struct kv_table *t, const void *key, size_t klen, const struct xs_batch *b)
+{
+    if (t->batch && b->sealed)
+        t->batch(t->batch_arg, key, klen, b, XS_EV_SEALED);
+}
+
+/* kvt_xapply's batch events, with the key they belong to, to the batch hook. */
+struct batch_relay {
+    struct kv_table *t;
+    const void *key;
+    size_t klen;
+};
+
+static void relay(void *arg, const struct xs_batch *b, int ev)
+{
+    struct batch_relay *r = arg;
+    r->t->batch(r->t->batch_arg, r->key, r->klen, b, ev);
+}
+
 void kvt_entry_drop_stream(struct kv_table *t, struct kvt_entry *e)
 {
     if (!(e->flags & E_STREAM))
@@ -42,6 +67,8 @@ void kvt_entry_drop_stream(struct kv_table *t, struct kvt_entry *e)
     struct xstream *x = entry_stream(e);
     if (t->gone)
         t->gone(t->gone_arg, e->data, e->klen);
+    if (t->batch)
+        t->batch(t->batch_arg, e->data, e->klen, NULL, XS_EV_GONE);
     mem_uncharge(t, x->charged);
     xs_free(x);
     e->flags &= ~E_STREAM;
@@ -187,7 +214,12 @@ int64_t kvt_xapply(struct kv_table *t, const void *key, size_t klen, kvt_xapply_
         rc = lsn;
         goto out;
     }
+    struct batch_relay br = {t, key, klen};
+    const struct xs_watch w = {relay, &br};
+    if (t->batch)
+        xs_watch = &w;
     int ar = xs_apply(&x, xdelta.p, xdelta.len, now_ms(), XS_SEAL_MS);
+    xs_watch = NULL;
     mem_uncharge(t, hold);
     if (x) {
         x->lsn = (uint64_t)lsn;
