@@ -57,6 +57,8 @@ struct cmd_client {
     int resume_i;
     long long resume_n;
     int datagram;            /* a UDP front end's session: no connection, so no MULTI/WATCH */
+    int internal;            /* the front end's own framed requests run now (UDP batch appends and
+                                pulls): the internal commands are found (dispatch.c) */
     struct cmd_tx *tx;       /* MULTI's queue and WATCH's keys (multi.c), NULL until used */
     struct cmd_block *block; /* a blocking read's wait (block.c), NULL when none */
     /* CLIENT LIST/KILL and MONITOR (client.c). A TCP connection is on the engine's

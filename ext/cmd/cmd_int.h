@@ -18,6 +18,7 @@
 #define F_NOAUTH (1 << 2)  /* allowed before AUTH */
 #define F_FAST (1 << 3)
 #define F_DENYOOM (1 << 4)
+#define F_INTERNAL (1 << 5) /* a front end's framed operation (cmd.h's internal): unknown to RESP clients */
 
 struct cmd_args {
     int argc;
@@ -191,6 +192,11 @@ int c_keys(struct cmd_client *c, const struct cmd_args *a);
 int c_randomkey(struct cmd_client *c, const struct cmd_args *a);
 /* xentry.c (streams) */
 int c_xadd(struct cmd_client *c, const struct cmd_args *a);
+/* The UDP front end's framed operations (frontend/udpfront.h), internal commands:
+ * xadd-batch KEY FIELD V1 .. Vk appends k entries of one field with consecutive
+ * IDs in one change; xpull KEY NO (8 bytes, big-endian) answers a batch pull. */
+int c_xadd_batch(struct cmd_client *c, const struct cmd_args *a);
+int c_xpull(struct cmd_client *c, const struct cmd_args *a);
 int c_xtrim(struct cmd_client *c, const struct cmd_args *a);
 int c_xlen(struct cmd_client *c, const struct cmd_args *a);
 int c_xrange(struct cmd_client *c, const struct cmd_args *a);

@@ -243,23 +243,31 @@ static const struct cmd_def commands[] = {
     {"slowlog", -2, 0, 0, 0, 0, c_slowlog, "server", "A container for slow log commands.", "2.2.12"},
     {"latency", -2, 0, 0, 0, 0, c_latency, "server", "A container for latency diagnostics commands.", "2.8.13"},
     {"memory", -2, 0, 0, 0, 0, c_memory, "server", "A container for memory diagnostics commands.", "4.0.0"},
+    /* Last, and found only for a front end's own framed requests (cmd_client.internal):
+     * the UDP front end's batch append and pull (xentry.c). INFO commandstats counts them. */
+    {"xadd-batch", -4, F_WRITE | F_DENYOOM | F_INTERNAL, 1, 1, 1, c_xadd_batch, "stream", "Appends k one-field entries (UDP batch).", "kvstore"},
+    {"xpull", 3, F_READONLY | F_INTERNAL, 1, 1, 1, c_xpull, "stream", "Answers a pull of one batch (UDP).", "kvstore"},
 };
 
 #define NCOMMANDS (int)(sizeof commands / sizeof commands[0])
+#define NINTERNAL 2
+#define NPUBLIC (NCOMMANDS - NINTERNAL) /* what COMMAND shows and RESP clients find */
 
 int cmd_count(void) { return NCOMMANDS; }
 
-static const struct cmd_def *lookup(const char *name, size_t n)
+static const struct cmd_def *lookup_in(const char *name, size_t n, int internal)
 {
     if (n == 0)
         return NULL;
     int first = tolower_ascii((unsigned char)name[0]);
-    for (int i = 0; i < NCOMMANDS; i++)
+    for (int i = 0; i < (internal ? NCOMMANDS : NPUBLIC); i++)
         if (commands[i].name[0] == first && strlen(commands[i].name) == n &&
             !strncasecmp(commands[i].name, name, n))
             return &commands[i];
     return NULL;
 }
+
+static const struct cmd_def *lookup(const char *name, size_t n) { return lookup_in(name, n, 0); }
 
 static void add_flags(struct cmd_client *c, int f)
 {
@@ -304,17 +312,17 @@ static void add_docs(struct cmd_client *c, const struct cmd_def *d)
 int c_command(struct cmd_client *c, const struct cmd_args *a)
 {
     if (a->argc == 1) {
-        resp_add_array(c->out, NCOMMANDS);
-        for (int i = 0; i < NCOMMANDS; i++)
+        resp_add_array(c->out, NPUBLIC);
+        for (int i = 0; i < NPUBLIC; i++)
             add_info(c, &commands[i]);
         return 0;
     }
     if (ARGIS(a, 1, "COUNT"))
-        return cmd_sub_arity(c, a, 2, "command|count") ? resp_add_int(c->out, NCOMMANDS) : 0;
+        return cmd_sub_arity(c, a, 2, "command|count") ? resp_add_int(c->out, NPUBLIC) : 0;
     if (ARGIS(a, 1, "INFO")) {
         if (a->argc == 2) {
-            resp_add_array(c->out, NCOMMANDS);
-            for (int i = 0; i < NCOMMANDS; i++)
+            resp_add_array(c->out, NPUBLIC);
+            for (int i = 0; i < NPUBLIC; i++)
                 add_info(c, &commands[i]);
             return 0;
         }
@@ -330,8 +338,8 @@ int c_command(struct cmd_client *c, const struct cmd_args *a)
     }
     if (ARGIS(a, 1, "DOCS")) {
         if (a->argc == 2) {
-            resp_add_map(c->out, c->resp, NCOMMANDS);
-            for (int i = 0; i < NCOMMANDS; i++)
+            resp_add_map(c->out, c->resp, NPUBLIC);
+            for (int i = 0; i < NPUBLIC; i++)
                 add_docs(c, &commands[i]);
             return 0;
         }
@@ -347,8 +355,8 @@ int c_command(struct cmd_client *c, const struct cmd_args *a)
         return 0;
     }
     if (ARGIS(a, 1, "LIST")) {
-        resp_add_array(c->out, NCOMMANDS);
-        for (int i = 0; i < NCOMMANDS; i++)
+        resp_add_array(c->out, NPUBLIC);
+        for (int i = 0; i < NPUBLIC; i++)
             resp_add_bulk_str(c->out, commands[i].name);
         return 0;
     }
@@ -447,7 +455,7 @@ static int admit(struct cmd_client *c, const struct cmd_def *d, int argc, const 
  * log are not in it, as in Redis's call(). */
 int cmd_dispatch(struct cmd_client *c, int argc, const char **argv, const size_t *argl)
 {
-    const struct cmd_def *d = lookup(argv[0], argl[0]);
+    const struct cmd_def *d = lookup_in(argv[0], argl[0], c->internal);
     size_t at = c->out->len;
     int rejected = 0, rc = 0;
     if (!admit(c, d, argc, argv, argl, &rejected, &rc)) {

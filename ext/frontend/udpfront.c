@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bytes.h"
 #include "core/counter.h"
 #include "durability/wal.h"
 #include "engine/engine.h"
@@ -34,7 +35,7 @@ static int error_reply(struct uf_worker *w, const char *msg)
 {
     w->out.len = 0;
     resp_add_error(&w->out, msg);
-    w->flags = KVU_F_ERROR;
+    w->flags |= KVU_F_ERROR;
     w->ses.need = 0;
     return UF_REPLY;
 }
@@ -53,18 +54,74 @@ int uf_resume(struct uf_worker *w)
     return UF_REPLY;
 }
 
+/* The framed operations' arguments (udpfront.h), parsed from p[0..len) into
+ * w->args: "xadd-batch" KEY FIELD V1 .. Vk, or "xpull" KEY NO. 0, or -1 malformed. */
+static int parse_framed(struct uf_worker *w, uint16_t flags, const uint8_t *p, size_t len)
+{
+    const uint8_t *end = p + len;
+    if (len < 2)
+        return -1;
+    size_t klen = get_be16(p);
+    p += 2;
+    if (klen == 0 || klen > (size_t)(end - p))
+        return -1;
+    const char *key = (const char *)p;
+    p += klen;
+    if (flags == KVU_F_PULL) {
+        if (end - p < 8)
+            return -1; /* what follows the number is padding (room for the answer), ignored */
+        if (resp_args_reserve(&w->args, 3))
+            return -1;
+        w->args.argv[0] = "xpull", w->args.argl[0] = 5;
+        w->args.argv[1] = key, w->args.argl[1] = klen;
+        w->args.argv[2] = (const char *)p, w->args.argl[2] = 8;
+        w->argc = 3;
+        return 0;
+    }
+    if (end - p < 4)
+        return -1;
+    size_t flen = get_be16(p);
+    p += 2;
+    if (flen == 0 || flen + 2 > (size_t)(end - p))
+        return -1;
+    const char *field = (const char *)p;
+    p += flen;
+    size_t count = get_be16(p);
+    p += 2;
+    if (count == 0 || count > KVU_MAX_BATCH || resp_args_reserve(&w->args, (int)count + 3))
+        return -1;
+    w->args.argv[0] = "xadd-batch", w->args.argl[0] = 10;
+    w->args.argv[1] = key, w->args.argl[1] = klen;
+    w->args.argv[2] = field, w->args.argl[2] = flen;
+    for (size_t i = 0; i < count; i++) {
+        if (end - p < 2)
+            return -1;
+        size_t n = get_be16(p);
+        p += 2;
+        if (n > (size_t)(end - p))
+            return -1;
+        w->args.argv[3 + i] = (const char *)p, w->args.argl[3 + i] = n;
+        p += n;
+    }
+    if (p != end)
+        return -1;
+    w->argc = (int)count + 3;
+    return 0;
+}
+
 int uf_run(struct uf_worker *w, uint8_t *p, size_t len)
 {
     if (len < KVU_HDR_LEN)
         return UF_BAD;
-    if (p[6] | p[7])
+    uint16_t flags = get_be16(p + 6);
+    if (flags && flags != KVU_F_XADD && flags != KVU_F_PULL)
         return UF_BAD; /* a reply, or a flag this version does not know */
     char *req = (char *)p + KVU_HDR_LEN;
     len -= KVU_HDR_LEN;
     const char *pass = w->eng->cfg.requirepass;
     struct cmd_client *cl = &w->ses.cl;
     w->out.len = 0;
-    w->flags = 0;
+    w->flags = flags; /* the reply's: REPLY | the request's operation */
     w->ses.need = 0;
     w->ses.again = 0;
     /* A datagram is its own connection: no state survives it (AUTH, HELLO 3,
@@ -73,12 +130,15 @@ int uf_run(struct uf_worker *w, uint8_t *p, size_t len)
     cl->resp = 2;
     cl->close_after_reply = 0;
     cl->resume_i = 0;
+    cl->internal = flags != 0;
+    if (flags)
+        return parse_framed(w, flags, (const uint8_t *)req, len) ? UF_BAD : uf_resume(w);
     resp_reset(&w->rp);
     w->rp.unauth = !cl->authenticated;
     int rc = resp_parse(&w->rp, req, len);
     if (rc == RESP_ERROR) {
         resp_add_errorf(&w->out, "ERR Protocol error: %s", w->rp.err);
-        w->flags = KVU_F_ERROR;
+        w->flags |= KVU_F_ERROR;
         return UF_REPLY;
     }
     if (rc == RESP_AGAIN || w->rp.scan != len || w->rp.argc == 0)

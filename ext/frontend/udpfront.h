@@ -6,10 +6,31 @@
  *   u32 id         chosen by the client, echoed unchanged in the reply
  *   u16 seq        index of this datagram in its message; always 0 (one datagram
  *                  per request and per reply, like memcached's UDP frames with total 1)
- *   u16 flags      KVU_F_REPLY on replies; KVU_F_ERROR when the reply is an error
- *                  made by the UDP front end itself (bad framing, reply too large)
- *   then exactly one RESP request (or one RESP reply).
- * Datagrams with KVU_F_REPLY set, or any other flag, are dropped (no reflection).
+ *   u16 flags      requests: 0, KVU_F_XADD or KVU_F_PULL (the operation below);
+ *                  replies: KVU_F_REPLY | the request's operation, and KVU_F_ERROR when
+ *                  the reply is an error made by the UDP front end itself (bad RESP,
+ *                  reply too large)
+ *   then, by flags:
+ *   0              exactly one RESP request (the reply: one RESP reply);
+ *   KVU_F_XADD     a batch of k messages for one stream (paper 004's batch transfer):
+ *                  u16 key length, key, u16 field length, field, u16 k (1..KVU_MAX_BATCH),
+ *                  then k times u16 length + message. They become k entries FIELD
+ *                  message with consecutive IDs from "*", in one change and one log
+ *                  record. Reply (RESP): [first ID, k], or an error (WRONGTYPE, OOM,
+ *                  NOAUTH, ...);
+ *   KVU_F_PULL     a pull of one batch: u16 key length, key, u64 batch number, then
+ *                  optional padding (ignored): a pull padded to the size of its answer
+ *                  (up to KVU_MAX_PAYLOAD) leaves the pull cache room to answer it in
+ *                  place, which XDP cannot grow a packet to do on every driver. Reply:
+ *                  core/stream.h's pull answer (xs_pull_encode: status, entries,
+ *                  version, number, first ms, entry bytes), or a status without
+ *                  entries (no such batch: u64 number asked, oldest, next; no such
+ *                  stream), or a RESP error starting with '-' (WRONGTYPE, NOAUTH).
+ *                  With the pull cache (pullcache.h) the kernel may answer it instead,
+ *                  with the same bytes.
+ * A framed request (XADD; PULL but for its padding) must fill its datagram exactly; one
+ * that does not is dropped and counted (udp_bad_frames), as are datagrams with KVU_F_REPLY or any
+ * other flag set (no reflection).
  * A datagram is its own connection: no AUTH (a server with requirepass answers
  * -NOAUTH), RESP2, no state kept between datagrams.
  *
@@ -35,7 +56,12 @@
 #define KVU_HDR_LEN 8
 #define KVU_F_REPLY 0x0001u
 #define KVU_F_ERROR 0x0002u
-#define KVU_MAX_PAYLOAD 1472 /* a 1500-byte MTU: 1500 - IPv4 (20) - UDP (8) */
+#define KVU_F_XADD 0x0004u
+#define KVU_F_PULL 0x0008u
+#define KVU_MAX_PAYLOAD 1472 /* a reply: a 1500-byte MTU less IPv4 (20) and UDP (8) */
+#define KVU_MAX_REQUEST 9000 /* a request (a batch of messages): a jumbo frame's payload; over
+                                loopback and veth no fragment is ever sent */
+#define KVU_MAX_BATCH 1024   /* messages of one KVU_F_XADD datagram */
 
 struct kv_engine;
 
