@@ -23,6 +23,13 @@ TEST_APT += nbdkit libnbd-bin python3-libnbd qemu-utils fuse3 mount e2fsprogs xf
 # liburing for --datafile-io uring/uring-direct (built in when pkg-config finds it; without
 # it those modes say so at start), so CI runs the data file's suites under io_uring too.
 TEST_APT += liburing-dev pkg-config
+# The pull cache's XDP program (issue 16, --pull-cache-slots): clang compiles it for the BPF
+# target (llvm: llvm-strip), libbpf-dev loads it, linux-libc-dev has the kernel's headers; ethtool
+# turns GRO on for the tests' veth (XDP_TX to a veth peer needs its NAPI). Without them the
+# build leaves the cache out and --pull-cache-slots says so.
+TEST_APT += clang llvm libbpf-dev linux-libc-dev ethtool
+# Mosquitto, the MQTT broker the message queue is measured against (p004_write), and its clients.
+TEST_APT += mosquitto mosquitto-clients
 # DPDK 22.11 for --arch dpdk (built in only when pkg-config finds libdpdk) and ethtool (its
 # test turns veth checksum offload off), so CI runs that test; `make test DPDK=0` leaves
 # them out: everything else builds and runs, and --arch dpdk then says it is missing.
@@ -110,11 +117,12 @@ $(BUILT): $(EXT_SOURCES) $(BUILD_CONFIG) $(INSTALLED)
 		$(MAKE) --no-print-directory ext; fi
 	@touch $@
 
-# What the build found (libdpdk), rewritten only when it differs: installing DPDK
-# (make test) rebuilds with --arch dpdk.
+# What the build found (libdpdk, libbpf and clang), rewritten only when it differs: installing
+# DPDK or clang (make test) rebuilds with --arch dpdk or the pull cache.
 $(BUILD_CONFIG): FORCE
 	@mkdir -p build
 	@c="libdpdk $$(pkg-config --modversion libdpdk 2>/dev/null || echo none) KVSTORE_NO_DPDK=$(KVSTORE_NO_DPDK)"; \
+	c="$$c libbpf $$(pkg-config --modversion libbpf 2>/dev/null || echo none) clang $$(command -v clang || echo none)"; \
 	[ "$$(cat $@ 2>/dev/null)" = "$$c" ] || echo "$$c" > $@
 
 # The test and benchmark extras' packages (the package itself is installed above).

@@ -173,6 +173,12 @@ class ServerConfig:
     udp_workers: int = setting(
         1, "arch udp/dpdk: UDP worker threads (dpdk: lcores, one RX/TX queue pair each).", min=1, max=63,
         c="udp_workers")
+    pull_cache_slots: int = setting(
+        0, "arch udp: slots of the pull cache's first level (paper 004), an XDP program on the interface of "
+           "--bind answering UDP pulls of recently sealed stream batches before the kernel's network stack "
+           "(each slot one batch, 1.5 KiB); 0 = off: the engine answers every pull. Needs root (or CAP_BPF and "
+           "CAP_NET_ADMIN), --bind one interface's IPv4 address, and a build with clang and libbpf-dev.",
+        min=0, max=1 << 20, accepts="a slot count from 0 (off) to 1048576", c="pull_cache_slots")
     dpdk_iface: str = setting(
         "", "arch dpdk: interface for DPDK's AF_XDP port (e.g. one end of a veth pair; turn its TX checksum "
             "offload off).", shown=None, c="dpdk_iface")
@@ -394,6 +400,12 @@ class ServerConfig:
             check_repl_tls_files(self.tls_cert_file, self.tls_key_file, self.tls_ca_cert_file)
         if self.arch in ("udp", "dpdk"):
             self._validate_udp()
+        if self.pull_cache_slots and self.arch != "udp":
+            raise ConfigError(f"pull_cache_slots: the pull cache serves the kernel-socket UDP front end: it needs "
+                              f"--arch udp, got --arch {self.arch}")
+        if self.pull_cache_slots and self.bind in ("0.0.0.0", ""):
+            raise ConfigError("pull_cache_slots: the pull cache attaches to one interface: --bind must be that "
+                              "interface's IPv4 address (e.g. 127.0.0.1 for lo), not 0.0.0.0")
         if self.node_id and not re.fullmatch(r"[0-9a-fA-F]{32}", self.node_id):
             accepts = self.__dataclass_fields__["node_id"].metadata["accepts"]
             raise ConfigError(f"node_id: expected {accepts}, got {self.node_id!r}")

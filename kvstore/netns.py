@@ -111,3 +111,36 @@ class TestHost:
         if _ip("link", "show", "dev", self.host_if, check=False):
             _ip("link", "del", self.host_if, check=False)
         self._up = False
+
+
+class XdpProgram:
+    """One of the pull cache's XDP programs (ext/bpf/pullcache.bpf.c) attached to interface
+    ifname of this process's namespace until close() (or the process's end: a BPF link):
+    "pass" for the client's end of a veth pair (a veth delivers frames its peer sends back
+    with XDP_TX only when its own receive side runs XDP), or "pull_bounce", the pull
+    experiment's yardstick (pulls to port sent back at bounce_len bytes of payload). Needs
+    root and a build with the programs (clang, libbpf-dev): OSError otherwise."""
+
+    def __init__(self, ifname, program="pass", port=0, bounce_len=0):
+        from kvstore._ext import ffi, lib
+        self._lib = lib
+        err = ffi.new("char[256]")
+        self._p = lib.pc_prog_attach(ifname.encode(), program.encode(), port, bounce_len, err, 256)
+        if self._p == ffi.NULL:
+            raise OSError(f"XDP {program} on {ifname}: {ffi.string(err).decode()}")
+        self._null = ffi.NULL
+
+    def bounced(self):
+        """Pulls pull_bounce sent back so far."""
+        return self._lib.pc_prog_bounced(self._p)
+
+    def close(self):
+        if self._p != self._null:
+            self._lib.pc_prog_detach(self._p)
+            self._p = self._null
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

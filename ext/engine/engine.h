@@ -57,6 +57,7 @@ struct kv_config {
                                 waits (engine/session.h) instead of failing */
     int udp_port;            /* arch udp/dpdk: UDP port (udp: 0 = any free port) */
     int udp_workers;         /* arch udp/dpdk: UDP worker threads (dpdk: lcores), >= 1 */
+    int pull_cache_slots;    /* arch udp: the pull cache's XDP slots (frontend/pullcache.h), 0 = off */
     const char *dpdk_iface;  /* arch dpdk: interface of the AF_XDP port, e.g. a veth end */
     const char *dpdk_eal_args; /* arch dpdk: extra EAL arguments, space separated, or NULL */
     /* ---- clients (cmd/client.c) */

@@ -34,11 +34,12 @@
 #include "core/net.h"
 #include "engine/engine.h"
 #include "frontend/frontend.h"
+#include "frontend/pullcache.h"
 #include "durability/wal.h"
 
 #define BURST 32
 #define RING 512              /* replies built, waiting to be sent (a power of two) */
-#define RXBUF 2048            /* > KVU_MAX_PAYLOAD: a longer datagram shows up as MSG_TRUNC */
+#define RXBUF KVU_MAX_REQUEST  /* a longer datagram shows up as MSG_TRUNC */
 #define WAIT_MS 100           /* longest poll(): a lost wakeup costs at most this */
 #define MAX_WORKERS 64
 
@@ -74,7 +75,23 @@ struct us_server {
     _Atomic int stopping;
     struct us_worker *wk;
     struct uf_info info;     /* what INFO shows of it */
+    struct pull_cache *pc;   /* --pull-cache-slots: the XDP first level, or NULL */
 };
+
+/* INFO stats: the pull cache's counters (its program's and the engine's). */
+static void info_pull_cache(void *arg, struct kvbuf *b)
+{
+    struct pc_stats st;
+    pc_get_stats(arg, &st);
+    kvbuf_printf(b,
+                 "pull_cache_slots:%u\r\npull_cache_iface:%s\r\npull_cache_mode:%s\r\n"
+                 "pull_cache_hits:%llu\r\npull_cache_misses:%llu\r\npull_cache_fills:%llu\r\n"
+                 "pull_cache_invalidations:%llu\r\npull_cache_torn:%llu\r\npull_cache_no_room:%llu\r\n",
+                 st.slots, st.ifname, st.native ? "native" : "generic", (unsigned long long)st.hits,
+                 (unsigned long long)st.misses, (unsigned long long)st.fills,
+                 (unsigned long long)st.invalidations, (unsigned long long)st.torn,
+                 (unsigned long long)st.no_room);
+}
 
 /* Send ring replies in order while their LSN is durable. */
 static void send_ready(struct us_worker *k)
@@ -129,7 +146,7 @@ static int run_received(struct us_worker *k)
         if (k->stalled)
             r = uf_resume(&k->w);
         else if (m->msg_hdr.msg_flags & MSG_TRUNC)
-            r = UF_BAD; /* longer than any request fits: one datagram is at most 1472 bytes */
+            r = UF_BAD; /* longer than any request may be (KVU_MAX_REQUEST) */
         else
             r = uf_run(&k->w, k->rxb[k->rx_i], m->msg_len);
         if (r == UF_STALL) {
@@ -269,6 +286,11 @@ static int us_create(void **out, struct kv_engine *eng, char *err, size_t errlen
         else
             rc = ses_subscribe(eng, k->evfd, err, errlen);
     }
+    if (rc == 0 && eng->cfg.pull_cache_slots > 0) {
+        rc = pc_open(&u->pc, eng->table, bind_addr, u->port, (uint32_t)eng->cfg.pull_cache_slots, err, errlen);
+        if (rc == 0)
+            rc = eng_info_add(eng, "stats", info_pull_cache, NULL, u->pc);
+    }
     if (rc < 0) {
         us_destroy(u);
         return rc;
@@ -322,6 +344,7 @@ static void us_destroy(void *st)
     if (!u)
         return;
     us_stop(u);
+    pc_close(u->pc); /* after the workers: nothing of ours changes streams now */
     for (int i = 0; i < u->nworkers; i++) {
         struct us_worker *k = &u->wk[i];
         if (k->fd >= 0)
