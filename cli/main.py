@@ -231,6 +231,20 @@ def recover(data_dir, max_memory, check_only, from_peer, repl_secret_file, repl_
 @click.option("--xadd", is_flag=True, help="Writes are XADD KEY * v VALUE, a stream per key (RESP; --ratio N:0): "
                                            "the message-queue load. -P is the batch of XADDs a connection sends "
                                            "at once.")
+@click.option("--batch", default=1, show_default=True,
+              help="--udp --xadd: messages per datagram (1..1024), appended as one batch (paper 004's batch "
+                   "transfer); throughput counts datagrams, the XADD count messages.")
+@click.option("--pull", default=0, show_default=True,
+              help="--udp: every request pulls one batch of a stream KEY, a batch number below this (the "
+                   "pull cache's load; write the streams first); hits: batches returned.")
+@click.option("--consume", is_flag=True,
+              help="The read side of the message queue: -c consumers, each reading stream KEY (-r streams) with "
+                   "XREADGROUP GROUP --group c<i> COUNT --count and acknowledging every batch with XACK (sent with "
+                   "the next read), until the streams are drained, --duration or -n messages. The group must "
+                   "exist. Works against Redis too.")
+@click.option("--group", default="g", show_default=True, help="--consume: the consumer group.")
+@click.option("--count", default=100, show_default=True, help="--consume: COUNT of each XREADGROUP.")
+@click.option("--ack/--no-ack", default=True, show_default=True, help="--consume: XACK what was read.")
 @click.option("-a", "--password", default=None, help="AUTH password (RESP).")
 @click.option("--udp", is_flag=True, help="Drive the UDP front end (--arch udp or dpdk) with kernel UDP sockets "
                                           "(sendmmsg/recvmmsg): -c sockets, -P requests in flight per socket, "
@@ -243,6 +257,9 @@ def bench(as_json, **kw):
 
     Works against kvstore and any RESP server (Redis), or memcached with
     --protocol memcache. Give --requests and/or --duration (default: 10 s)."""
+    consume = {k: kw.pop(k) for k in ("consume", "group", "count", "ack")}
+    if consume["consume"]:
+        return _consume(as_json, kw, consume)
     if not kw["requests"] and not kw["duration"]:
         kw["duration"] = 10.0
     limit = f"{kw['duration']:g} s" if kw["duration"] else f"{kw['requests']} requests"
@@ -261,11 +278,31 @@ def bench(as_json, **kw):
         click.echo(json.dumps(r, indent=2))
         return
     click.echo(f"{r['requests']} requests in {r['elapsed']:.2f} s: {r['throughput']:,.0f} req/s "
-               f"({r['sets']} {'XADD' if kw['xadd'] else 'SET'}, {r['gets']} GET, {r['hits']} hits, {r['misses']} misses, "
+               f"({r['sets']} {'XADD' if kw['xadd'] else 'SET'}, {r['gets']} {'PULL' if kw['pull'] else 'GET'}, "
+               f"{r['hits']} hits, {r['misses']} misses, "
                f"{r['errors']} errors" + (f", {r['timeouts']} timeouts" if kw["udp"] else "") + ")")
     click.echo(f"latency us: mean {r['lat_mean_us']:.1f}  p50 {r['lat_p50_us']:.1f}  "
                f"p90 {r['lat_p90_us']:.1f}  p99 {r['lat_p99_us']:.1f}  p99.9 {r['lat_p999_us']:.1f}  "
                f"max {r['lat_max_us']:.1f}")
+    if r["errors"]:
+        click.echo(f"first error: {r['first_error']}", err=True)
+        sys.exit(1)
+
+
+def _consume(as_json, kw, c):
+    try:
+        r = benchmod.consume(host=kw["host"], port=kw["port"], threads=kw["threads"], conns=kw["conns"],
+                             streams=kw["keyspace"], group=c["group"], count=c["count"], ack=c["ack"],
+                             duration=kw["duration"], max_messages=kw["requests"], password=kw["password"])
+    except KVError as e:
+        _fail(e)
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    click.echo(f"{r['messages']} messages in {r['elapsed']:.2f} s: {r['throughput']:,.0f} msg/s ({r['reads']} reads, "
+               f"{r['acked']} acknowledged, {r['empty_reads']} empty, {r['errors']} errors)")
+    click.echo(f"round trip us (a read and the previous batch's XACK): p50 {r['lat_p50_us']:.1f}  "
+               f"p99 {r['lat_p99_us']:.1f}")
     if r["errors"]:
         click.echo(f"first error: {r['first_error']}", err=True)
         sys.exit(1)

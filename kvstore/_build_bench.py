@@ -1,6 +1,7 @@
 """cffi (API mode, out-of-line) build of kvstore._bench, the benchmark code in ext/bench/.
 
-Load generators (lg_run over TCP, ug_run over UDP), the naive baseline of the data
+Load generators (lg_run over TCP, ug_run over UDP, xg_run: stream consumers,
+mq_run: MQTT publishers), the naive baseline of the data
 file (bosc_bench_naive) and the log record generator (rl_generate). None of it is
 part of the server library (kvstore._ext), and this module links none of the
 server's code: the generators only talk to servers over sockets, the baseline is
@@ -25,6 +26,8 @@ SOURCES = sorted(p for p in glob.glob(os.path.join(EXT, "bench", "*.c"))
 SPEC = [
     ("bench/loadgen.h", ["struct lg_config", "struct lg_result", "lg_run"]),
     ("bench/udpgen.h", ["ug_run"]),
+    ("bench/xgroupgen.h", ["struct xg_config", "struct xg_result", "xg_run"]),
+    ("bench/mqttgen.h", ["struct mq_config", "struct mq_result", "mq_run"]),
     ("bench/bosc_naive.h", ["bosc_bench_naive"]),
     ("core/table.h", ["typedef kvt_log_fn"]),
     ("bench/replog_gen.h", ["rl_generate"]),

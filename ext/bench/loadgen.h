@@ -38,6 +38,13 @@ struct lg_config {
                                 the run with -EACCES. Ignored for LG_PROTO_MEMCACHE */
     int xadd;                /* RESP only, writes only (ratio N:0): each write is "XADD key * v VALUE" (a
                                 stream per key) and its reply the new entry's ID (check: a bulk, not an error) */
+    int batch;               /* UDP (ug_run) with xadd: messages per datagram, 1..1024 (a KVU_F_XADD frame,
+                                frontend/udpfront.h: k entries "v" VALUE with consecutive IDs, one reply
+                                [first ID, k]); sets then counts messages, requests datagrams */
+    uint64_t pull_batches;   /* UDP (ug_run): > 0 makes every request a pull (KVU_F_PULL) of a batch number
+                                in [0, pull_batches) of stream "key:..." (padded to a 1,472-byte payload, room
+                                for the answer: the pull cache answers in place); hits: a batch came back
+                                (check: its number and entry encoding are right), misses: none there */
     uint64_t seed;           /* key/op choice; thread i uses a stream derived from seed and i */
     volatile int *stop;      /* optional: when *stop becomes nonzero, finish promptly (within ~20 ms) and
                                 return what was measured; in-flight replies are abandoned */

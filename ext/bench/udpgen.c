@@ -23,14 +23,19 @@
 #define FRAME_HDR 8
 #define F_REPLY 0x0001u
 #define F_ERROR 0x0002u
-#define MAX_DGRAM 1472
+#define F_XADD 0x0004u
+#define F_PULL 0x0008u
+#define MAX_DGRAM 9000 /* a request: KVU_MAX_REQUEST (a batch of messages) */
+#define MAX_BATCH 1024
+#define PULL_HDR 24
+#define PULL_PADDED 1472 /* a pull's datagram, frame header included: one MTU, room for any answer */
 #define MAX_VALUE 1400
 #define MAX_WINDOW 4096
 #define MMSG 64
 
-enum { K_SET = 1, K_GET = 2 };
+enum { K_SET = 1, K_GET = 2, K_PULL = 3 };
 
-struct slot { uint64_t t, key; uint32_t id; int kind; };
+struct slot { uint64_t t, key, no; uint32_t id; int kind; };
 
 struct usock {
     int fd;
@@ -118,6 +123,34 @@ static size_t build(struct uworker *w, struct slot *s, char *buf)
     char *p = buf + FRAME_HDR;
     int total = c->set_ratio + c->get_ratio;
     s->key = below(w, c->keyspace);
+    if (c->pull_batches || (c->xadd && c->batch)) { /* the framed stream operations */
+        unsigned char *q = (unsigned char *)p;
+        char key[20];
+        snprintf(key, sizeof key, "key:%012llu", (unsigned long long)s->key);
+        *q++ = 0, *q++ = 16;
+        memcpy(q, key, 16), q += 16;
+        if (c->pull_batches) {
+            s->kind = K_PULL;
+            buf[7] = F_PULL;
+            s->no = below(w, c->pull_batches);
+            for (int i = 7; i >= 0; i--)
+                *q++ = (unsigned char)(s->no >> (8 * i));
+            size_t n = (size_t)((char *)q - buf);
+            memset(q, 0, PULL_PADDED - n); /* room for the answer: the pull cache replies in place */
+            return PULL_PADDED;
+        }
+        s->kind = K_SET;
+        buf[7] = F_XADD;
+        *q++ = 0, *q++ = 1, *q++ = 'v';
+        *q++ = (unsigned char)(c->batch >> 8), *q++ = (unsigned char)c->batch;
+        for (int m = 0; m < c->batch; m++) {
+            *q++ = (unsigned char)(c->value_size >> 8), *q++ = (unsigned char)c->value_size;
+            for (int i = 0; i < c->value_size; i++)
+                q[i] = (unsigned char)value_byte(s->key + (uint64_t)m, (size_t)i);
+            q += c->value_size;
+        }
+        return (size_t)((char *)q - buf);
+    }
     s->kind = (int)below(w, (uint64_t)total) < c->set_ratio ? K_SET : K_GET;
     if (s->kind == K_GET)
         return FRAME_HDR + (size_t)sprintf(p, "*2\r\n$3\r\nGET\r\n$16\r\nkey:%012llu\r\n", (unsigned long long)s->key);
@@ -128,11 +161,78 @@ static size_t build(struct uworker *w, struct slot *s, char *buf)
     return FRAME_HDR + (size_t)n + (size_t)c->value_size + 2;
 }
 
+static uint64_t be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* One LEB128 varint at *p (before end): 0, or -1 when cut short or too long. */
+static int varint(const unsigned char **p, const unsigned char *end, uint64_t *v)
+{
+    *v = 0;
+    for (int shift = 0; *p < end && shift < 64; shift += 7) {
+        unsigned char b = *(*p)++;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            return 0;
+    }
+    return -1;
+}
+
+/* A pull's answer (core/stream.h xs_pull_encode): the asked batch, its entries well formed. */
+static int pull_ok(const struct slot *s, const unsigned char *p, size_t len)
+{
+    if (len < PULL_HDR || (p[0] != 0 && p[0] != 1) || be64(p + 8) != s->no)
+        return 0;
+    unsigned count = (unsigned)p[2] << 8 | p[3], n = 0;
+    const unsigned char *q = p + PULL_HDR, *end = p + len;
+    while (q < end) {
+        uint64_t v, nf, fl;
+        q++; /* flags */
+        if (varint(&q, end, &v) || varint(&q, end, &v) || varint(&q, end, &nf) || !nf)
+            return 0;
+        for (uint64_t f = 0; f < 2 * nf; f++) {
+            if (varint(&q, end, &fl) || fl > (uint64_t)(end - q))
+                return 0;
+            q += fl;
+        }
+        n++;
+    }
+    return n == count;
+}
+
 static void check_reply(struct uworker *w, struct slot *s, uint16_t flags, const char *p, size_t len)
 {
     const struct lg_config *c = w->cfg;
     if ((flags & F_ERROR) || (len && p[0] == '-')) {
         note_error(w, "%.*s", (int)(len > 100 ? 100 : len), p);
+        return;
+    }
+    if (s->kind == K_PULL) {
+        const unsigned char *u = (const unsigned char *)p;
+        w->gets++;
+        if (len >= 16 && (u[0] == 2 || u[0] == 3)) { /* no such batch, no such stream */
+            w->misses++;
+            return;
+        }
+        w->hits++;
+        if (c->check && !pull_ok(s, u, len))
+            note_error(w, "pull of batch %llu of key:%012llu: a malformed answer (%zu bytes, status %d)",
+                       (unsigned long long)s->no, (unsigned long long)s->key, len, len ? u[0] : -1);
+        return;
+    }
+    if (s->kind == K_SET && c->xadd && c->batch) {
+        char tail[24];
+        int t = snprintf(tail, sizeof tail, "\r\n:%d\r\n", c->batch);
+        if (len < 8 || memcmp(p, "*2\r\n$", 5) || len < (size_t)t || memcmp(p + len - t, tail, (size_t)t)) {
+            note_error(w, "XADD batch to key:%012llu: unexpected reply %.*s", (unsigned long long)s->key,
+                       (int)(len > 60 ? 60 : len), p);
+            return;
+        }
+        w->sets += (uint64_t)c->batch;
         return;
     }
     if (s->kind == K_SET) {
@@ -322,6 +422,15 @@ int ug_run(const struct lg_config *cfg, int timeout_ms, struct lg_result *out, u
         BAD("pipeline (requests in flight per socket): expected 1..%d over UDP, got %d", MAX_WINDOW, cfg->pipeline);
     if (cfg->value_size < 1 || cfg->value_size > MAX_VALUE)
         BAD("value size: expected 1..%d bytes over UDP (one datagram), got %d", MAX_VALUE, cfg->value_size);
+    if (cfg->xadd && cfg->pull_batches)
+        BAD("xadd and pulls: one load at a time (writes with xadd, reads with pull batches)");
+    if (cfg->xadd && (cfg->batch < 1 || cfg->batch > MAX_BATCH))
+        BAD("batch: expected 1..%d messages per datagram over UDP, got %d", MAX_BATCH, cfg->batch);
+    if (cfg->xadd && 8 + 22 + (long)cfg->batch * (2 + cfg->value_size) > MAX_DGRAM)
+        BAD("batch x (value size + 2) must fit one request datagram (%d bytes), got %d x %d", MAX_DGRAM - 30,
+            cfg->batch, cfg->value_size + 2);
+    if (cfg->xadd && cfg->get_ratio)
+        BAD("xadd: writes only (a ratio of N:0)");
     if (cfg->keyspace < 1 || cfg->keyspace > 1000000000000ull) BAD("keyspace: expected 1..10^12");
     if (cfg->set_ratio < 0 || cfg->get_ratio < 0 || cfg->set_ratio + cfg->get_ratio == 0) BAD("ratio: bad SET:GET");
     if (!cfg->requests && cfg->duration <= 0) BAD("give a request count or a duration");
