@@ -44,6 +44,10 @@ EXPERIMENTS = [
     Experiment("p003_ldu_kvstore_queue", "003", "LDU in kvstore: the dirty-key queue, LDU vs a locked queue"),
     Experiment("p004_write", "004", "message queue: XADD write throughput vs batch size k (85-byte messages), "
                "kvstore memory/disk vs Redis without/with AOF always"),
+    Experiment("p004_read", "004", "message queue: consumers draining streams with XREADGROUP COUNT k + XACK, "
+               "kvstore memory/disk vs Redis without/with AOF always"),
+    Experiment("p004_pull", "004", "message queue: UDP pulls of sealed batches from the XDP first level vs the engine "
+               "vs an XDP bounce-only packet rate (root, veth in a network namespace)"),
     Experiment("kv_peer_compare", "kv", "kvstore vs Redis vs memcached, same loads, same run"),
     Experiment("kv_accept_modes", "kv", "connection placement: SO_REUSEPORT listeners vs accept-and-hand-off"),
     Experiment("kv_build_compare", "kv", "this build against a baseline build: throughput and CPU per request"),

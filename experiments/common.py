@@ -392,6 +392,17 @@ def redis_server(port, name="redis", *extra):
                        "--dir", d, "--bind", "127.0.0.1", *extra], port)
 
 
+def mosquitto(port, name="mosquitto"):
+    """Debian's mosquitto (MQTT 3.1.1/5 broker) on 127.0.0.1:port, anonymous, persistence off (its
+    default): QoS 1 is acknowledged from memory. As root it runs as root (-u is its config's `user`)."""
+    d = tempfile.mkdtemp(prefix="kv-mosquitto-")
+    conf = os.path.join(d, "mosquitto.conf")
+    with open(conf, "w") as f:
+        f.write(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+                + ("user root\n" if os.geteuid() == 0 else ""))
+    return Proc(name, ["mosquitto", "-c", conf], port, "mqtt")
+
+
 def memcached(port, threads=2):
     argv = ["memcached", "-p", str(port), "-U", "0", "-l", "127.0.0.1", "-t", str(threads),
             "-m", "4096", "-c", "4096"]

@@ -11,8 +11,13 @@ with k XADDs in flight, for --duration seconds per point; rounds alternate the s
 A B C D within each k, so drift on this shared machine hits all alike; medians over rounds.
 
 Servers: kvstore memory only (durability none) and kvstore durable (durability disk: every
-XADD's reply waits for its fsync), Redis with persistence off and Redis with AOF and
-appendfsync always (its durable setting). Load generator and servers share this 2-core
+XADD's reply waits for its fsync), the same two over kvstore's UDP front end (kvstore-udp,
+kvstore-udp-disk: --arch udp, `kvstore bench --udp --xadd --batch k`, each of --conns sockets
+with one datagram of k messages in flight, appended as one change with one log record),
+Redis with persistence off and Redis with AOF and appendfsync always (its durable setting),
+and Mosquitto (the broker an IoT user would otherwise pick; persistence off, its default) with
+MQTT publishers (`kvstore.bench.mqtt`) keeping k PUBLISHes in flight per client: QoS 0 (rounds
+closed by a PINGREQ) and QoS 1 (each counted at its PUBACK, which Mosquitto sends from memory). Load generator and servers share this 2-core
 machine: read ratios and the shape of each curve, not absolute rates. Server CPU per
 message comes from /proc (all the server's threads).
 
@@ -27,17 +32,37 @@ from kvstore.experiments.kv_peer_compare import KvNode
 
 NAME = "p004_write"
 QUICK = ["--rounds", "1", "--batches", "1", "8", "--duration", "0.5", "--conns", "4"]
-SERVERS = ["kvstore", "kvstore-disk", "redis", "redis-aof"]
-COLORS = {"kvstore": "#1f77b4", "kvstore-disk": "#0b3d91", "redis": "#ff9896", "redis-aof": "#d62728"}
+SERVERS = ["kvstore", "kvstore-disk", "kvstore-udp", "kvstore-udp-disk", "redis", "redis-aof", "mosquitto-qos0",
+           "mosquitto-qos1"]
+COLORS = {"kvstore": "#1f77b4", "kvstore-disk": "#0b3d91", "kvstore-udp": "#2ca02c", "kvstore-udp-disk": "#145214",
+          "redis": "#ff9896", "redis-aof": "#d62728", "mosquitto-qos0": "#c5b0d5", "mosquitto-qos1": "#9467bd"}
 MSG = 85  # bytes of a message: IoT's small writes
+
+
+class UdpNode(KvNode):
+    """kvstore's UDP front end (--arch udp, one worker; one TCP poller for control): a batch
+    of k messages is one datagram (udpfront.h's KVU_F_XADD), appended as one change."""
+
+    def __init__(self, durability, name):
+        super().__init__(1, durability, name)
+        self.node.settings.update(arch="udp", udp_port=0, udp_workers=1)
+
+    def start(self):
+        super().start()
+        self.udp_port = self.node.udp_port
+        return self
 
 
 def servers(args):
     make = {"kvstore": lambda: KvNode(args.kv_threads, "none", "kvstore"),
             "kvstore-disk": lambda: KvNode(args.kv_threads, "disk", "kvstore-disk"),
+            "kvstore-udp": lambda: UdpNode("none", "kvstore-udp"),
+            "kvstore-udp-disk": lambda: UdpNode("disk", "kvstore-udp-disk"),
             "redis": lambda: common.redis_server(common.free_port()),
             "redis-aof": lambda: common.redis_server(common.free_port(), "redis-aof", "--appendonly", "yes",
-                                                     "--appendfsync", "always")}
+                                                     "--appendfsync", "always"),
+            "mosquitto-qos0": lambda: common.mosquitto(common.free_port(), "mosquitto-qos0"),
+            "mosquitto-qos1": lambda: common.mosquitto(common.free_port(), "mosquitto-qos1")}
     return [make[s]() for s in SERVERS if s in args.servers]
 
 
@@ -52,19 +77,30 @@ def measure(args):
                 for s in srv:
                     if sweep.has(round=rnd, batch=k, server=s.name):
                         continue
+                    udp = isinstance(s, UdpNode)
                     cpu0, w0 = common.cpu_seconds(s.pid), time.monotonic()
-                    r = common.kvbench.run(port=s.port, threads=args.client_threads, conns=args.conns, pipeline=k,
-                                           value_size=MSG, keyspace=args.streams, ratio="1:0",
-                                           requests=args.max_requests, duration=args.duration, xadd=True)
+                    if s.name.startswith("mosquitto"):  # k PUBLISHes in flight per client
+                        r = common.kvbench.mqtt(port=s.port, threads=args.client_threads, conns=args.conns,
+                                                qos=int(s.name[-1]), window=k, msg_size=MSG, topics=args.streams,
+                                                duration=args.duration, messages=args.max_requests)
+                        r.update(errors=0, requests=r["messages"])
+                    else:  # UDP: each socket one datagram of k messages in flight; RESP: k XADDs per connection
+                        r = common.kvbench.run(port=s.udp_port if udp else s.port, threads=args.client_threads,
+                                               conns=args.conns, pipeline=1 if udp else k, value_size=MSG,
+                                               keyspace=args.streams, ratio="1:0", requests=args.max_requests,
+                                               duration=args.duration, xadd=True, udp=udp, batch=k if udp else 1)
                     cpu, wall = common.cpu_seconds(s.pid) - cpu0, time.monotonic() - w0
                     if r["errors"]:
                         raise RuntimeError(f"{s.name} k={k}: {r['errors']} errors, first: {r['first_error']}")
+                    msgs = r["sets"] if udp else r["requests"]  # UDP: requests are datagrams
+                    tput = msgs / r["elapsed"] if r["elapsed"] else 0.0
                     row = {"round": rnd, "server": s.name, "batch": k, "conns": args.conns, "streams": args.streams,
-                           "message_bytes": MSG, "duration_s": args.duration, "messages": r["requests"],
-                           "throughput": round(r["throughput"]), "mb_s": round(r["throughput"] * MSG / 1e6, 2),
+                           "message_bytes": MSG, "duration_s": args.duration, "messages": msgs,
+                           "timeouts": r.get("timeouts", 0),
+                           "throughput": round(tput), "mb_s": round(tput * MSG / 1e6, 2),
                            "p50_us": round(r["lat_p50_us"], 1), "p99_us": round(r["lat_p99_us"], 1),
                            "wall_s": round(wall, 3), "server_cpu_s": round(cpu, 3),
-                           "cpu_us_per_msg": round(cpu / r["requests"] * 1e6, 3) if r["requests"] else ""}
+                           "cpu_us_per_msg": round(cpu / msgs * 1e6, 3) if msgs else ""}
                     sweep.add(row, f"round {rnd} k={k:<3} {s.name:13s} {row['throughput']:>10,} msg/s "
                                    f"{row['mb_s']:7.1f} MB/s  p50 {row['p50_us']:8.0f} us  "
                                    f"cpu {row['cpu_us_per_msg']} us/msg")
@@ -75,11 +111,11 @@ def measure(args):
     return sweep.rows
 
 
-def curves(rows):
-    """{server: [(k, median msg/s, min, max, median cpu us/msg)] by k}."""
+def curves(rows, x="batch"):
+    """{server: [(x, median msg/s, min, max, median cpu us/msg)] by the column x}."""
     pts = {}
     for r in rows:
-        pts.setdefault((r["server"], int(r["batch"])), []).append(r)
+        pts.setdefault((r["server"], int(r[x])), []).append(r)
     out = {}
     for (server, k), rs in sorted(pts.items()):
         t = [float(r["throughput"]) for r in rs]
@@ -88,20 +124,32 @@ def curves(rows):
     return out
 
 
+def print_ratios(rows, pairs, x="batch", label="k="):
+    """Per value of column x, each pair's paired ratio over rounds (a/b msg/s)."""
+    for k in sorted({int(r[x]) for r in rows}):
+        line = f"{label}{k}:"
+        for a, b in pairs:
+            v = common.paired(rows, "server", a, b, **{x: str(k)})
+            if v is not None:
+                line += f"  {a}/{b} {v:.2f}x"
+        print(line)
+
+
 def report(rows):
     for server, pts in curves(rows).items():
         base = pts[0][1] / pts[0][0]  # msg/s per unit of batch at the smallest k
         for k, t, lo, hi, cpu in pts:
-            print(f"{server:13s} k={k:<3} {t:>11,.0f} msg/s [{lo:,.0f}-{hi:,.0f}]  {t * MSG / 1e6:7.1f} MB/s  "
+            print(f"{server:16s} k={k:<3} {t:>11,.0f} msg/s [{lo:,.0f}-{hi:,.0f}]  {t * MSG / 1e6:7.1f} MB/s  "
                   f"{t / (base * k):5.2f} of proportional  cpu {cpu:6.2f} us/msg")
-    ks = sorted({int(r["batch"]) for r in rows})
-    for k in ks:
-        line = f"k={k}:"
-        for a, b in (("kvstore", "redis"), ("kvstore-disk", "redis-aof")):
-            x = common.paired(rows, "server", a, b, batch=str(k))
-            if x is not None:
-                line += f"  {a}/{b} {x:.2f}x"
-        print(line)
+    c = curves(rows)
+    for server in ("kvstore-udp", "kvstore-udp-disk"):
+        at = {k: t for k, t, *_ in c.get(server, [])}
+        if 1 in at and 16 in at and at[1]:
+            x = at[16] / at[1]
+            print(f"target {server}: k=16 >= 8x k=1 in messages/s: {x:.1f}x -> {'met' if x >= 8 else 'NOT met'}")
+    print_ratios(rows, (("kvstore", "redis"), ("kvstore-disk", "redis-aof"), ("kvstore-udp", "kvstore"),
+                        ("kvstore-udp-disk", "kvstore-disk"), ("kvstore", "mosquitto-qos0"),
+                        ("kvstore-disk", "mosquitto-qos1")))
 
 
 def draw(rows, path):

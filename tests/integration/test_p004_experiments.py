@@ -13,7 +13,8 @@ from kvstore.experiments import common
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.skipif(not shutil.which("redis-server"), reason="p004_write compares kvstore with redis-server")
+@pytest.mark.skipif(not (shutil.which("redis-server") and shutil.which("mosquitto")),
+                    reason="p004_write compares kvstore with redis-server and mosquitto")
 @pytest.mark.timeout(300)
 def test_p004_write_quick_writes_every_server_and_batch_and_draws_them(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "KVSTORE_RESULTS"}
@@ -21,12 +22,49 @@ def test_p004_write_quick_writes_every_server_and_batch_and_draws_them(tmp_path)
                         "--out", str(tmp_path)], capture_output=True, text=True, timeout=280, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = common.read_csv(tmp_path / "p004_write.csv")
-    # QUICK: 1 round, k = 1 and 8, the four servers
+    # QUICK: 1 round, k = 1 and 8, the eight servers (kvstore over RESP and UDP, Redis, Mosquitto)
     assert {(x["server"], x["batch"]) for x in rows} == {
-        (s, k) for s in ("kvstore", "kvstore-disk", "redis", "redis-aof") for k in ("1", "8")}
+        (s, k) for s in ("kvstore", "kvstore-disk", "kvstore-udp", "kvstore-udp-disk", "redis", "redis-aof",
+                         "mosquitto-qos0", "mosquitto-qos1") for k in ("1", "8")}
     for x in rows:
         assert int(x["messages"]) > 0 and float(x["throughput"]) > 0, x
         assert float(x["p99_us"]) >= float(x["p50_us"]) > 0 and x["message_bytes"] == "85", x
         assert x["cpu_us_per_msg"] != "" and float(x["server_cpu_s"]) >= 0, x
     assert (tmp_path / "p004_write.png").read_bytes().startswith(PNG_MAGIC)
     assert "of proportional" in r.stdout and "kvstore-disk/redis-aof" in r.stdout
+    assert "kvstore-udp/kvstore" in r.stdout
+
+
+def run_quick(name, tmp_path, timeout=280):
+    env = {k: v for k, v in os.environ.items() if k != "KVSTORE_RESULTS"}
+    r = subprocess.run([sys.executable, "-m", "kvstore.cli", "experiment", "run", name, "--quick", "--",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=timeout, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / f"{name}.png").read_bytes().startswith(PNG_MAGIC)
+    return r, common.read_csv(tmp_path / f"{name}.csv")
+
+
+@pytest.mark.skipif(not shutil.which("redis-server"), reason="p004_read compares kvstore with redis-server")
+@pytest.mark.timeout(300)
+def test_p004_read_quick_drains_every_server_and_counts_them(tmp_path):
+    r, rows = run_quick("p004_read", tmp_path)
+    assert {(x["server"], x["count"]) for x in rows} == {
+        (s, k) for s in ("kvstore", "kvstore-disk", "redis", "redis-aof") for k in ("1", "100")}
+    for x in rows:  # every message written was read and acknowledged (the experiment checks it too)
+        assert x["messages"] == "20000" and float(x["throughput"]) > 0 and x["cpu_us_per_msg"] != "", x
+    assert "kvstore-disk/redis-aof" in r.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="p004_pull runs its server in a network namespace (root)")
+@pytest.mark.timeout(300)
+def test_p004_pull_quick_measures_every_mode(tmp_path):
+    r, rows = run_quick("p004_pull", tmp_path)
+    modes = {x["mode"]: x for x in rows}
+    assert set(modes) == {"bounce", "l1-hit", "l1-miss", "detached"}
+    for x in rows:
+        assert int(x["pulls"]) > 0 and float(x["throughput"]) > 0 and x["cpu_us_per_pull"] != "", x
+    # the kernel answered the hits and almost none of the misses; bounce answered in XDP
+    assert int(modes["l1-hit"]["xdp_answered"]) >= 0.9 * int(modes["l1-hit"]["pulls"]), modes["l1-hit"]
+    assert int(modes["l1-miss"]["xdp_answered"]) < 0.2 * int(modes["l1-miss"]["pulls"]), modes["l1-miss"]
+    assert int(modes["bounce"]["xdp_answered"]) >= int(modes["bounce"]["pulls"])
+    assert "l1-hit/bounce" in r.stdout
