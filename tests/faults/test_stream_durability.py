@@ -237,3 +237,46 @@ def test_machine_loss_keeps_streams_and_groups_from_the_peer(pair):
     shutil.rmtree(pair.dirs["a"])
     a = pair.start("a", from_peer=True)
     check_after_loss(a.port, writers, readers)
+
+
+def test_kill9_during_udp_batches_loses_no_acknowledged_batch(tmp_path):
+    """--arch udp: datagrams of 16 messages (one batch each, one log record) sent until the
+    node is killed; every batch whose reply came is back with its consecutive IDs, none in part."""
+    from kvstore.udpstreams import UdpStreams
+    acked, stop = [], threading.Event()
+
+    def sender(n, key):
+        with UdpStreams("127.0.0.1", n.udp_port, timeout=1.0) as u:
+            i = 0
+            while not stop.is_set():
+                msgs = [b"%s:%06d:%02d" % (key, i, j) + b"." * 70 for j in range(16)]
+                try:
+                    first, k = u.xadd(key, msgs)
+                except OSError:  # the node is gone: this batch was never acknowledged
+                    return
+                acked.append((key, first, msgs))
+                i += 1
+
+    with fl.started_nodes() as start:
+        n = start(tmp_path, arch="udp", udp_port=0)
+        threads = [threading.Thread(target=sender, args=(n, b"udp:%d" % i)) for i in range(2)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        while len(acked) < 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        n.kill()
+        stop.set()
+        for t in threads:
+            t.join(timeout=15)
+        assert len(acked) >= 50
+        n = start(tmp_path, arch="udp", udp_port=0)
+        with client(n.port) as c:
+            for key, first, msgs in acked:
+                got = c.xrange(key, first, "+", count=16)
+                ms, seq = parse_id(first.encode())
+                assert [i for i, _ in got] == [b"%d-%d" % (ms, seq + j) for j in range(16)], (key, first)
+                assert [f[b"v"] for _, f in got] == msgs
+            for key in {a[0] for a in acked}:
+                assert c.xlen(key) % 16 == 0  # whole batches: a datagram's messages are one change
+        n.stop()

@@ -472,25 +472,33 @@ def test_xreadgroup_block_gets_new_entries_and_errors_when_its_group_or_key_goes
         assert r.reply() == b"-UNBLOCKED the stream key no longer exists\r\n"
 
 
-def test_many_parked_readers_are_all_woken_and_a_gone_one_is_dropped(kv):
-    """200 readers parked on one key over the pollers; one disconnects while it waits;
-    one XADD wakes the rest, each gets the entry, and nothing stays blocked."""
-    n = 200
+def test_a_thousand_parked_readers_are_each_woken_by_their_xadd(kv):
+    """1,000 readers parked over the pollers, each on its own stream, and 100 more on one
+    shared stream; one disconnects while it waits; one XADD per stream wakes its readers,
+    each gets exactly its entry, and nothing stays blocked."""
+    n, shared = 1000, 100
     with client(kv.port) as c:
-        c.delete("s")
-        readers = [Raw(kv.port, timeout=20) for _ in range(n)]
+        c.flushall()
+        readers = [Raw(kv.port, timeout=30) for _ in range(n + shared)]
         try:
-            for r in readers:
-                r.send(C("XREAD", "BLOCK", "0", "STREAMS", "s", "$"))
-            wait_blocked(kv.port, n)
-            readers[0].close()  # gone while it waits
+            for i, r in enumerate(readers):
+                key = f"s:{i}" if i < n else "shared"
+                r.send(C("XREAD", "BLOCK", "0", "STREAMS", key, "$"))
+            wait_blocked(kv.port, n + shared)
+            readers[n].close()  # gone while it waits
             deadline = time.monotonic() + 10
-            while blocked_clients(kv.port) > n - 1:
+            while blocked_clients(kv.port) > n + shared - 1:
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
-            c.xadd("s", {"f": "v"}, id="1-0")
-            for r in readers[1:]:
-                assert resp_parse(r.reply())[0] == [[b"s", [[b"1-0", [b"f", b"v"]]]]]
+            with c.pipeline(transaction=False) as p:
+                for i in range(n):
+                    p.xadd(f"s:{i}", {"i": i}, id="1-0")
+                p.xadd("shared", {"f": "v"}, id="1-0")
+                p.execute()
+            for i, r in enumerate(readers[:n]):
+                assert resp_parse(r.reply())[0] == [[f"s:{i}".encode(), [[b"1-0", [b"i", str(i).encode()]]]]]
+            for r in readers[n + 1:]:
+                assert resp_parse(r.reply())[0] == [[b"shared", [[b"1-0", [b"f", b"v"]]]]]
             assert blocked_clients(kv.port) == 0
             assert c.ping()
         finally:
