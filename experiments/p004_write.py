@@ -165,7 +165,8 @@ def draw(rows, path):
         bx.plot(ks, [p[4] for p in pts], "o-", color=COLORS.get(server), label=server)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("batch size k (XADDs per connection and round trip)")
+    ax.set_xlabel("batch size k (per connection in flight: pipelined XADDs, messages of one UDP datagram, "
+                  "or MQTT PUBLISHes)", fontsize=8)
     ax.set_ylabel("messages/s (median of rounds, min-max)")
     ax.set_title("write throughput vs batch size; dotted: proportional to k from k=1\n"
                  "(the paper's claim: throughput grows in proportion to the batch size)", fontsize=9)
@@ -179,7 +180,8 @@ def draw(rows, path):
     bx.grid(alpha=0.3, which="both")
     bx.legend(fontsize=8)
     r0 = rows[0] if rows else {}
-    fig.suptitle(f"Paper 004: {MSG}-byte messages appended with XADD, {r0.get('conns', '?')} connections x k in "
+    fig.suptitle(f"Paper 004: {MSG}-byte messages to streams (XADD over RESP, batches over UDP) and to Mosquitto "
+                 f"(MQTT), {r0.get('conns', '?')} connections x k in "
                  f"flight, {r0.get('streams', '?')} streams, {r0.get('duration_s', '?')} s per point, "
                  f"{len({r['round'] for r in rows})} rounds A B C D\n"
                  + common.cores_note(shares="servers, load generator"), fontsize=10)
