@@ -13,6 +13,9 @@
 #define ERR_XSMALL "ERR The ID specified in XADD is equal or smaller than the target stream top item"
 #define ERR_XDAMAGED "ERR the stream stored at this key is damaged"
 
+/* What an absent key's ID rules see (xentry.c): an empty stream. */
+extern const struct xstream x_empty_stream;
+
 /* One stream command's state across its kvt_xapply (or kvt_apply, for reads). */
 struct xop {
     struct cmd_op op;         /* the client; the error a function fails with (xfail) */

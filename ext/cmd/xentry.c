@@ -241,7 +241,7 @@ static int64_t trim_delta(const struct xadd *t, const struct xstream *s, struct 
     return xd_cut(d, &cut) ? -ENOMEM : (int64_t)n;
 }
 
-static const struct xstream empty_stream; /* what an absent key's ID rules see */
+const struct xstream x_empty_stream;
 
 static int64_t xadd_fn(void *arg, const struct kvt_state *cur, struct kvbuf *d)
 {
@@ -250,7 +250,7 @@ static int64_t xadd_fn(void *arg, const struct kvt_state *cur, struct kvbuf *d)
     NEED_STREAM(cur);
     if (!cur->exists && t->nomkstream)
         return 0;
-    const struct xstream *s = cur->exists ? cur->stream : &empty_stream;
+    const struct xstream *s = cur->exists ? cur->stream : &x_empty_stream;
     if (xs_cmp(s->last_id, XS_ID_MAX) == 0)
         return xfail(&t->x, "ERR The stream has exhausted the last possible ID, unable to add more items");
     int rc = xs_next_id(s, t->autoid, t->seq_star, t->id, (uint64_t)cmd_unix_ms(), &t->id);

@@ -15,8 +15,6 @@
 
 #define XPULL_ROOM 1440 /* the payload a UDP reply has room for after its header (frontend/pullcache_slot.h) */
 
-static const struct xstream none; /* what an absent key's ID rules see */
-
 struct xbatch {
     struct xop x;
     struct xs_id first;
@@ -27,7 +25,7 @@ static int64_t xadd_batch_fn(void *arg, const struct kvt_state *cur, struct kvbu
     struct xbatch *t = arg;
     const struct cmd_args *a = t->x.a;
     NEED_STREAM(cur);
-    const struct xstream *s = cur->exists ? cur->stream : &none;
+    const struct xstream *s = cur->exists ? cur->stream : &x_empty_stream;
     struct xs_id id;
     if (xs_next_id(s, 1, 0, XS_ID_MIN, (uint64_t)cmd_unix_ms(), &id))
         return xfail(&t->x, "ERR The stream has exhausted the last possible ID, unable to add more items");

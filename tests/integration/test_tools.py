@@ -301,8 +301,13 @@ def test_kvstore_bench_memcache_protocol(bench_available, tmp_path):
     (["--ratio", "0:0"], "not both 0"),
     (["-P", "0"], "pipeline"),
     (["-c", "1", "-t", "2"], "conns"),
-    (["--xadd", "--ratio", "1:1"], "xadd: RESP over TCP, writes only"),
-    (["--xadd", "--protocol", "memcache"], "xadd: RESP over TCP, writes only"),
+    (["--xadd", "--ratio", "1:1"], "xadd: RESP, writes only"),
+    (["--xadd", "--protocol", "memcache"], "xadd: RESP, writes only"),
+    (["--xadd", "--batch", "4"], "batch: messages per datagram of --udp --xadd"),
+    (["--pull", "5"], "pull: the UDP front end's pulls"),
+    (["--udp", "--pull", "5", "--xadd"], "pull: the UDP front end's pulls"),
+    (["--udp", "--xadd", "--batch", "2000"], "batch: expected 1..1024"),
+    (["--consume", "--count", "0"], "count: expected 1..100000"),
 ])
 def test_kvstore_bench_rejects_bad_options(kv, bench_available, args, message):
     r = run(KVSTORE + ["bench", "-p", str(kv.port), "-n", "10"] + args, timeout=30)
