@@ -6,8 +6,9 @@ can bounce at all, all in one run.
 The server runs in a test host (network namespace + veth pair, 198.18.0.0/15, native XDP);
 `kvstore bench --udp --pull` pulls random batch numbers of --streams streams from this side.
 Modes, alternated A B C D within each round:
-  bounce     no kvstore: an XDP program that only turns each pull around, grown to the size
-             of an average batch answer (the yardstick: the paper's "line rate");
+  bounce     no kvstore: an XDP program that only turns each pull around at the size of an
+             average batch answer (the padded pull shrunk to it; the yardstick: the paper's
+             "line rate");
   l1-hit     --pull-cache-slots larger than the batches: the kernel answers every pull;
   l1-miss    one slot: nearly every pull misses it, the engine answers (and refills the slot);
   detached   no XDP program: the engine answers every pull (kvstore without the first level).
@@ -162,7 +163,7 @@ def measure(args):
                     if mode not in modes or sweep.has(round=rnd, mode=mode):
                         continue
                     if mode == "bounce" and not shape:
-                        point(host, "l1-hit", args, shape)  # the answer size the bounce grows to
+                        point(host, "l1-hit", args, shape)  # the answer size the bounce sends back
                     r, cpu, scpu, extra = point(host, mode, args, shape)
                     if r["errors"] and mode != "bounce":
                         raise RuntimeError(f"{mode}: {r['errors']} errors, first: {r['first_error']}")
