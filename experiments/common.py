@@ -287,6 +287,18 @@ def cores_note(pinned="", shares=""):
     return f"{n}-CPU VM; " + "; ".join(parts)
 
 
+def machine_busy_seconds():
+    """CPU-seconds all CPUs have spent busy (user+nice+system+irq+softirq+steal), from /proc/stat:
+    what no process is charged for (softirq: XDP, the network stack) included. None without it."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port(udp=False):
     """A port no socket of that kind (TCP, or UDP) holds on 127.0.0.1 now."""
     with socket.socket(type=socket.SOCK_DGRAM if udp else socket.SOCK_STREAM) as s:

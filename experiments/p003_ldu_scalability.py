@@ -56,24 +56,13 @@ def build_bench():
     return out
 
 
-def machine_busy_seconds():
-    """CPU-seconds all CPUs have spent busy (user+nice+system+irq+softirq+steal), from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()
-    except OSError:
-        return None
-    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 def run_point(binary, variant, threads, read_pct, duration_ms, objs, seed, extra=()):
     """One run of the benchmark: a dict of its CSV line, cpu_util (the benchmark's CPU-s per
     wall s), other_cpu (everything else's, incl. steal: noise from other load) and its stats."""
     argv = [binary, variant, str(threads), str(read_pct), str(duration_ms), str(objs), str(seed), *extra]
-    busy0, t0 = machine_busy_seconds(), os.times()
+    busy0, t0 = common.machine_busy_seconds(), os.times()
     r = subprocess.run(argv, capture_output=True, text=True, timeout=60 + duration_ms / 1000 * 5)
-    busy1, t1 = machine_busy_seconds(), os.times()
+    busy1, t1 = common.machine_busy_seconds(), os.times()
     if r.returncode:
         raise SystemExit(f"{' '.join(argv)} failed (exit {r.returncode}):\n{r.stderr}")
     f = r.stdout.strip().split(",")

@@ -23,7 +23,6 @@ targets: l1-hit >= 0.9x bounce and >= 3x l1-miss.
     kvstore experiment run p004_pull          -> OUT/p004_pull.{csv,png}   (root)
 """
 import contextlib
-import os
 import statistics
 import subprocess
 import sys
@@ -40,14 +39,6 @@ COLORS = {"bounce": "#7f7f7f", "l1-hit": "#08519c", "l1-miss": "#6baed6", "detac
 MSG = 85
 PER_DATAGRAM = 14  # messages per preload datagram: about one sealed batch (core/stream.h: 1,400 bytes)
 HOST_INDEX = 62
-
-
-def busy_cpu_seconds():
-    """CPU-seconds all CPUs have spent busy (user+nice+system+irq+softirq+steal)."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def bounce_main():
@@ -103,11 +94,11 @@ def pull_cache_stats(node):
 
 
 def run_load(host, port, nbatches, args):
-    cpu0 = busy_cpu_seconds()
+    cpu0 = common.machine_busy_seconds()
     r = common.kvbench.run(host=host, port=port, threads=args.client_threads, conns=args.conns,
                            pipeline=args.pipeline, keyspace=args.streams, ratio="0:1", duration=args.duration,
                            udp=True, pull=nbatches, timeout_ms=200)
-    return r, busy_cpu_seconds() - cpu0
+    return r, common.machine_busy_seconds() - cpu0
 
 
 def point(host, mode, args, shape):
