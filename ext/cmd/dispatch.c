@@ -6,6 +6,7 @@
 #include "cmd/cmd_int.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -255,15 +256,43 @@ static const struct cmd_def commands[] = {
 
 int cmd_count(void) { return NCOMMANDS; }
 
+/* Lookup is a hash of the lower-cased name into an open-addressed index of the
+ * table (built once): a request's command costs one hash and one compare, not a
+ * scan of the table. Names longer than CMD_NAME_MAX are no command's. */
+#define CMD_NAME_MAX 32
+#define INDEX_SLOTS 1024 /* a power of two, over 4x the commands */
+static uint16_t cmd_index[INDEX_SLOTS]; /* position + 1; 0 = empty */
+static pthread_once_t cmd_index_once = PTHREAD_ONCE_INIT;
+
+static uint32_t name_hash(const char *name, size_t n)
+{
+    uint32_t h = 2166136261u; /* FNV-1a */
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint32_t)tolower_ascii((unsigned char)name[i])) * 16777619u;
+    return h;
+}
+
+static void build_index(void)
+{
+    _Static_assert(NCOMMANDS * 4 < INDEX_SLOTS && NCOMMANDS < 65535, "cmd_index too small");
+    for (int i = 0; i < NCOMMANDS; i++) {
+        uint32_t at = name_hash(commands[i].name, strlen(commands[i].name)) & (INDEX_SLOTS - 1);
+        while (cmd_index[at])
+            at = (at + 1) & (INDEX_SLOTS - 1);
+        cmd_index[at] = (uint16_t)(i + 1);
+    }
+}
+
 static const struct cmd_def *lookup_in(const char *name, size_t n, int internal)
 {
-    if (n == 0)
+    if (n == 0 || n > CMD_NAME_MAX)
         return NULL;
-    int first = tolower_ascii((unsigned char)name[0]);
-    for (int i = 0; i < (internal ? NCOMMANDS : NPUBLIC); i++)
-        if (commands[i].name[0] == first && strlen(commands[i].name) == n &&
-            !strncasecmp(commands[i].name, name, n))
-            return &commands[i];
+    pthread_once(&cmd_index_once, build_index);
+    for (uint32_t at = name_hash(name, n) & (INDEX_SLOTS - 1); cmd_index[at]; at = (at + 1) & (INDEX_SLOTS - 1)) {
+        const struct cmd_def *d = &commands[cmd_index[at] - 1];
+        if (strnlen(d->name, n + 1) == n && !strncasecmp(d->name, name, n))
+            return internal || d - commands < NPUBLIC ? d : NULL;
+    }
     return NULL;
 }
 
