@@ -42,9 +42,28 @@ struct xs_id xs_id_prev(struct xs_id a, int *ok)
     return a;
 }
 
+/* v's decimal digits at p; returns their count (at most 20). */
+static int put_u64(char *p, uint64_t v)
+{
+    char tmp[20];
+    int n = 0;
+    do
+        tmp[n++] = (char)('0' + v % 10);
+    while ((v /= 10));
+    for (int i = 0; i < n; i++)
+        p[i] = tmp[n - 1 - i];
+    return n;
+}
+
+/* By hand, not snprintf: every XADD's reply formats one (vfprintf was a tenth
+ * of the server's user time under pipelined XADD). */
 int xs_id_format(struct xs_id id, char *buf)
 {
-    return snprintf(buf, XS_ID_STR, "%llu-%llu", (unsigned long long)id.ms, (unsigned long long)id.seq);
+    int n = put_u64(buf, id.ms);
+    buf[n++] = '-';
+    n += put_u64(buf + n, id.seq);
+    buf[n] = 0;
+    return n;
 }
 
 /* One part of an ID as Redis's string2ull reads it: its strtoull fallback also
@@ -307,17 +326,22 @@ int xs_add(struct xstream *s, struct xs_id id, const struct xs_field *f, size_t 
             return -E2BIG;
     }
     struct xs_batch *b = open_batch(s);
-    size_t need = 0;
+    size_t need = 0, least = XS_MIN_CAP;
     if (b) {
         need = 1 + varint_size(id.ms - b->first.ms) + varint_size(id.seq) + body;
         if (batch_full(b, need, now_ms, seal_ms)) {
+            /* a stream that fills batches gets its next one whole at once, not by
+             * doubling from XS_MIN_CAP (five reallocs per batch); a slow one's
+             * batches, sealed by age, start small */
+            if (b->len + need > XS_BATCH_BYTES || b->count >= XS_BATCH_ENTRIES)
+                least = XS_BATCH_BYTES;
             seal(s, b);
             b = NULL;
         }
     }
     if (!b) {
         need = 2 + varint_size(id.seq) + body; /* the first entry: ms delta 0, one byte */
-        size_t cap = need > XS_MIN_CAP ? need : XS_MIN_CAP;
+        size_t cap = need > least ? need : least;
         b = malloc(sizeof *b + cap);
         if (!b)
             return -ENOMEM;

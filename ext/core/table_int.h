@@ -178,6 +178,16 @@ static inline int64_t now_ms(void)
            atomic_load_explicit(&kvt_clock_offset, memory_order_relaxed);
 }
 
+/* The same at the kernel tick's resolution (1-4 ms), a quarter of the cost: for
+ * ages measured in tens of milliseconds (a stream batch's seal age). */
+static inline int64_t now_coarse_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 +
+           atomic_load_explicit(&kvt_clock_offset, memory_order_relaxed);
+}
+
 static inline char *entry_val(struct kvt_entry *e) { return (char *)e->data + e->klen; }
 
 /* ---- stream entries (table_stream.c): the value is the stream's pointer */

@@ -218,7 +218,7 @@ int64_t kvt_xapply(struct kv_table *t, const void *key, size_t klen, kvt_xapply_
     const struct xs_watch w = {relay, &br};
     if (t->batch)
         xs_watch = &w;
-    int ar = xs_apply(&x, xdelta.p, xdelta.len, now_ms(), XS_SEAL_MS);
+    int ar = xs_apply(&x, xdelta.p, xdelta.len, now_coarse_ms(), XS_SEAL_MS);
     xs_watch = NULL;
     mem_uncharge(t, hold);
     if (x) {
@@ -280,7 +280,7 @@ int kvt_xreplay(struct kv_table *t, const void *key, size_t klen, const void *de
         }
         if (ne)
             ne->flags &= ~E_STREAM;
-        rc = n ? xs_apply(&x, delta, n, now_ms(), XS_SEAL_MS) : 0;
+        rc = n ? xs_apply(&x, delta, n, now_coarse_ms(), XS_SEAL_MS) : 0;
         if (x) {
             x->lsn = lsn;
             sync_charge(t, x);
