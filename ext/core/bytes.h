@@ -2,7 +2,8 @@
  * formats (log records, replication frames, data-file blocks). Host byte order,
  * which is little-endian on every supported host (x86-64, arm64), so the formats
  * are little-endian; the UDP front end's datagrams are big-endian, network order
- * (the _be forms). Pure functions, any thread. */
+ * (the _be forms); and an unsigned integer's decimal digits (RESP's numbers, stream
+ * IDs). Pure functions, any thread. */
 #ifndef KV_BYTES_H
 #define KV_BYTES_H
 
@@ -19,5 +20,18 @@ static inline void put_be64(unsigned char *p, uint64_t v) { put64(p, __builtin_b
 static inline uint16_t get_be16(const unsigned char *p) { return (uint16_t)(p[0] << 8 | p[1]); }
 static inline uint32_t get_be32(const unsigned char *p) { return __builtin_bswap32(get32(p)); }
 static inline uint64_t get_be64(const unsigned char *p) { return __builtin_bswap64(get64(p)); }
+
+/* v's decimal digits at p, no terminator; returns their count (1..20). */
+static inline int put_decimal(char *p, uint64_t v)
+{
+    char tmp[20];
+    int n = 0;
+    do
+        tmp[n++] = (char)('0' + v % 10);
+    while ((v /= 10));
+    for (int i = 0; i < n; i++)
+        p[i] = tmp[n - 1 - i];
+    return n;
+}
 
 #endif

@@ -42,26 +42,13 @@ struct xs_id xs_id_prev(struct xs_id a, int *ok)
     return a;
 }
 
-/* v's decimal digits at p; returns their count (at most 20). */
-static int put_u64(char *p, uint64_t v)
-{
-    char tmp[20];
-    int n = 0;
-    do
-        tmp[n++] = (char)('0' + v % 10);
-    while ((v /= 10));
-    for (int i = 0; i < n; i++)
-        p[i] = tmp[n - 1 - i];
-    return n;
-}
-
 /* By hand, not snprintf: every XADD's reply formats one (vfprintf was a tenth
  * of the server's user time under pipelined XADD). */
 int xs_id_format(struct xs_id id, char *buf)
 {
-    int n = put_u64(buf, id.ms);
+    int n = put_decimal(buf, id.ms);
     buf[n++] = '-';
-    n += put_u64(buf + n, id.seq);
+    n += put_decimal(buf + n, id.seq);
     buf[n] = 0;
     return n;
 }

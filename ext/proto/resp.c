@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/bytes.h"
+
 void resp_parser_init(struct resp_parser *p)
 {
     memset(p, 0, sizeof *p);
@@ -261,19 +263,10 @@ int resp_parse(struct resp_parser *p, char *buf, size_t len)
 
 int resp_ll2str(char *dst, long long v)
 {
-    char tmp[24];
-    int n = 0;
-    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
-    do {
-        tmp[n++] = (char)('0' + u % 10);
-        u /= 10;
-    } while (u);
-    int len = 0;
-    if (v < 0)
-        dst[len++] = '-';
-    while (n)
-        dst[len++] = tmp[--n];
-    return len;
+    if (v >= 0)
+        return put_decimal(dst, (uint64_t)v);
+    *dst = '-';
+    return 1 + put_decimal(dst + 1, 0ULL - (unsigned long long)v);
 }
 
 static int add_prefixed_num(struct kvbuf *b, char prefix, long long v)
