@@ -9,6 +9,9 @@ them durable with one group commit of the log, so the per-message cost of the ro
 the system calls and the fsync is shared by k. Measured closed loop, --conns connections, each
 with k XADDs in flight, for --duration seconds per point; rounds alternate the servers
 A B C D within each k, so drift on this shared machine hits all alike; medians over rounds.
+Each point starts from empty streams (FLUSHALL before it), so what it measures does not depend
+on what earlier points left (a kvstore already holding 1.3 GB appended at 0.7x the rate, a
+fifth of its CPU in the kernel zeroing the pages it newly touched).
 
 Servers: kvstore memory only (durability none) and kvstore durable (durability disk: every
 XADD's reply waits for its fsync), the same two over kvstore's UDP front end (kvstore-udp,
@@ -29,6 +32,8 @@ server's threads).
 import statistics
 import sys
 import time
+
+import redis
 
 from kvstore.experiments import common
 from kvstore.experiments.kv_peer_compare import KvNode
@@ -81,6 +86,9 @@ def measure(args):
                     if sweep.has(round=rnd, batch=k, server=s.name):
                         continue
                     udp = isinstance(s, UdpNode)
+                    if not s.name.startswith("mosquitto"):  # each point starts from empty streams
+                        with redis.Redis(port=s.port) as c:
+                            c.flushall()
                     cpu0, w0 = common.cpu_seconds(s.pid), time.monotonic()
                     if s.name.startswith("mosquitto"):  # k PUBLISHes in flight per client
                         r = common.kvbench.mqtt(port=s.port, threads=args.client_threads, conns=args.conns,
