@@ -9,7 +9,10 @@ Modes, alternated A B C D within each round:
   bounce     no kvstore: an XDP program that only turns each pull around at the size of an
              average batch answer (the padded pull shrunk to it; the yardstick: the paper's
              "line rate");
-  l1-hit     --pull-cache-slots larger than the batches: the kernel answers every pull;
+  l1-hot     the same first level, pulls of the first --hot batches of each stream only: a hot
+             set whose answers stay in the CPU's caches, as when consumers keep up with the tail;
+  l1-hit     --pull-cache-slots larger than the batches: the kernel answers every pull, of any
+             of the --batches batches (answers spread over 1.1 MB of slots at the defaults);
   l1-miss    one slot: nearly every pull misses it, the engine answers (and refills the slot);
   detached   no XDP program: the engine answers every pull (kvstore without the first level).
 Each mode preloads its streams (--batches batches of ~14 messages of 85 bytes each) and
@@ -18,7 +21,10 @@ XDP runs in the kernel's softirq, which no process is charged for) over the pull
 the server's own CPU is in the CSV too. Client, kernel and server share the 2 cores.
 
 Paper (MultiMQC, FPGA NIC cache): L1-hit pulls reach 95.8 % of 10 GbE line rate. The issue's
-targets: l1-hit >= 0.9x bounce and >= 3x l1-miss.
+targets: l1-hit >= 0.9x bounce and >= 3x l1-miss. A hit copies its answer (1.4 KB) out of the
+slot map; measured here, with 120 batches pulled (170 KB of answers) hits reach 0.95x the bounce
+rate, with 800 (1.1 MB) 0.85x: the hit's cost is where the answers are in the memory hierarchy,
+so both are measured.
 
     kvstore experiment run p004_pull          -> OUT/p004_pull.{csv,png}   (root)
 """
@@ -33,9 +39,9 @@ from kvstore.udpstreams import UdpStreams
 from kvstore.experiments import common
 
 NAME = "p004_pull"
-QUICK = ["--rounds", "1", "--duration", "1", "--batches", "30"]
-MODES = ["bounce", "l1-hit", "l1-miss", "detached"]
-COLORS = {"bounce": "#7f7f7f", "l1-hit": "#08519c", "l1-miss": "#6baed6", "detached": "#d62728"}
+QUICK = ["--rounds", "1", "--duration", "1", "--batches", "30", "--hot", "8"]
+MODES = ["bounce", "l1-hot", "l1-hit", "l1-miss", "detached"]
+COLORS = {"bounce": "#7f7f7f", "l1-hot": "#08306b", "l1-hit": "#08519c", "l1-miss": "#6baed6", "detached": "#d62728"}
 MSG = 85
 PER_DATAGRAM = 14  # messages per preload datagram: about one sealed batch (core/stream.h: 1,400 bytes)
 HOST_INDEX = 62
@@ -101,6 +107,11 @@ def run_load(host, port, nbatches, args):
     return r, common.machine_busy_seconds() - cpu0
 
 
+def pulled(mode, shape, args):
+    """The batches of each stream a mode's load pulls from (batch numbers 0 .. n-1)."""
+    return min(args.hot, shape["batches"]) if mode == "l1-hot" else shape["batches"]
+
+
 def point(host, mode, args, shape):
     """One mode's measurement: (bench result, machine CPU s, server CPU s, extra row fields)."""
     extra = {}
@@ -113,14 +124,14 @@ def point(host, mode, args, shape):
         try:
             if helper.stdout.readline().strip() != "ready":
                 raise RuntimeError("the bounce program did not attach")
-            r, cpu = run_load(host.addr, port, shape["batches"], args)
+            r, cpu = run_load(host.addr, port, pulled(mode, shape, args), args)
             out, _ = helper.communicate("", timeout=30)
             extra["xdp_answered"] = int(out.strip() or 0)
         finally:
             if helper.poll() is None:
                 helper.kill()
         return r, cpu, 0.0, extra
-    slots = {"l1-hit": 1 << 16, "l1-miss": 1, "detached": 0}[mode]
+    slots = {"l1-hot": 1 << 16, "l1-hit": 1 << 16, "l1-miss": 1, "detached": 0}[mode]
     node = Node(port=0, bind=host.addr, netns=host.name, arch="udp", udp_port=0, durability="none",
                 threads=1, udp_workers=1, pull_cache_slots=slots)
     with node:
@@ -129,7 +140,7 @@ def point(host, mode, args, shape):
         shape.setdefault("answer", answer)
         before = pull_cache_stats(node) if slots else {}
         scpu = common.cpu_seconds(node.pid)
-        r, cpu = run_load(host.addr, node.udp_port, shape["batches"], args)
+        r, cpu = run_load(host.addr, node.udp_port, pulled(mode, shape, args), args)
         scpu = common.cpu_seconds(node.pid) - scpu
         if slots:
             after = pull_cache_stats(node)
@@ -160,7 +171,7 @@ def measure(args):
                         raise RuntimeError(f"{mode}: {r['errors']} errors, first: {r['first_error']}")
                     n = r["requests"]
                     row = {"round": rnd, "mode": mode, "streams": args.streams, "batches": shape["batches"],
-                           "answer_bytes": shape["answer"], "duration_s": args.duration, "pulls": n,
+                           "pulled_batches": pulled(mode, shape, args), "answer_bytes": shape["answer"], "duration_s": args.duration, "pulls": n,
                            "throughput": round(r["throughput"]),
                            "mb_s": round(r["bytes_received"] / r["elapsed"] / 1e6, 1) if r["elapsed"] else 0,
                            "timeouts": r.get("timeouts", 0), "p50_us": round(r["lat_p50_us"], 1),
@@ -194,13 +205,20 @@ def report(rows):
     s = summary(rows)
     for m, (t, lo, hi, cpu) in s.items():
         print(f"{m:9s} {t:>11,.0f} pulls/s [{lo:,.0f}-{hi:,.0f}]  machine cpu {cpu:6.2f} us/pull")
-    for a, b, want, what in (("l1-hit", "bounce", 0.9, "l1-hit >= 0.9x bounce (paper: 95.8 % of line rate)"),
+    for a, b, want, what in (("l1-hot", "bounce", 0.9, "l1-hot >= 0.9x bounce (paper: 95.8 % of line rate)"),
+                             ("l1-hit", "bounce", 0.9, "l1-hit >= 0.9x bounce"),
                              ("l1-hit", "l1-miss", 3.0, "l1-hit >= 3x l1-miss"),
                              ("l1-hit", "detached", None, "l1-hit vs no first level")):
         x = common.paired(rows, "mode", a, b)
         if x is not None:
             verdict = "" if want is None else (" -> met" if x >= want else " -> NOT met")
             print(f"target {what}: {a}/{b} = {x:.2f}{verdict}")
+
+
+def label(mode, rows):
+    """A bar's name with the batches per stream its pulls went to."""
+    n = {r.get("pulled_batches") for r in rows if r["mode"] == mode} - {None, ""}
+    return f"{mode}\n{n.pop()} batches" if len(n) == 1 and mode != "bounce" else mode
 
 
 def draw(rows, path):
@@ -214,14 +232,14 @@ def draw(rows, path):
     for i, m in enumerate(modes):
         ax.text(i, s[m][0], f"{s[m][0] / 1e3:,.0f} K", ha="center", va="bottom", fontsize=8)
     if "bounce" in s:
-        ax.axhline(0.9 * s["bounce"][0], color="black", ls=":", lw=1, label="0.9 x bounce (the target for l1-hit)")
+        ax.axhline(0.9 * s["bounce"][0], color="black", ls=":", lw=1, label="0.9 x bounce (the first level's target)")
         ax.legend(fontsize=8)
-    ax.set_xticks(list(xs), modes)
+    ax.set_xticks(list(xs), [label(m, rows) for m in modes], fontsize=8)
     ax.set_ylabel("pulls answered per second (median of rounds, min-max)")
     ax.set_title("pull throughput: the kernel's first level vs the engine", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     bx.bar(xs, [s[m][3] for m in modes], color=[COLORS[m] for m in modes])
-    bx.set_xticks(list(xs), modes)
+    bx.set_xticks(list(xs), [label(m, rows) for m in modes], fontsize=8)
     bx.set_ylabel("busy CPU us per pull, whole machine (softirq included)")
     bx.set_title("what a pull costs", fontsize=9)
     bx.grid(alpha=0.3, axis="y")
@@ -239,6 +257,7 @@ def add_args(ap):
     ap.add_argument("--modes", nargs="+", choices=MODES, default=MODES)
     ap.add_argument("--streams", type=int, default=4, help="streams pulled from (keys key:000000000000 ...)")
     ap.add_argument("--batches", type=int, default=200, help="preload datagrams of 14 messages per stream")
+    ap.add_argument("--hot", type=int, default=30, help="l1-hot: the batches of each stream its pulls go to")
     ap.add_argument("--duration", type=float, default=4.0, help="measured seconds per point")
     ap.add_argument("--client-threads", type=int, default=1)
     ap.add_argument("--conns", type=int, default=4, help="UDP sockets of the load generator")

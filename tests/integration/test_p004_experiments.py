@@ -60,11 +60,14 @@ def test_p004_read_quick_drains_every_server_and_counts_them(tmp_path):
 def test_p004_pull_quick_measures_every_mode(tmp_path):
     r, rows = run_quick("p004_pull", tmp_path)
     modes = {x["mode"]: x for x in rows}
-    assert set(modes) == {"bounce", "l1-hit", "l1-miss", "detached"}
+    assert set(modes) == {"bounce", "l1-hot", "l1-hit", "l1-miss", "detached"}
     for x in rows:
         assert int(x["pulls"]) > 0 and float(x["throughput"]) > 0 and x["cpu_us_per_pull"] != "", x
     # the kernel answered the hits and almost none of the misses; bounce answered in XDP
-    assert int(modes["l1-hit"]["xdp_answered"]) >= 0.9 * int(modes["l1-hit"]["pulls"]), modes["l1-hit"]
+    for m in ("l1-hot", "l1-hit"):
+        assert int(modes[m]["xdp_answered"]) >= 0.9 * int(modes[m]["pulls"]), modes[m]
+    # the hot set is the first --hot batches (8 in QUICK) of the 30-odd sealed ones
+    assert int(modes["l1-hot"]["pulled_batches"]) == 8 < int(modes["l1-hit"]["pulled_batches"]), rows
     assert int(modes["l1-miss"]["xdp_answered"]) < 0.2 * int(modes["l1-miss"]["pulls"]), modes["l1-miss"]
     assert int(modes["bounce"]["xdp_answered"]) >= int(modes["bounce"]["pulls"])
-    assert "l1-hit/bounce" in r.stdout
+    assert "l1-hit/bounce" in r.stdout and "l1-hot/bounce" in r.stdout
