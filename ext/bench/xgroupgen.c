@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -32,6 +33,7 @@ struct xconn {
     char *rbuf;
     size_t rcap, rlen;
     uint64_t t;               /* when this round's requests went out */
+    int busy, acks, reading;  /* a round in flight; it holds an XACK; it holds a read */
 };
 
 struct xworker {
@@ -269,31 +271,66 @@ static int read_round(struct xworker *w, struct xconn *c, int acks, int read)
     return 0;
 }
 
+/* Send c's next round (an XACK of its last batch, if any, and a read unless the
+ * load is stopping), or mark it done when there is nothing to send. */
+static int next_round(struct xworker *w, struct xconn *c)
+{
+    const struct xg_config *cfg = w->cfg;
+    int stopping = (cfg->stop && *cfg->stop) || (w->deadline && now_ns() >= w->deadline) ||
+                   (cfg->max_messages && atomic_load_explicit(w->total, memory_order_relaxed) >= cfg->max_messages);
+    c->acks = cfg->ack && c->nids > 0;
+    c->reading = !stopping;
+    if (!c->acks && !c->reading) {
+        c->done = 1;
+        return 0;
+    }
+    if (send_round(w, c, c->reading) < 0)
+        return fail(w, "send: %s", strerror(errno));
+    c->busy = 1;
+    return 0;
+}
+
+/* Every consumer keeps one round in flight: the worker waits for whichever reply
+ * comes first (poll), reads that round and sends the consumer's next. */
 static void *worker_main(void *arg)
 {
     struct xworker *w = arg;
     const struct xg_config *cfg = w->cfg;
-    int live = w->n;
-    while (live && !w->fail) {
-        int stopping = (cfg->stop && *cfg->stop) || (w->deadline && now_ns() >= w->deadline) ||
-                       (cfg->max_messages && atomic_load_explicit(w->total, memory_order_relaxed) >= cfg->max_messages);
-        live = 0;
-        for (int i = 0; i < w->n; i++) {
-            struct xconn *c = &w->c[i];
-            if (c->done)
-                continue;
-            int acks = cfg->ack && c->nids > 0;
-            if (send_round(w, c, !stopping) < 0) {
-                fail(w, "send: %s", strerror(errno));
-                break;
+    struct pollfd *pf = calloc((size_t)w->n, sizeof *pf);
+    int *of = calloc((size_t)w->n, sizeof *of);
+    if (!pf || !of)
+        fail(w, "out of memory");
+    for (int i = 0; i < w->n && !w->fail; i++)
+        next_round(w, &w->c[i]);
+    while (!w->fail) {
+        int n = 0;
+        for (int i = 0; i < w->n; i++)
+            if (w->c[i].busy) {
+                pf[n] = (struct pollfd){.fd = w->c[i].fd, .events = POLLIN};
+                of[n++] = i;
             }
-            if (read_round(w, c, acks, !stopping) < 0)
+        if (!n)
+            break;
+        int k = poll(pf, (nfds_t)n, -1);
+        if (k < 0 && errno != EINTR) {
+            fail(w, "poll: %s", strerror(errno));
+            break;
+        }
+        for (int j = 0; j < n && k > 0 && !w->fail; j++) {
+            if (!pf[j].revents)
+                continue;
+            struct xconn *c = &w->c[of[j]];
+            c->busy = 0;
+            if (read_round(w, c, c->acks, c->reading) < 0)
                 break;
-            if (stopping)
-                c->done = 1; /* its last batch acknowledged */
-            live += !c->done;
+            if (!c->reading)
+                c->done = 1; /* the stopping round: its last batch acknowledged */
+            else if (!c->done)
+                next_round(w, c);
         }
     }
+    free(pf);
+    free(of);
     for (int i = 0; i < w->n && !w->fail; i++) { /* a consumer that found nothing left: its last XACK */
         struct xconn *c = &w->c[i];
         if (cfg->ack && c->nids && send_round(w, c, 0) == 0)
