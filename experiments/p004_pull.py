@@ -23,7 +23,7 @@ the server's own CPU is in the CSV too. Client, kernel and server share the 2 co
 Paper (MultiMQC, FPGA NIC cache): L1-hit pulls reach 95.8 % of 10 GbE line rate. The issue's
 targets: l1-hit >= 0.9x bounce and >= 3x l1-miss. A hit copies its answer (1.4 KB) out of the
 slot map; measured here, with 120 batches pulled (170 KB of answers) hits reach 0.95x the bounce
-rate, with 800 (1.1 MB) 0.85x: the hit's cost is where the answers are in the memory hierarchy,
+rate, with 748 (1.1 MB) 0.85x: the hit's cost is where the answers are in the memory hierarchy,
 so both are measured.
 
     kvstore experiment run p004_pull          -> OUT/p004_pull.{csv,png}   (root)
@@ -171,7 +171,8 @@ def measure(args):
                         raise RuntimeError(f"{mode}: {r['errors']} errors, first: {r['first_error']}")
                     n = r["requests"]
                     row = {"round": rnd, "mode": mode, "streams": args.streams, "batches": shape["batches"],
-                           "pulled_batches": pulled(mode, shape, args), "answer_bytes": shape["answer"], "duration_s": args.duration, "pulls": n,
+                           "pulled_batches": pulled(mode, shape, args), "answer_bytes": shape["answer"],
+                           "duration_s": args.duration, "pulls": n,
                            "throughput": round(r["throughput"]),
                            "mb_s": round(r["bytes_received"] / r["elapsed"] / 1e6, 1) if r["elapsed"] else 0,
                            "timeouts": r.get("timeouts", 0), "p50_us": round(r["lat_p50_us"], 1),

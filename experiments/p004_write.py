@@ -20,12 +20,12 @@ with one datagram of k messages in flight, appended as one change with one log r
 Redis with persistence off and Redis with AOF and appendfsync always (its durable setting),
 and Mosquitto (the broker an IoT user would otherwise pick; persistence off, its default) with
 MQTT publishers (`kvstore.bench.mqtt`) keeping k PUBLISHes in flight per client: QoS 0 (rounds
-closed by a PINGREQ) and QoS 1 (each counted at its PUBACK, which Mosquitto sends from memory). Load generator and servers share this 2-core
-machine: read ratios and the shape of each curve, not absolute rates. kvstore runs one poller
-(--kv-threads 1), as Redis runs one thread: with two, the pollers and the load generator's two
-threads contend for the two cores and kvstore does 0.83x the messages/s at 1.5x the CPU per
-message (XADD at P16, side by side). Server CPU per message comes from /proc (all the
-server's threads).
+closed by a PINGREQ) and QoS 1 (each counted at its PUBACK, which Mosquitto sends from
+memory). Load generator and servers share this 2-core machine: read ratios and the shape of
+each curve, not absolute rates. kvstore runs one poller (--kv-threads 1), as Redis runs one
+thread: with two, the pollers and the load generator's two threads contend for the two cores
+and kvstore does 0.83x the messages/s at 1.5x the CPU per message (XADD at P16, side by side).
+Server CPU per message comes from /proc (all the server's threads).
 
     kvstore experiment run p004_write          -> OUT/p004_write.{csv,png}
 """
