@@ -296,30 +296,28 @@ static void *worker_main(void *arg)
 {
     struct xworker *w = arg;
     const struct xg_config *cfg = w->cfg;
-    struct pollfd *pf = calloc((size_t)w->n, sizeof *pf);
-    int *of = calloc((size_t)w->n, sizeof *of);
-    if (!pf || !of)
+    struct pollfd *pf = calloc((size_t)w->n, sizeof *pf); /* pf[i]: connection i, fd -1 while idle */
+    if (!pf)
         fail(w, "out of memory");
     for (int i = 0; i < w->n && !w->fail; i++)
         next_round(w, &w->c[i]);
     while (!w->fail) {
-        int n = 0;
-        for (int i = 0; i < w->n; i++)
-            if (w->c[i].busy) {
-                pf[n] = (struct pollfd){.fd = w->c[i].fd, .events = POLLIN};
-                of[n++] = i;
-            }
-        if (!n)
+        int busy = 0;
+        for (int i = 0; i < w->n; i++) {
+            pf[i] = (struct pollfd){.fd = w->c[i].busy ? w->c[i].fd : -1, .events = POLLIN};
+            busy += w->c[i].busy;
+        }
+        if (!busy)
             break;
-        int k = poll(pf, (nfds_t)n, -1);
+        int k = poll(pf, (nfds_t)w->n, -1);
         if (k < 0 && errno != EINTR) {
             fail(w, "poll: %s", strerror(errno));
             break;
         }
-        for (int j = 0; j < n && k > 0 && !w->fail; j++) {
-            if (!pf[j].revents)
+        for (int i = 0; i < w->n && k > 0 && !w->fail; i++) {
+            if (!pf[i].revents)
                 continue;
-            struct xconn *c = &w->c[of[j]];
+            struct xconn *c = &w->c[i];
             c->busy = 0;
             if (read_round(w, c, c->acks, c->reading) < 0)
                 break;
@@ -330,7 +328,6 @@ static void *worker_main(void *arg)
         }
     }
     free(pf);
-    free(of);
     for (int i = 0; i < w->n && !w->fail; i++) { /* a consumer that found nothing left: its last XACK */
         struct xconn *c = &w->c[i];
         if (cfg->ack && c->nids && send_round(w, c, 0) == 0)
