@@ -168,25 +168,21 @@ static inline void cnt_add(_Atomic uint64_t *c, int64_t d)
                           memory_order_relaxed);
 }
 
-/* kvt_now_ms: the wall clock plus the tests' offset. */
+/* kvt_now_ms: the wall clock plus the tests' offset, read from clock id. */
 extern _Atomic int64_t kvt_clock_offset;
-static inline int64_t now_ms(void)
+static inline int64_t wall_ms(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(id, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 +
            atomic_load_explicit(&kvt_clock_offset, memory_order_relaxed);
 }
 
+static inline int64_t now_ms(void) { return wall_ms(CLOCK_REALTIME); }
+
 /* The same at the kernel tick's resolution (1-4 ms), a quarter of the cost: for
  * ages measured in tens of milliseconds (a stream batch's seal age). */
-static inline int64_t now_coarse_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 +
-           atomic_load_explicit(&kvt_clock_offset, memory_order_relaxed);
-}
+static inline int64_t now_coarse_ms(void) { return wall_ms(CLOCK_REALTIME_COARSE); }
 
 static inline char *entry_val(struct kvt_entry *e) { return (char *)e->data + e->klen; }
 
