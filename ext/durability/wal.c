@@ -13,8 +13,10 @@
  * (w->unit_open, under w->lock) the log thread takes no records, so
  * every group, every segment switch and every durable LSN falls between units.
  * A full or failing disk: a group whose write or sync fails is retried from
- * memory with backoff, the segment cut back to where it began each time, and
- * appends are refused meanwhile (write_group_retrying); nothing stops for good. */
+ * memory with backoff, the segment cut back to where it began each time (a
+ * prepared one is written over at the same place), and appends are refused
+ * meanwhile (write_group_retrying); nothing stops for good. Segments are appended
+ * to until a thread has prepared the next one over zeros (wal_prep.c). */
 #define _GNU_SOURCE
 #include "durability/wal_int.h"
 
@@ -72,6 +74,9 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
     atomic_init(&w->synced_lsn, w->next_lsn - 1);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
+    pthread_mutex_init(&w->prep_lock, NULL);
+    pthread_cond_init(&w->prep_cond, NULL);
+    w->prep_fd = -1;
     wal_notify_init(&w->notify);
     if (w->ship && (w->ship_evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) < 0) {
         int e = errno;
@@ -93,6 +98,9 @@ int wal_open(struct wal **out, const struct wal_config *cfg, char *err, size_t e
         wal_close(w);
         return -e;
     }
+    char prep[4200];
+    wal_prep_path(w, prep, sizeof prep);
+    unlink(prep); /* prepared by an earlier run (it holds no record) */
     int rc = wal_seg_switch(w, w->next_lsn, err, errlen);
     if (rc) {
         wal_close(w);
@@ -375,6 +383,10 @@ int wal_start(struct wal *w)
         return -rc;
     pthread_setname_np(w->th, "kv-wal");
     w->running = 1;
+    if (!pthread_create(&w->prep_th, NULL, wal_prep_thread, w)) { /* without it: segments grow */
+        pthread_setname_np(w->prep_th, "kv-walprep");
+        w->prep_running = 1;
+    }
     return 0;
 }
 
@@ -391,6 +403,20 @@ void wal_close(struct wal *w)
         pthread_cond_signal(&w->cond);
         pthread_join(w->th, NULL);
         w->running = 0;
+    }
+    if (w->prep_running) {
+        pthread_mutex_lock(&w->prep_lock);
+        atomic_store_explicit(&w->prep_stop, 1, memory_order_relaxed);
+        pthread_cond_signal(&w->prep_cond);
+        pthread_mutex_unlock(&w->prep_lock);
+        pthread_join(w->prep_th, NULL);
+        w->prep_running = 0;
+    }
+    if (w->prep_fd >= 0) { /* prepared, not used */
+        char prep[4200];
+        wal_prep_path(w, prep, sizeof prep);
+        close(w->prep_fd);
+        unlink(prep);
     }
     if (w->fd >= 0) {
         fdatasync(w->fd);
@@ -410,6 +436,8 @@ void wal_close(struct wal *w)
     }
     pthread_mutex_destroy(&w->lock);
     pthread_cond_destroy(&w->cond);
+    pthread_mutex_destroy(&w->prep_lock);
+    pthread_cond_destroy(&w->prep_cond);
     wal_notify_destroy(&w->notify);
     free(w->dir);
     free(w);
@@ -465,4 +493,6 @@ void wal_get_stats(struct wal *w, struct wal_stats *st)
     st->failed = wal_failed(w);
     st->write_errors = atomic_load_explicit(&w->write_errors, memory_order_relaxed);
     st->write_error = atomic_load_explicit(&w->werr, memory_order_relaxed);
+    st->segments = atomic_load_explicit(&w->segments, memory_order_relaxed);
+    st->segments_prepared = atomic_load_explicit(&w->segments_prepared, memory_order_relaxed);
 }

@@ -71,6 +71,13 @@ int wal_rec_ok(const unsigned char *p, size_t l);
 uint64_t wal_rec_lsn(const unsigned char *p, size_t l);
 #define WAL_SEG_HDR 16       /* "KVSWAL02" + u64 first LSN */
 #define WAL_SEG_MAGIC "KVSWAL02" /* a segment's first 8 bytes; 02: header CRC */
+/* A segment written in place over zeros (wal_prep.c prepared it ahead, all its
+ * blocks written, so a group's fdatasync flushes the data alone, no file size or
+ * extent change): its records end where the zeros begin. The log thread syncs at
+ * most WAL_PIECE bytes of it before it writes more, so a machine crash can leave
+ * out-of-order pages only within WAL_PIECE bytes after the last good record. */
+#define WAL_SEG_MAGIC_ZEROED "KVSWAL03"
+#define WAL_PIECE (1u << 20)
 
 struct wal_config {
     const char *dir;
@@ -103,6 +110,7 @@ struct wal_stats {
     int failed;              /* the log stopped for good; see wal_error */
     uint64_t write_errors;   /* failed attempts to write or sync a group (each retried) */
     int write_error;         /* wal_write_error now: the disk refuses the log (errno), 0: it does not */
+    uint64_t segments, segments_prepared; /* segments started since open; of them, prepared over zeros */
 };
 
 /* Upper bound (microseconds) of sync bucket i; 0 for the last bucket (no bound)
@@ -234,6 +242,10 @@ int wal_write_all(int fd, const void *buf, size_t n);
 /* Create segment <dir>/wal-<first>.log with its header, synced with its directory
  * entry (dirfd). Returns the open fd (O_APPEND) or -errno with a message. */
 int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t errlen);
+/* Make the prepared file tmp (fd: a synced file of zeros) segment <dir>/wal-<first>.log:
+ * its header (WAL_SEG_MAGIC_ZEROED) written and synced, then renamed, the directory
+ * synced. Returns 0 or -errno with a message; fd stays open either way. */
+int wal_seg_adopt(const char *dir, int dirfd, int fd, const char *tmp, uint64_t first, char *err, size_t errlen);
 
 /* Append to out the complete, valid records with from <= LSN <= upto found in
  * dir's segments, about max_bytes at most. Returns the last LSN appended (0 if

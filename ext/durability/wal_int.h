@@ -88,7 +88,24 @@ struct wal {
     _Atomic uint64_t groups, records, bytes, syncs, sync_ns_total, sync_ns_max, max_group;
     _Atomic uint64_t sync_hist[WAL_SYNC_BUCKETS]; /* written by the log thread only */
     struct latmon *_Atomic latmon; /* LATENCY's monitor (set by the engine while running) */
+    /* The segment being written: 0 while it is appended to (it grows with each
+     * group), else the size it was prepared at (written in place over zeros). */
+    uint64_t seg_cap;
+    _Atomic uint64_t segments, segments_prepared;
+    /* The next segment, prepared ahead by the preparer thread (wal_prep.c):
+     * prep is PREP_NONE, PREP_WANTED (the log thread asked) or PREP_READY
+     * (prep_fd is a synced file of seg_limit zeros, PREP_NAME in dir). prep
+     * changes under prep_lock; the log thread reads it without. */
+    pthread_mutex_t prep_lock;
+    pthread_cond_t prep_cond;
+    _Atomic int prep, prep_stop;
+    int prep_fd, prep_running;
+    uint64_t prep_retry_ns;   /* after a failed preparation: not again before this */
+    pthread_t prep_th;
 };
+
+enum { PREP_NONE, PREP_WANTED, PREP_READY };
+#define PREP_NAME "wal-prepared.tmp"
 
 static inline uint64_t now_ns(void)
 {
@@ -141,5 +158,12 @@ void wal_fail(struct wal *w, const char *what, int e);
 int wal_seg_switch(struct wal *w, uint64_t first, char *err, size_t errlen);
 /* The log thread (wal_write.c). */
 void *wal_log_thread(void *arg);
+/* The preparer thread (wal_prep.c); the log thread asks it for the next segment
+ * (wal_prep_want) and takes it when ready (wal_prep_take: its fd, or -1). */
+void *wal_prep_thread(void *arg);
+void wal_prep_want(struct wal *w);
+int wal_prep_take(struct wal *w);
+/* <dir>/PREP_NAME into dst. */
+void wal_prep_path(const struct wal *w, char *dst, size_t n);
 
 #endif

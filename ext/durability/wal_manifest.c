@@ -1,5 +1,6 @@
 /* wal_manifest.c - the log's files: segments created (wal_seg_create, with
- * wal_write_all; the log thread and the peer's receiver) and the log's
+ * wal_write_all; the log thread and the peer's receiver) or adopted from a
+ * prepared file (wal_seg_adopt; the log thread, wal_prep.c) and the log's
  * manifest, <dir>/wal.manifest: the first LSN of the
  * newest segment the log thread created, written (and synced, file and
  * directory) each time it creates one. Recovery checks that a segment at least
@@ -72,6 +73,28 @@ int wal_seg_create(const char *dir, int dirfd, uint64_t first, char *err, size_t
         return rc;
     }
     return fd;
+}
+
+int wal_seg_adopt(const char *dir, int dirfd, int fd, const char *tmp, uint64_t first, char *err, size_t errlen)
+{
+    char path[4096];
+    seg_name(path, sizeof path, dir, first);
+    unsigned char hdr[WAL_SEG_HDR];
+    memcpy(hdr, WAL_SEG_MAGIC_ZEROED, 8);
+    put64(hdr + 8, first);
+    ssize_t n = pwrite(fd, hdr, sizeof hdr, 0);
+    int rc = n == (ssize_t)sizeof hdr ? 0 : n < 0 ? -errno : -EIO;
+    /* the header before the name: a segment by that name always has its header
+     * (rename replaces a file of the name: one created just before a crash, as above) */
+    if (!rc && fdatasync(fd))
+        rc = -errno;
+    if (!rc && rename(tmp, path))
+        rc = -errno;
+    if (!rc && fsync(dirfd))
+        rc = -errno;
+    if (rc)
+        snprintf(err, errlen, "cannot start log segment %s from %s: %s", path, tmp, strerror(-rc));
+    return rc;
 }
 
 #define MANIFEST "wal.manifest"

@@ -111,6 +111,22 @@ static int read_file(const char *path, unsigned char **data, size_t *len)
     return 0;
 }
 
+/* The end of the non-zero bytes of d[from, len): from if they are all zeros. */
+static size_t nonzero_end(const unsigned char *d, size_t from, size_t len)
+{
+    while (len > from && (len - from) % 8)
+        if (d[--len])
+            return len + 1;
+    for (uint64_t x; len > from; len -= 8) {
+        memcpy(&x, d + len - 8, 8);
+        if (x)
+            break;
+    }
+    while (len > from && !d[len - 1])
+        len--;
+    return len;
+}
+
 static int apply(struct kv_table *t, const unsigned char *p, uint64_t lsn)
 {
     uint32_t klen = get32(p + WAL_OFF_KLEN), vlen = get32(p + WAL_OFF_VLEN);
@@ -381,7 +397,8 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
         }
         rec->segments++;
         int last = si == nseg - 1;
-        if (len < WAL_SEG_HDR || memcmp(d, WAL_SEG_MAGIC, 8) || get64(d + 8) != segs[si].first) {
+        int zeroed = len >= WAL_SEG_HDR && !memcmp(d, WAL_SEG_MAGIC_ZEROED, 8); /* written over zeros */
+        if (len < WAL_SEG_HDR || (memcmp(d, WAL_SEG_MAGIC, 8) && !zeroed) || get64(d + 8) != segs[si].first) {
             if (last && len < WAL_SEG_HDR) { /* created, crashed before its header was written */
                 snprintf(rec->problem, sizeof rec->problem, "%s: empty segment (header cut short), ignored", path);
                 free(d);
@@ -433,6 +450,20 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
                 while (z < len && d[z] == 0)
                     z++;
                 torn = last && z == len;
+            }
+            if (why && zeroed) {
+                /* A segment written over zeros: its records end where the zeros
+                 * begin. Anything else non-zero is a torn tail only in the last
+                 * segment and only within the piece the log thread was writing
+                 * (at most WAL_PIECE, or the one record's length: wal_write.c). */
+                size_t nz = nonzero_end(d, off, len);
+                if (nz == off) {
+                    if (last && repair && len > off) /* give the zeros back (kept, they end it the same) */
+                        (void)!truncate(path, (off_t)off);
+                    break;
+                }
+                left = nz - off;
+                torn = last && left <= (recl > WAL_PIECE ? recl : WAL_PIECE);
             }
             if (why) {
                 if (torn) {

@@ -1,7 +1,8 @@
 /* wal_write.c - the log thread (see wal.c): takes what was appended since its last
- * group, writes it with writev from the chunks where the records lie, syncs it
- * (group commit) and publishes the durable LSN; a failing write is retried from
- * memory with backoff (write_group_retrying). */
+ * group, writes it with writev from the chunks where the records lie (pwritev in
+ * pieces over a prepared segment's zeros: write_synced), syncs it (group commit)
+ * and publishes the durable LSN; a failing write is retried from memory with
+ * backoff (write_group_retrying). */
 #define _GNU_SOURCE
 #include "durability/wal_int.h"
 
@@ -33,12 +34,26 @@ static int sync_bucket(uint64_t ns)
     return i;
 }
 
-/* Create the segment whose first record has LSN first; its name and header are
+/* Start the segment whose first record has LSN first: the prepared one when it
+ * is ready (wal_prep.c), else a new file appended to; its name and header are
  * synced (file and directory) so a crash cannot lose the file holding synced records. */
 int wal_seg_switch(struct wal *w, uint64_t first, char *err, size_t errlen)
 {
-    int fd = wal_seg_create(w->dir, w->dirfd, first, err, errlen);
-    if (fd < 0)
+    int fd = wal_prep_take(w);
+    uint64_t cap = 0;
+    if (fd >= 0) {
+        char prep[4200];
+        wal_prep_path(w, prep, sizeof prep);
+        if (wal_seg_adopt(w->dir, w->dirfd, fd, prep, first, err, errlen)) {
+            kvlog(KVLOG_WARNING, "durability log: %s; a new segment is appended to instead", err);
+            close(fd);
+            unlink(prep);
+            fd = -1;
+        } else {
+            cap = w->seg_limit;
+        }
+    }
+    if (fd < 0 && (fd = wal_seg_create(w->dir, w->dirfd, first, err, errlen)) < 0)
         return fd;
     int rc = wal_manifest_write(w->dir, w->dirfd, first, err, errlen); /* a lost last segment shows */
     if (rc) {
@@ -49,16 +64,21 @@ int wal_seg_switch(struct wal *w, uint64_t first, char *err, size_t errlen)
         close(w->fd);
     w->fd = fd;
     w->seg_size = WAL_SEG_HDR;
+    w->seg_cap = cap;
+    atomic_fetch_add_explicit(&w->segments, 1, memory_order_relaxed);
+    if (cap)
+        atomic_fetch_add_explicit(&w->segments_prepared, 1, memory_order_relaxed);
     return 0;
 }
 
-/* writev() the bytes [from, to) of the chunks, walked straight into a fixed array
+/* writev() the bytes [from, to) of the chunks (pwritev at off unless off < 0),
+ * walked straight into a fixed array
  * of WRITEV_MAX parts a call (the log thread allocates nothing: no failed
  * allocation can stop it), retrying short writes and EINTR. Without w->lock: every
  * chunk before to.c is final and none is recycled while the log thread's cursor
  * stands at from. Returns 0 or -errno. */
 #define WRITEV_MAX 64
-static int write_chunks(int fd, struct wal_pos from, struct wal_pos to)
+static int write_chunks(int fd, struct wal_pos from, struct wal_pos to, off_t off_in_file)
 {
     struct wal_chunk *c = from.c;
     size_t off = from.off; /* what is not written yet starts here */
@@ -75,7 +95,7 @@ static int write_chunks(int fd, struct wal_pos from, struct wal_pos to)
         }
         if (!k)
             return 0;
-        ssize_t r = writev(fd, iov, k);
+        ssize_t r = off_in_file < 0 ? writev(fd, iov, k) : pwritev(fd, iov, k, off_in_file);
         if (r < 0) {
             if (errno == EINTR)
                 continue;
@@ -83,6 +103,8 @@ static int write_chunks(int fd, struct wal_pos from, struct wal_pos to)
         }
         if (r == 0)
             return -EIO;
+        if (off_in_file >= 0)
+            off_in_file += r;
         for (size_t left = (size_t)r;; c = c->next, off = 0) { /* move past what was written */
             size_t end = c == to.c ? to.off : c->len;
             if (left < end - off || c == to.c) {
@@ -94,24 +116,97 @@ static int write_chunks(int fd, struct wal_pos from, struct wal_pos to)
     }
 }
 
+/* fdatasync the segment, counted in the stats. 0 or -errno with a message. */
+static int sync_timed(struct wal *w, char *err, size_t errlen)
+{
+    if (w->sync_delay_us)
+        usleep(w->sync_delay_us);
+    uint64_t t0 = now_ns();
+    if (fdatasync(w->fd)) {
+        int rc = -errno;
+        snprintf(err, errlen, "log fdatasync: %s", strerror(-rc));
+        return rc;
+    }
+    uint64_t dt = now_ns() - t0;
+    latmon_add(atomic_load_explicit(&w->latmon, memory_order_acquire), LM_LOG_SYNC, dt);
+    atomic_fetch_add_explicit(&w->syncs, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&w->sync_ns_total, dt, memory_order_relaxed);
+    if (dt > atomic_load_explicit(&w->sync_ns_max, memory_order_relaxed))
+        atomic_store_explicit(&w->sync_ns_max, dt, memory_order_relaxed);
+    atomic_fetch_add_explicit(&w->sync_hist[sync_bucket(dt)], 1, memory_order_relaxed);
+    return 0;
+}
+
+/* Where the piece of [a, to) that starts at a ends: whole chunk ranges (a record
+ * never spans two chunks, so a piece ends where a record does) of WAL_PIECE bytes
+ * at most, or one chunk's range when that alone is larger (a chunk of one large
+ * record). */
+static struct wal_pos piece_end(struct wal_pos a, struct wal_pos to)
+{
+    size_t total = 0;
+    for (struct wal_chunk *c = a.c;; c = c->next, a.off = 0) {
+        size_t end = c == to.c ? to.off : c->len, n = end - a.off;
+        if (total && total + n > WAL_PIECE)
+            return (struct wal_pos){.c = c, .off = a.off};
+        total += n;
+        if (c == to.c)
+            return to;
+    }
+}
+
+/* Write [from, to) at the end of the current segment and sync it. Appended to a
+ * growing segment: one write, one sync. Over a prepared segment's zeros: a piece
+ * of WAL_PIECE bytes at most, synced before the next is written, so that pages
+ * a machine crash leaves out of order lie within one piece after the last good
+ * record (wal_recover.c tells such a torn piece from damage by that bound). */
+static int write_synced(struct wal *w, struct wal_pos from, struct wal_pos to, char *err, size_t errlen)
+{
+    int rc;
+    if (!w->seg_cap) {
+        if ((rc = write_chunks(w->fd, from, to, -1)))
+            snprintf(err, errlen, "log write: %s", strerror(-rc));
+        return rc ? rc : sync_timed(w, err, errlen);
+    }
+    off_t off = (off_t)w->seg_size;
+    while (from.c != to.c || from.off != to.off) {
+        struct wal_pos b = piece_end(from, to);
+        if ((rc = write_chunks(w->fd, from, b, off))) {
+            snprintf(err, errlen, "log write: %s", strerror(-rc));
+            return rc;
+        }
+        if ((rc = sync_timed(w, err, errlen)))
+            return rc;
+        for (struct wal_chunk *c = from.c;; c = c->next, from.off = 0) { /* off += the piece's bytes */
+            off += (off_t)((c == b.c ? b.off : c->len) - from.off);
+            if (c == b.c)
+                break;
+        }
+        from = b;
+    }
+    return 0;
+}
+
 /* Write group [from, to) (len bytes; first: its first LSN) at the end of the current segment
- * (after starting a new one when it is full) and sync it. Returns 0, or -errno
- * with what failed in err; the segment is then cut back to where the group
- * began, so a retry writes the whole group again from memory (after a failed
- * fdatasync the kernel may have dropped the pages: only a new write of them
- * makes a later sync mean something). Log thread. */
+ * (after starting a new one when it is full, or when a prepared one is ready
+ * and the group does not fit, or the current one grows) and sync it. Returns 0,
+ * or -errno with what failed in err; a growing segment is then cut back to where
+ * the group began, so a retry writes the whole group again from memory (after a
+ * failed fdatasync the kernel may have dropped the pages: only a new write of
+ * them makes a later sync mean something); over a prepared segment the retry
+ * writes the same bytes at the same place. Log thread. */
 static int write_group(struct wal *w, struct wal_pos from, struct wal_pos to, size_t len, uint64_t first,
                        char *err, size_t errlen)
 {
     /* A failed attempt may have left part of the group: cut it first (no write
      * may land after a torn tail: O_APPEND would put it there). */
     int rc;
-    if (atomic_load_explicit(&w->werr, memory_order_relaxed) && ftruncate(w->fd, (off_t)w->seg_size)) {
+    if (!w->seg_cap && atomic_load_explicit(&w->werr, memory_order_relaxed) && ftruncate(w->fd, (off_t)w->seg_size)) {
         rc = -errno;
         snprintf(err, errlen, "cannot cut the log segment back after a failed write: %s", strerror(-rc));
         return rc;
     }
-    if (w->seg_size >= w->seg_limit) {
+    int ready = atomic_load_explicit(&w->prep, memory_order_acquire) == PREP_READY;
+    if (w->seg_size >= w->seg_limit || (ready && (!w->seg_cap || w->seg_size + len > w->seg_cap))) {
         if (fdatasync(w->fd)) {
             rc = -errno;
             snprintf(err, errlen, "log sync: %s", strerror(-rc));
@@ -120,30 +215,14 @@ static int write_group(struct wal *w, struct wal_pos from, struct wal_pos to, si
         if ((rc = wal_seg_switch(w, first, err, errlen)))
             return rc;
     }
-    rc = write_chunks(w->fd, from, to);
-    if (rc) {
-        snprintf(err, errlen, "log write: %s", strerror(-rc));
-    } else {
-        if (w->sync_delay_us)
-            usleep(w->sync_delay_us);
-        uint64_t t0 = now_ns();
-        if (fdatasync(w->fd)) {
-            rc = -errno;
-            snprintf(err, errlen, "log fdatasync: %s", strerror(-rc));
-        } else {
-            uint64_t dt = now_ns() - t0;
-            latmon_add(atomic_load_explicit(&w->latmon, memory_order_acquire), LM_LOG_SYNC, dt);
-            atomic_fetch_add_explicit(&w->syncs, 1, memory_order_relaxed);
-            atomic_fetch_add_explicit(&w->sync_ns_total, dt, memory_order_relaxed);
-            if (dt > atomic_load_explicit(&w->sync_ns_max, memory_order_relaxed))
-                atomic_store_explicit(&w->sync_ns_max, dt, memory_order_relaxed);
-            atomic_fetch_add_explicit(&w->sync_hist[sync_bucket(dt)], 1, memory_order_relaxed);
-        }
-    }
-    if (!rc)
+    rc = write_synced(w, from, to, err, errlen);
+    if (!rc) {
         w->seg_size += len;
-    else if (ftruncate(w->fd, (off_t)w->seg_size))
+        if (w->seg_size >= (w->seg_limit / 2 < (4u << 20) ? w->seg_limit / 2 : (4u << 20)))
+            wal_prep_want(w); /* the next segment (wal_prep.c) */
+    } else if (!w->seg_cap && ftruncate(w->fd, (off_t)w->seg_size)) {
         (void)0; /* (the next attempt cuts first, and writes only once that worked) */
+    }
     return rc;
 }
 

@@ -147,12 +147,13 @@ static void info_persistence(void *arg, struct kvbuf *b)
                      "log_appended_lsn:%llu\r\nlog_durable_lsn:%llu\r\nlog_groups:%llu\r\n"
                      "log_records:%llu\r\nlog_bytes:%llu\r\nlog_max_group_records:%llu\r\n"
                      "log_syncs:%llu\r\nlog_sync_avg_us:%.1f\r\nlog_sync_max_us:%.1f\r\n"
-                     "log_failed:%d\r\n",
+                     "log_failed:%d\r\nlog_segments:%llu\r\nlog_segments_prepared:%llu\r\n",
                      (unsigned long long)ws.appended_lsn, (unsigned long long)ws.durable_lsn,
                      (unsigned long long)ws.groups, (unsigned long long)ws.records, (unsigned long long)ws.bytes,
                      (unsigned long long)ws.max_group_records, (unsigned long long)ws.syncs,
                      ws.syncs ? (double)ws.sync_ns_total / (double)ws.syncs / 1000.0 : 0.0,
-                     (double)ws.sync_ns_max / 1000.0, ws.failed);
+                     (double)ws.sync_ns_max / 1000.0, ws.failed, (unsigned long long)ws.segments,
+                     (unsigned long long)ws.segments_prepared);
     }
     if (e->bosc) {
         struct bosc_stats bs;

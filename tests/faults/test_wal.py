@@ -9,7 +9,10 @@ What is checked (see ext/durability/wal.h for the log format):
      a flipped bit in the very last record is a torn tail;
   4. foreign files / bad segment headers are refused, a missing middle segment is a gap;
   5. group commit (many records per fdatasync);
-  6. --durability none writes no log.
+  6. --durability none writes no log;
+  7. segments prepared over zeros (KVSWAL03): kill -9 under load loses nothing acknowledged,
+     the zeros end a segment cleanly, damage within one piece (1 MiB) of the end of the last
+     one is a torn tail, damage with more data after it (or in an earlier segment) is refused.
 """
 import json
 import os
@@ -675,3 +678,170 @@ def test_a_missing_middle_segment_is_a_gap_not_skipped(data_dir):
     assert rc == 1 and "LSN 11 where 6 was expected" in err, (rc, out, err)
     rc, out, err = fl.run_serve(data_dir)
     assert rc not in (None, 0) and "listening on" not in out and "missing" in err, (rc, out, err)
+
+
+# ================================================================ 7. segments prepared over zeros
+
+PIECE = 1 << 20  # WAL_PIECE: the log thread syncs at most this much of a prepared segment at once
+
+
+def _write_zeroed_segment(path, first, records, size=None, damage=None):
+    """A hand-made prepared segment (KVSWAL03): header, records, then zeros up to size
+    bytes; damage(data, offsets) may change the record bytes first. Returns the records'
+    offsets."""
+    data, offs = bytearray(fl.MAGIC_ZEROED + first.to_bytes(8, "little")), []
+    for op, key, value, lsn in records:
+        offs.append(len(data))
+        data += fl.encode_record(op, key, value, lsn)
+    if damage:
+        damage(data, offs)
+    data += bytes(max(0, (size or len(data) + 4096) - len(data)))
+    with open(path, "wb") as f:
+        f.write(data)
+    return offs
+
+
+def _sets(first, last, value=b"v" * 40):
+    return [(fl.OP_SET, b"k%d" % i, value + b"%d" % i, i) for i in range(first, last + 1)]
+
+
+@pytest.mark.timeout(120)
+def test_prepared_segments_lose_nothing_acknowledged_under_kill9(data_dir, nodes):
+    """Small segments (64 KiB: the next is prepared once the log holds 32 KiB), four writers
+    recording what was acknowledged, kill -9 mid-load: every acknowledged write is there
+    after the restart, the log's later segments were prepared over zeros, and the zeros
+    after the last record end the log without a torn-tail report."""
+    n = nodes(data_dir, log_segment_size="64kb")
+    acked, stop = {}, time.monotonic() + 1.5
+    errors = []
+
+    def writer(w):
+        try:
+            with client(n.port) as c:
+                i = 0
+                while time.monotonic() < stop:
+                    k, v = f"w{w}:{i % 500}", f"{w}-{i}-" + "x" * 150
+                    assert c.set(k, v) is True
+                    acked[k] = v
+                    i += 1
+        except Exception as e:  # noqa: BLE001 - the kill ends the last request
+            errors.append(e)
+
+    import threading
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    while time.monotonic() < stop - 0.5:
+        time.sleep(0.05)
+    info = persistence(n.port)
+    assert info["log_segments_prepared"] >= 2 and info["log_segments"] > info["log_segments_prepared"], info
+    n.kill()
+    snapshot = dict(acked)  # what was acknowledged before the kill
+    for t in threads:
+        t.join()
+    segs = fl.segments(data_dir)
+    magics = [open(p, "rb").read(8) for p in segs]
+    assert magics[0] == fl.MAGIC and fl.MAGIC_ZEROED in magics[1:], magics
+    last_size = os.path.getsize(segs[-1])
+    n = nodes(data_dir, log_segment_size="64kb")
+    rec = recovery_of(n)
+    assert not rec.torn and rec.records >= len(snapshot), rec
+    got = mget_all(n.port, list(snapshot))
+    lost = [k for k, v in snapshot.items() if got[k] is None]
+    assert not lost, f"{len(lost)} acknowledged keys lost, e.g. {lost[:5]}"
+    # a key's value is the acknowledged one or a later write of the same key
+    for k, v in snapshot.items():
+        w, i = k[1:].split(":")
+        assert got[k].decode().split("-")[0] == w and int(got[k].decode().split("-")[1]) >= int(v.split("-")[1])
+    _, recs = fl.parse_segment(segs[-1])
+    end = recs[-1].off + recs[-1].length if recs else fl.SEG_HDR
+    assert os.path.getsize(segs[-1]) == end <= last_size, "the zeros after the last record were not given back"
+    n.kill()
+
+
+@pytest.mark.timeout(60)
+def test_zeros_end_prepared_segments_cleanly(data_dir, nodes):
+    """Three prepared segments, each with zeros after its records (a segment left early
+    when the next was ready, or the last one): recovery reads through them, reports no
+    problem, and gives the last one's zeros back."""
+    d = fl.log_dir(data_dir)
+    os.makedirs(d)
+    for first, last, size in ((1, 40, 16384), (41, 90, 65536), (91, 100, 65536)):
+        _write_zeroed_segment(os.path.join(d, fl.seg_name(first)), first, _sets(first, last), size)
+    rc, out, err = fl.run_recover(data_dir, "--check-only")
+    assert rc == 0 and "recovered 100 records" in out and "torn" not in out + err, (rc, out, err)
+    n = nodes(data_dir)
+    rec = recovery_of(n)
+    assert not rec.torn and (rec.records, rec.last, rec.segments) == (100, 100, 3), rec
+    with client(n.port) as c:
+        assert c.get("k1") == b"v" * 40 + b"1" and c.get("k100") == b"v" * 40 + b"100"
+    _, recs = fl.parse_segment(os.path.join(d, fl.seg_name(91)))
+    assert os.path.getsize(os.path.join(d, fl.seg_name(91))) == recs[-1].off + recs[-1].length
+    assert os.path.getsize(os.path.join(d, fl.seg_name(41))) == 65536  # not the last: left as it is
+    n.kill()
+
+
+@pytest.mark.parametrize("hole", ["page-of-zeros", "flipped-bit", "header-zeroed"])
+@pytest.mark.timeout(60)
+def test_damage_within_a_piece_of_the_end_of_a_prepared_segment_is_a_torn_tail(data_dir, nodes, hole):
+    """A power cut while the log thread writes a piece over zeros may keep later pages of it
+    and lose an earlier one: records after the damage, zeros after them. Within one piece
+    of the end that is a torn tail (none of the piece was acknowledged): truncated, the
+    records before it kept."""
+    d = fl.log_dir(data_dir)
+    os.makedirs(d)
+    path = os.path.join(d, fl.seg_name(1))
+    bad = 150
+
+    def damage(data, offs):
+        o = offs[bad - 1]
+        if hole == "page-of-zeros":
+            data[o + 20:o + 60] = bytes(40)
+        elif hole == "flipped-bit":
+            data[o + 40] ^= 0x10
+        else:
+            data[o:o + fl.REC_HDR] = bytes(fl.REC_HDR)
+
+    offs = _write_zeroed_segment(path, 1, _sets(1, 200), 262144, damage)
+    n = nodes(data_dir)
+    rec = recovery_of(n)
+    assert rec.torn and f"torn tail in {path} at offset {offs[bad - 1]} " in rec.line, rec
+    assert (rec.records, rec.last) == (bad - 1, bad - 1) and "truncated" in rec.rest, rec
+    assert os.path.getsize(path) == offs[bad - 1]
+    with client(n.port) as c:
+        assert c.get(f"k{bad - 1}") is not None and c.get(f"k{bad}") is None and c.get("k200") is None
+    n.kill()
+
+
+@pytest.mark.timeout(60)
+def test_damage_more_than_a_piece_before_the_end_of_a_prepared_segment_is_refused(data_dir):
+    """Damage followed by more than a piece (1 MiB) of records cannot be a torn piece: the
+    records after it were synced after it was, so it was acknowledged. Refused."""
+    d = fl.log_dir(data_dir)
+    os.makedirs(d)
+    path = os.path.join(d, fl.seg_name(1))
+    big = b"b" * 4000
+    recs = [(fl.OP_SET, b"k%d" % i, big, i) for i in range(1, 321)]  # 1.25 MiB after record 10
+
+    def damage(data, offs):
+        data[offs[9] + 100] ^= 0x01
+
+    offs = _write_zeroed_segment(path, 1, recs, 4 << 20, damage)
+    assert offs[-1] - offs[9] > PIECE
+    _assert_refused(data_dir, path, offs[9], 9, why="CRC mismatch")
+
+
+@pytest.mark.timeout(60)
+def test_damage_in_an_earlier_prepared_segment_is_refused(data_dir):
+    """Only the last segment can hold a torn piece: the log syncs a segment's records
+    before it starts the next."""
+    d = fl.log_dir(data_dir)
+    os.makedirs(d)
+    path = os.path.join(d, fl.seg_name(1))
+
+    def damage(data, offs):
+        data[offs[35] + 50] ^= 0x04
+
+    offs = _write_zeroed_segment(path, 1, _sets(1, 40), 65536, damage)
+    _write_zeroed_segment(os.path.join(d, fl.seg_name(41)), 41, _sets(41, 60), 65536)
+    _assert_refused(data_dir, path, offs[35], 35, why="CRC mismatch")

@@ -27,6 +27,7 @@ SEG_HDR = 16
 REC_HDR = 32
 REC_TRAILER = 8
 MAGIC = b"KVSWAL02"
+MAGIC_ZEROED = b"KVSWAL03"  # a segment prepared over zeros and written in place: its records end at the zeros
 # Record header (ext/wal.h): 0 u32 crc | 4 u32 hcrc | 8 u32 klen | 12 u32 vlen | 16 u8 op |
 # 17 u8 pad[3] | 20 i64 expire_ms | 28 u32 zero; then key, value, u64 lsn.
 # hcrc = CRC32C(header[8:32]); crc = CRC32C(record[4:]).
@@ -81,10 +82,12 @@ def parse_segment(path):
     Raises AssertionError on anything else: the tests parse logs the server wrote."""
     with open(path, "rb") as f:
         data = f.read()
-    assert len(data) >= SEG_HDR and data[:8] == MAGIC, f"{path}: bad header {data[:16]!r}"
+    assert len(data) >= SEG_HDR and data[:8] in (MAGIC, MAGIC_ZEROED), f"{path}: bad header {data[:16]!r}"
     first = struct.unpack_from("<Q", data, 8)[0]
     recs, off = [], SEG_HDR
     while off < len(data):
+        if data[:8] == MAGIC_ZEROED and not data[off:off + REC_HDR].strip(b"\0") and not data[off:].strip(b"\0"):
+            break  # the zeros after the last record
         assert off + REC_HDR <= len(data), f"{path}: record header at {off} cut short"
         crc, hcrc, klen, vlen, op, expire, zero = struct.unpack_from("<IIIIB3xqI", data, off)
         assert crc32c(data[off + OFF_KLEN:off + REC_HDR]) == hcrc, f"{path}: bad header CRC at {off}"
