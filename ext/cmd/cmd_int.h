@@ -19,6 +19,10 @@
 #define F_FAST (1 << 3)
 #define F_DENYOOM (1 << 4)
 #define F_INTERNAL (1 << 5) /* a front end's framed operation (cmd.h's internal): unknown to RESP clients */
+#define F_BLOCKING (1 << 6) /* may block the client (BLOCK): COMMAND INFO says so, as Redis does */
+#define F_MOVABLEKEYS (1 << 7) /* keys not at first..last by step (found by parsing the arguments) */
+#define F_CONTAINER (1 << 8) /* subcommands (OBJECT, XGROUP, XINFO): COMMAND INFO shows, as Redis 7 does, neither
+                              * flags nor keys for the container (first..last still name the key, for EXEC) */
 
 struct cmd_args {
     int argc;

@@ -143,7 +143,7 @@ static const struct cmd_def commands[] = {
     {"decr", 2, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_decr, "string", "Decrements the integer value of a key by one.", "1.0.0"},
     {"incrby", 3, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_incrby, "string", "Increments the integer value of a key by a number.", "1.0.0"},
     {"decrby", 3, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_decrby, "string", "Decrements a number from the integer value of a key.", "1.0.0"},
-    {"append", 3, F_WRITE | F_DENYOOM, 1, 1, 1, c_append, "string", "Appends a string to the value of a key.", "2.0.0"},
+    {"append", 3, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_append, "string", "Appends a string to the value of a key.", "2.0.0"},
     {"strlen", 2, F_READONLY | F_FAST, 1, 1, 1, c_strlen, "string", "Returns the length of a string value.", "2.2.0"},
     /* string_ext.c */
     {"setnx", 3, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_setnx, "string", "Set the value of a key, only if the key does not exist", "1.0.0"},
@@ -182,7 +182,7 @@ static const struct cmd_def commands[] = {
     {"copy", -3, F_WRITE | F_DENYOOM, 1, 2, 1, c_copy, "generic", "Copies the value of a key to a new key.", "6.2.0"},
     {"unlink", -2, F_WRITE | F_FAST, 1, -1, 1, c_del, "generic", "Asynchronously deletes one or more keys.", "4.0.0"},
     {"touch", -2, F_READONLY | F_FAST, 1, -1, 1, c_exists, "generic", "Returns the number of existing keys out of those specified after updating the time they were last accessed.", "3.2.1"},
-    {"object", -2, 0, 2, 2, 1, c_object, "generic", "A container for object introspection commands.", "2.2.3"},
+    {"object", -2, F_CONTAINER, 2, 2, 1, c_object, "generic", "A container for object introspection commands.", "2.2.3"},
     /* hash.c */
     {"hset", -4, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_hset, "hash", "Creates or modifies the value of a field in a hash.", "2.0.0"},
     {"hsetnx", 4, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_hsetnx, "hash", "Sets the value of a field in a hash only when the field doesn't exist.", "2.0.0"},
@@ -209,11 +209,11 @@ static const struct cmd_def commands[] = {
     {"xdel", -3, F_WRITE | F_FAST, 1, 1, 1, c_xdel, "stream", "Returns the number of messages after removing them from a stream.", "5.0.0"},
     {"xsetid", -3, F_WRITE | F_DENYOOM | F_FAST, 1, 1, 1, c_xsetid, "stream", "An internal command for replicating stream values.", "5.0.0"},
     /* xread.c, xinfo.c */
-    {"xread", -4, F_READONLY, 0, 0, 0, c_xread, "stream", "Returns messages from multiple streams with IDs greater than the ones requested. Blocks until a message is available otherwise.", "5.0.0"},
-    {"xreadgroup", -7, F_WRITE, 0, 0, 0, c_xreadgroup, "stream", "Returns new or historical messages from a stream for a consumer in a group. Blocks until a message is available otherwise.", "5.0.0"},
-    {"xinfo", -2, F_READONLY, 2, 2, 1, c_xinfo, "stream", "A container for stream introspection commands.", "5.0.0"},
+    {"xread", -4, F_READONLY | F_BLOCKING | F_MOVABLEKEYS, 0, 0, 0, c_xread, "stream", "Returns messages from multiple streams with IDs greater than the ones requested. Blocks until a message is available otherwise.", "5.0.0"},
+    {"xreadgroup", -7, F_WRITE | F_BLOCKING | F_MOVABLEKEYS, 0, 0, 0, c_xreadgroup, "stream", "Returns new or historical messages from a stream for a consumer in a group. Blocks until a message is available otherwise.", "5.0.0"},
+    {"xinfo", -2, F_READONLY | F_CONTAINER, 2, 2, 1, c_xinfo, "stream", "A container for stream introspection commands.", "5.0.0"},
     /* xgroup.c */
-    {"xgroup", -2, F_WRITE, 2, 2, 1, c_xgroup, "stream", "A container for consumer groups commands.", "5.0.0"},
+    {"xgroup", -2, F_WRITE | F_CONTAINER, 2, 2, 1, c_xgroup, "stream", "A container for consumer groups commands.", "5.0.0"},
     {"xack", -4, F_WRITE | F_FAST, 1, 1, 1, c_xack, "stream", "Returns the number of messages that were successfully acknowledged by the consumer group member of a stream.", "5.0.0"},
     {"xpending", -3, F_READONLY, 1, 1, 1, c_xpending, "stream", "Returns the information and entries from a stream consumer group's pending entries list.", "5.0.0"},
     {"xclaim", -6, F_WRITE | F_FAST, 1, 1, 1, c_xclaim, "stream", "Changes, or acquires, ownership of a message in a consumer group, as if the message was delivered a consumer group member.", "5.0.0"},
@@ -300,13 +300,17 @@ static const struct cmd_def *lookup(const char *name, size_t n) { return lookup_
 
 static void add_flags(struct cmd_client *c, int f)
 {
-    int n = !!(f & F_WRITE) + !!(f & F_READONLY) + !!(f & F_NOAUTH) + !!(f & F_FAST) + !!(f & F_DENYOOM);
+    /* in Redis 7's order */
+    static const struct { int flag; const char *name; } names[] = {
+        {F_WRITE, "write"}, {F_READONLY, "readonly"}, {F_DENYOOM, "denyoom"}, {F_BLOCKING, "blocking"},
+        {F_FAST, "fast"}, {F_NOAUTH, "no_auth"}, {F_MOVABLEKEYS, "movablekeys"}};
+    int n = 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        n += !!(f & names[i].flag);
     resp_add_set(c->out, c->resp, n);
-    if (f & F_WRITE) resp_add_status(c->out, "write");
-    if (f & F_READONLY) resp_add_status(c->out, "readonly");
-    if (f & F_DENYOOM) resp_add_status(c->out, "denyoom");
-    if (f & F_NOAUTH) resp_add_status(c->out, "no_auth");
-    if (f & F_FAST) resp_add_status(c->out, "fast");
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (f & names[i].flag)
+            resp_add_status(c->out, names[i].name);
 }
 
 /* COMMAND reply entry: name, arity, flags, first key, last key, step, acl categories,
@@ -315,11 +319,12 @@ static void add_info(struct cmd_client *c, const struct cmd_def *d)
 {
     resp_add_array(c->out, 10);
     resp_add_bulk_str(c->out, d->name);
+    int container = d->flags & F_CONTAINER;
     resp_add_int(c->out, d->arity);
-    add_flags(c, d->flags);
-    resp_add_int(c->out, d->first);
-    resp_add_int(c->out, d->last);
-    resp_add_int(c->out, d->step);
+    add_flags(c, container ? 0 : d->flags);
+    resp_add_int(c->out, container ? 0 : d->first);
+    resp_add_int(c->out, container ? 0 : d->last);
+    resp_add_int(c->out, container ? 0 : d->step);
     resp_add_array(c->out, 0);
     resp_add_array(c->out, 0);
     resp_add_array(c->out, 0);

@@ -10,6 +10,7 @@ Where a value legitimately differs (HELLO's server/version/id, CLIENT ID, INFO,
 TIME, COMMAND COUNT) the structure is compared instead.
 """
 import pytest
+import redis
 
 from helpers.conn import Raw
 from helpers.resp import info_dict, resp_cmd, resp_parse
@@ -499,6 +500,24 @@ def test_resp3_info_is_verbatim_text(redis_server, kv_plain):
         assert want.startswith(b"=") and want[want.index(b"\r\n") + 2:].startswith(b"txt:")
         assert got[:1] == want[:1], (args, got[:80])
         assert got[got.index(b"\r\n") + 2:].startswith(b"txt:"), (args, got[:80])
+
+
+# the command flags kvstore keeps (Redis has more: admin, noscript, loading, stale, ...)
+MODELED_FLAGS = {"write", "readonly", "denyoom", "blocking", "fast", "no_auth", "movablekeys"}
+
+
+def test_command_table_matches_redis(redis_server, kv_plain):
+    """For every command kvstore has, COMMAND gives Redis 7's arity, key positions and the
+    flags kvstore models (a cluster client routes by the key positions; a client library
+    treats blocking commands apart; containers such as XGROUP show neither flags nor keys)."""
+    def table(port):
+        with redis.Redis(port=port, decode_responses=True) as c:
+            return {name: (e["arity"], set(e["flags"]) & MODELED_FLAGS, e["first_key_pos"], e["last_key_pos"],
+                           e["step_count"]) for name, e in c.command().items()}
+    want, got = table(redis_server.port), table(kv_plain.port)
+    assert {"get", "xread", "xreadgroup", "xgroup", "append"} <= set(got) & set(want)
+    differ = {n: (got[n], want[n]) for n in got if n in want and got[n] != want[n]}
+    assert not differ, differ
 
 
 def test_resp3_command_info_flags_are_sets(redis_server, kv_plain):
