@@ -89,6 +89,9 @@ FIELDS = [
     ("log_groups", "kvstore_log_groups_total", COUNTER, "Group commits (one write() of gathered records)."),
     ("log_syncs", "kvstore_log_syncs_total", COUNTER, "fdatasync calls of the log."),
     ("log_failed", "kvstore_log_failed", GAUGE, "1 once an I/O error stopped the log (writes then fail)."),
+    ("log_segments", "kvstore_log_segments_total", COUNTER, "Log segments started since the server started."),
+    ("log_segments_prepared", "kvstore_log_segments_prepared_total", COUNTER,
+     "Of them, segments prepared ahead as zeros and written in place (each sync flushes data alone)."),
     ("log_write_errors", "kvstore_log_write_errors_total", COUNTER,
      "Failed attempts to write or sync the log (a full or failing disk); each is retried."),
     # the data file

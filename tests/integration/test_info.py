@@ -114,7 +114,8 @@ FIELDS = {  # every field of each section, in order, in the default mode (--arch
     "Keyspace": ["db0"],
 }
 LOG_FIELDS = ["log_appended_lsn", "log_durable_lsn", "log_groups", "log_records", "log_bytes",
-              "log_max_group_records", "log_syncs", "log_sync_avg_us", "log_sync_max_us", "log_failed"]
+              "log_max_group_records", "log_syncs", "log_sync_avg_us", "log_sync_max_us", "log_failed",
+              "log_segments", "log_segments_prepared"]
 DATAFILE_FIELDS = ["datafile_buckets", "datafile_keys", "memory_keys", "datafile_flushed_lsn", "datafile_sweeps",
                    "datafile_records_written", "datafile_blocks_written", "datafile_blocks_read",
                    "datafile_deferred", "datafile_loads", "datafile_evicted_keys", "datafile_log_segments_deleted",
