@@ -433,9 +433,7 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
                 torn = last;
             } else if (!recl) {
                 why = "damaged record header";
-                size_t nz = len; /* a header written in part, zeros after it */
-                while (nz > off && d[nz - 1] == 0)
-                    nz--;
+                size_t nz = nonzero_end(d, off, len); /* a header written in part, zeros after it */
                 /* ... or the damage is in the final record: the file ends with the
                  * trailer (LSN) that record would carry, so nothing follows it. */
                 torn = last && (nz < off + WAL_HDR ||
@@ -446,10 +444,7 @@ int wal_recover(struct kv_table *t, const char *dir, uint64_t after_lsn, int rep
             } else if (!wal_rec_ok(p, recl)) {
                 why = "CRC mismatch";
                 /* the final record, partly written: nothing but zeros after it */
-                size_t z = off + recl;
-                while (z < len && d[z] == 0)
-                    z++;
-                torn = last && z == len;
+                torn = last && nonzero_end(d, off + recl, len) == off + recl;
             }
             if (why && zeroed) {
                 /* A segment written over zeros: its records end where the zeros
