@@ -378,15 +378,16 @@ const char *wal_dir(struct wal *w) { return w->dir; }
 
 int wal_start(struct wal *w)
 {
-    int rc = pthread_create(&w->th, NULL, wal_log_thread, w);
-    if (rc)
-        return -rc;
-    pthread_setname_np(w->th, "kv-wal");
-    w->running = 1;
+    /* the preparer first: the log thread reads prep_running (wal_prep_want) */
     if (!pthread_create(&w->prep_th, NULL, wal_prep_thread, w)) { /* without it: segments grow */
         pthread_setname_np(w->prep_th, "kv-walprep");
         w->prep_running = 1;
     }
+    int rc = pthread_create(&w->th, NULL, wal_log_thread, w);
+    if (rc)
+        return -rc; /* (wal_close stops the preparer) */
+    pthread_setname_np(w->th, "kv-wal");
+    w->running = 1;
     return 0;
 }
 
