@@ -666,8 +666,9 @@ class BlockdevConfig:
     busy_poll_us: int = setting(
         50, "After serving requests, a worker polls its sockets this many microseconds before sleeping (0 = "
             "never): at queue depth 1 the next request comes sooner than a sleep and wake-up, which is most of "
-            "the latency. Not while requests wait for a network backend, and it stops after a few windows that "
-            "found nothing, so an idle device costs no CPU.", min=0, max=1000,
+            "the latency. Each empty poll yields the core to any other thread that wants it (a client or backend "
+            "on the same machine), and polling stops after a few windows that found nothing, so an idle device "
+            "costs no CPU.", min=0, max=1000,
         accepts="microseconds from 0 (off) to 1000", c="busy_poll_us")
     block_size: int = setting(
         4096, "Bytes per block, the value of one key: a power of two from 512 to 1M (1048576). Clients are told "
