@@ -489,7 +489,7 @@ def add_args(ap):
                     help="kvstore blockdev serve --threads (default 0: one per client connection, 2 on tcp/unix "
                          f"for fio's 2 jobs, {NBDFUSE_CONNS} on ext4/xfs for nbdfuse's multi-conn connections; "
                          "measured: with 2 threads for nbdfuse's 4 connections, 128 KiB reads through the file "
-                         "system were 0.89-0.96x nbdkit's, with 4 0.97-0.98x)")
+                         "system were 0.89-0.96x nbdkit's, with 4 0.97-1.01x)")
     ap.add_argument("--busy-poll-us", type=int, default=None,
                     help="kvstore blockdev serve --busy-poll-us (default: the server's own default)")
     ap.add_argument("--kv-threads", type=int, default=1,

@@ -8,9 +8,9 @@
  * streams> (key:%012llu) of group cfg->group, served by cfg->threads threads;
  * every consumer keeps its round in flight (a thread waits for whichever reply
  * comes first), so conns rounds are in flight in all. A consumer sends
- * XREADGROUP, and with each later read the XACK of the entries
- * the previous one returned (one write, two replies), so a round trip moves a
- * batch in and acknowledges the one before. It stops when its stream has nothing
+ * XREADGROUP, and with each later read the XACK of the entries the previous
+ * one returned (one write, two replies), so a round trip moves a batch in
+ * and acknowledges the one before. It stops when its stream has nothing
  * new (a read answered with nil: the preloaded messages are consumed), at the
  * deadline, or at max_messages in total (then the last batch is acknowledged). */
 #ifndef KVSTORE_XGROUPGEN_H
