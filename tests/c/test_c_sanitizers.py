@@ -68,6 +68,7 @@ be changed with KVSTORE_C_SEED=<n>.
 import os
 import re
 import shlex
+import hashlib
 import shutil
 import subprocess
 import uuid
@@ -169,6 +170,19 @@ BUILDS = {
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 
 
+def _tree_digest():
+    """A digest of every C source and header this directory and ext/ hold: a binary built from the
+    same command and the same tree is reused (the data file's suites run these builds again under
+    each forced I/O mode, in a child pytest, tests/faults/test_datafile_io_modes.py)."""
+    h = hashlib.sha256()
+    for p in sorted([*HERE.glob("*.[ch]"), *EXT.rglob("*.[ch]")]):
+        h.update(str(p.relative_to(ROOT)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+_TREE = []
+
+
 def _build(name):
     sources, flags = BUILDS[name]
     BIN.mkdir(exist_ok=True)
@@ -176,11 +190,18 @@ def _build(name):
     tmp = BIN / f".{name}.{uuid.uuid4().hex}"  # concurrent sessions must not clobber each other
     cmd = ["gcc", *COMMON, *flags, *[str(HERE / s) if not os.path.isabs(s) else s for s in sources], *LIBS,
            "-o", str(tmp)]
+    if not _TREE:
+        _TREE.append(_tree_digest())
+    key = hashlib.sha256((shlex.join(cmd[:-1]) + _TREE[0]).encode()).hexdigest()
+    stamp = BIN / f"{name}.key"
+    if out.exists() and stamp.exists() and stamp.read_text() == key:
+        return out
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)
         pytest.fail(f"build of {name} failed:\n$ {shlex.join(cmd)}\n{r.stderr[-5000:]}")
     os.replace(tmp, out)
+    stamp.write_text(key)
     return out
 
 
