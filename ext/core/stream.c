@@ -555,6 +555,7 @@ size_t xs_pull_encode(const struct xs_batch *b, unsigned char *out, size_t room)
 static void mark_deleted(struct xstream *s, struct xs_batch *b, size_t off)
 {
     b->data[off] |= XS_F_DELETED;
+    b->file.seg = 0; /* its copy in the batch store is not what it holds now */
     b->deleted++;
     b->version++;
     s->length--;

@@ -78,8 +78,18 @@ int xs_id_format(struct xs_id id, char *buf);
 #define XS_ID_ARG_MAX 127
 int xs_id_parse(const char *p, size_t n, int strict, uint64_t missing_seq, struct xs_id *out, int *seq_star);
 
+/* Where a sealed batch's bytes are in the data file's batch store
+ * (durability/bstore.h): segment (0: not there), length, offset, CRC-32C. */
+struct xs_ref {
+    uint32_t seg, len;
+    uint64_t off;
+    uint32_t crc;
+};
+
 struct xs_batch {
     struct xs_id first, last;   /* IDs of its first and last entry (deleted ones included) */
+    struct xs_ref file;         /* its bytes in the batch store (the data file's business:
+                                   cleared when the bytes change) */
     uint64_t no;                /* its number in the stream */
     uint32_t len, cap;          /* entry bytes used, allocated */
     uint32_t count, deleted;    /* entries, of which deleted */
@@ -300,7 +310,9 @@ struct xs_id xs_first_id(const struct xstream *s);
  * whole. Format (varints unless said):
  *     u8 XS_SNAP_VERSION
  *     lsn, next_no, entries_added, last_id (ms, seq), max_deleted (ms, seq)
- *     nbatches, then each: no, first (ms, seq), u8 sealed, len, len bytes of entries
+ *     nbatches, then each: no, first (ms, seq), u8 flags, then
+ *         flags 0 (open) or 1 (sealed): len, len bytes of entries;
+ *         flags 3 (sealed, in the batch store: the data file's form): len, seg, off, crc
  *     ngroups, then each: name (len, bytes), last_id (ms, seq), entries_read + 1,
  *         nconsumers, each: name (len, bytes), seen_ms;
  *         npel, each: id (ms, seq), owner (consumer index), delivery_ms, delivery_count
@@ -314,6 +326,19 @@ struct kvbuf;
 int xs_encode(const struct xstream *s, struct kvbuf *out);
 /* A new stream from bytes: 0 with *out, -EBADMSG, -ENOMEM. */
 int xs_decode(const void *p, size_t n, struct xstream **out);
+/* The data file's form: every sealed batch as its reference into the batch
+ * store. stage(arg, b) gives b->file a reference a record may hold (the batch
+ * staged if it has none that is good): 0, or -errno (nothing appended then). */
+typedef int (*xs_stage_fn)(void *arg, struct xs_batch *b);
+int xs_encode_refs(struct xstream *s, struct kvbuf *out, xs_stage_fn stage, void *arg);
+/* Decode either form: fetch(arg, ref, buf) reads a referenced batch's bytes
+ * (ref->len of them): 0, or -errno (the decode fails with it). fetch NULL: a
+ * reference is -EBADMSG (bytes that must be whole: a log record, COPY). */
+typedef int (*xs_fetch_fn)(void *arg, const struct xs_ref *ref, void *buf);
+int xs_decode_from(const void *p, size_t n, xs_fetch_fn fetch, void *arg, struct xstream **out);
+/* Each reference the bytes of a stream hold (its batches, up to the first
+ * malformed one): fn(arg, ref). Returns how many, or -EBADMSG. */
+int64_t xs_refs(const void *p, size_t n, void (*fn)(void *arg, const struct xs_ref *ref), void *arg);
 
 /* ---- changes as bytes (stream_delta.c). A command changes a stream by
  * building a delta (what it decided, with IDs, times and trim cuts resolved)

@@ -11,7 +11,10 @@
 #include "core/stream.h"
 #include "core/stream_int.h"
 
-int xs_encode(const struct xstream *s, struct kvbuf *out)
+#define XS_SNAP_SEALED 1
+#define XS_SNAP_REF 2 /* sealed, its bytes in the batch store */
+
+static int encode(struct xstream *s, struct kvbuf *out, xs_stage_fn stage, void *arg)
 {
     struct wr w = {out, 0};
     unsigned char v = XS_SNAP_VERSION;
@@ -23,13 +26,22 @@ int xs_encode(const struct xstream *s, struct kvbuf *out)
     w_id(&w, s->max_deleted);
     w_u(&w, s->n);
     for (size_t i = 0; i < s->n; i++) {
-        const struct xs_batch *b = s->b[s->head + i];
-        unsigned char sealed = b->sealed ? 1 : 0;
+        struct xs_batch *b = s->b[s->head + i];
+        int ref = stage && b->sealed;
+        if (ref && !w.err && (w.err = stage(arg, b)))
+            break;
+        unsigned char flags = b->sealed ? XS_SNAP_SEALED | (ref ? XS_SNAP_REF : 0) : 0;
         w_u(&w, b->no);
         w_id(&w, b->first);
-        w_bytes(&w, &sealed, 1);
+        w_bytes(&w, &flags, 1);
         w_u(&w, b->len);
-        w_bytes(&w, b->data, b->len);
+        if (ref) {
+            w_u(&w, b->file.seg);
+            w_u(&w, b->file.off);
+            w_u(&w, b->file.crc);
+        } else {
+            w_bytes(&w, b->data, b->len);
+        }
     }
     w_u(&w, s->ngroups);
     for (struct list *gn = s->groups.next; gn != &s->groups; gn = gn->next) {
@@ -56,6 +68,16 @@ int xs_encode(const struct xstream *s, struct kvbuf *out)
         }
     }
     return w.err;
+}
+
+int xs_encode(const struct xstream *s, struct kvbuf *out)
+{
+    return encode((struct xstream *)s, out, NULL, NULL); /* (no stage: nothing changes) */
+}
+
+int xs_encode_refs(struct xstream *s, struct kvbuf *out, xs_stage_fn stage, void *arg)
+{
+    return encode(s, out, stage, arg);
 }
 
 /* Check a batch's entry bytes: entries whole, IDs ascending from first (and
@@ -95,31 +117,64 @@ static int check_entries(struct xs_batch *b, struct xs_id *prev, int have_prev)
     return 0;
 }
 
-static int decode_batches(struct rd *r, struct xstream *s)
+/* One batch's header: its bytes in place (data) or its reference (ref.seg != 0). */
+struct batch_hdr {
+    uint64_t no, len;
+    struct xs_id first;
+    int flags;
+    const unsigned char *data;
+    struct xs_ref ref;
+};
+
+static void read_batch(struct rd *r, struct batch_hdr *h)
+{
+    h->no = r_u(r);
+    h->first = r_id(r);
+    h->flags = r_byte(r);
+    h->len = r_u(r);
+    h->data = NULL;
+    h->ref = (struct xs_ref){0, 0, 0, 0};
+    if (h->flags == (XS_SNAP_SEALED | XS_SNAP_REF)) {
+        uint64_t seg = r_u(r), off = r_u(r), crc = r_u(r);
+        if (!seg || seg > UINT32_MAX || crc > UINT32_MAX || h->len > UINT32_MAX - 64 || !h->len)
+            r->err = -EBADMSG;
+        else
+            h->ref = (struct xs_ref){(uint32_t)seg, (uint32_t)h->len, off, (uint32_t)crc};
+    } else {
+        h->data = r_bytes(r, h->len);
+    }
+    if (h->flags > XS_SNAP_SEALED && h->flags != (XS_SNAP_SEALED | XS_SNAP_REF))
+        r->err = -EBADMSG;
+}
+
+static int decode_batches(struct rd *r, struct xstream *s, xs_fetch_fn fetch, void *arg)
 {
     uint64_t nb = r_count(r, 5);
     struct xs_id prev = XS_ID_MIN;
     uint64_t prev_no = 0;
     for (uint64_t i = 0; i < nb && !r->err; i++) {
-        uint64_t no = r_u(r);
-        struct xs_id first = r_id(r);
-        int sealed = r_byte(r);
-        uint64_t len = r_u(r);
-        const unsigned char *data = r_bytes(r, len);
-        if (r->err || sealed > 1 || (i && no <= prev_no) || len > UINT32_MAX - 64)
+        struct batch_hdr h;
+        read_batch(r, &h);
+        if (r->err || (i && h.no <= prev_no) || h.len > UINT32_MAX - 64 || (h.ref.seg && !fetch))
             return -EBADMSG;
         if (i && !s->b[s->head + s->n - 1]->sealed)
             return -EBADMSG; /* an open batch before another */
-        struct xs_batch *b = malloc(sizeof *b + len);
+        struct xs_batch *b = malloc(sizeof *b + h.len);
         if (!b)
             return -ENOMEM;
         memset(b, 0, sizeof *b);
-        memcpy(b->data, data, len);
-        b->len = b->cap = (uint32_t)len;
-        b->first = first;
-        b->no = no;
-        b->sealed = (uint32_t)sealed;
-        int rc = check_entries(b, &prev, i > 0);
+        int rc = 0;
+        if (h.ref.seg)
+            rc = fetch(arg, &h.ref, b->data);
+        else
+            memcpy(b->data, h.data, h.len);
+        b->file = h.ref;
+        b->len = b->cap = (uint32_t)h.len;
+        b->first = h.first;
+        b->no = h.no;
+        b->sealed = (uint32_t)(h.flags & XS_SNAP_SEALED);
+        if (!rc)
+            rc = check_entries(b, &prev, i > 0);
         if (!rc && s->head + s->n == s->cap) {
             size_t cap = s->cap ? s->cap * 2 : 4;
             size_t was = xs_usable(s->b);
@@ -136,7 +191,7 @@ static int decode_batches(struct rd *r, struct xstream *s)
         s->b[s->n++] = b;
         s->mem += xs_usable(b);
         s->length += b->count - b->deleted;
-        prev_no = no;
+        prev_no = h.no;
     }
     return r->err;
 }
@@ -191,7 +246,32 @@ static int decode_groups(struct rd *r, struct xstream *s)
     return r->err;
 }
 
+int64_t xs_refs(const void *p, size_t n, void (*fn)(void *arg, const struct xs_ref *ref), void *arg)
+{
+    struct rd r = {p, (const unsigned char *)p + n, 0};
+    if (r_byte(&r) != XS_SNAP_VERSION)
+        return -EBADMSG;
+    for (int i = 0; i < 7; i++) /* lsn, next_no, entries_added, last_id, max_deleted */
+        r_u(&r);
+    uint64_t nb = r_count(&r, 5);
+    int64_t found = 0;
+    for (uint64_t i = 0; i < nb && !r.err; i++) {
+        struct batch_hdr h;
+        read_batch(&r, &h);
+        if (!r.err && h.ref.seg) {
+            fn(arg, &h.ref);
+            found++;
+        }
+    }
+    return r.err ? r.err : found;
+}
+
 int xs_decode(const void *p, size_t n, struct xstream **out)
+{
+    return xs_decode_from(p, n, NULL, NULL, out);
+}
+
+int xs_decode_from(const void *p, size_t n, xs_fetch_fn fetch, void *arg, struct xstream **out)
 {
     struct rd r = {p, (const unsigned char *)p + n, 0};
     if (r_byte(&r) != XS_SNAP_VERSION)
@@ -204,7 +284,7 @@ int xs_decode(const void *p, size_t n, struct xstream **out)
     s->entries_added = r_u(&r);
     s->last_id = r_id(&r);
     s->max_deleted = r_id(&r);
-    int rc = r.err ? r.err : decode_batches(&r, s);
+    int rc = r.err ? r.err : decode_batches(&r, s, fetch, arg);
     if (!rc && s->n) {
         const struct xs_batch *b = s->b[s->n - 1];
         if (b->no >= s->next_no || xs_cmp(b->last, s->last_id) > 0)

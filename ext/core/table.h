@@ -298,6 +298,8 @@ void kvt_prefetch(struct kv_table *t, uint64_t h, int stage);
 struct ldu_queue;
 struct ldu_node;
 struct kvbuf;
+struct xs_batch;
+struct xs_ref;
 struct kvt_spill {
     struct ldu_queue *queue; /* the flusher's dirty queue */
     pthread_mutex_t *queue_lock; /* NULL: LDU, lock-free; else every queue operation takes it
@@ -311,6 +313,11 @@ struct kvt_spill {
     int (*load_sync)(void *arg, const void *key, size_t klen); /* blocking load (kvt_load_sync) */
     int (*make_room)(void *arg);   /* blocking: sweep and evict (kvt_wait_memory) */
     void *arg;
+    /* a stream's sealed batches as references into the data file's batch store
+     * (NULL: written whole): the flusher's snapshot gives each one a reference
+     * (stream.h's xs_stage_fn), a load reads them back (xs_fetch_fn) */
+    int (*stage_batch)(void *arg, struct xs_batch *b);
+    int (*fetch_batch)(void *arg, const struct xs_ref *ref, void *buf);
 };
 enum { KVT_FLUSH_BEGIN, KVT_FLUSH_COMMIT, KVT_FLUSH_ABORT };
 /* Attach (before the table is shared). */

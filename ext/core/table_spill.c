@@ -133,11 +133,11 @@ int kvt_snapshot(struct kv_table *t, struct kvt_dnode *d, uint64_t durable, stru
             out->kind = KVT_SNAP_VALUE;
             out->type = entry_type(e);
             out->expire = e->expire_ms;
-            if (e->flags & E_STREAM) { /* its bytes, O(size): the whole stream per write-back */
+            if (e->flags & E_STREAM) { /* its sealed batches by reference (each staged once), or whole */
                 size_t at = val->len;
                 struct xstream *x = entry_stream(e);
                 x->lsn = e->lsn;
-                rc = xs_encode(x, val);
+                rc = t->sp.stage_batch ? xs_encode_refs(x, val, t->sp.stage_batch, t->sp.arg) : xs_encode(x, val);
                 out->vlen = (uint32_t)(val->len - at);
             } else {
                 out->vlen = e->vlen;
@@ -330,8 +330,13 @@ int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, 
              int64_t expire_ms, int type, int (*still_valid)(void *arg), void *arg)
 {
     uint64_t h = kvt_hash(key, klen);
-    struct shard *s = kvt_lock_shard(t, h);
+    /* A stream is made from its bytes (and its batches read from the batch
+     * store) before the shard is locked: the reads keep no other key waiting. */
+    struct xstream *x = NULL;
     int rc = 0;
+    if (found && type == KVT_STREAM && (rc = xs_decode_from(val, vlen, t->sp.fetch_batch, t->sp.arg, &x)))
+        return rc;
+    struct shard *s = kvt_lock_shard(t, h);
     if (kvt_do_find(s, h, key, klen)) {
         rc = 0; /* written (or loaded) meanwhile: memory is newer than the block */
     } else if (!still_valid(arg)) {
@@ -346,34 +351,31 @@ int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, 
          * expiry pass records it later, kvt_expire_disk.) */
         if (found && expire_ms && expire_ms <= now_ms())
             found = 0;
-        struct xstream *x = NULL;
-        if (found && type == KVT_STREAM) { /* the stream's bytes: the entry holds the stream they make */
-            if ((rc = xs_decode(val, vlen, &x)))
-                goto out;
+        if (found && x) { /* the entry holds the stream its bytes make */
             kvt_mem_charge(t, x->mem, 0);
             x->charged = x->mem;
             val = &x;
             vlen = sizeof x;
         }
         struct kvt_entry *e = kvt_entry_new_b(t, h, key, klen, found ? val : NULL, found ? vlen : 0, 0, 0);
-        if (!e && x) {
+        if (!e && x && found)
             mem_uncharge(t, x->charged);
-            xs_free(x);
-        }
         if (!e) {
             rc = -ENOMEM;
         } else {
             e->flags = E_REF | (found ? OD_YES : (E_TOMB | OD_NO));
             entry_set_type(e, found ? type : KVT_STRING);
-            if (x)
+            if (x && found) {
                 e->flags |= E_STREAM;
+                x = NULL; /* the entry's now */
+            }
             e->expire_ms = found ? expire_ms : 0;
             kvt_do_insert(t, s, e);
             rc = 1;
         }
     }
-out:
     shard_unlock(s);
+    xs_free(x); /* not taken (present meanwhile, stale, expired, no memory) */
     return rc;
 }
 

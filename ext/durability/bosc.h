@@ -117,6 +117,9 @@ struct bosc_stats {
     /* ---- issue 14b (chunk): chunks of a sweep settled before the sweep's end
      * (synced, recorded, their keys clean), and keys evicted right after them */
     uint64_t sweep_chunks, chunk_evicted;
+    /* the batch store (bstore.h): segment files, their bytes and the bytes the
+     * records refer to, batches written and read back */
+    uint64_t batch_segments, batch_file_bytes, batch_live_bytes, batches_written, batch_reads;
     int failed;
     char error[256];
 };

@@ -276,6 +276,7 @@ void *bosc_flusher_main(void *arg)
     free(c.chain);
     free(c.present);
     free(c.tag);
+    free(c.dec);
     free(c.dest);
     free(c.bcount);
     free(c.win.buf);

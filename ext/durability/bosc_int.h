@@ -24,7 +24,9 @@
 #include "core/ldu.h"
 #include "core/log.h"
 #include "core/table.h"
+#include "core/stream.h"
 #include "durability/bosc.h"
+#include "durability/bstore.h"
 
 #define BLK BOSC_BLOCK
 #define BHDR 40
@@ -119,6 +121,7 @@ struct wb_bucket {           /* a bucket whose new chain is staged */
     size_t first_item, nitems;
     size_t blk_lo, blk_hi;   /* its blocks in the batch */
     size_t freed_lo, freed_hi; /* the old chain's blocks it put on b->freed */
+    size_t dec_lo, dec_hi;   /* the batch references of the records it replaces (sweep_ctx's dec) */
     int ok;
 };
 
@@ -288,6 +291,12 @@ struct bosc {
      * the n-th home-block write of this process writes half the block and the
      * process is killed, as a power cut mid-write leaves it. 0: off. Flusher only. */
     uint64_t tear_at, home_writes;
+    /* The batch store (bstore.h): a stream's sealed batches, which its record
+     * refers to. bs_gen: the generation its segments belong to (a sweep that
+     * finds another retires them, bs_retired until a superblock records it). */
+    struct bstore *bs;
+    uint64_t bs_gen;
+    int bs_retired;
 };
 
 static inline uint64_t now_ns(void)
@@ -413,6 +422,10 @@ uint32_t bosc_blk_alloc(struct bosc *b);
 int bosc_hook_maybe_on_disk(void *arg, const void *key, size_t klen);
 void bosc_hook_flushall(void *arg, int phase, uint64_t lsn);
 int bosc_hook_load_sync(void *arg, const void *key, size_t klen);
+int bosc_hook_stage_batch(void *arg, struct xs_batch *xb);
+int bosc_hook_fetch_batch(void *arg, const struct xs_ref *ref, void *buf);
+/* xs_refs's callback: ref counts towards its segment's live bytes (arg: the bosc). */
+void bosc_count_refs(void *arg, const struct xs_ref *ref);
 void bosc_wake_all(struct bosc *b);
 void *bosc_loader_main(void *arg);
 
@@ -468,6 +481,15 @@ struct sweep_ctx {
     struct bosc_rwin win;        /* the home copies of the current run of dirty buckets */
     struct bosc_rwin ovw;        /* overflow blocks read ahead (OV_BLOCKS) */
     struct bosc_wbatch wb;       /* staged chains (bosc_io.c) */
+    /* The batch references of the stream records the chunk's chains replace:
+     * taken off their segments' live bytes once the chains are synced and
+     * recorded (only those of chains written: ok). */
+    struct bs_dec {
+        struct xs_ref ref;
+        uint32_t bucket;
+        int ok;
+    } *dec;
+    size_t ndec, capdec;
 };
 
 int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen);

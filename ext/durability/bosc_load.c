@@ -60,6 +60,42 @@ void bosc_hook_flushall(void *arg, int phase, uint64_t lsn)
 
 int bosc_hook_load_sync(void *arg, const void *key, size_t klen) { return bosc_load(arg, key, klen); }
 
+static struct bstore_ref bs_ref(const struct xs_ref *r) { return (struct bstore_ref){r->seg, r->len, r->off, r->crc}; }
+
+/* The flusher's snapshot of a stream (kvt_snapshot, the key's shard locked):
+ * the batch gets a reference that a record may hold -- its own if its bytes
+ * are durable in the store, else a new one (staged, committed before any chain
+ * that holds it is written) -- and the reference counts towards its segment's
+ * live bytes from now on (the record's; a record never written leaves its
+ * segment counted until the next open recounts). */
+int bosc_hook_stage_batch(void *arg, struct xs_batch *xb)
+{
+    struct bosc *b = arg;
+    struct bstore_ref r = bs_ref(&xb->file);
+    if (!r.seg || r.len != xb->len || !bstore_durable(b->bs, &r)) {
+        int rc = bstore_stage(b->bs, xb->data, xb->len, &r);
+        if (rc)
+            return rc;
+        xb->file = (struct xs_ref){r.seg, r.len, r.off, r.crc};
+    }
+    bstore_count(b->bs, &r, 1);
+    return 0;
+}
+
+int bosc_hook_fetch_batch(void *arg, const struct xs_ref *ref, void *buf)
+{
+    struct bosc *b = arg;
+    struct bstore_ref r = bs_ref(ref);
+    return bstore_read(b->bs, &r, buf);
+}
+
+void bosc_count_refs(void *arg, const struct xs_ref *ref)
+{
+    struct bosc *b = arg;
+    struct bstore_ref r = bs_ref(ref);
+    bstore_count(b->bs, &r, 1);
+}
+
 /* ---- loading a key */
 
 struct find_arg {
@@ -137,8 +173,16 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
             break;
         }
         rc = kvt_load(b->t, key, klen, f.val, f.vlen, f.found, f.expire, f.type, still_valid, &v);
-        if (rc != -EAGAIN)
-            break;
+        if (rc == -EAGAIN)
+            continue;
+        if (rc < 0 && rc != -ENOMEM) { /* its record or a batch it refers to is damaged or missing */
+            snprintf(err, sizeof err, "data file %s damaged: the stream %.*s%s cannot be read back (%s)", b->path,
+                     (int)(klen > 64 ? 64 : klen), (const char *)key, klen > 64 ? "..." : "",
+                     rc == -EBADMSG ? "its record is malformed" : rc == -ENOENT ? "a batch segment is missing"
+                     : rc == -EILSEQ ? "a batch fails its checksum" : strerror(-rc));
+            fail(b, err);
+        }
+        break;
     }
     free(s.p);
     free(chain);

@@ -94,6 +94,8 @@ static void scan_rec(void *arg, const unsigned char *rec, size_t reclen, const u
     struct scan_arg *a = arg;
     if (expire)
         ttl_mark(a->b, a->bucket, expire); /* the expiry pass looks at this bucket then */
+    if (type == KVT_STREAM) /* the batches it refers to are live (a malformed record is found when loaded) */
+        (void)xs_refs(val, vlen, bosc_count_refs, a->b);
 }
 
 /* Open (scan): bucket bk's newest home copy, never recorded in the bucket table,
@@ -306,6 +308,11 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     }
     atomic_store(&b->gen, gen);
     atomic_store(&b->flushed_lsn, flushed);
+    b->bs_gen = gen;
+    char bsdir[sizeof b->path + 16];
+    snprintf(bsdir, sizeof bsdir, "%s.batches", b->path);
+    if ((rc = bstore_open(&b->bs, bsdir, err, errlen)))
+        goto fail;
     prealloc_table(b);
     rc = scan(b, gen, info, err, errlen);
     /* What the scan found must be on disk before the flusher writes the other
@@ -317,7 +324,7 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     if (rc)
         goto fail;
     struct kvt_spill sp = {&b->q, b->locked_queue ? &b->qlock : NULL, bosc_hook_maybe_on_disk, bosc_hook_flushall,
-                           bosc_hook_load_sync, bosc_make_room, b};
+                           bosc_hook_load_sync, bosc_make_room, b, bosc_hook_stage_batch, bosc_hook_fetch_batch};
     kvt_set_spill(t, &sp);
     info->flushed_lsn = flushed;
     info->generation = gen;
@@ -327,6 +334,7 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     *out = b;
     return 0;
 fail:
+    bstore_close(b->bs);
     bosc_io_close(b);
     if (b->fd >= 0)
         close(b->fd);
@@ -411,6 +419,7 @@ void bosc_close(struct bosc *b)
     }
     bosc_io_close(b);
     close(b->fd);
+    bstore_close(b->bs);
     free(b->tab);
     free(b->slot);
     free(b->tslot);
@@ -469,6 +478,13 @@ void bosc_get_stats(struct bosc *b, struct bosc_stats *st)
     st->flusher_cpu_ns = L(flusher_cpu_ns);
     st->sweep_chunks = L(chunks);
     st->chunk_evicted = L(chunk_evicted);
+    struct bstore_stats bss;
+    bstore_stats(b->bs, &bss);
+    st->batch_segments = bss.segments;
+    st->batch_file_bytes = bss.file_bytes;
+    st->batch_live_bytes = bss.live_bytes;
+    st->batches_written = bss.batches;
+    st->batch_reads = bss.reads;
 #undef L
     st->flushed_lsn = atomic_load(&b->flushed_lsn);
     st->buckets = b->nbuckets;

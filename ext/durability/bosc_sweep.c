@@ -37,7 +37,51 @@ struct rewrite {                 /* applying a block's updates to its record str
     int changed, oom;
     struct bosc *b;
     uint64_t gen;
+    struct sweep_ctx *c;
+    uint32_t bucket;
 };
+
+/* xs_refs's callback for a stream record the sweep replaces: its references
+ * leave their segments' live bytes once the new chain is synced (settle_chunk). */
+static void old_ref(void *arg, const struct xs_ref *ref)
+{
+    struct rewrite *w = arg;
+    struct sweep_ctx *c = w->c;
+    if (c->ndec == c->capdec) {
+        size_t cap = c->capdec ? 2 * c->capdec : 64;
+        struct bs_dec *nd = realloc(c->dec, cap * sizeof *nd);
+        if (!nd) {
+            w->oom = 1;
+            return;
+        }
+        c->dec = nd;
+        c->capdec = cap;
+    }
+    c->dec[c->ndec++] = (struct bs_dec){*ref, w->bucket, 0};
+}
+
+/* The references of the chain's records: they may leave their segments (ok). */
+static void decs_ok(struct sweep_ctx *c, size_t lo, size_t hi)
+{
+    for (size_t i = lo; i < hi; i++)
+        c->dec[i].ok = 1;
+}
+
+/* The batch store's staged batches are written and synced before any chain
+ * that refers to them. 0, or -errno with err set (a write failure: retried). */
+static int batches_commit(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
+{
+    if (!bstore_pending(b->bs))
+        return 0;
+    uint64_t t0 = now_ns();
+    int rc = bstore_commit(b->bs);
+    add(&b->st.io_ns, now_ns() - t0);
+    if (rc) {
+        snprintf(err, errlen, "cannot write the batch store of %s: %s", b->path, strerror(-rc));
+        c->write_failed = 1;
+    }
+    return rc;
+}
 
 /* A word that differs between most keys of a bucket: the length and the last
  * bytes (keys of one bucket often share a prefix). Each record of a chain the
@@ -58,8 +102,6 @@ static inline uint64_t key_tag(const unsigned char *key, uint32_t klen)
 static void keep_rec(void *arg, const unsigned char *rec, size_t reclen, const unsigned char *key,
                      uint32_t klen, const unsigned char *val, uint32_t vlen, int64_t expire, int type)
 {
-    (void)val;
-    (void)vlen;
     struct rewrite *w = arg;
     uint64_t tag = key_tag(key, klen);
     for (size_t i = 0; i < w->n; i++) {
@@ -70,6 +112,8 @@ static void keep_rec(void *arg, const unsigned char *rec, size_t reclen, const u
         if (ik == klen && memcmp(k, key, klen) == 0) {
             w->present[i] = 1;
             w->changed = 1; /* replaced or deleted below */
+            if (type == KVT_STREAM)
+                (void)xs_refs(val, vlen, old_ref, w); /* (malformed: what it could read) */
             return;
         }
     }
@@ -232,7 +276,14 @@ static int batch_flush(struct bosc *b, struct sweep_ctx *c, uint64_t gen, char *
 {
     if (!c->wb.nbk)
         return 0;
-    int rc = 0;
+    int rc = batches_commit(b, c, err, errlen);
+    if (rc) { /* none of the staged chains is written: their keys stay dirty */
+        for (size_t e = 0; e < c->wb.nbk; e++)
+            c->wb.bk[e].ok = 0;
+        bosc_wb_undo(b, &c->wb);
+        c->wb.n = c->wb.nbk = 0;
+        return rc;
+    }
     pthread_mutex_lock(&b->gen_lock);
     if (atomic_load_explicit(&b->gen, memory_order_relaxed) != gen) {
         for (size_t e = 0; e < c->wb.nbk; e++)
@@ -260,6 +311,7 @@ static int batch_flush(struct bosc *b, struct sweep_ctx *c, uint64_t gen, char *
         atomic_fetch_add_explicit(&b->ver[x->bucket], 1, memory_order_release);
         if (!x->ok)
             continue;
+        decs_ok(c, x->dec_lo, x->dec_hi);
         for (size_t i = 0; i < x->nitems; i++) {
             kvt_written(b->t, it[i].d, &it[i].snap, it[i].present);
             it[i].written = 1;
@@ -354,7 +406,8 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
         c->tag[i] = key_tag(key, klen);
     }
     c->out.len = 0;
-    struct rewrite w = {it, live, c->tag, &c->out, c->present, kvt_now_ms(), 0, 0, b, gen};
+    size_t dec_lo = c->ndec;
+    struct rewrite w = {it, live, c->tag, &c->out, c->present, kvt_now_ms(), 0, 0, b, gen, c, bucket};
     int64_t before = bosc_stream_walk((unsigned char *)c->stream.p, c->stream.len, keep_rec, &w);
     if (before < 0)
         return bosc_stream_damaged(b, bucket, err, errlen);
@@ -400,6 +453,8 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
         x->after = (uint32_t)after;
         x->first_item = (size_t)(it - c->items);
         x->nitems = live;
+        x->dec_lo = dec_lo;
+        x->dec_hi = c->ndec;
         return 0; /* written and settled by batch_flush */
     }
     /* A chain longer than a batch (a huge value; the batch is empty: flushed
@@ -413,10 +468,16 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
         add(&b->st.records, live);
         return 0;
     }
+    if (w.changed && (rc = batches_commit(b, c, err, errlen))) {
+        pthread_mutex_unlock(&b->gen_lock);
+        return rc;
+    }
     if (w.changed) {
         atomic_fetch_add_explicit(&b->ver[bucket], 1, memory_order_acq_rel);
         uint64_t t0 = now_ns();
         rc = chain_write(b, bucket, gen, &c->out, c->chain, c->nchain);
+        if (!rc)
+            decs_ok(c, dec_lo, c->ndec);
         add(&b->st.io_ns, now_ns() - t0);
         if (!rc)
             atomic_store_explicit(&b->nkeys[bucket], (uint32_t)after, memory_order_relaxed);
@@ -532,6 +593,14 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
     for (size_t k = 0; k < b->nfreed; k++)
         bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, b->freed[k]);
     b->nfreed = 0;
+    /* So do the batches that the replaced stream records alone referred to. */
+    for (size_t k = 0; k < c->ndec; k++)
+        if (c->dec[k].ok) {
+            struct bstore_ref r = {c->dec[k].ref.seg, c->dec[k].ref.len, c->dec[k].ref.off, c->dec[k].ref.crc};
+            bstore_count(b->bs, &r, 0);
+        }
+    c->ndec = 0;
+    bstore_collect(b->bs);
     uint64_t deferred = 0, evicted = 0, freed = 0;
     uint64_t durable_now = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX; /* >= every state written */
     /* Before the last chunk, keys left clean leave memory now if room is wanted
@@ -597,6 +666,10 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
     }
     if (b->ntouched)
         bosc_tab_done(b);
+    if (b->bs_retired && b->sb_gen == b->bs_gen) { /* FLUSHALL's generation is recorded */
+        bstore_drop_retired(b->bs);
+        b->bs_retired = 0;
+    }
     return 0;
 }
 
@@ -655,6 +728,12 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     uint64_t durable = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX;
     uint64_t gen = atomic_load_explicit(&b->gen, memory_order_acquire);
     pthread_mutex_unlock(&b->flush_lock);
+    c->ndec = 0;
+    if (gen != b->bs_gen) { /* a FLUSHALL: no record of this generation refers to a batch before it */
+        bstore_retire(b->bs);
+        b->bs_gen = gen;
+        b->bs_retired = 1;
+    }
     kvt_barrier(b->t);
     if (b->locked_queue)
         pthread_mutex_lock(&b->qlock);

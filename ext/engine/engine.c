@@ -174,7 +174,11 @@ static void info_persistence(void *arg, struct kvbuf *b)
                      "datafile_sweep_seconds:%.6f\r\ndatafile_io_seconds:%.6f\r\n"
                      "datafile_sweep_cpu_seconds:%.6f\r\n"
                      /* ---- issue 14b (chunk): chunks settled before their sweep's end */
-                     "datafile_sweep_chunks:%llu\r\ndatafile_chunk_evicted_keys:%llu\r\n",
+                     "datafile_sweep_chunks:%llu\r\ndatafile_chunk_evicted_keys:%llu\r\n"
+                     /* the batch store: stream batches the records refer to */
+                     "datafile_batch_segments:%llu\r\ndatafile_batch_file_bytes:%llu\r\n"
+                     "datafile_batch_live_bytes:%llu\r\ndatafile_batches_written:%llu\r\n"
+                     "datafile_batch_reads:%llu\r\n",
                      (unsigned long long)bs.buckets, (unsigned long long)ts.disk_keys,
                      (unsigned long long)ts.entries, (unsigned long long)bs.flushed_lsn,
                      (unsigned long long)bs.sweeps, (unsigned long long)bs.records,
@@ -184,7 +188,10 @@ static void info_persistence(void *arg, struct kvbuf *b)
                      (unsigned long long)bs.bytes_written, (unsigned long long)bs.bytes_read,
                      (unsigned long long)bs.write_calls, (unsigned long long)bs.read_calls,
                      (double)bs.sweep_ns / 1e9, (double)bs.io_ns / 1e9, (double)bs.flusher_cpu_ns / 1e9,
-                     (unsigned long long)bs.sweep_chunks, (unsigned long long)bs.chunk_evicted);
+                     (unsigned long long)bs.sweep_chunks, (unsigned long long)bs.chunk_evicted,
+                     (unsigned long long)bs.batch_segments, (unsigned long long)bs.batch_file_bytes,
+                     (unsigned long long)bs.batch_live_bytes, (unsigned long long)bs.batches_written,
+                     (unsigned long long)bs.batch_reads);
     }
 }
 

@@ -18,7 +18,10 @@
  *   4. tickets: requests never taken fill the slots (-EBUSY), are dropped after
  *      KEYS_KEEP_MS when a slot is wanted (-ESTALE to their taker), cancel frees
  *      at once, nothing leaks (ASan);
- *   5. damage: a corrupt block makes the listing fail with -EILSEQ naming it.
+ *   5. damage: a corrupt block makes the listing fail with -EILSEQ naming it;
+ *   6. streams: sealed batches go to the batch store once (a write-back after a
+ *      few more entries writes those only), whole through eviction, loads (while
+ *      another thread loads them too) and a restart; a trim frees segments.
  * Prints "FAIL: ..." and exits 1 on the first mismatch; ends with "ok". */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -35,6 +38,7 @@
 #include <unistd.h>
 
 #include "core/kvbuf.h"
+#include "core/stream.h"
 #include "core/table.h"
 #include "durability/bosc.h"
 #include "stress.h"
@@ -378,6 +382,153 @@ static void damaged_block(struct db *d)
     free(out.p);
 }
 
+/* ---- 6. streams in the batch store */
+
+#define NSTREAM 24
+#define SENT 300                  /* entries per stream at first: ~20 sealed batches */
+
+struct xadd_arg {
+    int s, from, to;              /* entries [from, to) of stream s */
+    int trim;                     /* > 0: XTRIM MAXLEN = trim instead */
+};
+
+static size_t sval_of(char *buf, int s, int i) { return (size_t)sprintf(buf, "stream %d entry %d %0*d", s, i, 60, i); }
+
+static int64_t xadd_fn(void *arg, const struct kvt_state *cur, struct kvbuf *delta)
+{
+    struct xadd_arg *a = arg;
+    if (cur->exists && cur->type != KVT_STREAM)
+        return KVT_WRONGTYPE;
+    if (a->trim) {
+        struct xs_cut cut;
+        if (xs_trim_plan(cur->stream, 0, (uint64_t)a->trim, XS_ID_MIN, 0, 0, &cut))
+            return xd_cut(delta, &cut);
+        return 0;
+    }
+    int rc = cur->exists ? 0 : xd_create(delta);
+    for (int i = a->from; i < a->to && !rc; i++) {
+        char v[96];
+        struct xs_field f = {"v", v, 1, sval_of(v, a->s, i)};
+        rc = xd_add(delta, (struct xs_id){(uint64_t)i + 1, 0}, &f, 1);
+    }
+    return rc;
+}
+
+static void xadd(struct db *d, struct xadd_arg a)
+{
+    char k[32];
+    size_t kl = key_of(k, "x", a.s);
+    for (int tries = 0;; tries++) {
+        int64_t rc = kvt_xapply(d->t, k, kl, xadd_fn, &a);
+        if (rc >= 0)
+            return;
+        CHECK((rc == -ENOMEM || rc == -ENODATA) && tries < 1000, "XADD %s: %" PRId64, k, rc);
+        CHECK((rc == -ENOMEM ? kvt_wait_memory(d->t) : kvt_load_sync(d->t, k, kl)) == 0, "%s", stats(d).error);
+    }
+}
+
+struct xcheck_arg {
+    int s, first, last, bad;      /* the entries [first, last] expected, in order */
+};
+
+static int64_t xcheck_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
+{
+    (void)ch;
+    struct xcheck_arg *a = arg;
+    if (!cur->exists || cur->type != KVT_STREAM) {
+        a->bad = 1;
+        return 0;
+    }
+    struct xs_iter it;
+    struct xs_entry e;
+    xs_iter_init(&it, cur->stream, XS_ID_MIN, XS_ID_MAX, 0, 0);
+    int i = a->first, r;
+    while ((r = xs_iter_next(&it, &e)) == 1) {
+        char v[96];
+        size_t vl = sval_of(v, a->s, i);
+        const unsigned char *p = e.fields;
+        struct xs_field f;
+        if (i > a->last || e.id.ms != (uint64_t)i + 1 || !xs_field_next(&e, &p, &f) || f.vlen != vl ||
+            memcmp(f.v, v, vl)) {
+            a->bad = 1;
+            break;
+        }
+        i++;
+    }
+    xs_iter_done(&it);
+    if (i != a->last + 1)
+        a->bad = 1;
+    return 0;
+}
+
+static void xcheck(struct db *d, int s, int first, int last, const char *when)
+{
+    char k[32];
+    size_t kl = key_of(k, "x", s);
+    struct xcheck_arg a = {s, first, last, 0};
+    int64_t rc;
+    for (int tries = 0; (rc = kvt_apply(d->t, k, kl, xcheck_fn, &a)) == -ENODATA; tries++) {
+        CHECK(tries < 1000, "%s: %s never loads", when, k);
+        CHECK(kvt_load_sync(d->t, k, kl) == 0, "%s: load %s: %s", when, k, stats(d).error);
+    }
+    CHECK(rc == 0 && !a.bad, "%s: stream %s is not entries %d..%d", when, k, first, last);
+}
+
+static atomic_int readers_stop;
+
+static void *stream_reader(void *arg)
+{
+    struct db *d = arg;
+    for (int n = 0; !atomic_load(&readers_stop); n++)
+        xcheck(d, n % NSTREAM, 0, SENT - 1, "read while written back");
+    return NULL;
+}
+
+static void streams(struct db *d)
+{
+    for (int s = 0; s < NSTREAM; s++)
+        xadd(d, (struct xadd_arg){s, 0, SENT, 0});
+    sync_evict(d);
+    struct bosc_stats st = stats(d);
+    CHECK(st.batches_written >= NSTREAM * 15 && st.batch_segments >= 1 && st.batch_live_bytes > NSTREAM * SENT * 60,
+          "after the first write-back: %" PRIu64 " batches, %" PRIu64 " segments, %" PRIu64 " live bytes",
+          st.batches_written, st.batch_segments, st.batch_live_bytes);
+    /* loads from another thread while the streams left in memory are written back and evicted again */
+    pthread_t r;
+    atomic_store(&readers_stop, 0);
+    CHECK(pthread_create(&r, NULL, stream_reader, d) == 0);
+    for (int round = 0; round < 3; round++) {
+        for (int s = 0; s < NSTREAM; s++)
+            xcheck(d, s, 0, SENT - 1, "loaded");
+        sync_evict(d);
+    }
+    atomic_store(&readers_stop, 1);
+    pthread_join(r, NULL);
+    CHECK(stats(d).batch_reads > 0, "no batch was read back from the store");
+    uint64_t before = stats(d).batches_written;
+    for (int s = 0; s < NSTREAM; s++)
+        xadd(d, (struct xadd_arg){s, SENT, SENT + 30, 0}); /* ~2 batches more each */
+    sync_evict(d);
+    uint64_t more = stats(d).batches_written - before;
+    CHECK(more > 0 && more <= NSTREAM * 5, "a write-back of ~2 new batches per stream wrote %" PRIu64 " batches",
+          more);
+    db_close(d);
+    db_open(d);
+    for (int s = 0; s < NSTREAM; s++)
+        xcheck(d, s, 0, SENT + 29, "reopened");
+    for (int s = 0; s < NSTREAM; s++)
+        xadd(d, (struct xadd_arg){s, 0, 0, 10});
+    sync_evict(d);
+    st = stats(d);
+    CHECK(st.batch_live_bytes < NSTREAM * 2000, "trimmed to 10 entries each: %" PRIu64 " live bytes",
+          st.batch_live_bytes);
+    for (int s = 0; s < NSTREAM; s++)
+        xcheck(d, s, SENT + 20, SENT + 29, "trimmed");
+    fprintf(stderr, "streams: %d streams through the batch store (%" PRIu64 " batches written, %" PRIu64
+            " read back, %" PRIu64 " segments left)\n", NSTREAM, st.batches_written, st.batch_reads,
+            st.batch_segments);
+}
+
 int main(int argc, char **argv)
 {
     CHECK(argc == 2, "usage: bosc_keys_test DIR");
@@ -470,6 +621,12 @@ int main(int argc, char **argv)
     /* 4, 5 */
     abandoned_tickets(&d);
     damaged_block(&d);
+    db_close(&d);
+    unlink(path);
+
+    /* 6 (a new file) */
+    db_open(&d);
+    streams(&d);
     db_close(&d);
     unlink(path);
     fprintf(stderr, "bosc_keys_test: ok\n");
