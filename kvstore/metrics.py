@@ -132,6 +132,10 @@ FIELDS = [
      "Sealed stream batches written to the batch store (each once, unless changed by XDEL or a trim)."),
     ("datafile_batch_reads", "kvstore_datafile_batch_reads_total", COUNTER,
      "Stream batches read back from the batch store."),
+    ("datafile_batches_evicted", "kvstore_datafile_batches_evicted_total", COUNTER,
+     "Sealed stream batches that left memory (their streams stayed: only old batches go)."),
+    ("datafile_batches_loaded", "kvstore_datafile_batches_loaded_total", COUNTER,
+     "Stream batches read back into memory because a command needed them."),
     ("datafile_write_errors", "kvstore_datafile_write_errors_total", COUNTER,
      "Sweeps of the data file that failed writing or syncing (a full or failing disk); each is retried."),
     # remote mode: this node's log at its peer

@@ -41,11 +41,14 @@ int c_type(struct cmd_client *c, const struct cmd_args *a)
 /* ---- RENAME, RENAMENX, COPY */
 
 /* The source key's whole state, copied out under its shard lock (the state's
- * value is valid only during the call). */
+ * value is valid only during the call). A stream is copied whole: its batches
+ * out of memory come back first, as long as they take at most half of
+ * --max-memory (max_gone batches). */
 struct key_copy {
     int exists, type;
     int64_t expire_ms;
     struct kvbuf val;
+    uint64_t max_gone;
 };
 
 static int64_t copy_out_fn(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
@@ -57,8 +60,11 @@ static int64_t copy_out_fn(void *arg, const struct kvt_state *cur, struct kvt_ch
     k->type = cur->type;
     k->expire_ms = cur->expire_ms;
     k->val.len = 0;
-    if (cur->type == KVT_STREAM) /* its bytes: the destination decodes its own copy */
-        return xs_encode(cur->stream, &k->val);
+    if (cur->type == KVT_STREAM) { /* its bytes: the destination decodes its own copy */
+        if (cur->stream->ngone > k->max_gone)
+            return -EFBIG;
+        return xs_encode(cur->stream, &k->val); /* (batches out of memory: read back first, -ENODATA) */
+    }
     return cur->vlen ? kvbuf_append(&k->val, cur->val, cur->vlen) : 0;
 }
 
@@ -143,12 +149,16 @@ static int move_generic(struct cmd_client *c, const struct cmd_args *a, int nx, 
         if (rc < 0)
             return cmd_reply_write_err(c, rc);
     }
-    struct key_copy src = {0};
+    uint64_t max = kvt_max_memory(c->table);
+    struct key_copy src = {.max_gone = max ? max / 2 / XS_BATCH_BYTES : UINT64_MAX};
     struct mv_result r;
     move_in_tx(c, a, nx, del_src, same_is_ok, &src, &r);
     int64_t end = own ? kvt_tx_end(c->table) : 0;
     size_t vlen = src.val.len;
     kvbuf_free(&src.val);
+    if (r.kind == MV_ERR && r.v == -EFBIG)
+        return cmd_reply_err(c, "ERR the stream is too large to copy or rename: its batches out of memory would "
+                                "take more than half of --max-memory to read back");
     if (r.kind == MV_ERR)
         return r.key ? cmd_write_err_key(c, r.v, r.key, r.klen, r.klen + vlen + 64) : cmd_reply_write_err(c, r.v);
     if (end < 0) /* the log refused to close the unit: recovery drops it, so must the client */

@@ -230,13 +230,20 @@ static int key_range(const struct queued *q, int *first, int *last)
     return *last >= *first;
 }
 
-/* Stall for key if it left memory (returns 1); when it cannot be loaded (no
- * data file, or a damaged one) the error is EXEC's reply and the transaction
- * ends. */
+/* A transaction's stream batches out of memory come back before it runs, up to
+ * this many per key (a command that reads more gets EXEC's error below). */
+#define TX_BATCHES 1024
+
+/* Stall for key if it left memory, or if it is a stream with batches out of
+ * memory (returns 1); when it cannot be loaded (no data file, or a damaged one)
+ * the error is EXEC's reply and the transaction ends. */
 static int need_load(struct cmd_client *c, struct cmd_tx *t, const char *key, size_t klen)
 {
-    if (kvt_exists(c->table, key, klen) != -ENODATA)
-        return 0;
+    if (kvt_exists(c->table, key, klen) != -ENODATA) {
+        size_t gone = kvt_want_batches(c->table, key, klen, TX_BATCHES);
+        if (!gone || gone > TX_BATCHES)
+            return 0;
+    }
     cmd_need_load(c, key, klen);
     if (!c->stall)
         discard(t);
@@ -307,13 +314,27 @@ int c_exec(struct cmd_client *c, const struct cmd_args *a)
         rc = cmd_dispatch(c, q->argc, q->argv, q->argl);
         if (c->stall) {
             /* Waiting is impossible with every shard held: memory for a write,
-             * or the data file for a listing. Its error is the reply. */
+             * or the data file for a listing. Its error is the reply -- but for
+             * stream batches out of memory wanted before anything changed:
+             * then EXEC runs again, whole, once they are back. */
             int mem = c->stall == CMD_STALL_MEM;
+            int batches = c->stall == CMD_STALL_LOAD && kvt_exists(c->table, c->stall_key, c->stall_klen) == 1;
+            if (batches && !kvt_tx_changes) {
+                kvt_tx_end(c->table); /* (an empty unit) */
+                c->out->len = start;
+                c->resume_i = 0;
+                t->active = 1;
+                return 0;
+            }
             c->stall = CMD_STALL_NONE;
             c->resume_i = 0;
             c->out->len = at;
-            rc = cmd_reply_err(c, mem ? ERR_OOM : "ERR this command needs the data file and cannot run inside "
-                                                 "MULTI/EXEC: run it on its own");
+            rc = cmd_reply_err(c, mem ? ERR_OOM
+                               : batches ? "ERR this command reads stream batches out of memory after the "
+                                           "transaction changed something (MULTI/EXEC brings back 1024 per stream "
+                                           "first): run it on its own"
+                                         : "ERR this command needs the data file and cannot run inside "
+                                           "MULTI/EXEC: run it on its own");
         }
     }
     int64_t lsn = kvt_tx_end(c->table);

@@ -84,6 +84,8 @@ static int64_t xpull_fn(void *arg, const struct kvt_state *cur, struct kvt_chang
     const struct xs_batch *b = xs_batch_by_no(cur->stream, no);
     if (!b)
         return pull_status(out, XS_PULL_NO_BATCH, no, cur->stream);
+    if (xs_need(cur->stream, b))
+        return 0; /* out of memory: the pull waits for it to be read back (a stall, as a key's load) */
     if (kvbuf_reserve(out, XPULL_ROOM))
         return -ENOMEM;
     out->len += xs_pull_encode(b, (unsigned char *)out->p + out->len, XPULL_ROOM);

@@ -42,6 +42,7 @@
 
 #include "core/list.h"
 
+#define XS_WANT_RUNS 4
 #define XS_BATCH_BYTES 1400 /* a sealed batch fits a 1500-byte datagram with its headers */
 #define XS_BATCH_ENTRIES 128
 #define XS_F_DELETED 1u
@@ -94,7 +95,11 @@ struct xs_batch {
     uint32_t len, cap;          /* entry bytes used, allocated */
     uint32_t count, deleted;    /* entries, of which deleted */
     uint32_t version;           /* bumped by every change after the batch was sealed */
-    uint32_t sealed;
+    uint8_t sealed;
+    uint8_t gone;               /* its bytes left memory (sealed, with a durable file copy):
+                                   len and the counts stay, data[] is not there */
+    uint8_t used;               /* read since the evictor last passed (its second chance) */
+    uint8_t wanted;             /* a reader needed it while gone: the loader brings it back */
     int64_t born_ms;            /* when its first entry was added */
     unsigned char data[];
 };
@@ -115,6 +120,14 @@ struct xstream {
     size_t charged;             /* the bytes of mem its memory count holds */
     uint64_t lsn;               /* the log record of its last change (kept in its bytes, so that
                                    replay after a data-file load skips what the load holds) */
+    /* batches out of memory (below): how many; the runs of batch numbers readers
+     * wanted back (a read wants consecutive batches: a few runs say it all;
+     * want_all when they could not: the loader then looks for the marks); where
+     * the evictor goes on */
+    size_t ngone;
+    struct { uint64_t lo, hi; } want[XS_WANT_RUNS];
+    unsigned nwant, want_all;
+    uint64_t evict_no;
 };
 
 /* One field-value pair, pointing into the caller's or the batch's memory. */
@@ -206,6 +219,39 @@ int xs_lookup(const struct xstream *s, struct xs_id id, struct xs_entry *e);
 
 /* The batch with number no, or NULL (trimmed, not yet made). */
 const struct xs_batch *xs_batch_by_no(const struct xstream *s, uint64_t no);
+
+/* ---- batches out of memory (the data file's batch store, table_spill.c)
+ *
+ * A sealed batch whose bytes are durable in the batch store may leave memory
+ * (xs_evict, which adds the batches it freed to *count): its header stays (IDs, counts, file reference), its bytes go. A
+ * reader that needs a gone batch (an iterator, a lookup, a trim's plan, an
+ * inline encode) marks it wanted, counts it in xs_missed and goes on as if it
+ * were empty: the caller (kvt_xapply, kvt_apply) throws the result away and has
+ * the loader bring the wanted batches back (xs_wanted, xs_restore), then runs
+ * the command again. Changes are only applied after a read of the same batches
+ * found them in memory under the same lock, so xs_apply never meets a gone batch
+ * in a command; log replay runs before any batch can leave. */
+extern __thread unsigned xs_missed;
+/* Free the bytes of up to max sealed batches whose file copy is durable
+ * (durable(arg, ref)) and that were not read since the last pass (those lose
+ * their used mark instead), oldest first; never the first batch holding live
+ * entries (xs_first needs it) nor the keep_tail last ones. Returns bytes freed
+ * (s->mem is lower by as much). */
+size_t xs_evict(struct xstream *s, size_t max, size_t keep_tail, int (*durable)(void *arg, const struct xs_ref *ref),
+                void *arg, size_t *count);
+/* The gone batches readers wanted, up to max: their numbers and references
+ * (their marks taken off). Returns how many. */
+size_t xs_wanted(struct xstream *s, uint64_t *no, struct xs_ref *refs, size_t max);
+/* Put bytes back into gone batch no if it still is the one ref names: 1 done,
+ * 0 not (trimmed, changed, back already), -ENOMEM. The bytes are checked
+ * (entries whole and as its header says: -EBADMSG otherwise). */
+int xs_restore(struct xstream *s, uint64_t no, const struct xs_ref *ref, const void *bytes);
+/* Mark every gone batch wanted, unless more than max are gone: returns how
+ * many are gone (MULTI/EXEC has them all back before it runs). */
+size_t xs_want_gone(struct xstream *s, size_t max);
+/* 1 if b's bytes are out of memory: marked wanted and counted in xs_missed
+ * (a reader's check before it uses b->data itself). */
+int xs_need(struct xstream *s, const struct xs_batch *b);
 
 /* ---- batch transfer (paper 004): pulls and the pull cache */
 
@@ -312,7 +358,8 @@ struct xs_id xs_first_id(const struct xstream *s);
  *     lsn, next_no, entries_added, last_id (ms, seq), max_deleted (ms, seq)
  *     nbatches, then each: no, first (ms, seq), u8 flags, then
  *         flags 0 (open) or 1 (sealed): len, len bytes of entries;
- *         flags 3 (sealed, in the batch store: the data file's form): len, seg, off, crc
+ *         flags 3 (sealed, in the batch store: the data file's form): len, seg, off, crc,
+ *             count, deleted, last (ms, seq) -- a batch made from this is gone until read
  *     ngroups, then each: name (len, bytes), last_id (ms, seq), entries_read + 1,
  *         nconsumers, each: name (len, bytes), seen_ms;
  *         npel, each: id (ms, seq), owner (consumer index), delivery_ms, delivery_count
@@ -333,7 +380,9 @@ typedef int (*xs_stage_fn)(void *arg, struct xs_batch *b);
 int xs_encode_refs(struct xstream *s, struct kvbuf *out, xs_stage_fn stage, void *arg);
 /* Decode either form: fetch(arg, ref, buf) reads a referenced batch's bytes
  * (ref->len of them): 0, or -errno (the decode fails with it). fetch NULL: a
- * reference is -EBADMSG (bytes that must be whole: a log record, COPY). */
+ * reference is -EBADMSG (bytes that must be whole: a log record, COPY); fetch
+ * XS_FETCH_LATER: a referenced batch is made gone (read on demand). */
+#define XS_FETCH_LATER ((xs_fetch_fn)1)
 typedef int (*xs_fetch_fn)(void *arg, const struct xs_ref *ref, void *buf);
 int xs_decode_from(const void *p, size_t n, xs_fetch_fn fetch, void *arg, struct xstream **out);
 /* Each reference the bytes of a stream hold (its batches, up to the first

@@ -15,6 +15,9 @@
 size_t xs_usable(const void *p);
 /* Free every group of s (xs_free). */
 void xs_groups_free(struct xstream *s);
+/* Check b's entry bytes (b->data, b->len) against b->first and *prev (have_prev):
+ * sets count, deleted, last and *prev. 0 or -EBADMSG (stream_snap.c). */
+int xs_check_entries(struct xs_batch *b, struct xs_id *prev, int have_prev);
 
 /* ---- writing varints and names into a kvbuf, errors kept to the end */
 

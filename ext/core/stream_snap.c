@@ -5,6 +5,7 @@
  * names, existing owners) is checked, so a stream that decodes is one that
  * stream.c could have built. */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,11 @@
 
 static int encode(struct xstream *s, struct kvbuf *out, xs_stage_fn stage, void *arg)
 {
+    if (!stage && s->ngone) { /* whole bytes wanted: every gone batch must be read back first */
+        xs_want_gone(s, SIZE_MAX);
+        xs_missed++;
+        return -ENODATA;
+    }
     struct wr w = {out, 0};
     unsigned char v = XS_SNAP_VERSION;
     w_bytes(&w, &v, 1);
@@ -39,7 +45,10 @@ static int encode(struct xstream *s, struct kvbuf *out, xs_stage_fn stage, void 
             w_u(&w, b->file.seg);
             w_u(&w, b->file.off);
             w_u(&w, b->file.crc);
-        } else {
+            w_u(&w, b->count);
+            w_u(&w, b->deleted);
+            w_id(&w, b->last);
+        } else if (!w.err) {
             w_bytes(&w, b->data, b->len);
         }
     }
@@ -82,7 +91,7 @@ int xs_encode_refs(struct xstream *s, struct kvbuf *out, xs_stage_fn stage, void
 
 /* Check a batch's entry bytes: entries whole, IDs ascending from first (and
  * above *prev), flags known, at least one pair each. Sets count, deleted, last. */
-static int check_entries(struct xs_batch *b, struct xs_id *prev, int have_prev)
+int xs_check_entries(struct xs_batch *b, struct xs_id *prev, int have_prev)
 {
     const unsigned char *p = b->data, *end = b->data + b->len;
     uint32_t count = 0, deleted = 0;
@@ -124,6 +133,8 @@ struct batch_hdr {
     int flags;
     const unsigned char *data;
     struct xs_ref ref;
+    uint64_t count, deleted;    /* a reference's */
+    struct xs_id last;
 };
 
 static void read_batch(struct rd *r, struct batch_hdr *h)
@@ -136,7 +147,11 @@ static void read_batch(struct rd *r, struct batch_hdr *h)
     h->ref = (struct xs_ref){0, 0, 0, 0};
     if (h->flags == (XS_SNAP_SEALED | XS_SNAP_REF)) {
         uint64_t seg = r_u(r), off = r_u(r), crc = r_u(r);
-        if (!seg || seg > UINT32_MAX || crc > UINT32_MAX || h->len > UINT32_MAX - 64 || !h->len)
+        h->count = r_u(r);
+        h->deleted = r_u(r);
+        h->last = r_id(r);
+        if (!seg || seg > UINT32_MAX || crc > UINT32_MAX || h->len > UINT32_MAX - 64 || !h->len ||
+            !h->count || h->count > h->len || h->deleted > h->count || xs_cmp(h->last, h->first) < 0)
             r->err = -EBADMSG;
         else
             h->ref = (struct xs_ref){(uint32_t)seg, (uint32_t)h->len, off, (uint32_t)crc};
@@ -159,22 +174,37 @@ static int decode_batches(struct rd *r, struct xstream *s, xs_fetch_fn fetch, vo
             return -EBADMSG;
         if (i && !s->b[s->head + s->n - 1]->sealed)
             return -EBADMSG; /* an open batch before another */
-        struct xs_batch *b = malloc(sizeof *b + h.len);
+        int later = h.ref.seg && fetch == XS_FETCH_LATER;
+        struct xs_batch *b = malloc(sizeof *b + (later ? 0 : h.len));
         if (!b)
             return -ENOMEM;
         memset(b, 0, sizeof *b);
         int rc = 0;
-        if (h.ref.seg)
+        if (later) {
+            b->gone = 1;
+            s->ngone++;
+        }
+        else if (h.ref.seg)
             rc = fetch(arg, &h.ref, b->data);
         else
             memcpy(b->data, h.data, h.len);
         b->file = h.ref;
-        b->len = b->cap = (uint32_t)h.len;
+        b->len = (uint32_t)h.len;
+        b->cap = later ? 0 : b->len;
         b->first = h.first;
         b->no = h.no;
-        b->sealed = (uint32_t)(h.flags & XS_SNAP_SEALED);
-        if (!rc)
-            rc = check_entries(b, &prev, i > 0);
+        b->sealed = (uint8_t)(h.flags & XS_SNAP_SEALED);
+        if (later) { /* its header says what its bytes will: checked when they are read */
+            if (i && xs_cmp(h.first, prev) <= 0)
+                rc = -EBADMSG;
+            b->count = (uint32_t)h.count;
+            b->deleted = (uint32_t)h.deleted;
+            b->last = prev = h.last;
+        } else if (!rc) {
+            rc = xs_check_entries(b, &prev, i > 0);
+            if (!rc && h.ref.seg && (b->count != h.count || b->deleted != h.deleted || xs_cmp(b->last, h.last)))
+                rc = -EBADMSG; /* the reference and the bytes disagree */
+        }
         if (!rc && s->head + s->n == s->cap) {
             size_t cap = s->cap ? s->cap * 2 : 4;
             size_t was = xs_usable(s->b);

@@ -24,6 +24,7 @@
 
 __thread uint64_t kvt_touched_lsn __attribute__((tls_model("initial-exec")));
 __thread int kvt_tx_held __attribute__((tls_model("initial-exec")));
+__thread unsigned kvt_tx_changes;
 _Atomic int64_t kvt_clock_offset;
 
 int64_t kvt_now_ms(void) { return now_ms(); }
@@ -40,6 +41,7 @@ void kvt_set_log(struct kv_table *t, kvt_log_fn fn, void *arg)
 int64_t kvt_do_log(struct kv_table *t, struct shard *s, int op, const void *key, size_t klen, const void *v1,
                    size_t n1, const void *v2, size_t n2, int64_t expire)
 {
+    kvt_tx_changes += kvt_tx_held;
     if (!t->log)
         return s ? (int64_t)++s->wseq : 0;
     int64_t lsn = t->log(t->log_arg, op, key, klen, v1, n1, v2, n2, expire);
@@ -665,6 +667,8 @@ void kvt_get_stats(struct kv_table *t, struct kvt_stats *st)
     st->used_memory = kvt_used_memory(t);
     st->max_memory = atomic_load_explicit(&t->max_memory, memory_order_relaxed);
     st->oom_rejections = atomic_load_explicit(&t->oom_rejections, memory_order_relaxed);
+    st->batches_evicted = atomic_load_explicit(&t->batches_evicted, memory_order_relaxed);
+    st->batches_loaded = atomic_load_explicit(&t->batches_loaded, memory_order_relaxed);
 }
 
 /* Reclaim expired keys in `budget` buckets of s from its cursor on (locked).

@@ -60,6 +60,7 @@ struct kvt_stats {
     uint64_t expired_keys;  /* keys removed because their time passed */
     uint64_t oom_rejections;/* writes refused by the memory bound */
     uint64_t hits, misses;  /* lookups that found / did not find a live key */
+    uint64_t batches_evicted, batches_loaded; /* stream batches that left memory and came back */
 };
 
 /* Durability hook. When set, every mutation is logged before it is applied,
@@ -249,6 +250,8 @@ int kvt_version(struct kv_table *t, const void *key, size_t klen, uint64_t *ver)
 int kvt_tx_begin(struct kv_table *t);
 int64_t kvt_tx_end(struct kv_table *t);
 extern __thread int kvt_tx_held __attribute__((tls_model("initial-exec")));
+/* Changes made (logged, or counted without a log) since kvt_tx_begin on this thread. */
+extern __thread unsigned kvt_tx_changes;
 
 /* Iterate the keys in memory, Redis's SCAN guarantee: a key present in memory
  * for the whole iteration is returned at least once, whatever rehashing or
@@ -318,6 +321,8 @@ struct kvt_spill {
      * (stream.h's xs_stage_fn), a load reads them back (xs_fetch_fn) */
     int (*stage_batch)(void *arg, struct xs_batch *b);
     int (*fetch_batch)(void *arg, const struct xs_ref *ref, void *buf);
+    /* 1 if ref's bytes are durable in the batch store: the batch may leave memory (the evictor's) */
+    int (*batch_durable)(void *arg, const struct xs_ref *ref);
 };
 enum { KVT_FLUSH_BEGIN, KVT_FLUSH_COMMIT, KVT_FLUSH_ABORT };
 /* Attach (before the table is shared). */
@@ -364,7 +369,11 @@ void kvt_flushed(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held
 uint64_t kvt_flushed_evict(struct kv_table *t, struct kvt_dnode *d, struct ldu_node **held, int nheld,
                            const struct kvt_snap *snap, int written, uint64_t durable, struct ldu_queue *q);
 /* Evict clean, unreferenced entries (CLOCK) until used memory <= target or two
- * turns of the clock found nothing more. Returns bytes freed; adds to *evicted. */
+ * turns of the clock found nothing more; a stream's entry that stays gives up
+ * its sealed batches that are durable in the batch store and were not read
+ * since the last turn (xs_evict: never its first live batch, nor its last
+ * KVT_KEEP_TAIL). Returns bytes freed; adds to *evicted (keys). */
+#define KVT_KEEP_TAIL 4
 uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted);
 /* Insert what a block holds for key (found) or says about it (absent) as a
  * clean entry, unless memory already has the key. still_valid(arg) is called
@@ -372,6 +381,17 @@ uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted);
  * read it again). Returns 1 inserted, 0 memory had it, -errno. */
 int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, size_t vlen, int found,
              int64_t expire_ms, int type, int (*still_valid)(void *arg), void *arg);
+/* A stream is loaded with its sealed batches gone (read when wanted) once the
+ * loader runs; before (log replay) whole. Set by the data file. */
+void kvt_set_lazy_batches(struct kv_table *t, int lazy);
+/* Key's stream is in memory: read back the batches its readers wanted (up to a
+ * bounded number per call, outside the shard lock) through the spill hook.
+ * Returns how many came back, 0 (none wanted, or not a stream in memory), or
+ * -errno (a read failed: -ENOENT, -EILSEQ, -EIO; or -EBADMSG, -ENOMEM). */
+int kvt_load_batches(struct kv_table *t, const void *key, size_t klen);
+/* Key holds a stream in memory with batches out of memory: mark them all wanted
+ * (none if more than max). Returns how many are out (0: none, or no such stream). */
+size_t kvt_want_batches(struct kv_table *t, const void *key, size_t klen, size_t max);
 /* The flusher found key's record in its block expired (at expire_ms): unless
  * memory holds a state of the key, record the expiry as a logged deletion (a
  * tombstone the next sweep removes from the block, counted like any delete).

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "core/table.h"
+#include "core/stream.h"
 #include "core/table_int.h"
 
 int64_t kvt_apply(struct kv_table *t, const void *key, size_t klen, kvt_apply_fn fn, void *arg)
@@ -28,7 +29,12 @@ int64_t kvt_apply(struct kv_table *t, const void *key, size_t klen, kvt_apply_fn
     /* Whatever fn decides, its result reveals the key's state (or absence). */
     kvt_lsn_touch(e ? e->lsn : s->del_lsn);
     struct kvt_change ch = {.action = KVT_KEEP, .type = cur.type, .expire_ms = cur.expire_ms};
+    xs_missed = 0;
     rc = fn(arg, &cur, &ch);
+    if (xs_missed) { /* a stream batch it read is out of memory: its answer is void, load it first */
+        rc = -ENODATA;
+        goto out;
+    }
     if (rc < 0 || ch.action == KVT_KEEP) {
         cnt_add(e ? &s->hits : &s->misses, 1); /* a read: keyspace_hits/misses, as Redis counts them */
         goto out;
@@ -79,6 +85,7 @@ int kvt_tx_begin(struct kv_table *t)
     }
     lock_all(t);
     kvt_tx_held = 1;
+    kvt_tx_changes = 0;
     return 0;
 }
 

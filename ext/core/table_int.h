@@ -102,6 +102,8 @@ struct kv_table {
     _Atomic uint64_t used_memory __attribute__((aligned(64)));
     _Atomic uint64_t max_memory;
     _Atomic uint64_t oom_rejections;
+    _Atomic uint64_t batches_evicted, batches_loaded; /* stream batches (table_spill.c) */
+    int lazy_batches;        /* kvt_set_lazy_batches */
     kvt_log_fn log;          /* set before the table is shared, never changed while in use */
     void *log_arg;
     struct kvt_spill sp;     /* spill mode when sp.queue != NULL; set before use, like log */
@@ -318,5 +320,10 @@ int kvt_del_live(struct kv_table *t, struct shard *s, struct kvt_entry **ref, co
 int kvt_prep_dn(struct kv_table *t, struct kvt_entry *ne, struct kvt_entry *slot);
 void kvt_dnode_free(struct kv_table *t, struct kvt_dnode *d);
 void kvt_dn_detach(struct kv_table *t, struct kvt_entry *e);
+
+/* Bring the table's count of stream x's memory up to date (never refused: the
+ * bound was checked before the change, or the memory is the evictor's to take). */
+struct xstream;
+void kvt_sync_charge(struct kv_table *t, struct xstream *x);
 
 #endif

@@ -242,6 +242,17 @@ uint64_t kvt_flushed_evict(struct kv_table *t, struct kvt_dnode *d, struct ldu_n
     return flushed(t, d, held, nheld, snap, written, durable, q, 1);
 }
 
+/* A stream that stays in memory gives up old batches instead (shard lock held). */
+static uint64_t evict_batches(struct kv_table *t, struct xstream *x)
+{
+    size_t n = 0, f = xs_evict(x, 4096, KVT_KEEP_TAIL, t->sp.batch_durable, t->sp.arg, &n);
+    if (n) {
+        kvt_sync_charge(t, x);
+        atomic_fetch_add_explicit(&t->batches_evicted, n, memory_order_relaxed);
+    }
+    return f;
+}
+
 uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
 {
     uint64_t freed = 0, n = 0, total = 0, visited = 0;
@@ -270,6 +281,8 @@ uint64_t kvt_evict(struct kv_table *t, uint64_t target, uint64_t *evicted)
                      * keeps its bit for when its sweep has made it clean */
                     if (clean)
                         e->flags &= ~E_REF;
+                    if ((e->flags & E_STREAM) && t->sp.batch_durable)
+                        freed += evict_batches(t, entry_stream(e));
                     ref = &e->next;
                 }
             }
@@ -334,7 +347,8 @@ int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, 
      * store) before the shard is locked: the reads keep no other key waiting. */
     struct xstream *x = NULL;
     int rc = 0;
-    if (found && type == KVT_STREAM && (rc = xs_decode_from(val, vlen, t->sp.fetch_batch, t->sp.arg, &x)))
+    if (found && type == KVT_STREAM &&
+        (rc = xs_decode_from(val, vlen, t->lazy_batches ? XS_FETCH_LATER : t->sp.fetch_batch, t->sp.arg, &x)))
         return rc;
     struct shard *s = kvt_lock_shard(t, h);
     if (kvt_do_find(s, h, key, klen)) {
@@ -377,6 +391,60 @@ int kvt_load(struct kv_table *t, const void *key, size_t klen, const void *val, 
     shard_unlock(s);
     xs_free(x); /* not taken (present meanwhile, stale, expired, no memory) */
     return rc;
+}
+
+void kvt_set_lazy_batches(struct kv_table *t, int lazy) { t->lazy_batches = lazy; }
+
+#define LOAD_BATCHES 64 /* per call: ~90 KiB read before the command runs again */
+
+int kvt_load_batches(struct kv_table *t, const void *key, size_t klen)
+{
+    uint64_t no[LOAD_BATCHES];
+    struct xs_ref ref[LOAD_BATCHES];
+    void *buf[LOAD_BATCHES] = {0};
+    uint64_t h = kvt_hash(key, klen);
+    struct shard *s = kvt_lock_shard(t, h);
+    int st;
+    struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
+    size_t n = e && (e->flags & E_STREAM) && t->sp.fetch_batch ? xs_wanted(entry_stream(e), no, ref, LOAD_BATCHES)
+                                                                 : 0;
+    shard_unlock(s);
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) /* read outside the lock: other keys do not wait */
+        if (!(buf[i] = malloc(ref[i].len ? ref[i].len : 1)))
+            rc = -ENOMEM;
+        else
+            rc = t->sp.fetch_batch(t->sp.arg, &ref[i], buf[i]);
+    int back = 0;
+    if (!rc && n) {
+        s = kvt_lock_shard(t, h);
+        e = do_live(t, s, h, key, klen, &st);
+        struct xstream *x = e && (e->flags & E_STREAM) ? entry_stream(e) : NULL;
+        for (size_t i = 0; x && i < n && !rc; i++) { /* each still the one read (not trimmed or changed) */
+            int r = xs_restore(x, no[i], &ref[i], buf[i]);
+            if (r < 0)
+                rc = r;
+            back += r > 0;
+        }
+        if (x) /* charged without the bound: the evictor takes it back under pressure */
+            kvt_sync_charge(t, x);
+        shard_unlock(s);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(buf[i]);
+    atomic_fetch_add_explicit(&t->batches_loaded, (uint64_t)back, memory_order_relaxed);
+    return rc ? rc : back;
+}
+
+size_t kvt_want_batches(struct kv_table *t, const void *key, size_t klen, size_t max)
+{
+    uint64_t h = kvt_hash(key, klen);
+    struct shard *s = kvt_lock_shard(t, h);
+    int st;
+    struct kvt_entry *e = do_live(t, s, h, key, klen, &st);
+    size_t n = e && (e->flags & E_STREAM) ? xs_want_gone(entry_stream(e), max) : 0;
+    shard_unlock(s);
+    return n;
 }
 
 int kvt_load_sync(struct kv_table *t, const void *key, size_t klen)

@@ -18,9 +18,7 @@
 #define XS_SEAL_MS 100      /* an open batch older than this is sealed at the next append */
 #define XDELTA_SLACK 256    /* memory held for a delta beyond its bytes (batch headers, nodes) */
 
-/* Bring the table's count of x's memory up to date (never refused: the bound
- * was checked before the change). */
-static void sync_charge(struct kv_table *t, struct xstream *x)
+void kvt_sync_charge(struct kv_table *t, struct xstream *x)
 {
     if (x->mem > x->charged)
         kvt_mem_charge(t, x->mem - x->charged, 0);
@@ -174,7 +172,12 @@ int64_t kvt_xapply(struct kv_table *t, const void *key, size_t klen, kvt_xapply_
     struct xstream *x = cur.stream;
     kvt_lsn_touch(e ? e->lsn : s->del_lsn);
     xdelta.len = 0;
+    xs_missed = 0;
     rc = fn(arg, &cur, &xdelta);
+    if (xs_missed) { /* a batch it read is out of memory: its decision is void, load it first */
+        rc = -ENODATA;
+        goto out;
+    }
     if (rc < 0 || !xdelta.len) {
         cnt_add(e ? &s->hits : &s->misses, 1);
         goto out;
@@ -223,7 +226,7 @@ int64_t kvt_xapply(struct kv_table *t, const void *key, size_t klen, kvt_xapply_
     mem_uncharge(t, hold);
     if (x) {
         x->lsn = (uint64_t)lsn;
-        sync_charge(t, x);
+        kvt_sync_charge(t, x);
     }
     if (ne) {
         if (!x) { /* a delta with no CREATE on an absent key: fn's mistake */
@@ -283,7 +286,7 @@ int kvt_xreplay(struct kv_table *t, const void *key, size_t klen, const void *de
         rc = n ? xs_apply(&x, delta, n, now_coarse_ms(), XS_SEAL_MS) : 0;
         if (x) {
             x->lsn = lsn;
-            sync_charge(t, x);
+            kvt_sync_charge(t, x);
         }
         struct kvt_entry *held = ne ? ne : e;
         if (ne && x) {

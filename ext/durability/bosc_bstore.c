@@ -268,10 +268,13 @@ int bstore_commit(struct bstore *s)
     return rc;
 }
 
-int bstore_durable(const struct bstore *s, const struct bstore_ref *ref)
+int bstore_durable(struct bstore *s, const struct bstore_ref *ref)
 {
+    pthread_mutex_lock(&s->lock); /* (the evictor may run on another thread than the flusher) */
     const struct seg *g = ref->seg ? find(s, ref->seg) : NULL;
-    return g && !g->retired && g->fd >= 0 && ref->off + ref->len <= g->synced;
+    int ok = g && !g->retired && g->fd >= 0 && ref->off + ref->len <= g->synced;
+    pthread_mutex_unlock(&s->lock);
+    return ok;
 }
 
 void bstore_count(struct bstore *s, const struct bstore_ref *ref, int add)

@@ -424,6 +424,7 @@ void bosc_hook_flushall(void *arg, int phase, uint64_t lsn);
 int bosc_hook_load_sync(void *arg, const void *key, size_t klen);
 int bosc_hook_stage_batch(void *arg, struct xs_batch *xb);
 int bosc_hook_fetch_batch(void *arg, const struct xs_ref *ref, void *buf);
+int bosc_hook_batch_durable(void *arg, const struct xs_ref *ref);
 /* xs_refs's callback: ref counts towards its segment's live bytes (arg: the bosc). */
 void bosc_count_refs(void *arg, const struct xs_ref *ref);
 void bosc_wake_all(struct bosc *b);

@@ -82,6 +82,13 @@ int bosc_hook_stage_batch(void *arg, struct xs_batch *xb)
     return 0;
 }
 
+int bosc_hook_batch_durable(void *arg, const struct xs_ref *ref)
+{
+    struct bosc *b = arg;
+    struct bstore_ref r = bs_ref(ref);
+    return bstore_durable(b->bs, &r);
+}
+
 int bosc_hook_fetch_batch(void *arg, const struct xs_ref *ref, void *buf)
 {
     struct bosc *b = arg;
@@ -155,7 +162,9 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
             continue;
         }
         if (kvt_exists(b->t, key, klen) != -ENODATA) {
-            rc = 0; /* loaded already (a duplicate request) or written meanwhile */
+            /* In memory (loaded already, or written meanwhile): a stream's readers
+             * may want batches that left memory. */
+            rc = kvt_load_batches(b->t, key, klen);
             break;
         }
         struct find_arg f = {key, (uint32_t)klen, NULL, 0, 0, 0, KVT_STRING};
@@ -175,14 +184,14 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
         rc = kvt_load(b->t, key, klen, f.val, f.vlen, f.found, f.expire, f.type, still_valid, &v);
         if (rc == -EAGAIN)
             continue;
-        if (rc < 0 && rc != -ENOMEM) { /* its record or a batch it refers to is damaged or missing */
-            snprintf(err, sizeof err, "data file %s damaged: the stream %.*s%s cannot be read back (%s)", b->path,
-                     (int)(klen > 64 ? 64 : klen), (const char *)key, klen > 64 ? "..." : "",
-                     rc == -EBADMSG ? "its record is malformed" : rc == -ENOENT ? "a batch segment is missing"
-                     : rc == -EILSEQ ? "a batch fails its checksum" : strerror(-rc));
-            fail(b, err);
-        }
         break;
+    }
+    if (rc < 0 && rc != -ENOMEM && !atomic_load(&b->failed)) { /* a stream's record or batch is damaged or missing */
+        snprintf(err, sizeof err, "data file %s damaged: the stream %.*s%s cannot be read back (%s)", b->path,
+                 (int)(klen > 64 ? 64 : klen), (const char *)key, klen > 64 ? "..." : "",
+                 rc == -EBADMSG ? "its record is malformed" : rc == -ENOENT ? "a batch segment is missing"
+                 : rc == -EILSEQ ? "a batch fails its checksum" : strerror(-rc));
+        fail(b, err);
     }
     free(s.p);
     free(chain);

@@ -324,7 +324,8 @@ int bosc_open(struct bosc **out, struct kv_table *t, const struct bosc_config *c
     if (rc)
         goto fail;
     struct kvt_spill sp = {&b->q, b->locked_queue ? &b->qlock : NULL, bosc_hook_maybe_on_disk, bosc_hook_flushall,
-                           bosc_hook_load_sync, bosc_make_room, b, bosc_hook_stage_batch, bosc_hook_fetch_batch};
+                           bosc_hook_load_sync, bosc_make_room, b, bosc_hook_stage_batch, bosc_hook_fetch_batch,
+                           bosc_hook_batch_durable};
     kvt_set_spill(t, &sp);
     info->flushed_lsn = flushed;
     info->generation = gen;
@@ -366,6 +367,7 @@ int bosc_start(struct bosc *b)
         pthread_join(b->flusher, NULL);
         return -EAGAIN;
     }
+    kvt_set_lazy_batches(b->t, 1); /* the loader serves batch loads from now on (replay is done) */
     /* named, so a profiler (perf record -t, top -H) finds them */
     pthread_setname_np(b->flusher, "kv-flusher");
     pthread_setname_np(b->loader, "kv-loader");

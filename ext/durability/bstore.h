@@ -58,8 +58,9 @@ int bstore_stage(struct bstore *s, const void *p, uint32_t len, struct bstore_re
  * store moves on to a new segment). Nothing staged: 0 at once. */
 int bstore_commit(struct bstore *s);
 int bstore_pending(const struct bstore *s);
-/* 1 if ref's bytes are synced and its segment kept: a record may refer to it. */
-int bstore_durable(const struct bstore *s, const struct bstore_ref *ref);
+/* 1 if ref's bytes are synced and its segment kept: a record may refer to it,
+ * its batch may leave memory. Any thread. */
+int bstore_durable(struct bstore *s, const struct bstore_ref *ref);
 /* Live bytes of ref's segment += bytes (negative: -=). Segments not known are
  * noted (an open scan counts references before it knows a segment is missing:
  * bstore_read reports it then). */

@@ -178,7 +178,8 @@ static void info_persistence(void *arg, struct kvbuf *b)
                      /* the batch store: stream batches the records refer to */
                      "datafile_batch_segments:%llu\r\ndatafile_batch_file_bytes:%llu\r\n"
                      "datafile_batch_live_bytes:%llu\r\ndatafile_batches_written:%llu\r\n"
-                     "datafile_batch_reads:%llu\r\n",
+                     "datafile_batch_reads:%llu\r\ndatafile_batches_evicted:%llu\r\n"
+                     "datafile_batches_loaded:%llu\r\n",
                      (unsigned long long)bs.buckets, (unsigned long long)ts.disk_keys,
                      (unsigned long long)ts.entries, (unsigned long long)bs.flushed_lsn,
                      (unsigned long long)bs.sweeps, (unsigned long long)bs.records,
@@ -191,7 +192,8 @@ static void info_persistence(void *arg, struct kvbuf *b)
                      (unsigned long long)bs.sweep_chunks, (unsigned long long)bs.chunk_evicted,
                      (unsigned long long)bs.batch_segments, (unsigned long long)bs.batch_file_bytes,
                      (unsigned long long)bs.batch_live_bytes, (unsigned long long)bs.batches_written,
-                     (unsigned long long)bs.batch_reads);
+                     (unsigned long long)bs.batch_reads, (unsigned long long)ts.batches_evicted,
+                     (unsigned long long)ts.batches_loaded);
     }
 }
 

@@ -16,10 +16,19 @@
  *    and found by xs_batch_by_no) and the memory count (every allocation's
  *    usable size). An approximate trim must remove whole batches only, never
  *    past the threshold or the LIMIT.
+ *    With batches leaving memory (xs_evict, as the data file's batch store has
+ *    them): every read marks the gone batches it needs, which come back
+ *    (xs_wanted, xs_restore) before the read is run again; ASan sees any read
+ *    of a gone batch's bytes; the memory count holds with batches gone; a
+ *    stream through its batch-store form (xs_encode_refs) comes back with its
+ *    batches gone (XS_FETCH_LATER) or read (a fetch function).
  * 3. Groups: random deliveries, acknowledgements, ownership changes and consumer
  *    deletions against a sorted model of the PEL; xs_pel_ceil from random IDs;
  *    pending counts per consumer; the memory count again; everything freed
  *    (LeakSanitizer).
+ * 4. Damaged bytes: mutated streams (both forms: whole, and the batch store's
+ *    references, decoded with batches gone or read) and deltas are refused or
+ *    make a stream whose invariants hold.
  * Prints "... ok" and exits 0 on success. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -120,21 +129,30 @@ static void fill(unsigned char *p, size_t n, unsigned char seed)
 
 static unsigned char vbuf[3][MAXV];
 
+/* A dry run of check_model: the reads are made (marking the gone batches they
+ * need), their results not checked. */
+static int dry;
+#define MCHECK(cond, ...)                                                 \
+    do {                                                                  \
+        if (!(cond) && !dry) /* (cond evaluated either way: it reads) */ \
+            fail_at(__FILE__, __LINE__, #cond, " " __VA_ARGS__);          \
+    } while (0)
+
 static void check_entry(const struct xs_entry *e, const struct ment *m)
 {
-    CHECK(!xs_cmp(e->id, m->id), " %" PRIu64 "-%" PRIu64 " vs %" PRIu64 "-%" PRIu64, e->id.ms, e->id.seq,
+    MCHECK(!xs_cmp(e->id, m->id), " %" PRIu64 "-%" PRIu64 " vs %" PRIu64 "-%" PRIu64, e->id.ms, e->id.seq,
           m->id.ms, m->id.seq);
-    CHECK(!e->deleted && e->nfields == (uint32_t)m->nf);
+    MCHECK(!e->deleted && e->nfields == (uint32_t)m->nf);
     const unsigned char *p = e->fields;
     struct xs_field f;
     unsigned char want[MAXV];
     for (int i = 0; i < m->nf; i++) {
-        CHECK(xs_field_next(e, &p, &f));
-        CHECK(f.flen == 2 && f.f[0] == 'f' && f.f[1] == '0' + i);
+        MCHECK(xs_field_next(e, &p, &f));
+        MCHECK(f.flen == 2 && f.f[0] == 'f' && f.f[1] == '0' + i);
         fill(want, m->len[i], m->seedb[i]);
-        CHECK(f.vlen == m->len[i] && !memcmp(f.v, want, f.vlen));
+        MCHECK(f.vlen == m->len[i] && !memcmp(f.v, want, f.vlen));
     }
-    CHECK(!xs_field_next(e, &p, &f));
+    MCHECK(!xs_field_next(e, &p, &f));
 }
 
 static size_t stream_mem(const struct xstream *s)
@@ -162,7 +180,7 @@ static void check_batches(const struct xstream *s, int layout)
     uint64_t live = 0;
     for (size_t i = 0; i < s->n; i++) {
         const struct xs_batch *b = s->b[s->head + i];
-        CHECK(b->count >= 1 && b->deleted <= b->count && b->len <= b->cap);
+        CHECK(b->count >= 1 && b->deleted <= b->count && (b->gone ? !b->cap && b->sealed : b->len <= b->cap));
         CHECK(xs_cmp(b->first, b->last) <= 0);
         if (i) {
             const struct xs_batch *a = s->b[s->head + i - 1];
@@ -172,6 +190,10 @@ static void check_batches(const struct xstream *s, int layout)
         if (layout && b->sealed && b->count > 1)
             CHECK(b->len <= XS_BATCH_BYTES, " sealed batch of %u bytes", b->len);
         CHECK(!layout || b->count <= XS_BATCH_ENTRIES);
+        if (b->gone) { /* its header alone is in memory */
+            live += b->count - b->deleted;
+            continue;
+        }
         struct xs_entry e;
         uint32_t n = 0, d = 0;
         struct xs_id prev = XS_ID_MIN;
@@ -188,6 +210,84 @@ static void check_batches(const struct xstream *s, int layout)
     CHECK(s->mem == stream_mem(s), " mem %zu, counted %zu", s->mem, stream_mem(s));
 }
 
+/* ---- batches out of memory: a batch store in memory (reference offset = index) */
+
+static struct kvbuf *store;
+static size_t nstore, capstore;
+
+static int fake_stage(void *arg, struct xs_batch *b)
+{
+    (void)arg;
+    if (b->file.seg)
+        return 0;
+    if (nstore == capstore) {
+        capstore = capstore ? 2 * capstore : 64;
+        store = realloc(store, capstore * sizeof *store);
+        CHECK(store);
+    }
+    store[nstore] = (struct kvbuf){0};
+    CHECK(!kvbuf_append(&store[nstore], b->data, b->len));
+    b->file = (struct xs_ref){1, b->len, nstore++, 7};
+    return 0;
+}
+
+static int fake_fetch(void *arg, const struct xs_ref *ref, void *buf)
+{
+    (void)arg;
+    if (ref->seg != 1 || ref->off >= nstore || store[ref->off].len != ref->len)
+        return -ENOENT;
+    memcpy(buf, store[ref->off].p, ref->len);
+    return 0;
+}
+
+static int fake_durable(void *arg, const struct xs_ref *ref)
+{
+    (void)arg;
+    return ref->seg == 1 && ref->off < nstore;
+}
+
+/* Every sealed batch into the store, then up to max of them out of memory. */
+static size_t evict_some(struct xstream *s, struct rng *r)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->b[s->head + i]->sealed && !s->b[s->head + i]->gone)
+            fake_stage(NULL, s->b[s->head + i]);
+    for (size_t i = 0; i < s->n; i++) /* (a reader's mark stands for a pass) */
+        s->b[s->head + i]->used = 0;
+    size_t n = 0;
+    xs_evict(s, rng_below(r, 40), rng_below(r, 5), fake_durable, NULL, &n);
+    return n;
+}
+
+/* The batches a read wanted, back from the store. Returns how many. */
+static size_t restore_wanted(struct xstream *s)
+{
+    uint64_t no[16];
+    struct xs_ref ref[16];
+    size_t n, back = 0;
+    while ((n = xs_wanted(s, no, ref, 16))) {
+        for (size_t i = 0; i < n; i++) {
+            CHECK(ref[i].off < nstore);
+            CHECK(xs_restore(s, no[i], &ref[i], store[ref[i].off].p) == 1, " batch %" PRIu64 " not restored", no[i]);
+        }
+        back += n;
+    }
+    xs_missed = 0;
+    return back;
+}
+
+/* Every gone batch back (wanted first). */
+static void restore_all(struct xstream *s)
+{
+    size_t gone = 0;
+    for (size_t i = 0; i < s->n; i++)
+        gone += s->b[s->head + i]->gone;
+    CHECK(s->ngone == gone, " ngone %zu, %zu gone", s->ngone, gone);
+    xs_want_gone(s, SIZE_MAX);
+    restore_wanted(s);
+    CHECK(!s->ngone);
+}
+
 /* s's bytes (xs_encode) into b (emptied first). */
 static void enc(const struct xstream *s, struct kvbuf *b)
 {
@@ -197,9 +297,10 @@ static void enc(const struct xstream *s, struct kvbuf *b)
 
 /* The twin built from deltas holds exactly what s holds (same bytes), and s
  * survives a trip through its bytes. */
-static void check_twin(const struct xstream *s, const struct xstream *t)
+static void check_twin(struct xstream *s, const struct xstream *t)
 {
     static struct kvbuf a, b;
+    restore_all(s); /* (inline bytes need every batch) */
     enc(s, &a);
     enc(t, &b);
     CHECK(a.len == b.len && !memcmp(a.p, b.p, a.len), " the delta twin differs (%zu vs %zu bytes)", a.len, b.len);
@@ -209,6 +310,19 @@ static void check_twin(const struct xstream *s, const struct xstream *t)
     CHECK(a.len == b.len && !memcmp(a.p, b.p, a.len), " decode + encode changed the bytes");
     CHECK(d->length == s->length && d->mem == stream_mem(d));
     xs_free(d);
+    /* the batch store's form: references, then the batches gone (read on demand) or read at once */
+    b.len = 0;
+    CHECK(!xs_encode_refs(s, &b, fake_stage, NULL));
+    for (int later = 0; later < 2; later++) {
+        CHECK(!xs_decode_from(b.p, b.len, later ? XS_FETCH_LATER : fake_fetch, NULL, &d));
+        check_batches(d, 0);
+        CHECK(d->length == s->length && d->mem == stream_mem(d));
+        restore_all(d);
+        static struct kvbuf c;
+        enc(d, &c);
+        CHECK(a.len == c.len && !memcmp(a.p, c.p, a.len), " the batch store's form differs (fetch %d)", later);
+        xs_free(d);
+    }
 }
 
 static struct kvbuf delta;
@@ -223,14 +337,16 @@ static void twin_apply(struct xstream **t, int64_t now, int64_t seal)
 
 static void check_model(const struct xstream *s, const struct model *m, struct rng *r)
 {
-    CHECK(s->length == m->n, " length %" PRIu64 ", model %zu", s->length, m->n);
-    check_batches(s, 1);
+    MCHECK(s->length == m->n, " length %" PRIu64 ", model %zu", s->length, m->n);
+    check_batches(s, 1); /* (headers only for gone batches: fine when dry) */
     struct xs_entry e;
-    CHECK(xs_first(s, &e) == (m->n > 0));
-    if (m->n)
+    int found = xs_first(s, &e); /* (a dry run checks nothing it found: what it read may be partial) */
+    MCHECK(found == (m->n > 0));
+    if (m->n && found == 1)
         check_entry(&e, &m->e[0]);
-    CHECK(xs_last(s, &e) == (m->n > 0));
-    if (m->n)
+    found = xs_last(s, &e);
+    MCHECK(found == (m->n > 0));
+    if (m->n && found == 1)
         check_entry(&e, &m->e[m->n - 1]);
     for (int k = 0; k < 4; k++) {
         /* random bounds: on entries, between them, beyond them */
@@ -257,18 +373,58 @@ static void check_model(const struct xstream *s, const struct model *m, struct r
         xs_iter_init(&it, s, lo, hi, rev, 0);
         size_t got = 0;
         while (xs_iter_next(&it, &e) == 1) {
-            CHECK(a + got < z, " range returned more than the model's %zu", z - a);
+            MCHECK(a + got < z, " range returned more than the model's %zu", z - a);
             check_entry(&e, &m->e[rev ? z - 1 - got : a + got]);
             got++;
         }
         xs_iter_done(&it);
-        CHECK(got == z - a, " range gave %zu, model %zu", got, z - a);
+        MCHECK(got == z - a, " range gave %zu, model %zu", got, z - a);
     }
     if (m->n) {
         const struct ment *x = &m->e[rng_below(r, m->n)];
-        CHECK(xs_lookup(s, x->id, &e) == 1);
-        check_entry(&e, x);
+        found = xs_lookup(s, x->id, &e);
+        MCHECK(found == 1);
+        if (found == 1)
+            check_entry(&e, x);
     }
+}
+
+/* check_model's reads, dry, until none misses a gone batch (each round bringing
+ * back what they wanted); then the real check, which must not miss. */
+static void check_model_evicted(struct xstream *s, const struct model *m, struct rng *r)
+{
+    for (int k = 0;; k++) {
+        CHECK(k < 100, " reads still miss batches after 100 loads");
+        struct rng copy = *r;
+        xs_missed = 0;
+        dry = 1;
+        check_model(s, m, &copy);
+        dry = 0;
+        if (!xs_missed)
+            break;
+        CHECK(restore_wanted(s) > 0, " a read missed a batch it did not mark wanted");
+    }
+    check_model(s, m, r);
+    CHECK(!xs_missed, " the checked run read a gone batch");
+}
+
+/* A change that reads first (as a command does under its lock): the batches it
+ * needs come back, then it runs on them. */
+static int del_loaded(struct xstream *s, struct xs_id d)
+{
+    int rc;
+    for (xs_missed = 0; !(rc = xs_del(s, d)) && xs_missed;)
+        restore_wanted(s);
+    return rc;
+}
+
+static uint64_t plan_loaded(struct xstream *s, int by_minid, uint64_t maxlen, struct xs_id minid, int approx,
+                            uint64_t limit, struct xs_cut *cut)
+{
+    uint64_t n;
+    for (xs_missed = 0;; restore_wanted(s))
+        if (n = xs_trim_plan(s, by_minid, maxlen, minid, approx, limit, cut), !xs_missed)
+            return n;
 }
 
 static void model_drop_front(struct model *m, size_t k)
@@ -294,7 +450,7 @@ static void test_entries(uint64_t seed, long rounds)
     int64_t now = 1000;
     CHECK(!xd_create(&delta));
     twin_apply(&t, now, 0);
-    uint64_t adds = 0, dels = 0, trims = 0, approx_removed = 0;
+    uint64_t adds = 0, dels = 0, trims = 0, approx_removed = 0, evicted = 0;
     for (long i = 0; i < rounds; i++) {
         unsigned op = (unsigned)rng_below(&r, 100);
         now += (int64_t)rng_below(&r, 3);
@@ -335,7 +491,7 @@ static void test_entries(uint64_t seed, long rounds)
             if (m.n && rng_below(&r, 4)) {
                 size_t k = rng_below(&r, m.n);
                 d = m.e[k].id;
-                CHECK(xs_del(s, d) == 1);
+                CHECK(del_loaded(s, d) == 1);
                 CHECK(!xd_del(&delta, &d, 1));
                 twin_apply(&t, now, 0);
                 CHECK(xs_del(s, d) == 0);
@@ -349,7 +505,7 @@ static void test_entries(uint64_t seed, long rounds)
                 size_t k = 0;
                 while (k < m.n && xs_cmp(m.e[k].id, d) != 0)
                     k++;
-                CHECK(xs_del(s, d) == (k < m.n));
+                CHECK(del_loaded(s, d) == (k < m.n));
                 if (k < m.n) {
                     CHECK(!xd_del(&delta, &d, 1));
                     twin_apply(&t, now, 0);
@@ -367,7 +523,7 @@ static void test_entries(uint64_t seed, long rounds)
                 uint64_t thr = m.n ? rng_below(&r, m.n + 5) : 0;
                 if (rng_below(&r, 3))
                     thr = m.n > 20 ? m.n - rng_below(&r, 20) : thr; /* small trims: the common case */
-                if (xs_trim_plan(s, 0, thr, XS_ID_MIN, approx, limit, &cut)) {
+                if (plan_loaded(s, 0, thr, XS_ID_MIN, approx, limit, &cut)) {
                     CHECK(!xd_cut(&delta, &cut));
                     twin_apply(&t, now, 0);
                 }
@@ -384,7 +540,7 @@ static void test_entries(uint64_t seed, long rounds)
                 size_t below = 0;
                 while (below < m.n && xs_cmp(m.e[below].id, minid) < 0)
                     below++;
-                if (xs_trim_plan(s, 1, 0, minid, approx, limit, &cut)) {
+                if (plan_loaded(s, 1, 0, minid, approx, limit, &cut)) {
                     CHECK(!xd_cut(&delta, &cut));
                     twin_apply(&t, now, 0);
                 }
@@ -420,11 +576,18 @@ static void test_entries(uint64_t seed, long rounds)
             CHECK(!xs_apply(&tmp, delta.p, delta.len, now, 0) && tmp == s); /* the same delta on both */
             twin_apply(&t, now, 0);
         }
-        check_model(s, &m, &r);
+        if (!rng_below(&r, 3))
+            evicted += evict_some(s, &r);
+        check_model_evicted(s, &m, &r);
         check_twin(s, t);
+        evicted += evict_some(s, &r); /* for the next round's change */
     }
     printf("entries: %" PRIu64 " added, %" PRIu64 " deleted, %" PRIu64 " trims (%" PRIu64
-           " removed approximately), %zu batches, %zu live\n", adds, dels, trims, approx_removed, s->n, m.n);
+           " removed approximately), %zu batches, %zu live, %" PRIu64 " batches evicted\n", adds, dels, trims,
+           approx_removed, s->n, m.n, evicted);
+    for (size_t k = 0; k < nstore; k++)
+        kvbuf_free(&store[k]);
+    nstore = 0;
     free(m.e);
     xs_free(s);
     xs_free(t);
@@ -597,8 +760,9 @@ static void test_damaged(uint64_t seed, long rounds)
     struct xs_consumer *c1 = xs_consumer_create(s, g, "alice", 5, 7), *c2 = xs_consumer_create(s, g, "bob", 3, 8);
     for (uint64_t i = 10; i < 40; i++)
         CHECK(xs_pel_deliver(s, g, (struct xs_id){i * 3, i % 2}, i % 3 ? c1 : c2, (int64_t)i));
-    struct kvbuf good = {0}, d = {0};
+    struct kvbuf good = {0}, d = {0}, refs = {0};
     enc(s, &good);
+    CHECK(!xs_encode_refs(s, &refs, fake_stage, NULL)); /* the batch store's form too */
     /* a delta of every kind */
     struct xs_id ids[2] = {{60, 0}, {63, 1}};
     CHECK(!xd_add(&d, (struct xs_id){2000, 0}, f, 2) && !xd_del(&d, ids, 2) &&
@@ -641,6 +805,30 @@ static void test_damaged(uint64_t seed, long rounds)
         mutate(&r, dbuf, &n, d.len + 64);
         exact = malloc(n ? n : 1);
         memcpy(exact, dbuf, n);
+        /* the batch store's form, damaged: its batches gone or read from the (good) store */
+        size_t rn = refs.len;
+        unsigned char *rbuf = malloc(rn + 64);
+        CHECK(rbuf);
+        memcpy(rbuf, refs.p, rn);
+        mutate(&r, rbuf, &rn, refs.len + 64);
+        for (int later = 0; later < 2; later++) {
+            int rc = xs_decode_from(rbuf, rn, later ? XS_FETCH_LATER : fake_fetch, NULL, &x);
+            CHECK(rc == 0 || rc == -EBADMSG || rc == -ENOENT, " xs_decode_from: %d", rc);
+            if (rc)
+                continue;
+            check_batches(x, 0);
+            for (size_t k = 0; k < x->n; k++) /* back from the store: what the header says, or refused */
+                if (x->b[x->head + k]->gone && x->b[x->head + k]->file.off < nstore &&
+                    store[x->b[x->head + k]->file.off].len == x->b[x->head + k]->len) {
+                    const struct xs_batch *gb = x->b[x->head + k];
+                    struct xs_ref ref = gb->file;
+                    rc = xs_restore(x, gb->no, &ref, store[ref.off].p);
+                    CHECK(rc == 1 || rc == -EBADMSG, " xs_restore: %d", rc);
+                }
+            check_batches(x, 0);
+            xs_free(x);
+        }
+        free(rbuf);
         CHECK(!xs_decode(good.p, good.len, &x));
         int rc = xs_apply(&x, exact, n, 100, 0);
         CHECK(rc == 0 || rc == -EBADMSG || rc == -EINVAL, " xs_apply: %d", rc);
@@ -655,6 +843,10 @@ static void test_damaged(uint64_t seed, long rounds)
     free(dbuf);
     kvbuf_free(&good);
     kvbuf_free(&d);
+    kvbuf_free(&refs);
+    for (size_t k = 0; k < nstore; k++)
+        kvbuf_free(&store[k]);
+    nstore = 0;
     xs_free(s);
 }
 
@@ -671,6 +863,7 @@ int main(int argc, char **argv)
     test_groups(seed, rounds);
     test_damaged(seed, rounds);
     kvbuf_free(&delta);
+    free(store);
     printf("stream ok\n");
     return 0;
 }

@@ -9,6 +9,7 @@ import os
 import random
 
 import pytest
+import redis
 
 from helpers import faultlib as fl
 from helpers.conn import client
@@ -147,3 +148,58 @@ def test_a_full_disk_under_the_batch_store_loses_nothing(tmp_path):
                 assert c.xrange(b"s") == added
         finally:
             node.kill()
+
+
+def test_a_stream_larger_than_memory_leaves_it_batch_by_batch(tmp_path):
+    """4 MiB of memory and a stream of ~25 MiB: its old batches leave memory (the
+    stream stays), reads of old ranges bring them back (a command waits for them,
+    the poller does not), inside MULTI/EXEC too; RENAME reads a stream back whole
+    (one too large for that gets an error); XREADGROUP reads it all, XDEL of an old
+    entry works, and kill -9 loses nothing."""
+    small = dict(SPILL, max_memory="4mb")
+    with fl.started_nodes() as start:
+        n = start(tmp_path, **small)
+        little = xadd_many(n.port, b"little", 2_000, size=100)
+        added = xadd_many(n.port, b"big", 150_000, size=100)
+        i = fl.persistence(n.port)
+        assert i["datafile_batches_evicted"] > 1000, i
+        with client(n.port) as c:
+            used = c.info("memory")["used_memory"]
+            assert used < 12 << 20, used  # the stream alone is ~25 MiB
+            assert c.xlen(b"big") == len(added)
+            assert c.xrange(b"big", min=b"1000-0", max=b"1099-0") == added[999:1099]
+            assert c.xrevrange(b"big", max=b"60000-0", count=5) == added[59999:59994:-1]
+            p = c.pipeline(transaction=True)  # MULTI/EXEC: its streams' batches come back before it runs
+            p.xrange(b"big", min=b"5000-0", max=b"5009-0")
+            p.xlen(b"big")
+            assert p.execute() == [added[4999:5009], len(added)]
+            loaded = c.info("persistence")["datafile_batches_loaded"]
+            assert c.rename(b"little", b"moved")  # whole: its batches out of memory read back first
+            assert c.info("persistence")["datafile_batches_loaded"] > loaded + 50
+            assert c.xrange(b"moved") == little
+            with pytest.raises(redis.ResponseError, match="too large to copy or rename"):
+                c.copy(b"big", b"copy")
+            assert c.xdel(b"big", b"20-0", b"70000-0") == 2
+            del added[69999]
+            del added[19]
+            c.xgroup_create(b"big", b"g", id=b"0")
+            got = []
+            while len(got) < len(added):  # a consumer: read, acknowledge (pending entries take memory)
+                r = c.xreadgroup(b"g", b"c", {b"big": b">"}, count=5000)
+                assert r, len(got)
+                got += r[0][1]
+                assert c.xack(b"big", b"g", *[e[0] for e in r[0][1]]) == len(r[0][1])
+            assert got == added
+            added += xadd_many(n.port, b"big", 10, start_ms=200_000)
+            c.xreadgroup(b"g", b"c", {b"big": b">"})  # pending: these 10, not acknowledged
+            assert c.xpending(b"big", b"g")["pending"] == 10
+        assert fl.persistence(n.port)["datafile_batches_loaded"] > 1000
+        n.kill()
+        n = start(tmp_path, **small)
+        with client(n.port) as c:
+            assert c.xlen(b"big") == len(added)
+            assert c.xrange(b"big", count=3) == added[:3]
+            assert c.xrange(b"big", min=b"149990-0") == added[-21:]
+            assert c.xpending(b"big", b"g")["pending"] == 10
+            assert c.xreadgroup(b"g", b"c", {b"big": b"0"})[0][1] == added[-10:]
+        n.stop()

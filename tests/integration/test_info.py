@@ -124,7 +124,8 @@ DATAFILE_FIELDS = ["datafile_buckets", "datafile_keys", "memory_keys", "datafile
                    "datafile_sweep_cpu_seconds",
                    "datafile_sweep_chunks", "datafile_chunk_evicted_keys",  # issue 14b (chunk)
                    "datafile_batch_segments", "datafile_batch_file_bytes", "datafile_batch_live_bytes",
-                   "datafile_batches_written", "datafile_batch_reads"]
+                   "datafile_batches_written", "datafile_batch_reads", "datafile_batches_evicted",
+                   "datafile_batches_loaded"]
 DISK_LOG_FIELDS = ["aof_last_write_status", "log_write_status", "log_write_error", "log_write_errors"]
 DISK_DATAFILE_FIELDS = ["datafile_write_status", "datafile_write_error", "datafile_write_errors"]
 PEER_FIELDS = ["log_peer_connected", "log_peer_degraded", "log_peer_acked_lsn", "log_peer_sent_lsn",
