@@ -1,5 +1,5 @@
 /* stream_int.h - what the stream files (stream.c, stream_group.c, stream_snap.c,
- * stream_delta.c) share; not a public interface. */
+ * stream_delta.c, stream_gone.c) share; not a public interface. */
 #ifndef KV_STREAM_INT_H
 #define KV_STREAM_INT_H
 
@@ -15,6 +15,9 @@
 size_t xs_usable(const void *p);
 /* Free every group of s (xs_free). */
 void xs_groups_free(struct xstream *s);
+/* A reader of s needs b: 0 if its bytes are in memory, else 1 with b marked
+ * wanted and the miss counted (stream_gone.c). */
+int xs_missing(const struct xstream *s, const struct xs_batch *b);
 /* Check b's entry bytes (b->data, b->len) against b->first and *prev (have_prev):
  * sets count, deleted, last and *prev. 0 or -EBADMSG (stream_snap.c). */
 int xs_check_entries(struct xs_batch *b, struct xs_id *prev, int have_prev);

@@ -1,9 +1,10 @@
 /* bosc_int.h - the BOSC data file's internal state and the helpers its files
  * share: bosc_block.c (blocks, superblock, free blocks), bosc_load.c (the table's
  * hooks, the loader), bosc_keys.c (the key listing the loader serves),
- * bosc_sweep.c (a sweep), bosc_flusher.c (the flusher thread: when to sweep,
- * eviction), bosc_expire.c (the expiry pass) and
- * bosc_open.c (open, scan, close, stats). Not a public interface (bosc.h is);
+ * bosc_sweep.c (a sweep; bosc_batches.c its side of the batch store, whose
+ * segment files are bosc_bstore.c's), bosc_flusher.c (the flusher thread: when
+ * to sweep, eviction), bosc_expire.c (the expiry pass) and bosc_open.c (open,
+ * scan, close, stats). Not a public interface (bosc.h is);
  * ext/bench/bosc_naive.c uses the block layout and the I/O loops. Threads and
  * locking are described in bosc_open.c's header. */
 #ifndef KV_BOSC_INT_H
@@ -494,6 +495,21 @@ struct sweep_ctx {
 };
 
 int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen);
+
+/* ---- bosc_batches.c: the sweep's side of the batch store. At a sweep's start
+ * (retires the segments if gen is a FLUSHALL's); a stream record a chain
+ * replaces (its references, noted against bucket: 0 or -ENOMEM); the chain
+ * holding the notes [lo, hi) is written; the staged batches written and synced
+ * before any chain (0, or -errno with err set and c->write_failed); a chunk
+ * settled (the written chains' replaced references leave their segments, those
+ * with none left go); the superblock written (a FLUSHALL's retired segments go
+ * once its generation is recorded). */
+void bosc_batches_begin(struct bosc *b, struct sweep_ctx *c, uint64_t gen);
+int bosc_batches_replaced(struct sweep_ctx *c, uint32_t bucket, const void *val, uint32_t vlen);
+void bosc_batches_written(struct sweep_ctx *c, size_t lo, size_t hi);
+int bosc_batches_commit(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen);
+void bosc_batches_settled(struct bosc *b, struct sweep_ctx *c);
+void bosc_batches_recorded(struct bosc *b);
 void *bosc_flusher_main(void *arg);
 /* Before a chunk of the sweep is settled: 1 if its keys left clean should
  * leave memory at once (writers wait for room, or memory is past HIGH_PCT);

@@ -41,48 +41,6 @@ struct rewrite {                 /* applying a block's updates to its record str
     uint32_t bucket;
 };
 
-/* xs_refs's callback for a stream record the sweep replaces: its references
- * leave their segments' live bytes once the new chain is synced (settle_chunk). */
-static void old_ref(void *arg, const struct xs_ref *ref)
-{
-    struct rewrite *w = arg;
-    struct sweep_ctx *c = w->c;
-    if (c->ndec == c->capdec) {
-        size_t cap = c->capdec ? 2 * c->capdec : 64;
-        struct bs_dec *nd = realloc(c->dec, cap * sizeof *nd);
-        if (!nd) {
-            w->oom = 1;
-            return;
-        }
-        c->dec = nd;
-        c->capdec = cap;
-    }
-    c->dec[c->ndec++] = (struct bs_dec){*ref, w->bucket, 0};
-}
-
-/* The references of the chain's records: they may leave their segments (ok). */
-static void decs_ok(struct sweep_ctx *c, size_t lo, size_t hi)
-{
-    for (size_t i = lo; i < hi; i++)
-        c->dec[i].ok = 1;
-}
-
-/* The batch store's staged batches are written and synced before any chain
- * that refers to them. 0, or -errno with err set (a write failure: retried). */
-static int batches_commit(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
-{
-    if (!bstore_pending(b->bs))
-        return 0;
-    uint64_t t0 = now_ns();
-    int rc = bstore_commit(b->bs);
-    add(&b->st.io_ns, now_ns() - t0);
-    if (rc) {
-        snprintf(err, errlen, "cannot write the batch store of %s: %s", b->path, strerror(-rc));
-        c->write_failed = 1;
-    }
-    return rc;
-}
-
 /* A word that differs between most keys of a bucket: the length and the last
  * bytes (keys of one bucket often share a prefix). Each record of a chain the
  * sweep rewrites is looked for among the bucket's dirty keys: comparing tags
@@ -112,8 +70,8 @@ static void keep_rec(void *arg, const unsigned char *rec, size_t reclen, const u
         if (ik == klen && memcmp(k, key, klen) == 0) {
             w->present[i] = 1;
             w->changed = 1; /* replaced or deleted below */
-            if (type == KVT_STREAM)
-                (void)xs_refs(val, vlen, old_ref, w); /* (malformed: what it could read) */
+            if (type == KVT_STREAM && bosc_batches_replaced(w->c, w->bucket, val, vlen))
+                w->oom = 1;
             return;
         }
     }
@@ -276,7 +234,7 @@ static int batch_flush(struct bosc *b, struct sweep_ctx *c, uint64_t gen, char *
 {
     if (!c->wb.nbk)
         return 0;
-    int rc = batches_commit(b, c, err, errlen);
+    int rc = bosc_batches_commit(b, c, err, errlen);
     if (rc) { /* none of the staged chains is written: their keys stay dirty */
         for (size_t e = 0; e < c->wb.nbk; e++)
             c->wb.bk[e].ok = 0;
@@ -311,7 +269,7 @@ static int batch_flush(struct bosc *b, struct sweep_ctx *c, uint64_t gen, char *
         atomic_fetch_add_explicit(&b->ver[x->bucket], 1, memory_order_release);
         if (!x->ok)
             continue;
-        decs_ok(c, x->dec_lo, x->dec_hi);
+        bosc_batches_written(c, x->dec_lo, x->dec_hi);
         for (size_t i = 0; i < x->nitems; i++) {
             kvt_written(b->t, it[i].d, &it[i].snap, it[i].present);
             it[i].written = 1;
@@ -468,7 +426,7 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
         add(&b->st.records, live);
         return 0;
     }
-    if (w.changed && (rc = batches_commit(b, c, err, errlen))) {
+    if (w.changed && (rc = bosc_batches_commit(b, c, err, errlen))) {
         pthread_mutex_unlock(&b->gen_lock);
         return rc;
     }
@@ -477,7 +435,7 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
         uint64_t t0 = now_ns();
         rc = chain_write(b, bucket, gen, &c->out, c->chain, c->nchain);
         if (!rc)
-            decs_ok(c, dec_lo, c->ndec);
+            bosc_batches_written(c, dec_lo, c->ndec);
         add(&b->st.io_ns, now_ns() - t0);
         if (!rc)
             atomic_store_explicit(&b->nkeys[bucket], (uint32_t)after, memory_order_relaxed);
@@ -593,14 +551,7 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
     for (size_t k = 0; k < b->nfreed; k++)
         bosc_push_u32(&b->free_blk, &b->nfree, &b->capfree, b->freed[k]);
     b->nfreed = 0;
-    /* So do the batches that the replaced stream records alone referred to. */
-    for (size_t k = 0; k < c->ndec; k++)
-        if (c->dec[k].ok) {
-            struct bstore_ref r = {c->dec[k].ref.seg, c->dec[k].ref.len, c->dec[k].ref.off, c->dec[k].ref.crc};
-            bstore_count(b->bs, &r, 0);
-        }
-    c->ndec = 0;
-    bstore_collect(b->bs);
+    bosc_batches_settled(b, c); /* so do the batches that the replaced stream records alone held */
     uint64_t deferred = 0, evicted = 0, freed = 0;
     uint64_t durable_now = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX; /* >= every state written */
     /* Before the last chunk, keys left clean leave memory now if room is wanted
@@ -666,10 +617,7 @@ static int settle_chunk(struct bosc *b, struct sweep_ctx *c, size_t lo, size_t h
     }
     if (b->ntouched)
         bosc_tab_done(b);
-    if (b->bs_retired && b->sb_gen == b->bs_gen) { /* FLUSHALL's generation is recorded */
-        bstore_drop_retired(b->bs);
-        b->bs_retired = 0;
-    }
+    bosc_batches_recorded(b);
     return 0;
 }
 
@@ -728,12 +676,7 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen)
     uint64_t durable = b->wal ? wal_durable_lsn(b->wal) : UINT64_MAX;
     uint64_t gen = atomic_load_explicit(&b->gen, memory_order_acquire);
     pthread_mutex_unlock(&b->flush_lock);
-    c->ndec = 0;
-    if (gen != b->bs_gen) { /* a FLUSHALL: no record of this generation refers to a batch before it */
-        bstore_retire(b->bs);
-        b->bs_gen = gen;
-        b->bs_retired = 1;
-    }
+    bosc_batches_begin(b, c, gen);
     kvt_barrier(b->t);
     if (b->locked_queue)
         pthread_mutex_lock(&b->qlock);
