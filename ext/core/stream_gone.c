@@ -49,7 +49,6 @@ size_t xs_want_gone(struct xstream *s, size_t max)
     return s->ngone;
 }
 
-
 /* The index of the first batch with live entries (s->n if none). */
 static size_t first_live(const struct xstream *s)
 {
@@ -160,7 +159,8 @@ int xs_restore(struct xstream *s, uint64_t no, const struct xs_ref *ref, const v
     if (lo == s->n || bat(s, lo)->no != no)
         return 0;
     struct xs_batch *b = bat(s, lo);
-    if (!b->gone || memcmp(&b->file, ref, sizeof *ref))
+    if (!b->gone || b->file.seg != ref->seg || b->file.off != ref->off || b->file.len != ref->len ||
+        b->file.crc != ref->crc)
         return 0;
     size_t was = xs_usable(b);
     struct xs_batch *nb = realloc(b, sizeof *nb + b->len);
