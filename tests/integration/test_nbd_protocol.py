@@ -714,22 +714,18 @@ def test_largest_request_is_served(conn):
 
 
 def test_disconnect_serves_what_came_before_it(target, witness):
+    if target.kind == "nbdkit":
+        # The spec: "The server MUST handle all outstanding requests" before it closes. Debian's
+        # nbdkit 1.32 does not always: in whole-suite runs it dropped the WRITE sent just before
+        # the disconnect (a read seconds later still had the block's old bytes), twice in a row.
+        pytest.skip("nbdkit 1.32 (the reference) sometimes drops a request sent just before NBD_CMD_DISC")
     data = os.urandom(BS)
     with target.open() as c:
         c.send_request(w.CMD_WRITE, 400 * BS, BS, data=data)
         c.disconnect()   # without waiting: the server MUST handle outstanding requests first
         assert c.closed_by_server()
     with target.open() as c:
-        got = c.read(400 * BS, BS).data
-        # nbdkit (the reference) once answered this read with the block as it was before the
-        # write, on a loaded machine (its worker threads may finish a request after the socket
-        # closed): it gets a few seconds. kvstore completes what came before a disconnect
-        # before it closes: read at once.
-        deadline = time.monotonic() + 5
-        while target.kind == "nbdkit" and got != data and time.monotonic() < deadline:
-            time.sleep(0.05)
-            got = c.read(400 * BS, BS).data
-        assert got == data
+        assert c.read(400 * BS, BS).data == data
 
 
 def test_a_flush_covers_writes_completed_on_another_connection(target, witness):
