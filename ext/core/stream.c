@@ -410,13 +410,35 @@ void xs_iter_init(struct xs_iter *it, const struct xstream *s, struct xs_id lo, 
     it->done = !s->n || xs_cmp(lo, hi) > 0;
 }
 
+/* The iteration needs batch bi, gone: it ends here (its result is thrown away:
+ * going on would only want every gone batch after it), wanting bi and, as
+ * read-ahead, the gone batches that follow in its direction within its range. */
+static void miss(struct xs_iter *it, size_t bi)
+{
+    const struct xstream *s = it->s;
+    xs_missing(s, bat(s, bi));
+    for (size_t k = 1; k <= XS_READ_AHEAD; k++) {
+        size_t j = it->rev ? bi - k : bi + k;
+        if (it->rev ? k > bi : j >= s->n)
+            break;
+        const struct xs_batch *b = bat(s, j);
+        if (it->rev ? xs_cmp(b->last, it->lo) < 0 : xs_cmp(b->first, it->hi) > 0)
+            break;
+        if (b->gone)
+            xs_missing(s, b);
+    }
+    it->done = 1;
+}
+
 /* Backward: the entry offsets of batch bi, last one read first. */
 static int collect(struct xs_iter *it)
 {
     const struct xs_batch *b = bat(it->s, it->bi);
     it->noffs = it->oi = 0;
-    if (xs_missing(it->s, b))
-        return 0; /* read as empty: the caller's result is thrown away */
+    if (b->gone) {
+        miss(it, it->bi);
+        return 0;
+    }
     touch(b);
     if (it->capoffs < b->count) {
         size_t *no = realloc(it->offs, b->count * sizeof *no);
@@ -455,9 +477,9 @@ int xs_iter_next(struct xs_iter *it, struct xs_entry *e)
             }
             if (xs_cmp(b->first, it->hi) > 0)
                 break;
-            if (!it->off && xs_missing(s, b)) { /* read as empty: the caller's result is thrown away */
-                it->bi++;
-                continue;
+            if (!it->off && b->gone) {
+                miss(it, it->bi);
+                return 0;
             }
             if (!it->off)
                 touch(b);
@@ -480,6 +502,8 @@ int xs_iter_next(struct xs_iter *it, struct xs_entry *e)
             return -ENOMEM;
     }
     for (;;) {
+        if (it->done)
+            return 0; /* a gone batch ended it */
         if (!it->oi) {
             if (!it->bi)
                 break;

@@ -43,6 +43,7 @@
 #include "core/list.h"
 
 #define XS_WANT_RUNS 4
+#define XS_READ_AHEAD 16 /* gone batches an iteration that missed one wants besides */
 #define XS_BATCH_BYTES 1400 /* a sealed batch fits a 1500-byte datagram with its headers */
 #define XS_BATCH_ENTRIES 128
 #define XS_F_DELETED 1u
@@ -220,17 +221,20 @@ int xs_lookup(const struct xstream *s, struct xs_id id, struct xs_entry *e);
 /* The batch with number no, or NULL (trimmed, not yet made). */
 const struct xs_batch *xs_batch_by_no(const struct xstream *s, uint64_t no);
 
-/* ---- batches out of memory (the data file's batch store, table_spill.c)
+/* ---- batches out of memory (the data file's batch store, table_spill.c;
+ * stream_gone.c)
  *
  * A sealed batch whose bytes are durable in the batch store may leave memory
- * (xs_evict, which adds the batches it freed to *count): its header stays (IDs, counts, file reference), its bytes go. A
- * reader that needs a gone batch (an iterator, a lookup, a trim's plan, an
- * inline encode) marks it wanted, counts it in xs_missed and goes on as if it
- * were empty: the caller (kvt_xapply, kvt_apply) throws the result away and has
- * the loader bring the wanted batches back (xs_wanted, xs_restore), then runs
- * the command again. Changes are only applied after a read of the same batches
- * found them in memory under the same lock, so xs_apply never meets a gone batch
- * in a command; log replay runs before any batch can leave. */
+ * (xs_evict, which adds the batches it freed to *count): its header stays (IDs,
+ * counts, file reference), its bytes go. A reader that needs a gone batch (an
+ * iterator, a lookup, a trim's plan, an inline encode) marks it wanted, counts
+ * it in xs_missed and goes on as if it were empty (an iteration ends there,
+ * wanting the next XS_READ_AHEAD gone batches on its way too): the caller
+ * (kvt_xapply, kvt_apply) throws the result away and has the loader bring the
+ * wanted batches back (xs_wanted, xs_restore), then runs the command again.
+ * Changes are only applied after a read of the same batches found them in
+ * memory under the same lock, so xs_apply never meets a gone batch in a
+ * command; log replay runs before any batch can leave. */
 extern __thread unsigned xs_missed;
 /* Free the bytes of up to max sealed batches whose file copy is durable
  * (durable(arg, ref)) and that were not read since the last pass (those lose
