@@ -73,6 +73,8 @@ int bosc_hook_stage_batch(void *arg, struct xs_batch *xb)
     struct bosc *b = arg;
     struct bstore_ref r = bs_ref(&xb->file);
     if (!r.seg || r.len != xb->len || !bstore_durable(b->bs, &r)) {
+        if (xb->gone) /* (its copy is what its bytes are: gone batches are durable ones) */
+            return -ESTALE;
         int rc = bstore_stage(b->bs, xb->data, xb->len, &r);
         if (rc)
             return rc;
@@ -152,7 +154,7 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
     uint32_t *chain = NULL;
     size_t nchain = 0, capchain = 0;
     char err[256];
-    int rc;
+    int rc, stream = 0; /* a stream's record or batches were read */
     for (int tries = 0;; tries++) {
         /* Seqlock read: an odd version is a chain being written; wait it out. */
         v.ver = atomic_load_explicit(&b->ver[v.bucket], memory_order_acquire);
@@ -165,6 +167,7 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
             /* In memory (loaded already, or written meanwhile): a stream's readers
              * may want batches that left memory. */
             rc = kvt_load_batches(b->t, key, klen);
+            stream = 1;
             break;
         }
         struct find_arg f = {key, (uint32_t)klen, NULL, 0, 0, 0, KVT_STRING};
@@ -182,11 +185,12 @@ int bosc_load(struct bosc *b, const void *key, size_t klen)
             break;
         }
         rc = kvt_load(b->t, key, klen, f.val, f.vlen, f.found, f.expire, f.type, still_valid, &v);
+        stream = f.found && f.type == KVT_STREAM;
         if (rc == -EAGAIN)
             continue;
         break;
     }
-    if (rc < 0 && rc != -ENOMEM && !atomic_load(&b->failed)) { /* a stream's record or batch is damaged or missing */
+    if (stream && rc < 0 && rc != -ENOMEM && !atomic_load(&b->failed)) { /* a stream's record or batch is damaged or missing */
         snprintf(err, sizeof err, "data file %s damaged: the stream %.*s%s cannot be read back (%s)", b->path,
                  (int)(klen > 64 ? 64 : klen), (const char *)key, klen > 64 ? "..." : "",
                  rc == -EBADMSG ? "its record is malformed" : rc == -ENOENT ? "a batch segment is missing"
