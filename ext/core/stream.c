@@ -105,7 +105,6 @@ int xs_id_parse(const char *p, size_t n, int strict, uint64_t missing_seq, struc
 
 /* ---- the batch array */
 
-static inline struct xs_batch *bat(const struct xstream *s, size_t i) { return s->b[s->head + i]; }
 
 __thread const struct xs_watch *xs_watch;
 
@@ -562,20 +561,23 @@ int xs_lookup(const struct xstream *s, struct xs_id id, struct xs_entry *e)
     return rc;
 }
 
-const struct xs_batch *xs_batch_by_no(const struct xstream *s, uint64_t no)
+size_t xs_batch_index(const struct xstream *s, uint64_t no)
 {
     size_t lo = 0, hi = s->n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        uint64_t m = bat(s, mid)->no;
-        if (m == no)
-            return bat(s, mid);
-        if (m < no)
+        if (bat(s, mid)->no < no)
             lo = mid + 1;
         else
             hi = mid;
     }
-    return NULL;
+    return lo;
+}
+
+const struct xs_batch *xs_batch_by_no(const struct xstream *s, uint64_t no)
+{
+    size_t i = xs_batch_index(s, no);
+    return i < s->n && bat(s, i)->no == no ? bat(s, i) : NULL;
 }
 
 size_t xs_pull_encode(const struct xs_batch *b, unsigned char *out, size_t room)

@@ -10,8 +10,6 @@
 
 __thread unsigned xs_missed;
 
-static inline struct xs_batch *bat(const struct xstream *s, size_t i) { return s->b[s->head + i]; }
-
 /* A reader of s needs gone batch b: the loader is to bring it back (see
  * stream.h). (Under the key's shard lock, as every change: a reader's marks are
  * the stream's bookkeeping, not its value.) */
@@ -65,20 +63,6 @@ static void put_back(struct xstream *s, size_t i, struct xs_batch *nb, size_t wa
     s->mem = s->mem - was + xs_usable(nb);
 }
 
-/* The index of the first batch numbered no or more (s->n if none). */
-static size_t index_of(const struct xstream *s, uint64_t no)
-{
-    size_t lo = 0, hi = s->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (bat(s, mid)->no < no)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 size_t xs_evict(struct xstream *s, size_t max, size_t keep_tail, int (*durable)(void *arg, const struct xs_ref *ref),
                 void *arg, size_t *count)
 {
@@ -87,7 +71,7 @@ size_t xs_evict(struct xstream *s, size_t max, size_t keep_tail, int (*durable)(
         return 0;
     /* a clock over the stream's batches, going on where the last pass stopped;
      * a pass looks at 4 x max batches at most (gone ones are passed cheaply) */
-    size_t i = index_of(s, s->evict_no);
+    size_t i = xs_batch_index(s, s->evict_no);
     if (i < lo || i >= end)
         i = lo;
     for (size_t seen = 0; seen < end - lo && seen < 4 * max && done < max; seen++, i = i + 1 < end ? i + 1 : lo) {
@@ -143,7 +127,7 @@ size_t xs_wanted(struct xstream *s, uint64_t *no, struct xs_ref *refs, size_t ma
     }
     while (s->nwant && n < max) {
         unsigned k = s->nwant - 1;
-        size_t i = index_of(s, s->want[k].lo), end = index_of(s, s->want[k].hi + 1);
+        size_t i = xs_batch_index(s, s->want[k].lo), end = xs_batch_index(s, s->want[k].hi + 1);
         n = take_wanted(s, i, end, no, refs, n, max);
         if (n < max || (n && no[n - 1] >= s->want[k].hi))
             s->nwant--; /* the run is done */
@@ -155,7 +139,7 @@ size_t xs_wanted(struct xstream *s, uint64_t *no, struct xs_ref *refs, size_t ma
 
 int xs_restore(struct xstream *s, uint64_t no, const struct xs_ref *ref, const void *bytes)
 {
-    size_t lo = index_of(s, no);
+    size_t lo = xs_batch_index(s, no);
     if (lo == s->n || bat(s, lo)->no != no)
         return 0;
     struct xs_batch *b = bat(s, lo);

@@ -15,6 +15,10 @@
 size_t xs_usable(const void *p);
 /* Free every group of s (xs_free). */
 void xs_groups_free(struct xstream *s);
+/* Batch i of s (relative to the first). */
+static inline struct xs_batch *bat(const struct xstream *s, size_t i) { return s->b[s->head + i]; }
+/* The index of the first batch numbered no or more (s->n if none). */
+size_t xs_batch_index(const struct xstream *s, uint64_t no);
 /* A reader of s needs b: 0 if its bytes are in memory, else 1 with b marked
  * wanted and the miss counted (stream_gone.c). */
 int xs_missing(const struct xstream *s, const struct xs_batch *b);

@@ -26,7 +26,6 @@ void bosc_batches_begin(struct bosc *b, struct sweep_ctx *c, uint64_t gen)
 
 struct replaced {
     struct sweep_ctx *c;
-    uint32_t bucket;
     int oom;
 };
 
@@ -44,12 +43,12 @@ static void old_ref(void *arg, const struct xs_ref *ref)
         c->dec = nd;
         c->capdec = cap;
     }
-    c->dec[c->ndec++] = (struct bs_dec){*ref, r->bucket, 0};
+    c->dec[c->ndec++] = (struct bs_dec){*ref, 0};
 }
 
-int bosc_batches_replaced(struct sweep_ctx *c, uint32_t bucket, const void *val, uint32_t vlen)
+int bosc_batches_replaced(struct sweep_ctx *c, const void *val, uint32_t vlen)
 {
-    struct replaced r = {c, bucket, 0};
+    struct replaced r = {c, 0};
     (void)xs_refs(val, vlen, old_ref, &r); /* (a malformed record: what could be read) */
     return r.oom ? -ENOMEM : 0;
 }
@@ -77,10 +76,8 @@ int bosc_batches_commit(struct bosc *b, struct sweep_ctx *c, char *err, size_t e
 void bosc_batches_settled(struct bosc *b, struct sweep_ctx *c)
 {
     for (size_t k = 0; k < c->ndec; k++)
-        if (c->dec[k].ok) {
-            struct bstore_ref r = {c->dec[k].ref.seg, c->dec[k].ref.len, c->dec[k].ref.off, c->dec[k].ref.crc};
-            bstore_count(b->bs, &r, 0);
-        }
+        if (c->dec[k].ok)
+            bstore_count(b->bs, &c->dec[k].ref, 0);
     c->ndec = 0;
     bstore_collect(b->bs);
 }

@@ -164,7 +164,7 @@ void bstore_close(struct bstore *s)
     free(s);
 }
 
-int bstore_stage(struct bstore *s, const void *p, uint32_t len, struct bstore_ref *ref)
+int bstore_stage(struct bstore *s, const void *p, uint32_t len, struct xs_ref *ref)
 {
     struct run *r = s->nruns ? &s->runs[s->nruns - 1] : NULL;
     struct seg *g = s->cur ? find(s, s->cur) : NULL;
@@ -194,7 +194,7 @@ int bstore_stage(struct bstore *s, const void *p, uint32_t len, struct bstore_re
             s->nruns--;
         return -ENOMEM;
     }
-    *ref = (struct bstore_ref){r->seg, len, r->off + r->len, crc32c(0, p, len)};
+    *ref = (struct xs_ref){r->seg, len, r->off + r->len, crc32c(0, p, len)};
     r->len += len;
     r->n++;
     return 0;
@@ -248,7 +248,6 @@ static int commit_run(struct bstore *s, const struct run *r)
     g->synced = r->off + r->len;
     pthread_mutex_unlock(&s->lock);
     __atomic_fetch_add(&s->st.batches, r->n, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&s->st.committed_bytes, r->len, __ATOMIC_RELAXED);
     return 0;
 }
 
@@ -259,8 +258,6 @@ int bstore_commit(struct bstore *s)
         rc = commit_run(s, &s->runs[i]);
     if (rc)
         s->cur = 0; /* never appended to again: what it synced stays good (a later run: nothing) */
-    else if (s->nruns)
-        __atomic_fetch_add(&s->st.commits, 1, __ATOMIC_RELAXED);
     s->nruns = 0;
     s->pend.len = 0;
     if (s->pend.cap > (8u << 20))
@@ -268,7 +265,7 @@ int bstore_commit(struct bstore *s)
     return rc;
 }
 
-int bstore_durable(struct bstore *s, const struct bstore_ref *ref)
+int bstore_durable(struct bstore *s, const struct xs_ref *ref)
 {
     pthread_mutex_lock(&s->lock); /* (the evictor may run on another thread than the flusher) */
     const struct seg *g = ref->seg ? find(s, ref->seg) : NULL;
@@ -277,7 +274,7 @@ int bstore_durable(struct bstore *s, const struct bstore_ref *ref)
     return ok;
 }
 
-void bstore_count(struct bstore *s, const struct bstore_ref *ref, int add)
+void bstore_count(struct bstore *s, const struct xs_ref *ref, int add)
 {
     struct seg *g = ref->seg ? find(s, ref->seg) : NULL;
     if (g) /* (relaxed: bstore_stats reads it from another thread) */
@@ -296,7 +293,6 @@ static void drop(struct bstore *s, size_t i)
         kvlog(KVLOG_WARNING, "batch store %s: cannot delete %s: %s", s->dir, name, strerror(errno));
     memmove(g, g + 1, (s->n - i - 1) * sizeof *g);
     s->n--;
-    __atomic_fetch_add(&s->st.deleted_segments, 1, __ATOMIC_RELAXED);
 }
 
 /* Delete the segments dead() says are (the flusher). Returns how many. */
@@ -340,7 +336,7 @@ void bstore_retire(struct bstore *s)
 
 void bstore_drop_retired(struct bstore *s) { (void)drop_dead(s, retired); }
 
-int bstore_read(struct bstore *s, const struct bstore_ref *ref, void *buf)
+int bstore_read(struct bstore *s, const struct xs_ref *ref, void *buf)
 {
     pthread_mutex_lock(&s->lock);
     struct seg *g = find(s, ref->seg);
@@ -360,7 +356,6 @@ int bstore_read(struct bstore *s, const struct bstore_ref *ref, void *buf)
             got += (size_t)r;
         }
         __atomic_fetch_add(&s->st.reads, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&s->st.read_bytes, got, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&s->lock);
     if (!rc && crc32c(0, buf, ref->len) != ref->crc)
@@ -373,11 +368,7 @@ void bstore_stats(struct bstore *s, struct bstore_stats *out)
     pthread_mutex_lock(&s->lock);
 #define A(f) out->f = __atomic_load_n(&s->st.f, __ATOMIC_RELAXED)
     A(batches);
-    A(committed_bytes);
-    A(commits);
-    A(deleted_segments);
     A(reads);
-    A(read_bytes);
 #undef A
     out->segments = s->n;
     out->live_bytes = out->file_bytes = 0;

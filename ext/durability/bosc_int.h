@@ -488,7 +488,6 @@ struct sweep_ctx {
      * recorded (only those of chains written: ok). */
     struct bs_dec {
         struct xs_ref ref;
-        uint32_t bucket;
         int ok;
     } *dec;
     size_t ndec, capdec;
@@ -498,14 +497,14 @@ int bosc_sweep(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen);
 
 /* ---- bosc_batches.c: the sweep's side of the batch store. At a sweep's start
  * (retires the segments if gen is a FLUSHALL's); a stream record a chain
- * replaces (its references, noted against bucket: 0 or -ENOMEM); the chain
+ * replaces (its references noted: 0 or -ENOMEM); the chain
  * holding the notes [lo, hi) is written; the staged batches written and synced
  * before any chain (0, or -errno with err set and c->write_failed); a chunk
  * settled (the written chains' replaced references leave their segments, those
  * with none left go); the superblock written (a FLUSHALL's retired segments go
  * once its generation is recorded). */
 void bosc_batches_begin(struct bosc *b, struct sweep_ctx *c, uint64_t gen);
-int bosc_batches_replaced(struct sweep_ctx *c, uint32_t bucket, const void *val, uint32_t vlen);
+int bosc_batches_replaced(struct sweep_ctx *c, const void *val, uint32_t vlen);
 void bosc_batches_written(struct sweep_ctx *c, size_t lo, size_t hi);
 int bosc_batches_commit(struct bosc *b, struct sweep_ctx *c, char *err, size_t errlen);
 void bosc_batches_settled(struct bosc *b, struct sweep_ctx *c);

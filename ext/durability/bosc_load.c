@@ -60,8 +60,6 @@ void bosc_hook_flushall(void *arg, int phase, uint64_t lsn)
 
 int bosc_hook_load_sync(void *arg, const void *key, size_t klen) { return bosc_load(arg, key, klen); }
 
-static struct bstore_ref bs_ref(const struct xs_ref *r) { return (struct bstore_ref){r->seg, r->len, r->off, r->crc}; }
-
 /* The flusher's snapshot of a stream (kvt_snapshot, the key's shard locked):
  * the batch gets a reference that a record may hold -- its own if its bytes
  * are durable in the store, else a new one (staged, committed before any chain
@@ -71,38 +69,35 @@ static struct bstore_ref bs_ref(const struct xs_ref *r) { return (struct bstore_
 int bosc_hook_stage_batch(void *arg, struct xs_batch *xb)
 {
     struct bosc *b = arg;
-    struct bstore_ref r = bs_ref(&xb->file);
-    if (!r.seg || r.len != xb->len || !bstore_durable(b->bs, &r)) {
+    if (!xb->file.seg || xb->file.len != xb->len || !bstore_durable(b->bs, &xb->file)) {
         if (xb->gone) /* (its copy is what its bytes are: gone batches are durable ones) */
             return -ESTALE;
+        struct xs_ref r;
         int rc = bstore_stage(b->bs, xb->data, xb->len, &r);
         if (rc)
             return rc;
-        xb->file = (struct xs_ref){r.seg, r.len, r.off, r.crc};
+        xb->file = r;
     }
-    bstore_count(b->bs, &r, 1);
+    bstore_count(b->bs, &xb->file, 1);
     return 0;
 }
 
 int bosc_hook_batch_durable(void *arg, const struct xs_ref *ref)
 {
     struct bosc *b = arg;
-    struct bstore_ref r = bs_ref(ref);
-    return bstore_durable(b->bs, &r);
+    return bstore_durable(b->bs, ref);
 }
 
 int bosc_hook_fetch_batch(void *arg, const struct xs_ref *ref, void *buf)
 {
     struct bosc *b = arg;
-    struct bstore_ref r = bs_ref(ref);
-    return bstore_read(b->bs, &r, buf);
+    return bstore_read(b->bs, ref, buf);
 }
 
 void bosc_count_refs(void *arg, const struct xs_ref *ref)
 {
     struct bosc *b = arg;
-    struct bstore_ref r = bs_ref(ref);
-    bstore_count(b->bs, &r, 1);
+    bstore_count(b->bs, ref, 1);
 }
 
 /* ---- loading a key */

@@ -38,7 +38,6 @@ struct rewrite {                 /* applying a block's updates to its record str
     struct bosc *b;
     uint64_t gen;
     struct sweep_ctx *c;
-    uint32_t bucket;
 };
 
 /* A word that differs between most keys of a bucket: the length and the last
@@ -70,7 +69,7 @@ static void keep_rec(void *arg, const unsigned char *rec, size_t reclen, const u
         if (ik == klen && memcmp(k, key, klen) == 0) {
             w->present[i] = 1;
             w->changed = 1; /* replaced or deleted below */
-            if (type == KVT_STREAM && bosc_batches_replaced(w->c, w->bucket, val, vlen))
+            if (type == KVT_STREAM && bosc_batches_replaced(w->c, val, vlen))
                 w->oom = 1;
             return;
         }
@@ -365,7 +364,7 @@ static int sweep_bucket(struct bosc *b, struct sweep_ctx *c, struct item *it, si
     }
     c->out.len = 0;
     size_t dec_lo = c->ndec;
-    struct rewrite w = {it, live, c->tag, &c->out, c->present, kvt_now_ms(), 0, 0, b, gen, c, bucket};
+    struct rewrite w = {it, live, c->tag, &c->out, c->present, kvt_now_ms(), 0, 0, b, gen, c};
     int64_t before = bosc_stream_walk((unsigned char *)c->stream.p, c->stream.len, keep_rec, &w);
     if (before < 0)
         return bosc_stream_damaged(b, bucket, err, errlen);

@@ -30,21 +30,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/stream.h" /* struct xs_ref: where a batch's bytes are (segment 0: nowhere) */
+
 #define BSTORE_SEG_BYTES (64u << 20)
 #define BSTORE_MAX_BATCH (512u << 20) /* as a data-file record's bound */
-
-struct bstore_ref {
-    uint32_t seg;               /* 0: none */
-    uint32_t len;
-    uint64_t off;
-    uint32_t crc;               /* CRC-32C of the batch's bytes */
-};
 
 struct bstore;
 struct bstore_stats {
     uint64_t segments, live_bytes, file_bytes;  /* now: segment files, the bytes records refer to, synced bytes */
-    uint64_t batches, committed_bytes, commits; /* written and synced */
-    uint64_t deleted_segments, reads, read_bytes;
+    uint64_t batches, reads;                    /* written and synced; read back */
 };
 
 /* Open (create) the store in dir. 0, or -errno with err set. */
@@ -53,18 +47,18 @@ void bstore_close(struct bstore *s);
 
 /* Stage len bytes at the current segment's end (copied): *ref says where they
  * will be. 0 or -ENOMEM. */
-int bstore_stage(struct bstore *s, const void *p, uint32_t len, struct bstore_ref *ref);
+int bstore_stage(struct bstore *s, const void *p, uint32_t len, struct xs_ref *ref);
 /* Write the staged bytes and sync them (0), or -errno (they are dropped, the
  * store moves on to a new segment). Nothing staged: 0 at once. */
 int bstore_commit(struct bstore *s);
 int bstore_pending(const struct bstore *s);
 /* 1 if ref's bytes are synced and its segment kept: a record may refer to it,
  * its batch may leave memory. Any thread. */
-int bstore_durable(struct bstore *s, const struct bstore_ref *ref);
+int bstore_durable(struct bstore *s, const struct xs_ref *ref);
 /* Live bytes of ref's segment += bytes (negative: -=). Segments not known are
  * noted (an open scan counts references before it knows a segment is missing:
  * bstore_read reports it then). */
-void bstore_count(struct bstore *s, const struct bstore_ref *ref, int add);
+void bstore_count(struct bstore *s, const struct xs_ref *ref, int add);
 /* Delete the segments with no live bytes (not the current one, nor one with
  * staged bytes). Returns how many were deleted. */
 int bstore_collect(struct bstore *s);
@@ -76,7 +70,7 @@ void bstore_drop_retired(struct bstore *s);
 
 /* Read ref's bytes into buf (ref->len bytes). 0, -ENOENT (no such segment),
  * -EILSEQ (short or checksum mismatch: damaged), -errno. Any thread. */
-int bstore_read(struct bstore *s, const struct bstore_ref *ref, void *buf);
+int bstore_read(struct bstore *s, const struct xs_ref *ref, void *buf);
 
 void bstore_stats(struct bstore *s, struct bstore_stats *out);
 
