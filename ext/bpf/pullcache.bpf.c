@@ -10,7 +10,8 @@
  *
  * pull_bounce is the yardstick of the pull experiment: the same parsing, then the
  * request sent back at cfg.bounce_len bytes of payload with no lookup and no copy,
- * so its rate is what XDP_TX on this interface can do at that reply size.
+ * so its rate is what XDP_TX on this interface can do at that reply size;
+ * pull_bounce_copy also writes that many bytes into the reply, from one buffer.
  * pass is for the other end of a veth: see there.
  */
 #include <linux/bpf.h>
@@ -127,23 +128,25 @@ int pull_cache(struct xdp_md *ctx)
     __u32 klen = (__u32)p[0] << 8 | p[1];
     if (klen == 0 || klen > PC_KEY_MAX || (__u32)len < PC_HDR + 2 + klen + 8)
         return XDP_PASS; /* malformed or a long name: the engine's */
-    __u8 key[PC_KEY_MAX];
-    __u64 h = PC_FNV_OFFSET;
-    for (__u32 i = 0; i < PC_KEY_MAX; i++) {
-        if (i >= klen)
+    __u8 *kp = p + 2;
+    __u64 key[PC_KEY_MAX / 8], h = PC_HASH_SEED;
+#pragma unroll
+    for (__u32 i = 0; i < PC_KEY_MAX / 8; i++) { /* 8 bytes at a time, the last word masked */
+        if (i * 8 >= klen)
             break;
-        if ((void *)(p + 2 + i + 1) > end)
+        if ((void *)(kp + i * 8 + 8) > end) /* within the packet: the batch number follows the key */
             return XDP_PASS;
-        key[i] = p[2 + i];
-        h = (h ^ key[i]) * PC_FNV_PRIME;
+        __u64 w = *(__u64 *)(kp + i * 8);
+        __u32 left = klen - i * 8;
+        if (left < 8)
+            w &= (1ULL << (left * 8)) - 1;
+        key[i] = w;
+        h = pc_hash_word(h, w);
     }
-    __u8 *nb = p + 2 + klen;
+    __u8 *nb = kp + klen;
     if ((void *)(nb + 8) > end)
         return XDP_PASS;
-    __u64 no = 0;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        no = no << 8 | nb[i];
+    __u64 no = __builtin_bswap64(*(__u64 *)nb);
     __u32 idx = (__u32)pc_index(h, no, cfg.nslots);
     struct pc_slot *s = bpf_map_lookup_elem(&slots, &idx);
     if (!s)
@@ -153,10 +156,11 @@ int pull_cache(struct xdp_md *ctx)
         count(PC_ST_MISSES);
         return XDP_PASS;
     }
-    for (__u32 i = 0; i < PC_KEY_MAX; i++) {
-        if (i >= klen)
+#pragma unroll
+    for (__u32 i = 0; i < PC_KEY_MAX / 8; i++) {
+        if (i * 8 >= klen)
             break;
-        if (s->key[i] != key[i]) {
+        if (*(__u64 *)(s->key + i * 8) != key[i]) {
             count(PC_ST_MISSES);
             return XDP_PASS;
         }
@@ -180,21 +184,40 @@ int pull_cache(struct xdp_md *ctx)
     return XDP_TX;
 }
 
-SEC("xdp")
-int pull_bounce(struct xdp_md *ctx)
+/* The request sent back at cfg.bounce_len bytes of payload; with copy, those bytes written
+ * from slot 0 (one hot buffer): what turning a pull around costs when the answer's bytes
+ * are put in the frame, as every answer's are, with no lookup. */
+static __always_inline int bounce(struct xdp_md *ctx, int copy)
 {
     void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
     int len = pull_request(data, end);
     if (len < 0)
         return XDP_PASS;
-    __u32 blen = cfg.bounce_len;
+    __u32 blen = cfg.bounce_len, zero = 0;
     if (blen > PC_REPLY_MAX)
         blen = PC_REPLY_MAX;
+    struct pc_slot *s = bpf_map_lookup_elem(&slots, &zero);
+    if (!s)
+        return XDP_PASS;
     int rc = reply_headers(ctx, len, blen);
     if (rc)
         return rc == -1 ? XDP_PASS : XDP_DROP;
+    if (copy && blen && bpf_xdp_store_bytes(ctx, FRAME + PC_HDR, s->reply, blen))
+        return XDP_DROP;
     count(PC_ST_BOUNCED);
     return XDP_TX;
+}
+
+SEC("xdp")
+int pull_bounce(struct xdp_md *ctx)
+{
+    return bounce(ctx, 0);
+}
+
+SEC("xdp")
+int pull_bounce_copy(struct xdp_md *ctx)
+{
+    return bounce(ctx, 1);
 }
 
 /* Nothing but XDP_PASS: on the far end of a veth it makes the kernel deliver what

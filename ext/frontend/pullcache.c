@@ -22,10 +22,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "bpf/settings.h"
 #include "core/stream.h"
 #include "core/table.h"
 #include "frontend/pullcache_slot.h"
-#include <pullcache_bpf.h> /* generated into build/gen by kvstore/_build.py: the compiled program as bytes */
+#include <pullcache_bpf.h> /* generated into build/gen by kvstore/_bpfbuild.py: the compiled program as bytes */
 
 struct pull_cache {
     struct bpf_object *obj;
@@ -57,30 +58,12 @@ static struct bpf_object *open_object(int port, uint32_t nslots, uint32_t bounce
         snprintf(err, errlen, "cannot open the pull cache's BPF object: %s", strerror(errno));
         return NULL;
     }
-    struct bpf_map *m, *rodata = NULL;
-    bpf_object__for_each_map(m, obj) {
-        const char *name = bpf_map__name(m);
-        size_t n = strlen(name);
-        if (bpf_map__is_internal(m) && n >= 7 && !strcmp(name + n - 7, ".rodata"))
-            rodata = m;
-    }
-    size_t sz = 0;
-    const void *init = rodata ? bpf_map__initial_value(rodata, &sz) : NULL;
-    if (!init || sz < sizeof(struct pc_config)) {
-        bpf_object__close(obj);
-        snprintf(err, errlen, "the pull cache's BPF object has no settings section");
-        return NULL;
-    }
-    unsigned char data[256];
-    if (sz > sizeof data) {
-        bpf_object__close(obj);
-        snprintf(err, errlen, "the pull cache's BPF object has an unexpected settings section (%zu bytes)", sz);
-        return NULL;
-    }
-    memcpy(data, init, sz);
     struct pc_config cfg = {(uint32_t)port, nslots, bounce_len};
-    memcpy(data, &cfg, sizeof cfg); /* the program's only read-only global: offset 0 */
-    bpf_map__set_initial_value(rodata, data, sz);
+    if (kv_bpf_set_settings(obj, &cfg, sizeof cfg)) { /* the program's only read-only global */
+        bpf_object__close(obj);
+        snprintf(err, errlen, "the pull cache's BPF object has an unexpected settings section");
+        return NULL;
+    }
     return obj;
 }
 
@@ -152,12 +135,14 @@ static void slot_give(struct pc_slot *s)
     atomic_fetch_add_explicit((_Atomic uint32_t *)&s->seq, 1, memory_order_release);
 }
 
-static uint64_t key_fnv(const void *key, size_t klen)
+static uint64_t key_hash(const void *key, size_t klen)
 {
-    const unsigned char *p = key;
-    uint64_t h = PC_FNV_OFFSET;
-    for (size_t i = 0; i < klen; i++)
-        h = (h ^ p[i]) * PC_FNV_PRIME;
+    uint64_t h = PC_HASH_SEED;
+    for (size_t i = 0; i < klen; i += 8) {
+        uint64_t w = 0; /* the last word zero-padded, as the program masks it */
+        memcpy(&w, (const char *)key + i, klen - i < 8 ? klen - i : 8);
+        h = pc_hash_word(h, w);
+    }
     return h;
 }
 
@@ -188,7 +173,7 @@ static void on_batch(void *arg, const void *key, size_t klen, const struct xs_ba
         }
         return;
     }
-    struct pc_slot *s = slot_take(pc, pc_index(key_fnv(key, klen), b->no, pc->nslots));
+    struct pc_slot *s = slot_take(pc, pc_index(key_hash(key, klen), b->no, pc->nslots));
     if (ev == XS_EV_GONE) {
         if (holds(s, key, klen, b->no)) {
             s->klen = 0;
@@ -201,6 +186,7 @@ static void on_batch(void *arg, const void *key, size_t klen, const struct xs_ba
             s->no = b->no;
             s->len = (uint16_t)n;
             memcpy(s->key, key, klen);
+            memset(s->key + klen, 0, PC_KEY_MAX - klen);
             atomic_fetch_add_explicit(&pc->fills, 1, memory_order_relaxed);
             atomic_store_explicit(&pc->used, 1, memory_order_relaxed);
         } else { /* larger than a datagram (the engine answers it); the slot's bytes are gone */
@@ -310,7 +296,7 @@ void pc_get_stats(struct pull_cache *pc, struct pc_stats *out)
     snprintf(out->ifname, sizeof out->ifname, "%s", pc->ifname);
 }
 
-/* ---- the object's other programs: the bounce-only yardstick, pass */
+/* ---- the object's other programs: the bounce-only yardsticks, pass */
 
 struct pc_prog {
     struct bpf_object *obj;
@@ -326,8 +312,8 @@ struct pc_prog *pc_prog_attach(const char *ifname, const char *program, int port
         snprintf(err, errlen, "no interface %s", ifname);
         return NULL;
     }
-    if (strcmp(program, "pull_bounce") && strcmp(program, "pass")) {
-        snprintf(err, errlen, "no XDP program %s: expected pull_bounce or pass", program);
+    if (strcmp(program, "pull_bounce") && strcmp(program, "pull_bounce_copy") && strcmp(program, "pass")) {
+        snprintf(err, errlen, "no XDP program %s: expected pull_bounce, pull_bounce_copy or pass", program);
         return NULL;
     }
     struct pc_prog *b = calloc(1, sizeof *b);

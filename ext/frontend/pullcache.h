@@ -50,14 +50,15 @@ void pc_get_stats(struct pull_cache *pc, struct pc_stats *out);
 
 /* One of the object's other programs attached on interface ifname until pc_prog_detach
  * or the process's end: "pull_bounce", the pull experiment's packet-rate yardstick
- * (pulls to port come back with bounce_len bytes of payload, no lookup), or "pass",
+ * (pulls to port come back with bounce_len bytes of payload, no lookup),
+ * "pull_bounce_copy" (the same with the payload written from one buffer), or "pass",
  * for the client's end of a veth pair (a veth hands frames sent back with XDP_TX on to
  * its peer only when the peer's receive side runs XDP: GRO alone was not enough on
  * kernel 6.18). NULL with err on failure. */
 struct pc_prog;
 struct pc_prog *pc_prog_attach(const char *ifname, const char *program, int port, uint32_t bounce_len, char *err,
                                size_t errlen);
-/* Pulls pull_bounce sent back. */
+/* Pulls pull_bounce (or pull_bounce_copy) sent back. */
 uint64_t pc_prog_bounced(struct pc_prog *p);
 void pc_prog_detach(struct pc_prog *p);
 

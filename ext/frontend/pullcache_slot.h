@@ -26,7 +26,7 @@ struct pc_slot {
     __u16 klen;            /* 0: empty */
     __u16 len;             /* bytes of reply */
     __u64 no;              /* the batch's number */
-    __u8 key[PC_KEY_MAX];
+    __u8 key[PC_KEY_MAX];  /* zero-padded: the program compares it 8 bytes at a time */
     __u8 reply[PC_REPLY_MAX];
     __u8 pad[16];          /* to 1536 bytes: slots never share a cache line */
 };
@@ -40,16 +40,29 @@ struct pc_slot {
 #define PC_F_PULL 0x0008
 #define PC_HDR 8
 
-/* The slot of (key, batch number): FNV-1a 64 of the key, mixed with the number. */
-#define PC_FNV_OFFSET 0xcbf29ce484222325ULL
-#define PC_FNV_PRIME 0x100000001b3ULL
-static inline __u64 pc_index(__u64 key_fnv, __u64 no, __u32 nslots)
+/* The key's hash, word by word: its 64-bit words in memory order (the program and the
+ * engine run on the same machine), the last one zero-padded. The program reads the words
+ * straight from the packet, so a key costs it one load per 8 bytes. */
+#define PC_HASH_SEED 0x9e3779b97f4a7c15ULL
+static inline __u64 pc_hash_word(__u64 h, __u64 w)
 {
-    __u64 h = key_fnv ^ (no * 0x9e3779b97f4a7c15ULL);
+    h = (h ^ w) * 0xff51afd7ed558ccdULL;
+    return h ^ (h >> 32);
+}
+
+/* The slot of (key, batch number): the key's hash, mixed, picks where the stream's
+ * batches start; its batches follow one another from there, around the map. A stream's
+ * recent batches (what pulls ask for: consumers near the tail) sit side by side, so
+ * they share pages and the program's copies touch few of them, and a stream never
+ * evicts its own batches until it has more than the map holds (batch n + slots
+ * replaces batch n: the older one). */
+static inline __u64 pc_index(__u64 key_hash, __u64 no, __u32 nslots)
+{
+    __u64 h = key_hash;
     h ^= h >> 29;
     h *= 0xbf58476d1ce4e5b9ULL;
     h ^= h >> 32;
-    return h % nslots;
+    return (h % nslots + no % nslots) % nslots;
 }
 
 /* The program's settings, written by the loader before it loads it (its .rodata). */

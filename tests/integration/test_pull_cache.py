@@ -95,6 +95,32 @@ def test_kernel_answers_are_the_engines_byte_for_byte(tmp_path, host):
         assert counters(node)["torn"] == 0
 
 
+def test_keys_of_every_length_hit_and_only_their_own(tmp_path, host):
+    """The program hashes and compares keys 8 bytes at a time, the last word masked: keys of
+    1 to 64 bytes (the longest it caches) hit once their batches are sealed, and keys that
+    differ only in their last byte, or that are a prefix of another, never get each other's
+    batches. A 65-byte key is the engine's to answer (not cached)."""
+    base = bytes(random.Random(7).choice(b"abcdefghijklmnopqrstuvwxyz0123456789:") for _ in range(65))
+    keys = [base[:n] for n in (1, 7, 8, 9, 15, 16, 17, 63, 64)]
+    keys += [base[:15] + b"#", base[:8] + b"!"]  # same words but the last byte
+    with cache_node(tmp_path, host, 4096) as node, UdpConn(node.udp_port, host=node.bind) as u:
+        for i, key in enumerate(keys + [base]):
+            # the 9-byte key's batch numbers pass 256: the word after its first 8 bytes then
+            # holds a nonzero byte of the number, which the program must mask off
+            fill(u, key, 260 if len(key) == 9 else 3, tag=b"k%02d:" % i)
+        for i, key in enumerate(keys):
+            n = sealed_count(u, key)  # these pulls are the kernel's already (filled when sealed)
+            assert n >= 2, key
+            for no in range(n):
+                before = counters(node)["hits"]
+                batch = decode_pull(pull(u, key, no))
+                assert counters(node)["hits"] == before + 1, (key, no)
+                assert all(m[2][1].startswith(b"k%02d:" % i) for m in batch["entries"]), (key, no)
+        before = counters(node)["hits"]
+        assert decode_pull(pull(u, base, 0))["status"] == SEALED
+        assert counters(node)["hits"] == before
+
+
 def test_a_pull_after_a_change_never_gets_the_old_batch(tmp_path, host):
     slots = 4096
     with cache_node(tmp_path, host, slots) as node, UdpConn(node.udp_port, host=node.bind) as u, \
