@@ -141,3 +141,23 @@ def mqtt(host="127.0.0.1", port=1883, threads=2, conns=8, qos=0, window=16, msg_
     res = ffi.new("struct mq_result *")
     _run_c(lambda: lib.mq_run(cfg, res), stop, res, progress)
     return as_dict(res, skip=("error",))
+
+
+def pull_xdp(ifname, dst_mac, src_addr, dst_addr, port, streams=4, batches=100, window=128, duration=2.0,
+             warmup=0.3, cpu=-1, progress=None):
+    """UDP pulls of batches 0 .. batches-1 of streams key:%012d from a server at dst_addr:port
+    behind the veth end ifname (whose peer, with MAC dst_mac, runs XDP), written and sent by an
+    XDP program and their answers taken by another before the network stack
+    (ext/bench/pullgen.h: the pull experiment's generator; root). At most `window` pulls in
+    flight; the generator's threads run on CPU `cpu` (-1: wherever this thread may). Returns
+    struct pg_result's fields: answers per second in throughput, latencies in microseconds."""
+    keep = [ffi.new("char[]", str(v).encode()) for v in (ifname, dst_mac, src_addr, dst_addr)]
+    cfg = ffi.new("struct pg_config *")
+    cfg.ifname, cfg.dst_mac, cfg.src_addr, cfg.dst_addr = keep
+    cfg.dst_port, cfg.streams, cfg.batches, cfg.window = port, streams, batches, window
+    cfg.duration, cfg.warmup, cfg.cpu = duration, warmup, cpu
+    stop = ffi.new("int *")
+    cfg.stop = stop
+    res = ffi.new("struct pg_result *")
+    _run_c(lambda: lib.pg_run(cfg, res), stop, res, progress)
+    return as_dict(res, skip=("error",))

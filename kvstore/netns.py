@@ -97,6 +97,29 @@ class TestHost:
             if r.returncode != 0:
                 raise OSError(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
 
+    def napi_thread(self, cpu):
+        """Move the namespace's veth end's receive processing (its NAPI instance, which exists
+        while an XDP program is attached to it) out of softirq into a kernel thread of its own,
+        pinned to CPU cpu: everything the namespace's side does with what arrives (XDP, the
+        network stack) then runs on that CPU, whoever sent it. Again after each attach (a
+        detach deletes the thread). Returns the threads' pids. Raises OSError on failure."""
+        r = self.run("sh", "-c", f"echo 1 > /sys/class/net/{self.ns_if}/threaded", capture_output=True, text=True)
+        if r.returncode != 0:
+            raise OSError(f"threaded NAPI on {self.ns_if}: {r.stderr.strip()} (is an XDP program attached?)")
+        pids = []
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/comm") as f:
+                    comm = f.read().strip()
+            except (OSError, ValueError):
+                continue
+            if pid.isdigit() and comm.startswith(f"napi/{self.ns_if}-"):
+                os.sched_setaffinity(int(pid), {cpu})
+                pids.append(int(pid))
+        if not pids:
+            raise OSError(f"threaded NAPI on {self.ns_if}: no kernel thread napi/{self.ns_if}-* appeared")
+        return pids
+
     def exec_prefix(self):
         """Prefix for a command run inside the namespace (ip netns exec keeps the pid)."""
         return ["ip", "netns", "exec", self.name]
@@ -118,7 +141,8 @@ class XdpProgram:
     ifname of this process's namespace until close() (or the process's end: a BPF link):
     "pass" for the client's end of a veth pair (a veth delivers frames its peer sends back
     with XDP_TX only when its own receive side runs XDP), or "pull_bounce", the pull
-    experiment's yardstick (pulls to port sent back at bounce_len bytes of payload). Needs
+    experiment's yardstick (pulls to port sent back at bounce_len bytes of payload;
+    "pull_bounce_copy" writes those bytes too). Needs
     root and a build with the programs (clang, libbpf-dev): OSError otherwise."""
 
     def __init__(self, ifname, program="pass", port=0, bounce_len=0):
@@ -131,7 +155,7 @@ class XdpProgram:
         self._null = ffi.NULL
 
     def bounced(self):
-        """Pulls pull_bounce sent back so far."""
+        """Pulls pull_bounce (pull_bounce_copy) sent back so far."""
         return self._lib.pc_prog_bounced(self._p)
 
     def close(self):

@@ -60,14 +60,34 @@ def test_p004_read_quick_drains_every_server_and_counts_them(tmp_path):
 def test_p004_pull_quick_measures_every_mode(tmp_path):
     r, rows = run_quick("p004_pull", tmp_path)
     modes = {x["mode"]: x for x in rows}
-    assert set(modes) == {"bounce", "l1-hot", "l1-hit", "l1-miss", "detached"}
+    assert set(modes) == {"bounce", "bounce-copy", "l1-hot", "l1-hit", "l1-miss", "detached"}
     for x in rows:
-        assert int(x["pulls"]) > 0 and float(x["throughput"]) > 0 and x["cpu_us_per_pull"] != "", x
-    # the kernel answered the hits and almost none of the misses; bounce answered in XDP
+        assert int(x["pulls"]) > 0 and float(x["throughput"]) > 0 and x["server_cpu_us_per_pull"] != "", x
+        assert 0 < float(x["p50_us"]) <= float(x["p99_us"]), x  # the generator's latency histogram
+    # the kernel answered the hits and almost none of the misses; the bounces answered in XDP
     for m in ("l1-hot", "l1-hit"):
         assert int(modes[m]["xdp_answered"]) >= 0.9 * int(modes[m]["pulls"]), modes[m]
+        assert float(modes[m]["server_process_cpu_s"]) < 0.5, modes[m]  # kvstore itself did (nearly) nothing
     # the hot set is the first --hot batches (8 in QUICK) of the 30-odd sealed ones
     assert int(modes["l1-hot"]["pulled_batches"]) == 8 < int(modes["l1-hit"]["pulled_batches"]), rows
     assert int(modes["l1-miss"]["xdp_answered"]) < 0.2 * int(modes["l1-miss"]["pulls"]), modes["l1-miss"]
-    assert int(modes["bounce"]["xdp_answered"]) >= int(modes["bounce"]["pulls"])
-    assert "l1-hit/bounce" in r.stdout and "l1-hot/bounce" in r.stdout
+    for m in ("bounce", "bounce-copy"):
+        assert int(modes[m]["xdp_answered"]) >= int(modes[m]["pulls"]), modes[m]
+    assert "l1-hit/bounce" in r.stdout and "l1-hot/bounce" in r.stdout and "l1-hit/l1-miss" in r.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the XDP pull generator needs root")
+def test_xdp_pull_generator_refuses_bad_settings():
+    """kvstore.bench.pull_xdp (ext/bench/pullgen.c) says what was wrong and what it accepts,
+    before it loads or attaches anything."""
+    from kvstore import bench
+    from kvstore.errors import ConfigError
+    base = dict(ifname="lo", dst_mac="02:00:00:00:00:01", src_addr="127.0.0.1", dst_addr="127.0.0.1", port=9,
+                duration=0.1)
+    for bad, text in (({"window": 0}, "window: expected 1..65536"), ({"streams": 0}, "streams: expected 1..1000000"),
+                      ({"batches": 0}, "batches: expected at least 1"), ({"dst_mac": "nope"}, "destination MAC"),
+                      ({"dst_addr": "::1"}, "addresses: expected IPv4"), ({"duration": 0}, "duration: expected")):
+        with pytest.raises(ConfigError, match=text):
+            bench.pull_xdp(**{**base, **bad})
+    with pytest.raises(OSError, match="interface kvnosuch0"):
+        bench.pull_xdp(**{**base, "ifname": "kvnosuch0"})
