@@ -272,7 +272,7 @@ def label(mode, rows):
 def draw(rows, path):
     plt = common.pyplot()
     s = summary(rows)
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(14, 5.5))
     modes = list(s)
     xs = range(len(modes))
     ax.bar(xs, [s[m][0] for m in modes], color=[COLORS[m] for m in modes],
@@ -291,9 +291,11 @@ def draw(rows, path):
     ax.set_title("pull throughput: the kernel's first level vs the engine", fontsize=9)
     ax.grid(alpha=0.3, axis="y")
     bx.bar(xs, [s[m][3] for m in modes], color=[COLORS[m] for m in modes])
+    for i, m in enumerate(modes):
+        bx.text(i, s[m][3], f"{s[m][3]:.2f}", ha="center", va="bottom", fontsize=8)
     bx.set_xticks(list(xs), [label(m, rows) for m in modes], fontsize=8)
-    bx.set_ylabel("server CPU us per pull (CPU 1 busy time: XDP, UDP stack, kvstore)")
-    bx.set_title("what a pull costs the server", fontsize=9)
+    bx.set_ylabel("server CPU us per pull (CPU 1's busy time)")
+    bx.set_title("what a pull costs the server: XDP, the UDP stack, kvstore", fontsize=9)
     bx.grid(alpha=0.3, axis="y")
     r0 = rows[0] if rows else {}
     fig.suptitle(f"Paper 004: UDP pulls of sealed batches ({r0.get('answer_bytes', '?')}-byte answers), "
