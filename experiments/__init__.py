@@ -48,6 +48,8 @@ EXPERIMENTS = [
                "kvstore memory/disk vs Redis without/with AOF always"),
     Experiment("p004_pull", "004", "message queue: UDP pulls of sealed batches from the XDP first level vs the engine "
                "vs an XDP bounce-only packet rate (root, veth in a network namespace)"),
+    Experiment("p004_spill", "004", "message queue: one durable stream larger than --max-memory (old batches in the "
+               "data file's batch store) vs the same stream in memory: XADD msg/s, random XRANGE latency"),
     Experiment("kv_peer_compare", "kv", "kvstore vs Redis vs memcached, same loads, same run"),
     Experiment("kv_accept_modes", "kv", "connection placement: SO_REUSEPORT listeners vs accept-and-hand-off"),
     Experiment("kv_build_compare", "kv", "this build against a baseline build: throughput and CPU per request"),

@@ -55,6 +55,23 @@ def test_p004_read_quick_drains_every_server_and_counts_them(tmp_path):
     assert "kvstore-disk/redis-aof" in r.stdout
 
 
+@pytest.mark.timeout(300)
+def test_p004_spill_quick_evicts_and_reads_back_only_the_stream_larger_than_memory(tmp_path):
+    r, rows = run_quick("p004_spill", tmp_path)
+    by = {x["setting"]: x for x in rows}
+    assert set(by) == {"fits", "spills"}
+    for x in rows:  # every acknowledged message is in the stream (the experiment checks XLEN too)
+        assert x["messages"] == "60000" and float(x["xadd_per_s"]) > 0, x
+        assert 0 < float(x["xrange_p50_us"]) <= float(x["xrange_p99_us"]), x
+    # with memory to spare nothing leaves it; past --max-memory old batches go to the batch
+    # store and random reads over the whole stream bring some back
+    assert by["fits"]["batches_evicted"] == "0" and float(by["fits"]["batches_loaded_per_read"]) == 0, by["fits"]
+    assert int(by["spills"]["batches_evicted"]) > 100, by["spills"]
+    assert float(by["spills"]["batches_loaded_per_read"]) > 0, by["spills"]
+    assert float(by["spills"]["used_memory_mb"]) < float(by["fits"]["used_memory_mb"]), rows
+    assert "spills/fits XADD msg/s" in r.stdout
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="p004_pull runs its server in a network namespace (root)")
 @pytest.mark.timeout(300)
 def test_p004_pull_quick_measures_every_mode(tmp_path):
