@@ -272,7 +272,7 @@ int pg_run(const struct pg_config *cfg, struct pg_result *out)
     atomic_store(&g.done, 1);
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
-    if (started < NGEN && !started) {
+    if (!started) {
         rc = fail(out, -EAGAIN, "cannot start the generator's threads");
         goto done;
     }
