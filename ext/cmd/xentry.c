@@ -97,6 +97,7 @@ int64_t x_add_range(struct kvbuf *out, const struct xstream *s, struct xs_id lo,
     struct xs_iter it;
     struct xs_entry e;
     xs_iter_init(&it, s, lo, hi, rev, 0);
+    it.want = count > 0 ? (uint64_t)count : 0;
     while (!rc && (count < 0 || n < count)) {
         int got = xs_iter_next(&it, &e);
         if (got <= 0) {

@@ -159,6 +159,7 @@ static int64_t xreadgroup_fn(void *arg, const struct kvt_state *cur, struct kvbu
         struct xs_iter it;
         struct xs_entry e;
         xs_iter_init(&it, s, xs_id_next(g->last_id, &ok), XS_ID_MAX, 0, 0);
+        it.want = t->count > 0 ? (uint64_t)t->count : 0;
         while (!rc && n < max && xs_iter_next(&it, &e) == 1) {
             rc = x_add_entry(out, &e) | kvbuf_append(&ids, &e.id, sizeof e.id);
             n++;

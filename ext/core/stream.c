@@ -411,12 +411,18 @@ void xs_iter_init(struct xs_iter *it, const struct xstream *s, struct xs_id lo, 
 
 /* The iteration needs batch bi, gone: it ends here (its result is thrown away:
  * going on would only want every gone batch after it), wanting bi and, as
- * read-ahead, the gone batches that follow in its direction within its range. */
+ * read-ahead, the gone batches that follow in its direction within its range:
+ * up to XS_READ_AHEAD, or, when the caller said how many entries it takes
+ * (it->want), the batches after bi that hold the rest of them (bi itself is
+ * not counted: the range may start late in it). A random read of COUNT 10
+ * then brings back 2 batches, not 17; a consumer reading on brings back what
+ * its COUNT covers. */
 static void miss(struct xs_iter *it, size_t bi)
 {
     const struct xstream *s = it->s;
     xs_missing(s, bat(s, bi));
-    for (size_t k = 1; k <= XS_READ_AHEAD; k++) {
+    uint64_t need = it->want ? it->want - it->given : UINT64_MAX, have = 0;
+    for (size_t k = 1; k <= XS_READ_AHEAD && have < need; k++) {
         size_t j = it->rev ? bi - k : bi + k;
         if (it->rev ? k > bi : j >= s->n)
             break;
@@ -425,6 +431,7 @@ static void miss(struct xs_iter *it, size_t bi)
             break;
         if (b->gone)
             xs_missing(s, b);
+        have += b->count - b->deleted;
     }
     it->done = 1;
 }
@@ -489,6 +496,7 @@ int xs_iter_next(struct xs_iter *it, struct xs_entry *e)
                 break;
             if (e->deleted && !it->with_deleted)
                 continue;
+            it->given++;
             return 1;
         }
         it->done = 1;
@@ -520,6 +528,7 @@ int xs_iter_next(struct xs_iter *it, struct xs_entry *e)
             break;
         if (e->deleted && !it->with_deleted)
             continue;
+        it->given++;
         return 1;
     }
     it->done = 1;

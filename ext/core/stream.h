@@ -43,7 +43,7 @@
 #include "core/list.h"
 
 #define XS_WANT_RUNS 4
-#define XS_READ_AHEAD 16 /* gone batches an iteration that missed one wants besides */
+#define XS_READ_AHEAD 16 /* gone batches an iteration that missed one wants besides, at most */
 #define XS_BATCH_BYTES 1400 /* a sealed batch fits a 1500-byte datagram with its headers */
 #define XS_BATCH_ENTRIES 128
 #define XS_F_DELETED 1u
@@ -205,6 +205,9 @@ struct xs_iter {
     /* backward: the batch's entry offsets, collected when the batch is entered */
     size_t *offs, noffs, capoffs, oi;
     int started, done;
+    uint64_t want;              /* entries the caller takes at most (0: no bound): set after
+                                   xs_iter_init, it bounds the read-ahead of a gone batch */
+    uint64_t given;             /* entries returned so far */
 };
 void xs_iter_init(struct xs_iter *it, const struct xstream *s, struct xs_id lo, struct xs_id hi, int rev,
                   int with_deleted);
@@ -229,7 +232,8 @@ const struct xs_batch *xs_batch_by_no(const struct xstream *s, uint64_t no);
  * counts, file reference), its bytes go. A reader that needs a gone batch (an
  * iterator, a lookup, a trim's plan, an inline encode) marks it wanted, counts
  * it in xs_missed and goes on as if it were empty (an iteration ends there,
- * wanting the next XS_READ_AHEAD gone batches on its way too): the caller
+ * wanting the gone batches on its way too: up to XS_READ_AHEAD, or as many as
+ * hold the entries the caller still takes, when it said (xs_iter.want)): the caller
  * (kvt_xapply, kvt_apply) throws the result away and has the loader bring the
  * wanted batches back (xs_wanted, xs_restore), then runs the command again.
  * Changes are only applied after a read of the same batches found them in

@@ -203,3 +203,29 @@ def test_a_stream_larger_than_memory_leaves_it_batch_by_batch(tmp_path):
             assert c.xpending(b"big", b"g")["pending"] == 10
             assert c.xreadgroup(b"g", b"c", {b"big": b"0"})[0][1] == added[-10:]
         n.stop()
+
+
+def test_a_read_with_a_count_brings_back_the_batches_it_covers(tmp_path):
+    """A read that met a gone batch brings it back with the ones after it that hold the rest
+    of its COUNT, not the whole read-ahead: random XRANGE/XREVRANGE ... COUNT 10 of a stream
+    larger than memory each bring back a few batches (about 13 entries to a batch here), and
+    give the entries they would give from memory. A read without COUNT reads ahead further."""
+    small = dict(SPILL, max_memory="4mb")
+    with fl.started_nodes() as start:
+        n = start(tmp_path, **small)
+        added = xadd_many(n.port, b"big", 150_000, size=100)
+        assert fl.persistence(n.port)["datafile_batches_evicted"] > 1000
+        rng = random.Random(5)
+        with client(n.port) as c:
+            before, reads = c.info("persistence")["datafile_batches_loaded"], 0
+            for _ in range(40):
+                i = rng.randrange(1_000, 140_000)
+                assert c.xrange(b"big", min=b"%d-0" % (i + 1), count=10) == added[i:i + 10]
+                assert c.xrevrange(b"big", max=b"%d-0" % (i + 1), count=10) == added[i:i - 10:-1]
+                reads += 2
+            loaded = c.info("persistence")["datafile_batches_loaded"] - before
+            assert 0 < loaded <= 3 * reads, (loaded, reads)  # 17 a read before
+            before = c.info("persistence")["datafile_batches_loaded"]
+            assert c.xrange(b"big", min=b"100001-0", max=b"100400-0") == added[100_000:100_400]
+            assert c.info("persistence")["datafile_batches_loaded"] - before > 10  # no COUNT: read ahead
+        n.stop()
