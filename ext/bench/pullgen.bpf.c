@@ -22,6 +22,7 @@
 #include <bpf/bpf_helpers.h>
 
 #include "bench/pullgen_maps.h"
+#include "bpf/udpframe.h"
 #include "frontend/pullcache_slot.h"
 
 const volatile struct pg_settings cfg = {};
@@ -70,7 +71,6 @@ static __always_inline void sum_answers(struct pg_ctl *c)
         c->last_seen_ns = last;
 }
 
-#define FRAME (sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr))
 #define KEY_LEN 16      /* "key:" and 12 digits */
 #define ANSWER_HDR 24   /* core/stream.h XS_PULL_HDR: status, 0, count, version, number, first ms */
 #define ID_TIME_MASK ((1u << (32 - PG_ID_NO_BITS)) - 1)
@@ -169,14 +169,10 @@ SEC("xdp")
 int pull_sink(struct xdp_md *ctx)
 {
     void *data = (void *)(long)ctx->data, *end = (void *)(long)ctx->data_end;
-    struct ethhdr *eth = data;
-    struct iphdr *ip = data + sizeof *eth;
-    struct udphdr *udp = (void *)ip + sizeof *ip;
-    __u8 *kv = (void *)udp + sizeof *udp;
-    if ((void *)(kv + PC_HDR) > end)
-        return XDP_PASS;
-    if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5 || ip->protocol != IPPROTO_UDP ||
-        udp->dest != cfg.sport || udp->source != cfg.dport)
+    struct iphdr *ip;
+    struct udphdr *udp;
+    __u8 *kv = kv_frame(data, end, &ip, &udp);
+    if (!kv || udp->dest != cfg.sport || udp->source != cfg.dport)
         return XDP_PASS;
     __u32 zero = 0;
     struct pg_sink *c = bpf_map_lookup_elem(&sink, &zero);

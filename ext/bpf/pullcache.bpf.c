@@ -15,13 +15,9 @@
  * pass is for the other end of a veth: see there.
  */
 #include <linux/bpf.h>
-#include <linux/if_ether.h>
-#include <linux/in.h>
-#include <linux/ip.h>
-#include <linux/udp.h>
-#include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
 
+#include "bpf/udpframe.h"
 #include "frontend/pullcache_slot.h"
 
 const volatile struct pc_config cfg = {0, 1, 0};
@@ -41,8 +37,6 @@ struct {
     __uint(max_entries, PC_NSTATS);
 } stats SEC(".maps");
 
-#define FRAME (sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr))
-
 static __always_inline void count(__u32 what)
 {
     __u64 *n = bpf_map_lookup_elem(&stats, &what);
@@ -54,14 +48,10 @@ static __always_inline void count(__u32 what)
  * Returns the kvstore payload's length, or -1 when the packet is not one. */
 static __always_inline int pull_request(void *data, void *end)
 {
-    struct ethhdr *eth = data;
-    struct iphdr *ip = data + sizeof *eth;
-    struct udphdr *udp = (void *)ip + sizeof *ip;
-    __u8 *kv = (void *)udp + sizeof *udp;
-    if ((void *)(kv + PC_HDR) > end)
-        return -1;
-    if (eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5 || ip->protocol != IPPROTO_UDP ||
-        (ip->frag_off & bpf_htons(0x3fff)) || udp->dest != bpf_htons((__u16)cfg.port))
+    struct iphdr *ip;
+    struct udphdr *udp;
+    __u8 *kv = kv_frame(data, end, &ip, &udp);
+    if (!kv || (ip->frag_off & bpf_htons(0x3fff)) || udp->dest != bpf_htons((__u16)cfg.port))
         return -1;
     if (kv[4] | kv[5] | kv[6] || kv[7] != PC_F_PULL) /* seq 0, flags exactly PULL */
         return -1;
@@ -196,14 +186,14 @@ static __always_inline int bounce(struct xdp_md *ctx, int copy)
     __u32 blen = cfg.bounce_len, zero = 0;
     if (blen > PC_REPLY_MAX)
         blen = PC_REPLY_MAX;
-    struct pc_slot *s = bpf_map_lookup_elem(&slots, &zero);
-    if (!s)
-        return XDP_PASS;
     int rc = reply_headers(ctx, len, blen);
     if (rc)
         return rc == -1 ? XDP_PASS : XDP_DROP;
-    if (copy && blen && bpf_xdp_store_bytes(ctx, FRAME + PC_HDR, s->reply, blen))
-        return XDP_DROP;
+    if (copy && blen) {
+        struct pc_slot *s = bpf_map_lookup_elem(&slots, &zero);
+        if (!s || bpf_xdp_store_bytes(ctx, FRAME + PC_HDR, s->reply, blen))
+            return XDP_DROP;
+    }
     count(PC_ST_BOUNCED);
     return XDP_TX;
 }
