@@ -97,6 +97,7 @@ def serve(config_file, from_peer, check_config, **opts):
         elif cfg.arch == "udp":
             udp = f"udp port {srv.udp_port} ({cfg.udp_workers} workers, kernel sockets), "
         tls = f"tls port {srv.tls_port}, " if srv.tls_port is not None else ""
+        tls += f"mqtt port {srv.mqtt_port}, " if srv.mqtt_port is not None else ""
         where = (f"{cfg.bind}:{srv.port if cfg.port >= 0 else srv.tls_port} "
                  f"({tls}{udp}{cfg.effective_threads} {'workers' if cfg.arch == 'threadpool' else 'pollers'}, "
                  f"accept {cfg.accept}, policy {cfg.poll_policy}, durability {cfg.durability}, "

@@ -87,7 +87,7 @@ SPEC = [
     ("engine/engine.h", ["struct wal;", "struct bosc;", "struct rl_sender;", "struct rl_receiver;",
                          "struct kv_config"]),
     ("frontend/frontend.h", ["struct fe_stats", "struct fe_thread_stats"]),
-    ("server/server.h", ["struct srv;", "srv_create", "srv_start", "srv_stop", "srv_destroy", "srv_port", "srv_tls_port",
+    ("server/server.h", ["struct srv;", "srv_create", "srv_start", "srv_stop", "srv_destroy", "srv_port", "srv_tls_port", "srv_mqtt_port",
                          "srv_udp_port", "srv_have_dpdk", "srv_get_stats", "srv_get_poller_stats", "srv_info",
                          "#define SRV_INFO_MAX_SECTIONS", "#define SRV_INFO_MAX_NAME"]),
     ("durability/wal.h", ["struct wal_config", "struct wal_stats", "struct wal_recovery", "wal_open", "wal_start",

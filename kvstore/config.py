@@ -369,6 +369,36 @@ class ServerConfig:
            "about this percent of --max-memory: a writer waiting for room waits for one chunk (then clean keys are "
            "evicted), not for the whole sweep. Each chunk costs two syncs; the flushed LSN (log truncation) moves "
            "once per sweep. 0: the whole sweep is one chunk.", min=0, max=100)
+    # ---- MQTT (frontend/mqtt.h)
+    mqtt_port: int = setting(
+        -1, "Also serve MQTT 3.1.1 on this port (0 = any free port; 1883 is MQTT's), on the same pollers as "
+            "RESP. A message published to topic T is appended to the stream <--mqtt-topic-prefix>T (fields "
+            "payload, qos, retain, client, at); a QoS 1 PUBACK (QoS 2 PUBREC) leaves once the log holds it, as "
+            "a RESP reply does in --durability disk/remote. Subscribers read the streams' tails, so an XADD to "
+            "mqtt:a/b reaches MQTT subscribers of a/b too. --requirepass, if set, is the password CONNECT must "
+            "carry (any user name).", min=-1, max=65535,
+        accepts="-1 (off) or a port from 0 to 65535 (0 = any free port)", shown="off", c="mqtt_port")
+    mqtt_topic_prefix: str = setting(
+        "mqtt:", "The stream key of MQTT topic T is this prefix followed by T.", c="mqtt_topic_prefix")
+    mqtt_retained_prefix: str = setting(
+        "mqtt-retained:", "A topic's retained message is kept (durably, as every write) in the string key of "
+                          "this prefix followed by the topic: its QoS as one byte, then the payload.",
+        c="mqtt_retained_prefix")
+    mqtt_max_packet: int = setting(
+        1 << 20, "The largest MQTT packet accepted, in bytes (fixed header included); a larger one closes its "
+                 "connection with a log line. MQTT's own bound is 256 MB.", min=2, max=268435460,
+        c="mqtt_max_packet")
+    mqtt_max_inflight: int = setting(
+        20, "QoS 1 and 2 messages sent to one subscriber and not yet acknowledged (Mosquitto's "
+            "max_inflight_messages): more wait in their streams until it acknowledges.", min=1, max=65535,
+        c="mqtt_max_inflight")
+    mqtt_max_sessions: int = setting(
+        100000, "MQTT sessions at once (connected, and persistent ones of clients away); a CONNECT past it is "
+                "refused with CONNACK 3 (server unavailable).", min=1, c="mqtt_max_sessions")
+    mqtt_stream_maxlen: int = setting(
+        0, "Keep about this many of the newest messages in each topic's stream (XADD MAXLEN ~); 0 keeps every "
+           "message (trim with XTRIM, or bound the node with --max-memory and a data file).", min=0,
+        c="mqtt_stream_maxlen")
     config_file: str = setting(
         "", "the TOML file the settings came from (INFO shows it)", shown=None, cli=None, c="config_file")
 
@@ -409,6 +439,13 @@ class ServerConfig:
         if self.node_id and not re.fullmatch(r"[0-9a-fA-F]{32}", self.node_id):
             accepts = self.__dataclass_fields__["node_id"].metadata["accepts"]
             raise ConfigError(f"node_id: expected {accepts}, got {self.node_id!r}")
+        if self.mqtt_port >= 0 and self.arch == "threadpool":
+            raise ConfigError("mqtt_port: not supported with --arch threadpool; MQTT runs on the pollers "
+                              "(--arch poller, udp or dpdk)")
+        if self.mqtt_port > 0 and self.mqtt_port in (self.port, self.tls_port):
+            raise ConfigError(f"mqtt_port: must differ from the RESP ports, got {self.mqtt_port}")
+        if self.mqtt_port >= 0 and not self.mqtt_topic_prefix:
+            raise ConfigError("mqtt_topic_prefix: must not be empty (every key would be a topic)")
         if self.tls_port >= 0:
             self._validate_tls()
         elif self.port < 0:

@@ -12,6 +12,7 @@ from kvstore.process import Process
 _READY = re.compile(rb"listening on ([0-9.]+):(\d+)")
 _UDP = re.compile(rb"udp port (\d+)")
 _TLS = re.compile(rb"tls port (\d+)")
+_MQTT = re.compile(rb"mqtt port (\d+)")
 
 
 class Node:
@@ -29,6 +30,7 @@ class Node:
         self.port = None
         self.udp_port = None  # arch udp/dpdk: the UDP front end's port, learnt at start
         self.tls_port = None  # --tls-port: the TLS port, learnt at start
+        self.mqtt_port = None  # --mqtt-port: the MQTT port, learnt at start
         self.data_dir = data_dir
         self.settings = settings
         self.log_path = log_path
@@ -82,6 +84,8 @@ class Node:
         self.udp_port = int(u.group(1)) if u else None
         t = _TLS.search(m.string)
         self.tls_port = int(t.group(1)) if t else None
+        q = _MQTT.search(m.string)
+        self.mqtt_port = int(q.group(1)) if q else None
         return self
 
     def log(self):

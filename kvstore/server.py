@@ -194,6 +194,12 @@ class Server:
         return port if port >= 0 else None
 
     @property
+    def mqtt_port(self):
+        """The MQTT port (the one bound when mqtt_port was 0), or None when MQTT is off."""
+        port = lib.srv_mqtt_port(self._srv) if self._srv is not None else self.config.mqtt_port
+        return port if port >= 0 else None
+
+    @property
     def udp_port(self):
         """arch udp/dpdk: the UDP front end's port (the one bound when udp_port was 0)."""
         return lib.srv_udp_port(self._srv) if self._srv is not None else self.config.udp_port

@@ -20,6 +20,11 @@ struct kw_bucket {
 struct kw_reg {
     struct kw_bucket b[KW_BUCKETS];
     _Atomic uint64_t count;
+    /* the tap (kw_set_tap): set before threads run, read without a lock */
+    const char *tap_prefix;
+    size_t tap_plen;
+    kw_tap_fn tap;
+    void *tap_arg;
 };
 
 int kw_create(struct kw_reg **out)
@@ -32,6 +37,7 @@ int kw_create(struct kw_reg **out)
         list_init(&r->b[i].entries);
     }
     atomic_init(&r->count, 0);
+    r->tap = NULL;
     *out = r;
     return 0;
 }
@@ -68,8 +74,18 @@ void kw_del(struct kw_reg *r, struct kw_entry *e)
         atomic_fetch_sub_explicit(&r->count, 1, memory_order_relaxed);
 }
 
+void kw_set_tap(struct kw_reg *r, const char *prefix, size_t plen, kw_tap_fn fn, void *arg)
+{
+    r->tap_prefix = prefix;
+    r->tap_plen = plen;
+    r->tap_arg = arg;
+    r->tap = fn;
+}
+
 int kw_signal(struct kw_reg *r, const void *key, size_t klen)
 {
+    if (r && r->tap && klen >= r->tap_plen && !memcmp(key, r->tap_prefix, r->tap_plen))
+        r->tap(r->tap_arg, key, klen);
     if (!r || !atomic_load_explicit(&r->count, memory_order_relaxed))
         return 0;
     uint64_t h = kvt_hash(key, klen);

@@ -37,6 +37,13 @@ void kw_add(struct kw_reg *r, struct kw_entry *e);
 void kw_del(struct kw_reg *r, struct kw_entry *e);
 /* key may satisfy its waiters: raise their flags. Returns how many were raised. */
 int kw_signal(struct kw_reg *r, const void *key, size_t klen);
+/* A tap: every kw_signal of a key that begins with prefix (plen bytes, kept by the
+ * caller) also calls fn(arg, key, klen) first, on the signalling thread (which may
+ * hold a table shard lock: fn takes no shard lock). One tap per registry, set
+ * before the threads that signal run (the MQTT broker's: a stream under its topic
+ * prefix was written). */
+typedef void (*kw_tap_fn)(void *arg, const void *key, size_t klen);
+void kw_set_tap(struct kw_reg *r, const char *prefix, size_t plen, kw_tap_fn fn, void *arg);
 /* Entries registered now (INFO blocked_clients counts clients, not this). */
 uint64_t kw_count(struct kw_reg *r);
 

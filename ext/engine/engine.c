@@ -21,7 +21,7 @@
 
 static const char *const sections[] = {"server",       "clients",    "memory",       "persistence", "replication",
                                        "stats",        "pollers",    "cpu",          "commandstats", "errorstats",
-                                       "latencystats", "keyspace",   "blockdev",     NULL};
+                                       "latencystats", "keyspace",   "blockdev",     "mqtt",         NULL};
 
 const char *eng_info_section(int i)
 {
@@ -303,7 +303,7 @@ static int dup_str(const char **dst, const char *src, const char *dflt)
 
 #define CFG_STRINGS(X) X(bind, "127.0.0.1") X(requirepass, NULL) X(accept, "reuseport") X(poll_policy, "direct") \
     X(config_file, NULL) X(version, "0") X(durability, "none") X(arch, "poller") X(dpdk_iface, NULL)               \
-    X(dpdk_eal_args, NULL)
+    X(dpdk_eal_args, NULL) X(mqtt_topic_prefix, "mqtt:") X(mqtt_retained_prefix, "mqtt-retained:")
 
 static void stream_gone(void *arg, const void *key, size_t klen) { kw_signal(arg, key, klen); }
 
@@ -328,6 +328,7 @@ int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_confi
     e->wal = cfg->wal;
     e->bosc = cfg->bosc;
     e->port = cfg->port;
+    e->mqtt_port = -1; /* (the pollers bind it) */
     e->start_time = time(NULL);
     pthread_mutex_init(&e->clients_lock, NULL);
     list_init(&e->clients);

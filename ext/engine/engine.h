@@ -87,6 +87,14 @@ struct kv_config {
     const struct nbd_config *nbd; /* NULL: none; else the NBD front end serves a block device
                                      over this engine (frontend/nbd.h; read, and copied, only
                                      while the front ends are created) */
+    /* ---- MQTT (frontend/mqtt.h) */
+    int mqtt_port;                     /* MQTT 3.1.1 on bind:mqtt_port (0: any free port, -1: off) */
+    const char *mqtt_topic_prefix;     /* topic T is the stream <prefix>T */
+    const char *mqtt_retained_prefix;  /* topic T's retained message is the string <prefix>T */
+    int mqtt_max_packet;               /* bytes: a larger packet closes its connection */
+    int mqtt_max_inflight;             /* QoS 1/2 messages sent to a client and not acknowledged */
+    int mqtt_max_sessions;             /* a CONNECT past it: CONNACK 3 (server unavailable) */
+    long long mqtt_stream_maxlen;      /* MAXLEN ~ for each topic's stream (0: keep every message) */
 };
 
 /* An INFO provider appends "field:value\r\n" lines of its section to out; reset
@@ -129,6 +137,7 @@ struct kv_engine {
     struct latmon *latmon;   /* core/latmon.h: fed by the log's sync, the flusher, slow commands */
     struct kw_reg *keywait;  /* core/keywait.h: blocking reads waiting for their keys (cmd/block.c) */    /* ---- TLS (tls) */
     int tls_port;            /* the TLS port bound (cfg.tls_port, or the one picked for 0); -1 off */
+    int mqtt_port;           /* the MQTT port bound (cfg.mqtt_port, or the one picked for 0); -1 off */
     const char *tls_auth;    /* tls-auth-clients as a static string ("yes", "no", "optional") */
     /* ---- node identity and empty starts (identity) */
     _Atomic int loading;     /* 1 while the node waits for its state (engine/loading.h): admit

@@ -37,6 +37,7 @@
 #include "engine/engine.h"
 #include "engine/session.h"
 #include "frontend/frontend.h"
+#include "frontend/mqtt_int.h"
 #include "frontend/poller_int.h"
 #include "frontend/pollpolicy.h"
 #include "frontend/tcp.h"
@@ -48,6 +49,7 @@
 
 static void conn_free(struct conn *c)
 {
+    mqtt_conn_free(c);
     list_del(&c->node);
     kvbuf_free(&c->in);
     kvbuf_free(&c->out);
@@ -92,6 +94,8 @@ static void conn_close(struct conn *c)
      * this freed connection would keep arriving. */
     epoll_ctl(c->p->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     st_inc(&c->p->st->epoll_ctl, 1);
+    if (c->mq)
+        mqtt_closed(c); /* its will, its session (before the fd can be reused) */
     ses_disconnect(&c->ses); /* before close: a CLIENT KILL must never see the fd reused */
     tlsio_conn_free(c->tls); /* its close_notify before close: never into a reused fd */
     c->tls = NULL;
@@ -246,6 +250,11 @@ static void conn_write(struct conn *c, int spurious)
             conn_close(c);
             return;
         }
+        if (c->mq && !c->paused) { /* room for the messages an MQTT subscriber waits for */
+            mqtt_drained(c);
+            if (c->closed)
+                return;
+        }
         if (c->paused) { /* backlog drained: resume buffered requests */
             c->paused = 0;
             process_input(c);
@@ -269,6 +278,10 @@ static void conn_write(struct conn *c, int spurious)
  * into the input buffer, which does not move until the batch has run. */
 static void process_input(struct conn *c)
 {
+    if (c->mq) {
+        mqtt_input(c);
+        return;
+    }
     struct poller *p = c->p;
     struct kv_table *t = p->ps->eng->table;
     while (!c->ses.cl.close_after_reply && !stalled(c)) {
@@ -441,10 +454,10 @@ static void conn_readable(struct conn *c)
     publish(c);
 }
 
-static void conn_new(struct poller *p, int fd, int tls)
+static void conn_new(struct poller *p, int fd, int tls, int mqtt)
 {
     struct poller_server *ps = p->ps;
-    if (!tcp_admit(&ps->tcp, fd))
+    if (!tcp_admit(&ps->tcp, fd, !mqtt))
         return;
     struct conn *c = calloc(1, sizeof *c);
     if (c && tls && !(c->tls = tlsio_conn_new(ps->tls, fd))) {
@@ -480,11 +493,13 @@ static void conn_new(struct poller *p, int fd, int tls)
     list_init(&c->big_node);
     list_add(&p->all, &c->node);
     ses_connect(&c->ses, fd, p->now);
+    if (mqtt && mqtt_conn_new(ps->mqtt, c))
+        conn_close(c);
     st_inc(&p->st->accepted, 1);
     st_inc(&p->st->clients, 1);
 }
 
-static void do_accept(struct poller *p, int lfd, int tls)
+static void do_accept(struct poller *p, int lfd, int tls, int mqtt)
 {
     struct poller_server *ps = p->ps;
     for (int i = 0; i < 64; i++) {
@@ -495,11 +510,11 @@ static void do_accept(struct poller *p, int lfd, int tls)
             uint64_t i2 = atomic_fetch_add_explicit(&ps->handoff_rr, 1, memory_order_relaxed);
             struct poller *to = &ps->pollers[i2 % (uint64_t)ps->npollers];
             if (to != p) {
-                fdq_push(&to->handed, tls ? fd | HANDED_TLS : fd);
+                fdq_push(&to->handed, tls ? fd | HANDED_TLS : mqtt ? fd | HANDED_MQTT : fd);
                 continue;
             }
         }
-        conn_new(p, fd, tls);
+        conn_new(p, fd, tls, mqtt);
     }
 }
 
@@ -557,9 +572,11 @@ static void drain_event(struct poller *p)
     int fds[64]; /* at most 64 per wakeup; fdq_take wakes us again for the rest */
     int n = fdq_take(&p->handed, fds, 64);
     for (int i = 0; i < n; i++)
-        conn_new(p, fds[i] & ~HANDED_TLS, !!(fds[i] & HANDED_TLS));
+        conn_new(p, fds[i] & ~(HANDED_TLS | HANDED_MQTT), !!(fds[i] & HANDED_TLS), !!(fds[i] & HANDED_MQTT));
     release_waiting(p);
     retry_stalled(p);
+    if (p->ps->mqtt)
+        mqtt_wakeups(p); /* subscribers whose topics were written */
     cmd_monitor_take(p->ps->eng, p->evfd, monitor_ready, p); /* lines other threads queued */
 }
 
@@ -619,6 +636,12 @@ static void flush_round(struct poller *p)
     }
 }
 
+/* For the MQTT protocol (frontend/mqtt_int.h) */
+void pconn_close(struct conn *c) { conn_close(c); }
+void pconn_stall(struct conn *c) { stall_add(c); }
+void pconn_pending(struct conn *c) { list_pending(c); }
+int pconn_stalled(const struct conn *c) { return stalled(c); }
+
 void *poller_main(void *arg)
 {
     struct poller *p = arg;
@@ -641,8 +664,9 @@ void *poller_main(void *arg)
         p->now = kv_coarse_ms();
         for (int i = 0; i < n; i++) {
             int *tag = ev[i].data.ptr;
-            if (*tag == TAG_LISTENER || *tag == TAG_TLS_LISTENER) {
-                do_accept(p, *tag == TAG_LISTENER ? p->lfd : p->tls_lfd, *tag == TAG_TLS_LISTENER);
+            if (*tag == TAG_LISTENER || *tag == TAG_TLS_LISTENER || *tag == TAG_MQTT_LISTENER) {
+                do_accept(p, *tag == TAG_LISTENER ? p->lfd : *tag == TAG_TLS_LISTENER ? p->tls_lfd : p->mqtt_lfd,
+                          *tag == TAG_TLS_LISTENER, *tag == TAG_MQTT_LISTENER);
             } else if (*tag == TAG_EVENT) {
                 drain_event(p);
             } else {
@@ -676,6 +700,8 @@ void *poller_main(void *arg)
                 retry_stalled(p); /* a wakeup may be lost (a load request refused for memory) */
             cmd_monitor_take(ps->eng, p->evfd, monitor_ready, p); /* a full monitor's rest */
             tcp_cron(&ps->tcp, p->idx, p->now);
+            if (ps->mqtt)
+                mqtt_cron(p); /* keep-alive, takeovers */
             shrink_idle(p);
             cmd_clients_cron(ps->eng, p->now); /* recent-max windows, eviction, memory given back */
         }

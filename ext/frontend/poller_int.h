@@ -13,6 +13,7 @@
 #include "core/kvbuf.h"
 #include "core/list.h"
 #include "engine/session.h"
+#include "frontend/mqtt.h"
 #include "frontend/pollpolicy.h"
 #include "frontend/tcp.h"
 #include "frontend/tlsio.h"
@@ -22,10 +23,12 @@
 #define OUT_PAUSE (4 * 1024 * 1024)    /* stop reading a client whose unsent replies pass this */
 #define BATCH 32                       /* requests parsed (and prefetched) before running them */
 
-enum tag { TAG_CONN = 1, TAG_LISTENER, TAG_EVENT, TAG_TLS_LISTENER };
+enum tag { TAG_CONN = 1, TAG_LISTENER, TAG_EVENT, TAG_TLS_LISTENER, TAG_MQTT_LISTENER };
 
 /* a handed-over fd (handoff mode) accepted on the TLS listener */
 #define HANDED_TLS (1 << 30)
+/* ... on the MQTT listener (mqtt-port) */
+#define HANDED_MQTT (1 << 29)
 
 struct conn;
 struct poller_server;
@@ -44,7 +47,9 @@ struct poller {
     int epfd, lfd, evfd;
     int log_slot;                /* evfd's place in the log's wake-up list (wal_want) */
     int tls_lfd, tls_listener_tag; /* the TLS listener (tls-port) and its epoll tag, or -1 */
+    int mqtt_lfd, mqtt_listener_tag; /* the MQTT listener (mqtt-port) and its epoll tag, or -1 */
     int listener_tag, event_tag; /* addresses used as epoll tags */
+    struct mq_poller mq;         /* its MQTT connections (frontend/mqtt.h) */
     struct tcp_thread *st;       /* its counters (in ps->tcp) */
     struct list all;             /* every connection of this poller */
     struct list waiting;         /* connections with replies held for the log */
@@ -69,6 +74,7 @@ struct poller_server {
     int npollers;
     struct poller *pollers;
     struct tlsio *tls;           /* tls-port's context and counters, or NULL */
+    struct mq_broker *mqtt;      /* mqtt-port's broker, or NULL */
     _Atomic int stopping;
     _Atomic uint64_t handoff_rr;
 };
@@ -77,6 +83,7 @@ struct conn {
     int tag;                     /* TAG_CONN: must stay the first member */
     int fd;
     struct tlsio_conn *tls;      /* NULL: a plain TCP connection */
+    struct mq_conn *mq;          /* NULL: RESP; else an MQTT connection's state (frontend/mqtt.h) */
     struct poller *p;
     struct kvbuf in;
     size_t in_off;               /* start of the request being parsed */

@@ -48,10 +48,25 @@ static int poller_create(void **out, struct kv_engine *eng, char *err, size_t er
     ps->policy = pol;
     ps->handoff = !strcmp(cfg->accept, "handoff");
     for (int i = 0; i < cfg->threads; i++) /* so a failed create never closes fd 0 */
-        ps->pollers[i].epfd = ps->pollers[i].lfd = ps->pollers[i].evfd = ps->pollers[i].tls_lfd = -1;
+        ps->pollers[i].epfd = ps->pollers[i].lfd = ps->pollers[i].evfd = ps->pollers[i].tls_lfd =
+            ps->pollers[i].mqtt_lfd = -1;
     ps->npollers = cfg->threads;
     if ((rc = tlsio_create(&ps->tls, eng, err, errlen)) < 0)
         goto fail;
+    eng->mqtt_port = -1;
+    int mqtt_probed = 0;
+    if (cfg->mqtt_port >= 0) {
+        if (cfg->mqtt_port > 65535 || cfg->mqtt_max_packet < 2 || cfg->mqtt_max_inflight < 1 ||
+            cfg->mqtt_max_inflight > 65535 || cfg->mqtt_max_sessions < 1) {
+            snprintf(err, errlen, "mqtt settings out of range: port 0..65535, max packet >= 2, max inflight "
+                                  "1..65535, max sessions >= 1");
+            rc = -EINVAL;
+            goto fail;
+        }
+        eng->mqtt_port = cfg->mqtt_port;
+        if ((rc = mqtt_create(&ps->mqtt, eng, err, errlen)) < 0)
+            goto fail;
+    }
     for (int i = 0; i < ps->npollers; i++) {
         struct poller *p = &ps->pollers[i];
         p->idx = i;
@@ -94,6 +109,17 @@ static int poller_create(void **out, struct kv_engine *eng, char *err, size_t er
             p->tls_listener_tag = TAG_TLS_LISTENER;
             struct epoll_event te = {.events = EPOLLIN, .data.ptr = &p->tls_listener_tag};
             epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->tls_lfd, &te);
+        }
+        if ((i == 0 || !ps->handoff) && ps->mqtt) { /* the MQTT port: its connections speak MQTT */
+            p->mqtt_lfd = tcp_listen_port(eng, &eng->mqtt_port, &mqtt_probed, !ps->handoff, "listen (MQTT) on", err,
+                                          errlen);
+            if (p->mqtt_lfd < 0) {
+                rc = p->mqtt_lfd;
+                goto fail;
+            }
+            p->mqtt_listener_tag = TAG_MQTT_LISTENER;
+            struct epoll_event me = {.events = EPOLLIN, .data.ptr = &p->mqtt_listener_tag};
+            epoll_ctl(p->epfd, EPOLL_CTL_ADD, p->mqtt_lfd, &me);
         }
     }
     *out = ps;
@@ -154,6 +180,8 @@ static void poller_destroy(void *st)
             close(p->lfd);
         if (p->tls_lfd >= 0)
             close(p->tls_lfd);
+        if (p->mqtt_lfd >= 0)
+            close(p->mqtt_lfd);
         if (p->evfd >= 0)
             close(p->evfd);
         if (p->epfd >= 0)
@@ -163,6 +191,7 @@ static void poller_destroy(void *st)
     }
     free(ps->pollers);
     tlsio_free(ps->tls);
+    mqtt_destroy(ps->mqtt);
     tcp_free(&ps->tcp);
     free(ps);
 }

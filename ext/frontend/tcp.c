@@ -155,7 +155,7 @@ static void refuse(int fd)
     (void)w;
 }
 
-int tcp_admit(struct tcp_front *f, int fd)
+int tcp_admit(struct tcp_front *f, int fd, int resp)
 {
     uint64_t n = atomic_fetch_add_explicit(&f->clients, 1, memory_order_relaxed);
     uint64_t cap = atomic_load_explicit(&f->fd_cap, memory_order_relaxed);
@@ -173,7 +173,8 @@ int tcp_admit(struct tcp_front *f, int fd)
             kvlog_rated(&refusals, KVLOG_WARNING,
                         "refused connection from %s: out of file descriptors at %llu clients (raise the "
                         "open-file limit, e.g. LimitNOFILE, or lower --maxclients)", addr, (unsigned long long)cap);
-        refuse(fd);
+        if (resp)
+            refuse(fd);
         close(fd);
         atomic_fetch_sub_explicit(&f->clients, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&f->rejected, 1, memory_order_relaxed);

@@ -75,9 +75,10 @@ int tcp_listen(struct tcp_front *f, int reuseport, char *err, size_t errlen);
 int tcp_listen_port(struct kv_engine *e, int *port, int *probed, int reuseport, const char *what, char *err,
                     size_t errlen);
 
-/* A connection just accepted: counted, and refused with Redis's error past
- * maxclients (returns 0, fd closed); else TCP_NODELAY set, returns 1. */
-int tcp_admit(struct tcp_front *f, int fd);
+/* A connection just accepted: counted, and refused past maxclients (returns 0, fd
+ * closed: with Redis's error if resp, else silently: the MQTT port); else
+ * TCP_NODELAY set, returns 1. */
+int tcp_admit(struct tcp_front *f, int fd, int resp);
 /* accept4 on the listener lfd (non-blocking, close-on-exec): the fd, or -errno
  * (-EAGAIN: none pending). Out of descriptors, the spare is spent to accept the
  * pending connection and drop it with Redis's error (counted rejected), then

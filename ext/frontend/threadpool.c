@@ -117,7 +117,7 @@ static void tp_accept(struct tp_worker *w)
         int fd = tcp_accept(&tp->tcp, tp->lfd);
         if (fd < 0)
             break;
-        if (!tcp_admit(&tp->tcp, fd))
+        if (!tcp_admit(&tp->tcp, fd, 1))
             continue;
         struct tp_conn *c = calloc(1, sizeof *c);
         if (!c) {

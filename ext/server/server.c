@@ -140,6 +140,10 @@ int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg
         snprintf(err, errlen, "tls-port is not supported with arch %s: use arch poller", a->name);
         return -EINVAL;
     }
+    if (cfg->mqtt_port >= 0 && strcmp(a->fe[0], "poller")) { /* MQTT is the pollers' (frontend/mqtt.h) */
+        snprintf(err, errlen, "mqtt-port is not supported with arch %s: use arch poller, udp or dpdk", a->name);
+        return -EINVAL;
+    }
     struct srv *s = calloc(1, sizeof *s);
     if (!s) {
         snprintf(err, errlen, "out of memory");
@@ -236,6 +240,7 @@ int srv_attach(struct srv *s, struct wal *w, struct bosc *b, struct rl_sender *s
 int srv_port(const struct srv *s) { return s->eng->port; }
 
 int srv_tls_port(const struct srv *s) { return s->eng->cfg.tls_port < 0 ? -1 : s->eng->tls_port; }
+int srv_mqtt_port(const struct srv *s) { return s->eng->mqtt_port; }
 
 int srv_udp_port(const struct srv *s) { return s->udp >= 0 ? s->ops[s->udp]->port(s->fe[s->udp]) : s->eng->cfg.udp_port; }
 

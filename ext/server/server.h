@@ -33,6 +33,8 @@ void srv_destroy(struct srv *s);
 int srv_port(const struct srv *s);
 /* The TLS port (the one bound when cfg->tls_port was 0), or -1 when TLS is off. */
 int srv_tls_port(const struct srv *s);
+/* The MQTT port (the one bound when cfg->mqtt_port was 0), or -1 when MQTT is off. */
+int srv_mqtt_port(const struct srv *s);
 /* The UDP front end's port (arch udp: the one bound when udp_port was 0), else cfg's. */
 int srv_udp_port(const struct srv *s);
 /* 1 if this build has the DPDK front end (libdpdk found at build time), else 0. */

@@ -1,0 +1,318 @@
+/* mqtt_deliver.c - an MQTT session's deliveries (see mqtt.h): what its raised
+ * links' streams hold past their cursors, read with XREAD through the session's
+ * connection and sent as PUBLISH packets; QoS 1 and 2 ones kept in flight until
+ * acknowledged. Runs on the connection's poller only. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "engine/engine.h"
+#include "engine/session.h"
+#include "frontend/mqtt_int.h"
+#include "frontend/poller_int.h"
+#include "proto/mqtt.h"
+
+#define DELIVER_KEYS 64   /* streams one XREAD reads */
+#define DELIVER_COUNT 64  /* entries it reads from each */
+#define DELIVER_ROUNDS 8  /* XREADs per wake-up before the poller's other work */
+
+/* ---- outgoing PUBLISH with QoS > 0 */
+
+struct mq_flight *mq_flight_find(struct mq_sess *s, uint16_t id)
+{
+    for (int i = 0; i < s->nflight; i++)
+        if (s->flight[i].id == id)
+            return &s->flight[i];
+    return NULL;
+}
+
+void mq_flight_drop(struct mq_sess *s, struct mq_flight *f)
+{
+    free(f->pkt);
+    *f = s->flight[--s->nflight];
+}
+
+int mq_send_publish(struct mq_sess *s, struct kvbuf *out, int qos, int retain, const char *topic, size_t tlen,
+                    const void *payload, size_t plen)
+{
+    if (qos == 0)
+        return mqtt_put_publish(out, 0, retain, 0, 0, topic, tlen, payload, plen);
+    if (s->nflight == s->capflight) {
+        int nc = s->capflight ? s->capflight * 2 : 16;
+        struct mq_flight *v = realloc(s->flight, sizeof *v * (size_t)nc);
+        if (!v)
+            return -ENOMEM;
+        s->flight = v;
+        s->capflight = nc;
+    }
+    uint16_t id = s->next_id;
+    while (id == 0 || mq_flight_find(s, id)) /* at most 65535 in flight: one is free */
+        id++;
+    s->next_id = (uint16_t)(id + 1);
+    size_t at = out->len;
+    if (mqtt_put_publish(out, qos, retain, 0, id, topic, tlen, payload, plen))
+        return -ENOMEM;
+    struct mq_flight *f = &s->flight[s->nflight];
+    f->len = out->len - at;
+    if (!(f->pkt = malloc(f->len)))
+        return -ENOMEM;
+    memcpy(f->pkt, out->p + at, f->len);
+    f->id = id;
+    f->qos = (uint8_t)qos;
+    f->state = FLIGHT_PUBLISHED;
+    s->nflight++;
+    return 0;
+}
+
+/* ---- delivery from the stream tails */
+
+/* A reader of the XREAD reply (RESP2, written by this server): bounded all the same. */
+struct rr {
+    const char *p, *end;
+};
+
+static int rr_int(struct rr *r, char type, long long *v)
+{
+    if (r->p >= r->end || *r->p != type)
+        return -1;
+    char *e;
+    *v = strtoll(r->p + 1, &e, 10);
+    if (e + 2 > r->end || e[0] != '\r')
+        return -1;
+    r->p = e + 2;
+    return 0;
+}
+
+static int rr_bulk(struct rr *r, const char **s, size_t *n)
+{
+    long long len;
+    if (rr_int(r, '$', &len) || len < 0 || len > r->end - r->p - 2)
+        return -1;
+    *s = r->p;
+    *n = (size_t)len;
+    r->p += len + 2;
+    return 0;
+}
+
+static int parse_id(const char *s, size_t n, struct mq_id *id)
+{
+    char buf[48];
+    if (n >= sizeof buf)
+        return -1;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    return sscanf(buf, "%" SCNu64 "-%" SCNu64, &id->ms, &id->seq) == 2 ? 0 : -1;
+}
+
+static int flight_room(const struct mq_conn *m)
+{
+    int max = m->b->eng->cfg.mqtt_max_inflight;
+    return m->sess->nflight < max ? max - m->sess->nflight : 0;
+}
+
+/* Send what the XREAD reply in m->scratch holds for the links m->dlinks. -1 if it
+ * cannot be read (a bug: logged), -ENOMEM. */
+static int send_entries(struct mq_conn *m, long long count)
+{
+    struct mq_broker *b = m->b;
+    struct conn *c = m->c;
+    struct rr r = {m->scratch.p, m->scratch.p + m->scratch.len};
+    long long nstreams, two, nent, nf;
+    if (r.p < r.end && r.p[0] == '*' && r.p + 1 < r.end && r.p[1] == '-')
+        return 0; /* nothing new */
+    if (rr_int(&r, '*', &nstreams))
+        return -1;
+    for (long long i = 0; i < nstreams; i++) {
+        const char *key, *ids;
+        size_t klen, idn;
+        if (rr_int(&r, '*', &two) || two != 2 || rr_bulk(&r, &key, &klen) || rr_int(&r, '*', &nent))
+            return -1;
+        struct mq_link *k = NULL;
+        for (int j = 0; j < m->ndlinks && !k; j++) {
+            struct mq_topic *t = m->dlinks[j]->topic;
+            if (klen == b->plen + t->n && !memcmp(key + b->plen, t->name, t->n))
+                k = m->dlinks[j];
+        }
+        if (!k)
+            return -1;
+        for (long long e = 0; e < nent; e++) {
+            struct mq_id id;
+            if (rr_int(&r, '*', &two) || two != 2 || rr_bulk(&r, &ids, &idn) || parse_id(ids, idn, &id) ||
+                rr_int(&r, '*', &nf))
+                return -1;
+            const char *payload = NULL;
+            size_t plen = 0;
+            int qos = -1, first = 1;
+            if (nf % 2)
+                return -1;
+            for (long long f = 0; f + 1 < nf; f += 2) {
+                const char *fk, *fv;
+                size_t fkn, fvn;
+                if (rr_bulk(&r, &fk, &fkn) || rr_bulk(&r, &fv, &fvn))
+                    return -1;
+                if ((fkn == 7 && !memcmp(fk, "payload", 7)) || (first && !payload)) {
+                    payload = fv; /* an entry added by XADD without one: its first value */
+                    plen = fvn;
+                }
+                first = 0;
+                if (fkn == 3 && !memcmp(fk, "qos", 3) && fvn == 1 && fv[0] >= '0' && fv[0] <= '2')
+                    qos = fv[0] - '0';
+            }
+            if (qos < 0)
+                qos = 1; /* not published by MQTT: delivered as reliably as the subscription asks */
+            if (qos > k->qos)
+                qos = k->qos;
+            /* 3.3.1-9: RETAIN is 0 on messages for established subscriptions */
+            if (mq_send_publish(m->sess, &c->out, qos, 0, k->topic->name, k->topic->n, payload, plen))
+                return -ENOMEM;
+            atomic_fetch_add_explicit(&b->st.out[qos], 1, memory_order_relaxed);
+            k->last = id;
+        }
+        if (nent >= count) /* maybe more: read again */
+            atomic_store_explicit(&k->dirty, 1, memory_order_relaxed), atomic_store(&m->sess->ready, 1);
+    }
+    return 0;
+}
+
+/* Deliver what the session's raised links have (in rounds; the rest next wake-up).
+ * Stops while the client's unsent output passes OUT_PAUSE / 2 (mqtt_drained goes
+ * on) and, for links granting QoS 1 or 2, while mqtt_max_inflight messages are
+ * unacknowledged (an acknowledgement goes on). */
+void mq_deliver(struct mq_conn *m)
+{
+    struct conn *c = m->c;
+    struct mq_sess *s = m->sess;
+    if (!s || c->closed || atomic_load_explicit(&m->kicked, memory_order_relaxed))
+        return;
+    size_t out_before = c->out.len;
+    for (int round = 0; round < DELIVER_ROUNDS; round++) {
+        long long count = DELIVER_COUNT;
+        if (!m->delivering) {
+            if (mq_backlog(c) > OUT_PAUSE / 2 || !atomic_load_explicit(&s->ready, memory_order_acquire))
+                break;
+            atomic_store_explicit(&s->ready, 0, memory_order_release);
+            struct mq_link *v[DELIVER_KEYS];
+            int max = m->single ? 1 : DELIVER_KEYS;
+            int n = mq_dirty_links(m->b, s, v, max), room = flight_room(m);
+            m->ndlinks = 0;
+            for (int i = 0; i < n; i++) {
+                if (v[i]->qos > 0 && room == 0)
+                    atomic_store(&v[i]->dirty, 1); /* waits for an acknowledgement */
+                else
+                    m->dlinks[m->ndlinks++] = v[i];
+            }
+            if (n == max)
+                atomic_store(&s->ready, 1); /* more links than one read takes */
+            if (!m->ndlinks)
+                break;
+            for (int i = 0; i < m->ndlinks; i++)
+                if (m->dlinks[i]->qos > 0 && room < count)
+                    count = room;
+            /* XREAD COUNT n STREAMS key... id...: keys and IDs laid out in m->args */
+            m->args.len = 0;
+            int a = 0;
+            mq_arg(m, &a, "XREAD", 5);
+            mq_arg(m, &a, "COUNT", 5);
+            char cnt[24];
+            snprintf(cnt, sizeof cnt, "%lld", count);
+            size_t offs[2 * DELIVER_KEYS + 1], lens[2 * DELIVER_KEYS];
+            int nk = m->ndlinks;
+            for (int i = 0; i < nk; i++) {
+                struct mq_topic *t = m->dlinks[i]->topic;
+                offs[i] = m->args.len;
+                if (kvbuf_append(&m->args, m->b->prefix, m->b->plen) || kvbuf_append(&m->args, t->name, t->n))
+                    goto nomem;
+                lens[i] = m->args.len - offs[i];
+            }
+            for (int i = 0; i < nk; i++) {
+                offs[nk + i] = m->args.len;
+                if (kvbuf_printf(&m->args, "%" PRIu64 "-%" PRIu64, m->dlinks[i]->last.ms, m->dlinks[i]->last.seq))
+                    goto nomem;
+                lens[nk + i] = m->args.len - offs[nk + i];
+            }
+            if (kvbuf_append(&m->args, cnt, strlen(cnt)))
+                goto nomem;
+            mq_arg(m, &a, m->args.p + m->args.len - strlen(cnt), strlen(cnt));
+            mq_arg(m, &a, "STREAMS", 7);
+            for (int i = 0; i < 2 * nk; i++)
+                mq_arg(m, &a, m->args.p + offs[i], lens[i]);
+            m->dcount = count; /* (kept for a run after a stall) */
+            m->delivering = a;
+        }
+        count = m->dcount;
+        int rc = mq_run(m, m->delivering, NULL);
+        if (rc == SES_STALL) { /* a batch to read back from the data file: runs again then */
+            pconn_stall(c);
+            break;
+        }
+        m->delivering = 0;
+        if (rc < 0 && rc != -1)
+            goto nomem;
+        if (rc == -1) {
+            /* one stream that cannot be read (no longer a stream) must not hold up
+             * the others: they are read one by one from now on, it alone dropped */
+            if (m->ndlinks > 1) {
+                m->single = 1;
+                for (int i = 0; i < m->ndlinks; i++)
+                    atomic_store(&m->dlinks[i]->dirty, 1);
+                atomic_store(&s->ready, 1);
+                continue;
+            }
+            kvlog_rated(&mq_bad_rate, KVLOG_WARNING, "mqtt: delivery of %.*s to %.*s failed: %s",
+                        (int)m->dlinks[0]->topic->n, m->dlinks[0]->topic->name, (int)s->idlen, s->id, mq_run_error(m));
+            continue;
+        }
+        int sr = send_entries(m, count);
+        if (sr == -ENOMEM)
+            goto nomem;
+        if (sr < 0) {
+            kvlog_write(KVLOG_WARNING, "mqtt: delivery to %.*s: unreadable XREAD reply", (int)s->idlen, s->id);
+            break;
+        }
+    }
+    if (atomic_load(&s->ready) && !m->delivering && mq_backlog(c) <= OUT_PAUSE / 2) {
+        /* rounds left over: after the poller's other work, not never */
+        atomic_store_explicit(&c->p->mq.wake, 1, memory_order_release);
+        uint64_t one = 1;
+        (void)!write(c->p->evfd, &one, sizeof one);
+    }
+    if (c->out.len > out_before)
+        pconn_pending(c);
+    return;
+nomem:
+    m->delivering = 0;
+    mq_logf(m, "out of memory delivering", NULL);
+    pconn_close(c);
+}
+
+
+void mqtt_drained(struct conn *c)
+{
+    struct mq_conn *m = c->mq;
+    if (m->sess && !m->delivering && atomic_load_explicit(&m->sess->ready, memory_order_acquire))
+        mq_deliver(m);
+}
+
+void mqtt_wakeups(struct poller *p)
+{
+    if (!atomic_exchange_explicit(&p->mq.wake, 0, memory_order_acq_rel))
+        return;
+    for (struct mq_conn *m = p->mq.conns, *next; m; m = next) {
+        next = m->next;
+        if (m->c->closed)
+            continue;
+        if (m->waiting) {
+            mqtt_input(m->c);
+            if (!m->c->closed)
+                pconn_pending(m->c);
+        } else if (m->sess && !m->delivering && atomic_load_explicit(&m->sess->ready, memory_order_acquire)) {
+            mq_deliver(m);
+        }
+    }
+}
+

@@ -1,0 +1,184 @@
+/* mqtt_int.h - the MQTT broker's structures, shared by mqtt_broker.c (topics,
+ * sessions, subscriptions, retained messages: the broker lock's tables) and
+ * mqtt_conn.c (a connection's packets and deliveries). See mqtt.h. */
+#ifndef KV_MQTT_INT_H
+#define KV_MQTT_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/kvbuf.h"
+#include "core/list.h"
+#include "core/log.h"
+#include "frontend/mqtt.h"
+
+struct kv_engine;
+
+/* A stream ID (core/stream.h's, without its header). */
+struct mq_id {
+    uint64_t ms, seq;
+};
+
+/* A topic the broker has seen written (a stream under the prefix). Never freed
+ * while the broker lives. */
+struct mq_topic {
+    struct mq_topic *hnext;
+    uint64_t h;
+    struct list links;           /* mq_link.tnode: sessions whose filters match it */
+    struct kvbuf retained;       /* its retained message: QoS byte, then the payload */
+    int has_retained;
+    size_t n;
+    char name[];                 /* the topic (without the prefix) */
+};
+
+/* A session's interest in one topic: the cursor into its stream. */
+struct mq_link {
+    struct list tnode;           /* on topic->links (broker lock) */
+    struct mq_topic *topic;
+    struct mq_sess *sess;
+    int qos;                     /* the largest QoS its session's matching filters grant */
+    _Atomic int dirty;           /* the stream was written since the session last read it */
+    struct mq_id last;           /* messages after this one are due (the session's thread) */
+};
+
+struct mq_filter {
+    struct mq_filter *next;
+    int qos;
+    int64_t since_ms;            /* when it was subscribed (Unix ms): topics first written
+                                    later are read from this time on */
+    size_t n;
+    char f[];
+};
+
+/* A PUBLISH sent with QoS 1 or 2 and not yet acknowledged. */
+struct mq_flight {
+    uint16_t id;
+    uint8_t state;               /* FLIGHT_PUBLISHED, FLIGHT_RELEASED (QoS 2: PUBREL sent) */
+    uint8_t qos;
+    char *pkt;                   /* the packet, resent (DUP) on reconnect */
+    size_t len;
+};
+enum { FLIGHT_PUBLISHED = 1, FLIGHT_RELEASED };
+
+struct mq_sess {
+    struct mq_sess *hnext;       /* broker hash by client id */
+    struct list node;            /* broker->sessions */
+    struct mq_conn *conn;        /* its connection, NULL while none (broker lock) */
+    struct mq_poller *mp;        /* that connection's poller and eventfd (broker lock) */
+    int evfd;
+    _Atomic int ready;           /* some link is dirty */
+    int clean;
+    struct mq_filter *filters;   /* broker lock */
+    struct mq_link **links;      /* broker lock */
+    int nlinks, caplinks;
+    /* the session's thread only */
+    struct mq_flight *flight;
+    int nflight, capflight;
+    uint16_t next_id;
+    uint8_t *qos2_in;            /* bitmap of QoS 2 packet ids received, PUBREL not yet (8 KiB) */
+    uint64_t h;
+    size_t idlen;
+    char id[];
+};
+
+struct mq_conn {
+    struct mq_conn *prev, *next; /* on its poller's list */
+    struct mq_broker *b;
+    struct conn *c;
+    struct mq_sess *sess;        /* after an accepted CONNECT */
+    int disconnected;            /* DISCONNECT received: no will */
+    int waiting;                 /* its CONNECT waits for the session's old connection to go */
+    _Atomic int kicked;          /* taken over by a new connection (set by its thread): closing */
+    int keepalive;               /* seconds, 0: none */
+    int64_t last_in_ms;          /* CLOCK_MONOTONIC_COARSE */
+    int step;                    /* a publish resumed after a stall: its next part (PUB_*) */
+    char at[24];                 /* that publish's receive time, kept across the stall */
+    int delivering;              /* a delivery's XREAD stalled: it runs again first (argc) */
+    long long dcount;            /* its COUNT */
+    int single;                  /* a stream could not be read: one stream per XREAD */
+    struct kvbuf scratch;        /* ses_run's RESP replies */
+    struct kvbuf args;           /* the key of the request being run (keys + IDs for XREAD) */
+    const char *argv[136];
+    size_t argl[136];
+    struct mq_link *dlinks[64];  /* the links the stalled XREAD reads */
+    int ndlinks;
+    char *will;                  /* topic, then message; NULL: none */
+    size_t will_tlen, will_mlen;
+    int will_qos, will_retain;
+};
+
+struct mq_stats {
+    _Atomic uint64_t connections, sessions, in[3], out[3], retained, dropped, refused, malformed;
+};
+
+struct mq_broker {
+    struct kv_engine *eng;
+    pthread_mutex_t lock;
+    char *prefix, *retained_prefix;
+    size_t plen, rplen;
+    /* topics and sessions by hash (chained; grown by doubling) */
+    struct mq_topic **topics;
+    size_t ntopics, tcap;
+    struct mq_sess **sess;
+    size_t nsess, scap;
+    struct list sessions;
+    uint64_t next_auto;          /* ids given to clients that sent none */
+    struct mq_stats st;
+};
+
+/* ---- mqtt_broker.c (each takes the broker lock unless it says it is held) */
+
+/* The session of client id (found, or new; an old one taken over is ended first when
+ * clean): 1 found (session present), 0 new, -EBUSY its connection is still attached
+ * (that one is shut down: try again once it is gone), -ENOSPC mqtt_max_sessions
+ * reached, -ENOMEM. Attaches m to it on 0 and 1. */
+int mq_sess_attach(struct mq_broker *b, struct mq_conn *m, const char *id, size_t idlen, int clean, int evfd,
+                   struct mq_poller *mp);
+/* m's connection is gone: detach its session; a clean one is ended. */
+void mq_sess_detach(struct mq_broker *b, struct mq_conn *m);
+/* Subscribe s to filter f (granted qos); existing links keep their cursors. Appends
+ * to out the retained messages of the topics it matches (as PUBLISH packets whose
+ * QoS is at most qos; QoS > 0 ones through mq_flight_add). 0 or -ENOMEM. */
+int mq_subscribe(struct mq_broker *b, struct mq_conn *m, const char *f, size_t n, int qos, struct kvbuf *out);
+void mq_unsubscribe(struct mq_broker *b, struct mq_sess *s, const char *f, size_t n);
+/* Remember (or clear: plen 0) topic's retained message in memory. 0 or -ENOMEM. */
+int mq_retain(struct mq_broker *b, const char *topic, size_t tlen, int qos, const void *payload, size_t plen);
+/* Collect up to max dirty links of s (clearing their flags) into v. */
+int mq_dirty_links(struct mq_broker *b, struct mq_sess *s, struct mq_link **v, int max);
+/* The tap (keywait): key was written. */
+void mq_tap(void *arg, const void *key, size_t klen);
+
+/* ---- mqtt_conn.c */
+
+/* poller.c's, for a connection of either protocol */
+void pconn_close(struct conn *c);
+void pconn_stall(struct conn *c);
+void pconn_pending(struct conn *c);
+int pconn_stalled(const struct conn *c);
+
+/* shared by mqtt_conn.c and mqtt_deliver.c */
+extern struct kvlog_rate mq_bad_rate;
+/* Log (rate-limited) why m is being closed. */
+void mq_logf(struct mq_conn *m, const char *what, const char *why);
+/* Set argument *n of the request being built and count it. */
+void mq_arg(struct mq_conn *m, int *n, const void *s, size_t len);
+/* Run m->argv[0..argc) through the connection's session (the RESP reply in
+ * m->scratch): SES_DONE/SES_HOLD (the LSN it needs raised into *need), SES_STALL,
+ * -1 when the reply is an error (mq_run_error: its text), or -ENOMEM. */
+int mq_run(struct mq_conn *m, int argc, uint64_t *need);
+const char *mq_run_error(struct mq_conn *m);
+/* Bytes queued to c and not yet sent. */
+size_t mq_backlog(const struct conn *c);
+/* Deliver what the session's raised links have (mqtt_deliver.c). */
+void mq_deliver(struct mq_conn *m);
+struct mq_flight *mq_flight_find(struct mq_sess *s, uint16_t id);
+void mq_flight_drop(struct mq_sess *s, struct mq_flight *f);
+
+/* Queue a QoS 1/2 PUBLISH of s for acknowledgement (its packet id taken from the
+ * session): appends the packet to out. 0 or -ENOMEM. */
+int mq_send_publish(struct mq_sess *s, struct kvbuf *out, int qos, int retain, const char *topic, size_t tlen,
+                    const void *payload, size_t plen);
+
+#endif
