@@ -384,6 +384,11 @@ class ServerConfig:
         "mqtt-retained:", "A topic's retained message is kept (durably, as every write) in the string key of "
                           "this prefix followed by the topic: its QoS as one byte, then the payload.",
         c="mqtt_retained_prefix")
+    mqtt_session_prefix: str = setting(
+        "mqtt-session:", "A persistent session (clean session 0) is kept in the string key of this prefix followed "
+                         "by the client id: its subscriptions, how far its client acknowledged each topic, and the "
+                         "QoS 2 messages it sent that are not yet released; read back when the client reconnects "
+                         "after a restart.", c="mqtt_session_prefix")
     mqtt_max_packet: int = setting(
         1 << 20, "The largest MQTT packet accepted, in bytes (fixed header included); a larger one closes its "
                  "connection with a log line. MQTT's own bound is 256 MB.", min=2, max=268435460,

@@ -179,6 +179,50 @@ void mq_tap(void *arg, const void *key, size_t klen)
     pthread_mutex_unlock(&b->lock);
 }
 
+int mq_topic_claim(struct mq_broker *b, const char *topic, size_t tlen)
+{
+    pthread_mutex_lock(&b->lock);
+    struct mq_topic *t = topic_get(b, topic, tlen);
+    int claim = t && !t->indexed;
+    if (t)
+        t->indexed = 1;
+    pthread_mutex_unlock(&b->lock);
+    return claim;
+}
+
+int mq_load_index(struct mq_broker *b, const char *p, size_t n)
+{
+    const char *end = p + n;
+    long long count = 0;
+    if (n < 4 || p[0] != '*')
+        return 0; /* no index (an empty or absent hash, or not a hash): nothing to learn */
+    char *e;
+    count = strtoll(p + 1, &e, 10);
+    p = e + 2;
+    int rc = 0;
+    pthread_mutex_lock(&b->lock);
+    for (long long i = 0; i < count && p < end && !rc; i++) {
+        if (*p != '$')
+            break;
+        long long len = strtoll(p + 1, &e, 10);
+        if (len < 0 || e + 2 + len + 2 > end)
+            break;
+        const char *name = e + 2;
+        p = name + len + 2;
+        if (!mqtt_topic_ok((const uint8_t *)name, (size_t)len))
+            continue;
+        struct mq_topic *t = topic_get(b, name, (size_t)len);
+        if (t)
+            t->indexed = 1;
+        else
+            rc = -ENOMEM;
+    }
+    if (!rc)
+        atomic_store(&b->indexed, 1);
+    pthread_mutex_unlock(&b->lock);
+    return rc;
+}
+
 /* ---- sessions */
 
 static struct mq_sess **sess_slot(struct mq_broker *b, const char *id, size_t n, uint64_t h)
@@ -211,8 +255,156 @@ static void sess_end(struct mq_broker *b, struct mq_sess *s)
     atomic_fetch_sub_explicit(&b->st.sessions, 1, memory_order_relaxed);
 }
 
+static int64_t unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int mq_sess_known(struct mq_broker *b, const char *id, size_t idlen)
+{
+    pthread_mutex_lock(&b->lock);
+    int known = b->scap && *sess_slot(b, id, idlen, hash(id, idlen)) != NULL;
+    pthread_mutex_unlock(&b->lock);
+    return known;
+}
+
+/* ---- a persistent session's bytes: "KVMQ 1\n", then lines
+ *   f <qos> <since_ms> <len> <filter>\n     a subscription
+ *   c <ms> <seq> <len> <topic>\n            a topic's cursor (messages after it are due)
+ *   q <packet id>\n                         a QoS 2 id received, PUBREL not yet */
+
+/* The cursor a restart may go on from: before the first message in flight on
+ * that topic (not acknowledged), else the last one sent. */
+static struct mq_id acked_cursor(const struct mq_sess *s, const struct mq_link *k)
+{
+    struct mq_id c = k->last;
+    for (int i = 0; i < s->nflight; i++) {
+        const struct mq_flight *f = &s->flight[i];
+        if (f->topic != k->topic || f->state != FLIGHT_PUBLISHED)
+            continue; /* (a QoS 2 message its client received: PUBREC came, not due again) */
+        struct mq_id before = f->eid.seq ? (struct mq_id){f->eid.ms, f->eid.seq - 1}
+                                         : (struct mq_id){f->eid.ms - 1, UINT64_MAX};
+        if (before.ms < c.ms || (before.ms == c.ms && before.seq < c.seq))
+            c = before;
+    }
+    return c;
+}
+
+int mq_sess_save(struct mq_broker *b, struct mq_sess *s, struct kvbuf *out)
+{
+    int rc = kvbuf_printf(out, "KVMQ 1\n");
+    pthread_mutex_lock(&b->lock);
+    for (struct mq_filter *f = s->filters; f && !rc; f = f->next)
+        rc = kvbuf_printf(out, "f %d %lld %zu ", f->qos, (long long)f->since_ms, f->n) ||
+             kvbuf_append(out, f->f, f->n) || kvbuf_append(out, "\n", 1);
+    for (int i = 0; i < s->nlinks && !rc; i++) {
+        struct mq_link *k = s->links[i];
+        if (k->qos == 0)
+            continue; /* QoS 0 is not kept for a client that is away: from the restart on */
+        struct mq_id c = acked_cursor(s, k);
+        rc = kvbuf_printf(out, "c %llu %llu %zu ", (unsigned long long)c.ms, (unsigned long long)c.seq, k->topic->n) ||
+             kvbuf_append(out, k->topic->name, k->topic->n) || kvbuf_append(out, "\n", 1);
+    }
+    pthread_mutex_unlock(&b->lock);
+    for (int id = 1; s->qos2_in && id < 65536 && !rc; id++)
+        if (s->qos2_in[id >> 3] >> (id & 7) & 1)
+            rc = kvbuf_printf(out, "q %d\n", id);
+    return rc ? -ENOMEM : 0;
+}
+
+/* Read "<number> " at *p (bounded by end). */
+static int rd_num(const char **p, const char *end, unsigned long long *v)
+{
+    const char *q = *p;
+    unsigned long long n = 0;
+    int digits = 0;
+    while (q < end && *q >= '0' && *q <= '9' && digits < 20)
+        n = n * 10 + (unsigned long long)(*q++ - '0'), digits++;
+    if (!digits || q >= end || (*q != ' ' && *q != '\n'))
+        return -1;
+    *v = n;
+    *p = q + 1;
+    return 0;
+}
+
+/* Restore s (new, listed, no links yet) from saved; broker lock held. A damaged
+ * record is logged and what was read of it kept. */
+static void sess_restore(struct mq_broker *b, struct mq_sess *s, const char *saved, size_t n)
+{
+    const char *p = saved, *end = saved + n;
+    int64_t now = unix_ms();
+    if (n < 7 || memcmp(p, "KVMQ 1\n", 7))
+        goto bad;
+    p += 7;
+    while (p < end) {
+        char kind = *p;
+        unsigned long long a = 0, bb = 0, len = 0;
+        if (p + 2 > end || p[1] != ' ')
+            goto bad;
+        p += 2;
+        if (kind == 'q') {
+            if (rd_num(&p, end, &a) || a == 0 || a > 65535)
+                goto bad;
+            if (!s->qos2_in && !(s->qos2_in = calloc(8192, 1)))
+                goto bad;
+            s->qos2_in[a >> 3] |= (uint8_t)(1 << (a & 7));
+            continue;
+        }
+        if ((kind != 'f' && kind != 'c') || rd_num(&p, end, &a) || rd_num(&p, end, &bb) || rd_num(&p, end, &len) ||
+            len > (unsigned long long)(end - p) - 1 || p[len] != '\n')
+            goto bad;
+        const char *name = p;
+        p += len + 1;
+        if (kind == 'f') {
+            if (a > 2 || !mqtt_filter_ok((const uint8_t *)name, len))
+                goto bad;
+            struct mq_filter *f = malloc(sizeof *f + len + 1);
+            if (!f)
+                goto bad;
+            f->qos = (int)a;
+            f->since_ms = (int64_t)bb;
+            f->n = len;
+            memcpy(f->f, name, len);
+            f->next = s->filters;
+            s->filters = f;
+        } else if (mqtt_topic_ok((const uint8_t *)name, len)) {
+            struct mq_topic *t = topic_get(b, name, len); /* (a new topic is linked to s by its filters) */
+            int qos = -1;
+            for (struct mq_filter *f = s->filters; t && f; f = f->next)
+                if (f->qos > qos && mqtt_match((const uint8_t *)f->f, f->n, (const uint8_t *)name, len))
+                    qos = f->qos;
+            if (t && qos >= 0 && !link_of(s, t))
+                link_add(s, t, qos, 0);
+            struct mq_link *k = t ? link_of(s, t) : NULL;
+            if (k)
+                k->last = (struct mq_id){a, bb};
+        }
+    }
+    goto link;
+bad:
+    kvlog_write(KVLOG_WARNING, "mqtt: the saved session of client %.*s is damaged at byte %zu of %zu; kept what "
+                               "was read before it", (int)s->idlen, s->id, (size_t)(p - saved), n);
+link:
+    /* the topics its filters match that have no cursor: QoS 1/2 from the subscription's
+     * time (nothing acknowledged yet), QoS 0 from now */
+    for (size_t i = 0; i < b->tcap; i++)
+        for (struct mq_topic *t = b->topics[i]; t; t = t->hnext) {
+            int qos = -1;
+            int64_t since = now;
+            for (struct mq_filter *f = s->filters; f; f = f->next)
+                if (f->qos > qos && mqtt_match((const uint8_t *)f->f, f->n, (const uint8_t *)t->name, t->n)) {
+                    qos = f->qos;
+                    since = f->qos ? f->since_ms : now;
+                }
+            if (qos >= 0 && !link_of(s, t))
+                link_add(s, t, qos, since);
+        }
+}
+
 int mq_sess_attach(struct mq_broker *b, struct mq_conn *m, const char *id, size_t idlen, int clean, int evfd,
-                   struct mq_poller *mp)
+                   struct mq_poller *mp, const char *saved, size_t savedlen)
 {
     pthread_mutex_lock(&b->lock);
     int rc;
@@ -222,6 +414,10 @@ int mq_sess_attach(struct mq_broker *b, struct mq_conn *m, const char *id, size_
     }
     uint64_t h = hash(id, idlen);
     struct mq_sess *s = *sess_slot(b, id, idlen, h);
+    if (s && s->conn == m) { /* its CONNECT run again after a stall */
+        rc = 1;
+        goto out;
+    }
     if (s && s->conn) {
         /* 3.1.4-2: the existing client is disconnected; this CONNECT waits until it is
          * gone (its poller closes it and publishes its will). */
@@ -253,6 +449,10 @@ int mq_sess_attach(struct mq_broker *b, struct mq_conn *m, const char *id, size_
         list_add(&b->sessions, &s->node);
         b->nsess++;
         atomic_fetch_add_explicit(&b->st.sessions, 1, memory_order_relaxed);
+        if (saved && !clean) {
+            sess_restore(b, s, saved, savedlen);
+            rc = 1; /* session present: it was kept */
+        }
     }
     s->clean = clean;
     s->conn = m;
@@ -289,9 +489,7 @@ void mq_sess_detach(struct mq_broker *b, struct mq_conn *m)
 int mq_subscribe(struct mq_broker *b, struct mq_conn *m, const char *f, size_t n, int qos, struct kvbuf *out)
 {
     struct mq_sess *s = m->sess;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t now = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    int64_t now = unix_ms();
     int rc = 0;
     pthread_mutex_lock(&b->lock);
     struct mq_filter *flt = s->filters;
@@ -325,7 +523,7 @@ int mq_subscribe(struct mq_broker *b, struct mq_conn *m, const char *f, size_t n
                     k->qos = g->qos;
             if (!rc && t->has_retained) { /* 3.3.1-6: sent with RETAIN set */
                 int q = t->retained.p[0] < qos ? t->retained.p[0] : qos;
-                rc = mq_send_publish(s, out, q, 1, t->name, t->n, t->retained.p + 1, t->retained.len - 1);
+                rc = mq_send_publish(s, out, q, 1, t, (struct mq_id){0, 0}, t->retained.p + 1, t->retained.len - 1);
                 if (!rc)
                     atomic_fetch_add_explicit(&b->st.out[q], 1, memory_order_relaxed);
             }
@@ -422,7 +620,8 @@ int mqtt_create(struct mq_broker **out, struct kv_engine *eng, char *err, size_t
     const struct kv_config *cfg = &eng->cfg;
     struct mq_broker *b = calloc(1, sizeof *b);
     if (!b || !(b->prefix = strdup(cfg->mqtt_topic_prefix ? cfg->mqtt_topic_prefix : "mqtt:")) ||
-        !(b->retained_prefix = strdup(cfg->mqtt_retained_prefix ? cfg->mqtt_retained_prefix : "mqtt-retained:"))) {
+        !(b->retained_prefix = strdup(cfg->mqtt_retained_prefix ? cfg->mqtt_retained_prefix : "mqtt-retained:")) ||
+        !(b->session_prefix = strdup(cfg->mqtt_session_prefix ? cfg->mqtt_session_prefix : "mqtt-session:"))) {
         mqtt_destroy(b);
         snprintf(err, errlen, "out of memory");
         return -ENOMEM;
@@ -430,6 +629,7 @@ int mqtt_create(struct mq_broker **out, struct kv_engine *eng, char *err, size_t
     b->eng = eng;
     b->plen = strlen(b->prefix);
     b->rplen = strlen(b->retained_prefix);
+    b->splen = strlen(b->session_prefix);
     pthread_mutex_init(&b->lock, NULL);
     list_init(&b->sessions);
     int rc = eng_info_add(eng, "mqtt", info, NULL, b);
@@ -461,6 +661,7 @@ void mqtt_destroy(struct mq_broker *b)
     free(b->sess);
     free(b->prefix);
     free(b->retained_prefix);
+    free(b->session_prefix);
     pthread_mutex_destroy(&b->lock);
     free(b);
 }

@@ -25,7 +25,8 @@
 
 #define CONNECT_WAIT_MS 10000 /* a connection that sends no CONNECT in this time is closed */
 
-enum { PUB_XADD, PUB_RETAIN };
+enum { PUB_XADD, PUB_INDEX, PUB_RETAIN };
+#define SAVE_MS 1000 /* acknowledged cursors of a persistent session are saved this often */
 /* what a packet's handler says */
 enum { H_OK, H_STALL, H_WAIT, H_CLOSE };
 
@@ -174,9 +175,23 @@ static int store(struct mq_conn *m, const void *topic, size_t tlen, const void *
         mq_arg(m, &n, m->at, strlen(m->at));
         if ((rc = mq_run(m, n, need)) == SES_STALL || rc < 0)
             return rc;
-        if (!retain)
+        m->step = mq_topic_claim(b, topic, tlen) ? PUB_INDEX : PUB_RETAIN;
+    }
+    if (m->step == PUB_INDEX) { /* a topic new to this run: in the index a restart reads */
+        int n = 0;
+        if (argv_key(m, b->prefix, b->plen, "", 0))
+            return -ENOMEM;
+        mq_arg(m, &n, "HSET", 4);
+        n++;
+        mq_arg(m, &n, topic, tlen);
+        mq_arg(m, &n, "", 0);
+        if ((rc = mq_run(m, n, need)) == SES_STALL || rc < 0)
             return rc;
         m->step = PUB_RETAIN;
+    }
+    if (!retain) {
+        m->step = PUB_XADD;
+        return SES_DONE;
     }
     /* the retained message kept for new subscribers: QoS byte + payload, or gone */
     if (argv_key(m, b->retained_prefix, b->rplen, topic, tlen))
@@ -202,6 +217,45 @@ static int store(struct mq_conn *m, const void *topic, size_t tlen, const void *
         return rc;
     m->step = PUB_XADD;
     return mq_retain(b, topic, tlen, qos, payload, plen) ? -ENOMEM : rc;
+}
+
+/* Save a persistent session to its key (mq_sess_save), so a restart finds it:
+ * SES_DONE/SES_HOLD with the LSN in *need, SES_STALL (run again), -1, -ENOMEM.
+ * A clean session is not kept: SES_DONE. */
+static int save_session(struct mq_conn *m, uint64_t *need)
+{
+    struct mq_sess *s = m->sess;
+    struct mq_broker *b = m->b;
+    if (!s || s->clean)
+        return SES_DONE;
+    struct kvbuf v = {0};
+    int n = 0, rc = argv_key(m, b->session_prefix, b->splen, s->id, s->idlen);
+    if (rc || mq_sess_save(b, s, &v)) {
+        kvbuf_free(&v);
+        return -ENOMEM;
+    }
+    mq_arg(m, &n, "SET", 3);
+    n++;
+    mq_arg(m, &n, v.p, v.len);
+    rc = mq_run(m, n, need);
+    kvbuf_free(&v);
+    if (rc == SES_DONE || rc == SES_HOLD) {
+        m->cursors_moved = 0;
+        m->saved_ms = m->c->p->now;
+    }
+    return rc;
+}
+
+/* What a packet's handler returns after a run: H_OK, H_STALL or H_CLOSE (logged). */
+static int run_result(struct mq_conn *m, int rc, const char *what)
+{
+    if (rc == SES_STALL)
+        return H_STALL;
+    if (rc < 0) {
+        mq_logf(m, what, rc == -1 ? mq_run_error(m) : "out of memory");
+        return H_CLOSE;
+    }
+    return H_OK;
 }
 
 /* Queue an acknowledgement that may leave once the log holds need. */
@@ -234,16 +288,54 @@ static int on_connect(struct mq_conn *m, const uint8_t *body, size_t n)
     char idbuf[40];
     const char *id = (const char *)k.client_id.p;
     size_t idlen = k.client_id.n;
-    if (rc == 0 && idlen == 0) { /* 3.1.3-6: the server assigns one */
+    if (m->sess) { /* run again after a stall: the session it attached to */
+        id = m->sess->id;
+        idlen = m->sess->idlen;
+    } else if (rc == 0 && idlen == 0) { /* 3.1.3-6: the server assigns one */
         pthread_mutex_lock(&b->lock);
         uint64_t seq = ++b->next_auto;
         pthread_mutex_unlock(&b->lock);
         idlen = (size_t)snprintf(idbuf, sizeof idbuf, "auto-%" PRIx64 "-%" PRIu64, (uint64_t)getpid(), seq);
         id = idbuf;
     }
-    int present = 0;
-    if (rc == 0) {
-        int a = mq_sess_attach(b, m, id, idlen, k.clean, c->p->evfd, &c->p->mq);
+    uint64_t need = 0;
+    if (rc == 0 && !k.clean && !m->loaded && !mq_sess_known(b, id, idlen)) {
+        /* a persistent session kept across a restart: its key, read once */
+        int n = 0;
+        if (argv_key(m, b->session_prefix, b->splen, id, idlen))
+            return H_CLOSE;
+        mq_arg(m, &n, "GET", 3);
+        n++;
+        int g = run_result(m, mq_run(m, n, &need), "reading its saved session");
+        if (g != H_OK)
+            return g;
+        const char *v;
+        size_t vlen;
+        if (mq_reply_bulk(m, &v, &vlen) == 0) {
+            if (!(m->saved = malloc(vlen + 1)))
+                return H_CLOSE;
+            memcpy(m->saved, v, vlen);
+            m->savedlen = vlen;
+        }
+        m->loaded = 1;
+    }
+    if (m->saved && !atomic_load(&b->indexed)) {
+        /* topics written before a restart, which its filters may match: the index */
+        int n = 0;
+        if (argv_key(m, b->prefix, b->plen, "", 0))
+            return H_CLOSE;
+        mq_arg(m, &n, "HKEYS", 5);
+        n++;
+        int g = run_result(m, mq_run(m, n, &need), "reading the topic index");
+        if (g != H_OK)
+            return g;
+        if (mq_load_index(b, m->scratch.p, m->scratch.len))
+            return H_CLOSE;
+    }
+    if (rc == 0 && !m->sess) {
+        int a = mq_sess_attach(b, m, id, idlen, k.clean, c->p->evfd, &c->p->mq, m->saved, m->savedlen);
+        free(m->saved);
+        m->saved = NULL;
         if (a == -EBUSY)
             return H_WAIT; /* the session's old connection is being closed */
         if (a == -ENOMEM)
@@ -253,7 +345,7 @@ static int on_connect(struct mq_conn *m, const uint8_t *body, size_t n)
                         (int)idlen, id, b->eng->cfg.mqtt_max_sessions);
             rc = MQTT_CONN_UNAVAILABLE;
         }
-        present = a == 1 && !k.clean;
+        m->present = a == 1 && !k.clean;
     }
     if (rc) {
         atomic_fetch_add_explicit(&b->st.refused, 1, memory_order_relaxed);
@@ -261,6 +353,22 @@ static int on_connect(struct mq_conn *m, const uint8_t *body, size_t n)
         return mqtt_put_connack(&c->out, 0, rc) ? H_CLOSE : H_OK;
     }
     c->ses.cl.authenticated = 1;
+    /* kept (a new persistent session too, so a restart finds it), or a session a
+     * clean CONNECT ends gone from the store: CONNACK once the log holds that */
+    if (k.clean) {
+        int n = 0;
+        if (argv_key(m, b->session_prefix, b->splen, m->sess->id, m->sess->idlen))
+            return H_CLOSE;
+        mq_arg(m, &n, "DEL", 3);
+        n++;
+        int d = run_result(m, mq_run(m, n, &need), "ending its saved session");
+        if (d != H_OK)
+            return d;
+    } else {
+        int d = run_result(m, save_session(m, &need), "saving its session");
+        if (d != H_OK)
+            return d;
+    }
     m->keepalive = k.keepalive;
     if (k.will) {
         if (!(m->will = malloc(k.will_topic.n + k.will_msg.n + 1)))
@@ -274,7 +382,9 @@ static int on_connect(struct mq_conn *m, const uint8_t *body, size_t n)
     }
     free(c->ses.cl.name); /* CLIENT LIST names it by its client id */
     c->ses.cl.name = strndup(m->sess->id, m->sess->idlen);
-    if (mqtt_put_connack(&c->out, present, 0))
+    m->connected = 1;
+    size_t at = c->out.len;
+    if (mqtt_put_connack(&c->out, m->present, 0) || ses_hold(&c->ses, at, need))
         return H_CLOSE;
     /* 4.4: unacknowledged PUBLISH and PUBREL packets are sent again */
     struct mq_sess *s = m->sess;
@@ -308,7 +418,9 @@ static int on_publish(struct mq_conn *m, int flags, const uint8_t *body, size_t 
         /* 4.3.3: a resent QoS 2 PUBLISH whose PUBREL has not come: not stored again.
          * Its first PUBREC may have been lost with a connection: this one waits for
          * everything logged so far. */
-        return ack(c, MQTT_PUBREC, pb.id, eng_log_appended(b->eng)) ? H_CLOSE : H_OK;
+        need = eng_log_appended(b->eng);
+        int h = run_result(m, save_session(m, &need), "saving its session");
+        return h != H_OK ? h : ack(c, MQTT_PUBREC, pb.id, need) ? H_CLOSE : H_OK;
     }
     int rc = store(m, pb.topic.p, pb.topic.n, pb.payload.p, pb.payload.n, pb.qos, pb.retain, &need);
     if (rc == SES_STALL)
@@ -332,7 +444,11 @@ static int on_publish(struct mq_conn *m, int flags, const uint8_t *body, size_t 
         if (!s->qos2_in && !(s->qos2_in = calloc(8192, 1)))
             return H_CLOSE;
         s->qos2_in[pb.id >> 3] |= (uint8_t)(1 << (pb.id & 7));
-        return ack(c, MQTT_PUBREC, pb.id, need) ? H_CLOSE : H_OK;
+        /* a persistent session keeps the id (not stored twice after a restart) */
+        int h = run_result(m, save_session(m, &need), "saving its session");
+        if (h == H_STALL)
+            return H_STALL; /* run again: the id is known now, the message is not stored again */
+        return h != H_OK ? h : ack(c, MQTT_PUBREC, pb.id, need) ? H_CLOSE : H_OK;
     }
     return H_OK;
 }
@@ -363,9 +479,16 @@ static int on_subscribe(struct mq_conn *m, const uint8_t *body, size_t n, int su
         }
         i++;
     }
+    uint64_t need = 0;
+    int h = run_result(m, save_session(m, &need), "saving its session");
+    if (h != H_OK) { /* (run again after a stall: the same subscriptions, the same retained messages) */
+        kvbuf_free(&retained);
+        return h;
+    }
+    size_t at = c->out.len;
     int rc = sub ? mqtt_put_suback(&c->out, id, codes, (size_t)count) : mqtt_put_ack(&c->out, MQTT_UNSUBACK, id);
     /* retained messages after the SUBACK */
-    rc = rc || kvbuf_append(&c->out, retained.p, retained.len);
+    rc = rc || ses_hold(&c->ses, at, need) || kvbuf_append(&c->out, retained.p, retained.len);
     kvbuf_free(&retained);
     return rc ? H_CLOSE : H_OK;
 }
@@ -381,10 +504,15 @@ static int on_ack(struct mq_conn *m, int type, const uint8_t *body, size_t n)
         atomic_fetch_add_explicit(&m->b->st.malformed, 1, memory_order_relaxed);
         return H_CLOSE;
     }
+    uint64_t need = 0;
     if (type == MQTT_PUBREL) { /* 4.3.3: forget the id, PUBCOMP */
-        if (s->qos2_in)
+        int known = s->qos2_in && (s->qos2_in[id >> 3] >> (id & 7) & 1);
+        if (known)
             s->qos2_in[id >> 3] &= (uint8_t)~(1 << (id & 7));
-        return mqtt_put_ack(&c->out, MQTT_PUBCOMP, id) ? H_CLOSE : H_OK;
+        int h = known ? run_result(m, save_session(m, &need), "saving its session") : H_OK;
+        if (h == H_STALL) /* run again: the id is forgotten already, saved then */
+            s->qos2_in[id >> 3] |= (uint8_t)(1 << (id & 7));
+        return h != H_OK ? h : ack(c, MQTT_PUBCOMP, id, need) ? H_CLOSE : H_OK;
     }
     struct mq_flight *f = mq_flight_find(s, id);
     if (!f) /* acknowledges nothing in flight (a duplicate): ignored */
@@ -393,10 +521,13 @@ static int on_ack(struct mq_conn *m, int type, const uint8_t *body, size_t n)
         f->state = FLIGHT_RELEASED;
         free(f->pkt);
         f->pkt = NULL;
-        return mqtt_put_ack(&c->out, MQTT_PUBREL, id) ? H_CLOSE : H_OK;
+        /* its cursor saved first: a restart must not send it again as a new message */
+        int h = run_result(m, save_session(m, &need), "saving its session");
+        return h != H_OK ? h : ack(c, MQTT_PUBREL, id, need) ? H_CLOSE : H_OK;
     }
     if ((type == MQTT_PUBACK && f->qos == 1) || (type == MQTT_PUBCOMP && f->state == FLIGHT_RELEASED)) {
         mq_flight_drop(s, f);
+        m->cursors_moved = 1; /* saved within SAVE_MS (mqtt_cron) */
         atomic_store(&s->ready, 1); /* room for links that waited */
     }
     return H_OK;
@@ -405,13 +536,13 @@ static int on_ack(struct mq_conn *m, int type, const uint8_t *body, size_t n)
 static int packet(struct mq_conn *m, const struct mqtt_frame *f, const uint8_t *body)
 {
     struct conn *c = m->c;
-    if (!m->sess && f->type != MQTT_CONNECT) {
+    if (!m->connected && f->type != MQTT_CONNECT) {
         mq_logf(m, "first packet is not CONNECT", NULL); /* 3.1.0-1 */
         return H_CLOSE;
     }
     switch (f->type) {
     case MQTT_CONNECT:
-        if (m->sess) {
+        if (m->connected) {
             mq_logf(m, "second CONNECT", NULL); /* 3.1.0-2 */
             return H_CLOSE;
         }
@@ -451,6 +582,17 @@ void mqtt_input(struct conn *c)
 {
     struct mq_conn *m = c->mq;
     struct mq_broker *b = m->b;
+    if (m->redo) { /* a save of the session stalled: it goes first */
+        int rc = save_session(m, NULL);
+        if (rc == SES_STALL) {
+            pconn_stall(c);
+            return;
+        }
+        m->redo = 0;
+        if (rc < 0)
+            kvlog_rated(&mq_bad_rate, KVLOG_WARNING, "mqtt: saving the session of %.*s failed: %s",
+                        (int)m->sess->idlen, m->sess->id, rc == -1 ? mq_run_error(m) : "out of memory");
+    }
     if (m->delivering) { /* a delivery stalled: it goes first */
         mq_deliver(m);
         if (c->closed || pconn_stalled(c))
@@ -520,6 +662,15 @@ void mqtt_closed(struct conn *c)
         else
             atomic_fetch_add_explicit(&b->st.in[m->will_qos], 1, memory_order_relaxed);
     }
+    if (m->sess && m->cursors_moved && !m->redo && !m->delivering && !c->ses.again) {
+        /* what its client acknowledged last (best effort: at worst sent again) */
+        int rc = save_session(m, NULL);
+        if (rc == SES_STALL || rc < 0)
+            kvlog_rated(&mq_bad_rate, KVLOG_WARNING, "mqtt: the session of %.*s not saved at its end: %s",
+                        (int)m->sess->idlen, m->sess->id, rc == SES_STALL ? "the store waits for memory"
+                                                          : rc == -1      ? mq_run_error(m)
+                                                                          : "out of memory");
+    }
     mq_sess_detach(b, m);
     atomic_fetch_sub_explicit(&b->st.connections, 1, memory_order_relaxed);
 }
@@ -532,13 +683,19 @@ void mqtt_cron(struct poller *p)
         if (c->closed)
             continue;
         int64_t idle = p->now - m->last_in_ms;
-        if (!m->sess && !m->waiting && idle > CONNECT_WAIT_MS) {
+        if (!m->connected && !m->waiting && idle > CONNECT_WAIT_MS) {
             mq_logf(m, "no CONNECT", NULL);
             pconn_close(c);
         } else if (m->sess && m->keepalive && idle > (int64_t)m->keepalive * 1500) {
             mq_logf(m, "keep alive expired", NULL); /* 3.1.2-24: 1.5 times the keep alive */
             pconn_close(c);
         } else if (m->waiting) {
+            mqtt_input(c);
+            if (!c->closed)
+                pconn_pending(c);
+        } else if (m->cursors_moved && p->now - m->saved_ms >= SAVE_MS && !m->redo && !m->delivering &&
+                   !pconn_stalled(c)) {
+            m->redo = 1; /* save what its client acknowledged */
             mqtt_input(c);
             if (!c->closed)
                 pconn_pending(c);

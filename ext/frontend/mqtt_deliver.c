@@ -37,11 +37,11 @@ void mq_flight_drop(struct mq_sess *s, struct mq_flight *f)
     *f = s->flight[--s->nflight];
 }
 
-int mq_send_publish(struct mq_sess *s, struct kvbuf *out, int qos, int retain, const char *topic, size_t tlen,
-                    const void *payload, size_t plen)
+int mq_send_publish(struct mq_sess *s, struct kvbuf *out, int qos, int retain, struct mq_topic *topic,
+                    struct mq_id eid, const void *payload, size_t plen)
 {
     if (qos == 0)
-        return mqtt_put_publish(out, 0, retain, 0, 0, topic, tlen, payload, plen);
+        return mqtt_put_publish(out, 0, retain, 0, 0, topic->name, topic->n, payload, plen);
     if (s->nflight == s->capflight) {
         int nc = s->capflight ? s->capflight * 2 : 16;
         struct mq_flight *v = realloc(s->flight, sizeof *v * (size_t)nc);
@@ -55,9 +55,11 @@ int mq_send_publish(struct mq_sess *s, struct kvbuf *out, int qos, int retain, c
         id++;
     s->next_id = (uint16_t)(id + 1);
     size_t at = out->len;
-    if (mqtt_put_publish(out, qos, retain, 0, id, topic, tlen, payload, plen))
+    if (mqtt_put_publish(out, qos, retain, 0, id, topic->name, topic->n, payload, plen))
         return -ENOMEM;
     struct mq_flight *f = &s->flight[s->nflight];
+    f->topic = retain ? NULL : topic;
+    f->eid = eid;
     f->len = out->len - at;
     if (!(f->pkt = malloc(f->len)))
         return -ENOMEM;
@@ -97,6 +99,12 @@ static int rr_bulk(struct rr *r, const char **s, size_t *n)
     *n = (size_t)len;
     r->p += len + 2;
     return 0;
+}
+
+int mq_reply_bulk(struct mq_conn *m, const char **v, size_t *n)
+{
+    struct rr r = {m->scratch.p, m->scratch.p + m->scratch.len};
+    return rr_bulk(&r, v, n);
 }
 
 static int parse_id(const char *s, size_t n, struct mq_id *id)
@@ -168,7 +176,7 @@ static int send_entries(struct mq_conn *m, long long count)
             if (qos > k->qos)
                 qos = k->qos;
             /* 3.3.1-9: RETAIN is 0 on messages for established subscriptions */
-            if (mq_send_publish(m->sess, &c->out, qos, 0, k->topic->name, k->topic->n, payload, plen))
+            if (mq_send_publish(m->sess, &c->out, qos, 0, k->topic, id, payload, plen))
                 return -ENOMEM;
             atomic_fetch_add_explicit(&b->st.out[qos], 1, memory_order_relaxed);
             k->last = id;

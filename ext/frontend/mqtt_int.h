@@ -29,6 +29,7 @@ struct mq_topic {
     struct list links;           /* mq_link.tnode: sessions whose filters match it */
     struct kvbuf retained;       /* its retained message: QoS byte, then the payload */
     int has_retained;
+    int indexed;                 /* in the topic index (the hash <prefix>), or being put there */
     size_t n;
     char name[];                 /* the topic (without the prefix) */
 };
@@ -54,6 +55,8 @@ struct mq_filter {
 
 /* A PUBLISH sent with QoS 1 or 2 and not yet acknowledged. */
 struct mq_flight {
+    struct mq_topic *topic;      /* the message's topic (NULL: a retained copy) */
+    struct mq_id eid;            /* and its stream entry */
     uint16_t id;
     uint8_t state;               /* FLIGHT_PUBLISHED, FLIGHT_RELEASED (QoS 2: PUBREL sent) */
     uint8_t qos;
@@ -104,6 +107,14 @@ struct mq_conn {
     size_t argl[136];
     struct mq_link *dlinks[64];  /* the links the stalled XREAD reads */
     int ndlinks;
+    int connected;               /* its CONNECT was accepted */
+    int present;                 /* its CONNECT found the session (kept across a stall) */
+    char *saved;                 /* the session as its key held it (a CONNECT loading it) */
+    size_t savedlen;
+    int loaded;                  /* that key was read (saved NULL: there was none) */
+    int redo;                    /* an internal request stalled: REDO_* runs again first */
+    int cursors_moved;           /* acknowledgements moved cursors since the session was saved */
+    int64_t saved_ms;            /* when (CLOCK_MONOTONIC_COARSE) */
     char *will;                  /* topic, then message; NULL: none */
     size_t will_tlen, will_mlen;
     int will_qos, will_retain;
@@ -116,8 +127,8 @@ struct mq_stats {
 struct mq_broker {
     struct kv_engine *eng;
     pthread_mutex_t lock;
-    char *prefix, *retained_prefix;
-    size_t plen, rplen;
+    char *prefix, *retained_prefix, *session_prefix;
+    size_t plen, rplen, splen;
     /* topics and sessions by hash (chained; grown by doubling) */
     struct mq_topic **topics;
     size_t ntopics, tcap;
@@ -125,6 +136,7 @@ struct mq_broker {
     size_t nsess, scap;
     struct list sessions;
     uint64_t next_auto;          /* ids given to clients that sent none */
+    _Atomic int indexed;         /* the topic index was read (mq_load_index) */
     struct mq_stats st;
 };
 
@@ -133,9 +145,24 @@ struct mq_broker {
 /* The session of client id (found, or new; an old one taken over is ended first when
  * clean): 1 found (session present), 0 new, -EBUSY its connection is still attached
  * (that one is shut down: try again once it is gone), -ENOSPC mqtt_max_sessions
- * reached, -ENOMEM. Attaches m to it on 0 and 1. */
+ * reached, -ENOMEM. Attaches m to it on 0 and 1 (and on a second call by m: 1). A
+ * new persistent session is restored from saved (mq_sess_save's bytes) if given. */
 int mq_sess_attach(struct mq_broker *b, struct mq_conn *m, const char *id, size_t idlen, int clean, int evfd,
-                   struct mq_poller *mp);
+                   struct mq_poller *mp, const char *saved, size_t savedlen);
+/* A topic just written by MQTT: 1 if it must be put in the topic index (the hash
+ * whose key is the prefix itself, which no topic can be: HKEYS lists every topic
+ * published), which the caller does; 0 if it is there already. */
+int mq_topic_claim(struct mq_broker *b, const char *topic, size_t tlen);
+/* The index read back (a RESP array of topics, HKEYS's reply): every topic known,
+ * linked to the sessions whose filters match it. 0 or -ENOMEM. */
+int mq_load_index(struct mq_broker *b, const char *reply, size_t n);
+/* Is a session of client id in memory? */
+int mq_sess_known(struct mq_broker *b, const char *id, size_t idlen);
+/* A persistent session as bytes (its filters, the cursors of its links up to what
+ * its client acknowledged, the QoS 2 ids it received and has not seen released)
+ * appended to out: what the key <mqtt_session_prefix><client id> holds, read back
+ * by mq_sess_attach after a restart. 0 or -ENOMEM. */
+int mq_sess_save(struct mq_broker *b, struct mq_sess *s, struct kvbuf *out);
 /* m's connection is gone: detach its session; a clean one is ended. */
 void mq_sess_detach(struct mq_broker *b, struct mq_conn *m);
 /* Subscribe s to filter f (granted qos); existing links keep their cursors. Appends
@@ -169,6 +196,8 @@ void mq_arg(struct mq_conn *m, int *n, const void *s, size_t len);
  * -1 when the reply is an error (mq_run_error: its text), or -ENOMEM. */
 int mq_run(struct mq_conn *m, int argc, uint64_t *need);
 const char *mq_run_error(struct mq_conn *m);
+/* The bulk string mq_run's reply is: 0 and its bytes, or -1 (nil, or not a bulk). */
+int mq_reply_bulk(struct mq_conn *m, const char **v, size_t *n);
 /* Bytes queued to c and not yet sent. */
 size_t mq_backlog(const struct conn *c);
 /* Deliver what the session's raised links have (mqtt_deliver.c). */
@@ -178,7 +207,7 @@ void mq_flight_drop(struct mq_sess *s, struct mq_flight *f);
 
 /* Queue a QoS 1/2 PUBLISH of s for acknowledgement (its packet id taken from the
  * session): appends the packet to out. 0 or -ENOMEM. */
-int mq_send_publish(struct mq_sess *s, struct kvbuf *out, int qos, int retain, const char *topic, size_t tlen,
-                    const void *payload, size_t plen);
+int mq_send_publish(struct mq_sess *s, struct kvbuf *out, int qos, int retain, struct mq_topic *topic,
+                    struct mq_id eid, const void *payload, size_t plen);
 
 #endif
