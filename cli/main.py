@@ -252,6 +252,16 @@ def recover(data_dir, max_memory, check_only, from_peer, repl_secret_file, repl_
                                           "replies matched by id; lost replies count as timeouts.")
 @click.option("--timeout-ms", default=500, show_default=True, help="--udp: a request without a reply after this "
                                                                     "long counts as a timeout.")
+@click.option("--mqtt", is_flag=True, help="MQTT 3.1.1 instead of RESP (kvstore --mqtt-port, Mosquitto, any "
+                                           "broker): -c publishers each keeping -P messages of -d bytes in flight "
+                                           "to topics t/<i mod --topics>, and --subscribers clients subscribed to "
+                                           "t/#; reports published and delivered msg/s and publish-to-delivery "
+                                           "latency. -p is the MQTT port.")
+@click.option("--qos", type=click.IntRange(0, 2), default=0, show_default=True, help="--mqtt: publishers' QoS.")
+@click.option("--subscribers", default=0, show_default=True, help="--mqtt: subscribers, each getting every message.")
+@click.option("--sub-qos", type=click.IntRange(0, 2), default=0, show_default=True,
+              help="--mqtt: the subscriptions' QoS (a message is delivered at the lower of the two).")
+@click.option("--topics", default=64, show_default=True, help="--mqtt: distinct topics published to.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def bench(as_json, **kw):
     """Load a server and report throughput and latency percentiles.
@@ -259,8 +269,11 @@ def bench(as_json, **kw):
     Works against kvstore and any RESP server (Redis), or memcached with
     --protocol memcache. Give --requests and/or --duration (default: 10 s)."""
     consume = {k: kw.pop(k) for k in ("consume", "group", "count", "ack")}
+    mq = {k: kw.pop(k) for k in ("mqtt", "qos", "subscribers", "sub_qos", "topics")}
     if consume["consume"]:
         return _consume(as_json, kw, consume)
+    if mq["mqtt"]:
+        return _mqtt(as_json, kw, mq)
     if not kw["requests"] and not kw["duration"]:
         kw["duration"] = 10.0
     limit = f"{kw['duration']:g} s" if kw["duration"] else f"{kw['requests']} requests"
@@ -288,6 +301,28 @@ def bench(as_json, **kw):
     if r["errors"]:
         click.echo(f"first error: {r['first_error']}", err=True)
         sys.exit(1)
+
+
+def _mqtt(as_json, kw, mq):
+    if not kw["requests"] and not kw["duration"]:
+        kw["duration"] = 10.0
+    try:
+        r = benchmod.mqtt(host=kw["host"], port=kw["port"], threads=kw["threads"], conns=kw["conns"],
+                          qos=mq["qos"], window=kw["pipeline"], msg_size=kw["value_size"], topics=mq["topics"],
+                          duration=kw["duration"], messages=kw["requests"], subscribers=mq["subscribers"],
+                          sub_qos=mq["sub_qos"])
+    except KVError as e:
+        _fail(e)
+    if as_json:
+        click.echo(json.dumps(r, indent=2))
+        return
+    ack = {0: "confirmed by PINGRESP", 1: "PUBACKed", 2: "PUBCOMPed"}[mq["qos"]]
+    click.echo(f"{r['messages']} messages published ({ack}) in {r['elapsed']:.2f} s: {r['throughput']:,.0f} msg/s; "
+               f"publish to {ack.split()[-1]} us: p50 {r['lat_p50_us']:.1f}  p99 {r['lat_p99_us']:.1f}")
+    if mq["subscribers"]:
+        click.echo(f"{r['delivered']} deliveries to {mq['subscribers']} subscribers: {r['deliver_throughput']:,.0f} "
+                   f"msg/s; publish to delivery us: p50 {r['dlat_p50_us']:.1f}  p99 {r['dlat_p99_us']:.1f}  "
+                   f"p99.9 {r['dlat_p999_us']:.1f}")
 
 
 def _consume(as_json, kw, c):

@@ -125,10 +125,12 @@ def consume(host="127.0.0.1", port=6380, threads=2, conns=8, streams=64, group="
 
 
 def mqtt(host="127.0.0.1", port=1883, threads=2, conns=8, qos=0, window=16, msg_size=85, topics=64,
-         duration=0.0, messages=0, seed=1, progress=None):
-    """MQTT 3.1.1 publishers (C, ext/bench/mqttgen.h): conns clients publishing msg_size-byte
-    messages to topics t/<i mod topics>, `window` in flight each (QoS 1: unacknowledged
-    PUBLISHes; QoS 0: rounds closed by a PINGREQ/PINGRESP). Returns struct mq_result's fields."""
+         duration=0.0, messages=0, seed=1, subscribers=0, sub_qos=0, progress=None):
+    """MQTT 3.1.1 publishers and subscribers (C, ext/bench/mqttgen.h): conns clients publishing
+    msg_size-byte messages to topics t/<i mod topics>, `window` in flight each (QoS 1 and 2:
+    unacknowledged PUBLISHes; QoS 0: rounds closed by a PINGREQ/PINGRESP), and `subscribers`
+    clients subscribed to t/# with QoS sub_qos, each receiving every message (latency: publish
+    to delivery). Returns struct mq_result's fields."""
     if not duration and not messages:
         raise ConfigError("give a duration in seconds or a message count, or both")
     keep = [ffi.new("char[]", host.encode())]
@@ -136,6 +138,7 @@ def mqtt(host="127.0.0.1", port=1883, threads=2, conns=8, qos=0, window=16, msg_
     cfg.host = keep[0]
     cfg.port, cfg.threads, cfg.conns, cfg.qos, cfg.window = port, threads, conns, qos, window
     cfg.msg_size, cfg.topics, cfg.duration, cfg.messages, cfg.seed = msg_size, topics, duration, messages, seed
+    cfg.subscribers, cfg.sub_qos = subscribers, sub_qos
     stop = ffi.new("int *")
     cfg.stop = stop
     res = ffi.new("struct mq_result *")

@@ -28,13 +28,15 @@
 
 struct mclient {
     int fd;
+    int sub;                    /* a subscriber */
     char topic[24];
     size_t tlen;
     char *obuf;                 /* queued output, sent from ooff */
     size_t olen, ooff, ocap;
     unsigned char rbuf[RBUF];
     size_t rlen;
-    uint64_t *sent;             /* QoS 1: send time by packet id (1..window), 0 = free */
+    uint64_t *sent;             /* QoS 1, 2: send time by packet id (1..window), 0 = free */
+    unsigned char *released;    /* QoS 2: PUBREC came, PUBREL sent, by packet id */
     int next_id, inflight;
     uint64_t round_t;           /* QoS 0: the round's start, 0 when none is out */
 };
@@ -44,10 +46,12 @@ struct mworker {
     struct mclient *c;
     int n, fail;
     pthread_t th;
-    uint64_t deadline, first, last, messages;
+    uint64_t deadline, first, last, messages, stopped;
     _Atomic uint64_t *budget;
     char *payload;
     uint64_t hist[HIST_LEN];
+    uint64_t delivered, last_delivery;
+    uint64_t dhist[HIST_LEN];   /* publish to delivery */
     char error[256];
 };
 
@@ -108,8 +112,27 @@ static int publish(struct mworker *w, struct mclient *c, int id)
     memcpy(p + at, c->topic, c->tlen), at += c->tlen;
     if (cfg->qos)
         p[at++] = (unsigned char)(id >> 8), p[at++] = (unsigned char)id;
-    memcpy(p + at, w->payload, (size_t)cfg->msg_size), at += (size_t)cfg->msg_size;
+    memcpy(p + at, w->payload, (size_t)cfg->msg_size);
+    if (cfg->msg_size >= 8) {
+        uint64_t t = now_ns();
+        memcpy(p + at, &t, 8); /* its send time, for the subscribers */
+    }
+    at += (size_t)cfg->msg_size;
     c->olen += at;
+    return 0;
+}
+
+/* Queue a 4-byte acknowledgement (PUBACK, PUBREC, PUBREL, PUBCOMP). */
+static int put_ack(struct mclient *c, int type, int id)
+{
+    if (reserve(c, 4))
+        return -ENOMEM;
+    unsigned char *p = (unsigned char *)c->obuf + c->olen;
+    p[0] = (unsigned char)(type << 4 | (type == 6 ? 2 : 0));
+    p[1] = 2;
+    p[2] = (unsigned char)(id >> 8);
+    p[3] = (unsigned char)id;
+    c->olen += 4;
     return 0;
 }
 
@@ -131,7 +154,7 @@ static int take(struct mworker *w, int n)
 static int refill(struct mworker *w, struct mclient *c, int sending)
 {
     const struct mq_config *cfg = w->cfg;
-    if (!sending)
+    if (!sending || c->sub)
         return 0;
     if (cfg->qos == 0) {
         if (c->round_t)
@@ -174,6 +197,41 @@ static void done_msgs(struct mworker *w, uint64_t n, uint64_t lat, uint64_t t)
     w->last = t;
 }
 
+/* A subscriber's packet: a PUBLISH (acknowledged as its QoS asks, its latency
+ * filed), a PUBREL (PUBCOMP), a PINGRESP. 0 or -1 (failed). */
+static int deliver(struct mworker *w, struct mclient *c, const unsigned char *p, size_t hl, size_t len, uint64_t t)
+{
+    int type = p[0] >> 4, qos = (p[0] >> 1) & 3;
+    const unsigned char *b = p + hl;
+    if (type == 6 && len == 2) /* PUBREL: PUBCOMP */
+        return put_ack(c, 7, b[0] << 8 | b[1]) ? fail(w, -ENOMEM, "out of memory") : 0;
+    if (type != 3)
+        return fail(w, -EPROTO, "unexpected packet type %d (%zu bytes) to a subscriber", type, len);
+    if (len < 2 || qos == 3)
+        return fail(w, -EPROTO, "a malformed PUBLISH to a subscriber");
+    size_t tl = (size_t)(b[0] << 8 | b[1]), at = 2 + tl;
+    int id = 0;
+    if (qos) {
+        if (at + 2 > len)
+            return fail(w, -EPROTO, "a PUBLISH without its packet id");
+        id = b[at] << 8 | b[at + 1];
+        at += 2;
+    }
+    if (at > len)
+        return fail(w, -EPROTO, "a PUBLISH shorter than its topic");
+    if (len - at >= 8 && (size_t)w->cfg->msg_size >= 8) {
+        uint64_t sent;
+        memcpy(&sent, b + at, 8);
+        if (sent && sent <= t)
+            w->dhist[hist_index(t - sent)]++;
+    }
+    w->delivered++;
+    w->last_delivery = t;
+    if (qos && put_ack(c, qos == 1 ? 4 : 5, id))
+        return fail(w, -ENOMEM, "out of memory");
+    return 0;
+}
+
 /* Parse the complete packets in c->rbuf. 0, or -1 (failed). */
 static int parse(struct mworker *w, struct mclient *c)
 {
@@ -188,13 +246,31 @@ static int parse(struct mworker *w, struct mclient *c)
             len |= (size_t)(p[i] & 0x7f) << shift;
             more = p[i] & 0x80;
         }
-        if (more || len > MAX_PACKET)
+        if (more || len > (c->sub ? RBUF - 8 : MAX_PACKET))
             return fail(w, -EPROTO, "a packet from the broker with a bad remaining length");
         if (c->rlen - at < i + len)
             break;
         uint64_t t = now_ns();
         int type = p[0] >> 4;
-        if (type == 4 && len == 2 && w->cfg->qos == 1) { /* PUBACK */
+        if (c->sub) {
+            if (deliver(w, c, p, i, len, t))
+                return -1;
+        } else if (type == 5 && len == 2 && w->cfg->qos == 2) { /* PUBREC: PUBREL */
+            int id = p[i] << 8 | p[i + 1];
+            if (id < 1 || id > w->cfg->window || !c->sent[id] || c->released[id])
+                return fail(w, -EPROTO, "PUBREC for packet id %d, which is not in flight", id);
+            c->released[id] = 1;
+            if (put_ack(c, 6, id))
+                return fail(w, -ENOMEM, "out of memory");
+        } else if (type == 7 && len == 2 && w->cfg->qos == 2) { /* PUBCOMP */
+            int id = p[i] << 8 | p[i + 1];
+            if (id < 1 || id > w->cfg->window || !c->released[id])
+                return fail(w, -EPROTO, "PUBCOMP for packet id %d, which was not released", id);
+            done_msgs(w, 1, t - c->sent[id], t);
+            c->sent[id] = 0;
+            c->released[id] = 0;
+            c->inflight--;
+        } else if (type == 4 && len == 2 && w->cfg->qos == 1) { /* PUBACK */
             int id = p[i] << 8 | p[i + 1];
             if (id < 1 || id > w->cfg->window || !c->sent[id])
                 return fail(w, -EPROTO, "PUBACK for packet id %d, which is not in flight", id);
@@ -239,9 +315,15 @@ static void *worker_main(void *arg)
             out += c->inflight > 0;
             pf[i] = (struct pollfd){.fd = c->fd, .events = POLLIN | (c->olen > c->ooff ? POLLOUT : 0)};
         }
-        if (w->fail || (!sending && !out))
+        int subs = 0;
+        for (int i = 0; i < w->n; i++)
+            subs += w->c[i].sub;
+        uint64_t quiet = t - (w->last_delivery > w->stopped ? w->last_delivery : w->stopped);
+        if (!sending && !w->stopped)
+            w->stopped = t;
+        if (w->fail || (!sending && !out && (!subs || quiet > 500000000ull)))
             break;
-        if (!sending && t > w->deadline + 2000000000ull && w->deadline)
+        if (!sending && t > w->stopped + 5000000000ull)
             break; /* replies that never came: give up on them */
         if (poll(pf, (nfds_t)w->n, 20) < 0 && errno != EINTR) {
             fail(w, -errno, "poll: %s", strerror(errno));
@@ -302,6 +384,15 @@ static int connect_client(const struct mq_config *cfg, struct mclient *c, const 
                  ack[0], ack[1], ack[2], ack[3]);
         return -ECONNREFUSED;
     }
+    if (c->sub) { /* SUBSCRIBE t/# and its SUBACK */
+        unsigned char sp[] = {0x82, 8, 0, 1, 0, 3, 't', '/', '#', (unsigned char)cfg->sub_qos};
+        unsigned char sa[5];
+        if (send(c->fd, sp, sizeof sp, MSG_NOSIGNAL) != (ssize_t)sizeof sp ||
+            recv(c->fd, sa, 5, MSG_WAITALL) != 5 || sa[0] != 0x90 || sa[4] > 2) {
+            snprintf(err, errlen, "MQTT SUBSCRIBE to %s:%d: no SUBACK granting it", cfg->host, cfg->port);
+            return -EPROTO;
+        }
+    }
     fcntl(c->fd, F_SETFL, fcntl(c->fd, F_GETFL) | O_NONBLOCK);
     return 0;
 }
@@ -318,7 +409,10 @@ int mq_run(const struct mq_config *cfg, struct mq_result *out)
     if (cfg->threads < 1 || cfg->threads > 256) BAD("threads: expected 1..256, got %d", cfg->threads);
     if (cfg->conns < cfg->threads || cfg->conns > 10000)
         BAD("conns (clients): expected %d..10000, got %d", cfg->threads, cfg->conns);
-    if (cfg->qos != 0 && cfg->qos != 1) BAD("qos: expected 0 or 1, got %d", cfg->qos);
+    if (cfg->qos < 0 || cfg->qos > 2) BAD("qos: expected 0, 1 or 2, got %d", cfg->qos);
+    if (cfg->sub_qos < 0 || cfg->sub_qos > 2) BAD("subscriber qos: expected 0, 1 or 2, got %d", cfg->sub_qos);
+    if (cfg->subscribers < 0 || cfg->subscribers > 10000)
+        BAD("subscribers: expected 0..10000, got %d", cfg->subscribers);
     if (cfg->window < 1 || cfg->window > 65535) BAD("window: expected 1..65535, got %d", cfg->window);
     if (cfg->msg_size < 0 || cfg->msg_size > 65536) BAD("message size: expected 0..65536, got %d", cfg->msg_size);
     if (cfg->topics < 1 || cfg->topics > 1000000) BAD("topics: expected 1..1000000, got %d", cfg->topics);
@@ -335,10 +429,12 @@ int mq_run(const struct mq_config *cfg, struct mq_result *out)
     for (int i = 0; i < cfg->msg_size; i++)
         payload[i] = (char)('a' + i % 26);
     uint64_t t0 = now_ns();
+    int nsub = 0;
     for (int t = 0, next = 0; t < nt && !rc; t++) {
         struct mworker *w = &ws[t];
         w->cfg = cfg, w->budget = &budget, w->payload = payload;
-        w->n = cfg->conns / nt + (t < cfg->conns % nt);
+        int pubs = cfg->conns / nt + (t < cfg->conns % nt), subs = cfg->subscribers / nt + (t < cfg->subscribers % nt);
+        w->n = pubs + subs;
         w->deadline = cfg->duration > 0 ? t0 + (uint64_t)(cfg->duration * 1e9) : 0;
         w->c = calloc((size_t)w->n, sizeof *w->c);
         if (!w->c) {
@@ -348,11 +444,20 @@ int mq_run(const struct mq_config *cfg, struct mq_result *out)
         }
         for (int i = 0; i < w->n; i++)
             w->c[i].fd = -1;
-        for (int i = 0; i < w->n && !rc; i++, next++) {
+        /* subscribers first: every message published finds them subscribed */
+        for (int i = pubs; i < w->n && !rc; i++, nsub++) {
+            struct mclient *c = &w->c[i];
+            c->sub = 1;
+            char cid[64];
+            snprintf(cid, sizeof cid, "kvbench-%llu-s%d", (unsigned long long)cfg->seed, nsub);
+            rc = connect_client(cfg, c, cid, out->error, sizeof out->error);
+        }
+        for (int i = 0; i < pubs && !rc; i++, next++) {
             struct mclient *c = &w->c[i];
             c->tlen = (size_t)snprintf(c->topic, sizeof c->topic, "t/%d", next % cfg->topics);
             c->next_id = 1;
-            if (cfg->qos && !(c->sent = calloc((size_t)cfg->window + 1, sizeof *c->sent))) {
+            if (cfg->qos && (!(c->sent = calloc((size_t)cfg->window + 1, sizeof *c->sent)) ||
+                             !(c->released = calloc((size_t)cfg->window + 1, 1)))) {
                 rc = -ENOMEM;
                 snprintf(out->error, sizeof out->error, "out of memory");
                 break;
@@ -369,7 +474,8 @@ int mq_run(const struct mq_config *cfg, struct mq_result *out)
         }
     for (int t = 0; t < started; t++)
         pthread_join(ws[t].th, NULL);
-    uint64_t first = 0, last = 0, *hist = calloc(HIST_LEN, sizeof *hist);
+    uint64_t first = 0, last = 0, dlast = 0, *hist = calloc(HIST_LEN, sizeof *hist);
+    uint64_t *dhist = calloc(HIST_LEN, sizeof *dhist);
     for (int t = 0; t < nt; t++) {
         struct mworker *w = &ws[t];
         out->messages += w->messages;
@@ -381,6 +487,10 @@ int mq_run(const struct mq_config *cfg, struct mq_result *out)
         }
         for (unsigned i = 0; hist && i < HIST_LEN; i++)
             hist[i] += w->hist[i];
+        for (unsigned i = 0; dhist && i < HIST_LEN; i++)
+            dhist[i] += w->dhist[i];
+        out->delivered += w->delivered;
+        if (w->last_delivery > dlast) dlast = w->last_delivery;
         for (int i = 0; w->c && i < w->n; i++) {
             if (w->c[i].fd >= 0) {
                 send(w->c[i].fd, "\xe0\0", 2, MSG_NOSIGNAL | MSG_DONTWAIT); /* DISCONNECT */
@@ -388,6 +498,7 @@ int mq_run(const struct mq_config *cfg, struct mq_result *out)
             }
             free(w->c[i].obuf);
             free(w->c[i].sent);
+            free(w->c[i].released);
         }
         free(w->c);
     }
@@ -398,6 +509,19 @@ int mq_run(const struct mq_config *cfg, struct mq_result *out)
         out->lat_p50_us = percentile(hist, out->messages, 0.50, clamp);
         out->lat_p99_us = percentile(hist, out->messages, 0.99, clamp);
     }
+    if (out->delivered && dhist) {
+        uint64_t clamp = 100ull * 1000000000ull, n = 0;
+        for (unsigned i = 0; i < HIST_LEN; i++)
+            n += dhist[i];
+        double el = dlast > first ? (double)(dlast - first) / 1e9 : 0;
+        out->deliver_throughput = el > 0 ? (double)out->delivered / el : 0;
+        if (n) {
+            out->dlat_p50_us = percentile(dhist, n, 0.50, clamp);
+            out->dlat_p99_us = percentile(dhist, n, 0.99, clamp);
+            out->dlat_p999_us = percentile(dhist, n, 0.999, clamp);
+        }
+    }
+    free(dhist);
     free(hist);
     free(payload);
     free(ws);
