@@ -22,6 +22,9 @@
 
 static uint64_t hash(const void *p, size_t n) { return kvt_hash(p, n); }
 
+/* The topic the last tap on this thread found (topics live as long as the broker). */
+static __thread struct mq_topic *tapped;
+
 /* ---- hash tables (chained through the first member) */
 
 #define CHAIN(T) T *hnext
@@ -169,6 +172,7 @@ void mq_tap(void *arg, const void *key, size_t klen)
     struct mq_broker *b = arg;
     const char *name = (const char *)key + b->plen;
     size_t n = klen - b->plen;
+    tapped = NULL;
     if (!mqtt_topic_ok((const uint8_t *)name, n))
         return; /* a key under the prefix that no client could subscribe to */
     pthread_mutex_lock(&b->lock);
@@ -177,17 +181,14 @@ void mq_tap(void *arg, const void *key, size_t klen)
         for (struct list *l = t->links.next; l != &t->links; l = l->next)
             raise_link(list_entry(l, struct mq_link, tnode));
     pthread_mutex_unlock(&b->lock);
+    tapped = t;
 }
 
-int mq_topic_claim(struct mq_broker *b, const char *topic, size_t tlen)
+int mq_topic_claim(void)
 {
-    pthread_mutex_lock(&b->lock);
-    struct mq_topic *t = topic_get(b, topic, tlen);
-    int claim = t && !t->indexed;
-    if (t)
-        t->indexed = 1;
-    pthread_mutex_unlock(&b->lock);
-    return claim;
+    struct mq_topic *t = tapped;
+    tapped = NULL;
+    return t && !atomic_exchange_explicit(&t->indexed, 1, memory_order_relaxed);
 }
 
 int mq_load_index(struct mq_broker *b, const char *p, size_t n)
@@ -213,7 +214,7 @@ int mq_load_index(struct mq_broker *b, const char *p, size_t n)
             continue;
         struct mq_topic *t = topic_get(b, name, (size_t)len);
         if (t)
-            t->indexed = 1;
+            atomic_store_explicit(&t->indexed, 1, memory_order_relaxed);
         else
             rc = -ENOMEM;
     }

@@ -22,6 +22,7 @@
 #include "frontend/poller_int.h"
 #include "frontend/tcp.h"
 #include "proto/mqtt.h"
+#include "proto/resp.h"
 
 #define CONNECT_WAIT_MS 10000 /* a connection that sends no CONNECT in this time is closed */
 
@@ -149,7 +150,7 @@ static int store(struct mq_conn *m, const void *topic, size_t tlen, const void *
     int rc;
     if (m->step == PUB_XADD) {
         if (!s->again) /* the same time when run again after a stall */
-            snprintf(m->at, sizeof m->at, "%" PRId64, unix_ms());
+            m->at[resp_ll2str(m->at, unix_ms())] = 0;
         if (argv_key(m, b->prefix, b->plen, topic, tlen))
             return -ENOMEM;
         int n = 0;
@@ -175,7 +176,7 @@ static int store(struct mq_conn *m, const void *topic, size_t tlen, const void *
         mq_arg(m, &n, m->at, strlen(m->at));
         if ((rc = mq_run(m, n, need)) == SES_STALL || rc < 0)
             return rc;
-        m->step = mq_topic_claim(b, topic, tlen) ? PUB_INDEX : PUB_RETAIN;
+        m->step = mq_topic_claim() ? PUB_INDEX : PUB_RETAIN;
     }
     if (m->step == PUB_INDEX) { /* a topic new to this run: in the index a restart reads */
         int n = 0;

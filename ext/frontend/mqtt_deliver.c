@@ -16,6 +16,7 @@
 #include "frontend/mqtt_int.h"
 #include "frontend/poller_int.h"
 #include "proto/mqtt.h"
+#include "proto/resp.h"
 
 #define DELIVER_KEYS 64   /* streams one XREAD reads */
 #define DELIVER_COUNT 64  /* entries it reads from each */
@@ -107,14 +108,40 @@ int mq_reply_bulk(struct mq_conn *m, const char **v, size_t *n)
     return rr_bulk(&r, v, n);
 }
 
+/* "<ms>-<seq>" (as this server formats IDs) */
 static int parse_id(const char *s, size_t n, struct mq_id *id)
 {
-    char buf[48];
-    if (n >= sizeof buf)
+    uint64_t v[2] = {0, 0};
+    int part = 0, digits = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '-' && part == 0 && digits) {
+            part = 1, digits = 0;
+        } else if (s[i] >= '0' && s[i] <= '9' && digits < 20) {
+            v[part] = v[part] * 10 + (uint64_t)(s[i] - '0');
+            digits++;
+        } else {
+            return -1;
+        }
+    }
+    if (part != 1 || !digits)
         return -1;
-    memcpy(buf, s, n);
-    buf[n] = 0;
-    return sscanf(buf, "%" SCNu64 "-%" SCNu64, &id->ms, &id->seq) == 2 ? 0 : -1;
+    id->ms = v[0];
+    id->seq = v[1];
+    return 0;
+}
+
+/* Append "<ms>-<seq>" to b. 0 or -ENOMEM. */
+static int put_id(struct kvbuf *b, struct mq_id id)
+{
+    char t[48];
+    int n = resp_ll2str(t, (long long)id.ms); /* (ms fits: < 2^63 for any real clock) */
+    t[n++] = '-';
+    if (id.seq > (uint64_t)INT64_MAX) { /* UINT64_MAX: "every ID of that ms" */
+        n += snprintf(t + n, sizeof t - (size_t)n, "%" PRIu64, id.seq);
+    } else {
+        n += resp_ll2str(t + n, (long long)id.seq);
+    }
+    return kvbuf_append(b, t, (size_t)n);
 }
 
 static int flight_room(const struct mq_conn *m)
@@ -227,7 +254,7 @@ void mq_deliver(struct mq_conn *m)
             mq_arg(m, &a, "XREAD", 5);
             mq_arg(m, &a, "COUNT", 5);
             char cnt[24];
-            snprintf(cnt, sizeof cnt, "%lld", count);
+            cnt[resp_ll2str(cnt, count)] = 0;
             size_t offs[2 * DELIVER_KEYS + 1], lens[2 * DELIVER_KEYS];
             int nk = m->ndlinks;
             for (int i = 0; i < nk; i++) {
@@ -239,7 +266,7 @@ void mq_deliver(struct mq_conn *m)
             }
             for (int i = 0; i < nk; i++) {
                 offs[nk + i] = m->args.len;
-                if (kvbuf_printf(&m->args, "%" PRIu64 "-%" PRIu64, m->dlinks[i]->last.ms, m->dlinks[i]->last.seq))
+                if (put_id(&m->args, m->dlinks[i]->last))
                     goto nomem;
                 lens[nk + i] = m->args.len - offs[nk + i];
             }

@@ -29,7 +29,7 @@ struct mq_topic {
     struct list links;           /* mq_link.tnode: sessions whose filters match it */
     struct kvbuf retained;       /* its retained message: QoS byte, then the payload */
     int has_retained;
-    int indexed;                 /* in the topic index (the hash <prefix>), or being put there */
+    _Atomic int indexed;         /* in the topic index (the hash <prefix>), or being put there */
     size_t n;
     char name[];                 /* the topic (without the prefix) */
 };
@@ -149,10 +149,11 @@ struct mq_broker {
  * new persistent session is restored from saved (mq_sess_save's bytes) if given. */
 int mq_sess_attach(struct mq_broker *b, struct mq_conn *m, const char *id, size_t idlen, int clean, int evfd,
                    struct mq_poller *mp, const char *saved, size_t savedlen);
-/* A topic just written by MQTT: 1 if it must be put in the topic index (the hash
- * whose key is the prefix itself, which no topic can be: HKEYS lists every topic
- * published), which the caller does; 0 if it is there already. */
-int mq_topic_claim(struct mq_broker *b, const char *topic, size_t tlen);
+/* After an XADD by MQTT on this thread: 1 if its topic must be put in the topic
+ * index (the hash whose key is the prefix itself, which no topic can be: HKEYS lists
+ * every topic published), which the caller does; 0 if it is there already. The tap
+ * (which that XADD ran) left the topic in a thread-local: no lock. */
+int mq_topic_claim(void);
 /* The index read back (a RESP array of topics, HKEYS's reply): every topic known,
  * linked to the sessions whose filters match it. 0 or -ENOMEM. */
 int mq_load_index(struct mq_broker *b, const char *reply, size_t n);
