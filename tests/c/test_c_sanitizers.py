@@ -32,6 +32,12 @@
                   valid options and request headers parsed back (every split of a header), then
                   mutated and random input to every parser in exact-size buffers;
                   -fsanitize=address,undefined
+  mqtt_proto_test.c  ext/proto/mqtt.c, the MQTT 3.1.1 packet codec: the remaining length at
+                  every varint boundary, fixed-header flags, CONNECT/PUBLISH/SUBSCRIBE rules
+                  of the specification at their edges, topic matching (section 4.7's examples,
+                  then exhaustively against a reference matcher), encoders against exact
+                  bytes, then mutated packets of every type framed and parsed in exact-size
+                  buffers against reference parsers; -fsanitize=address,undefined
   hashenc_fuzz.c  ext/core/hashenc.c, the encoding of a hash: random HSET/HDEL batches
                   against a model (fields in Redis's listpack order), then the decoder and
                   the writers fed damaged encodings and random bytes, each in a buffer of
@@ -147,6 +153,7 @@ BUILDS = {
     "resp_fuzz_asan": (["resp_fuzz.c", *_ext("proto/resp.c")], ASAN_UBSAN),
     "hashenc_fuzz_asan": (["hashenc_fuzz.c", *_ext("core/hashenc.c", "core/siphash.c")], ASAN_UBSAN),
     "nbd_proto_test_asan": (["nbd_proto_test.c", *_ext("proto/nbd.c")], ASAN_UBSAN),
+    "mqtt_proto_test_asan": (["mqtt_proto_test.c", *_ext("proto/mqtt.c")], ASAN_UBSAN),
     "stream_test_asan": (["stream_test.c", *STREAM], ASAN_UBSAN),
     # 4 KiB chunks (1 MiB in the server): records cross many chunk boundaries
     "wal_stress_tsan": (["wal_stress.c", *WAL, *TABLE], TSAN + ["-DWAL_CHUNK_BYTES=4096"]),
@@ -277,6 +284,12 @@ def test_stream_asan_ubsan(binaries, seed_offset):
 def test_nbd_proto_asan_ubsan(binaries, seed_offset):
     out = _run(binaries("nbd_proto_test_asan"), SEED + seed_offset, FUZZ_ITERATIONS)
     assert "mutated inputs parsed" in out and "encoders exact" in out
+
+
+@pytest.mark.parametrize("seed_offset", [0, 1])
+def test_mqtt_proto_asan_ubsan(binaries, seed_offset):
+    out = _run(binaries("mqtt_proto_test_asan"), SEED + seed_offset, FUZZ_ITERATIONS)
+    assert "mutated packets" in out and "encoders exact" in out and "match pairs" in out
 
 
 @pytest.mark.parametrize("build", ["wal_stress_tsan", "wal_stress_asan"])
