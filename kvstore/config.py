@@ -380,10 +380,10 @@ class ServerConfig:
         accepts="-1 (off) or a port from 0 to 65535 (0 = any free port)", shown="off", c="mqtt_port")
     mqtt_topic_prefix: str = setting(
         "mqtt:", "The stream key of MQTT topic T is this prefix followed by T.", c="mqtt_topic_prefix")
-    mqtt_retained_prefix: str = setting(
-        "mqtt-retained:", "A topic's retained message is kept (durably, as every write) in the string key of "
-                          "this prefix followed by the topic: its QoS as one byte, then the payload.",
-        c="mqtt_retained_prefix")
+    mqtt_retained_key: str = setting(
+        "mqtt-retained", "The hash that keeps the retained messages (durably, as every write): field the topic, "
+                         "value its QoS as one byte, then the payload. Read back after a restart.",
+        c="mqtt_retained_key")
     mqtt_session_prefix: str = setting(
         "mqtt-session:", "A persistent session (clean session 0) is kept in the string key of this prefix followed "
                          "by the client id: its subscriptions, how far its client acknowledged each topic, and the "

@@ -90,7 +90,7 @@ struct kv_config {
     /* ---- MQTT (frontend/mqtt.h) */
     int mqtt_port;                     /* MQTT 3.1.1 on bind:mqtt_port (0: any free port, -1: off) */
     const char *mqtt_topic_prefix;     /* topic T is the stream <prefix>T */
-    const char *mqtt_retained_prefix;  /* topic T's retained message is the string <prefix>T */
+    const char *mqtt_retained_key;     /* the hash of retained messages: field topic, value QoS + payload */
     const char *mqtt_session_prefix;   /* client C's persistent session is the string <prefix>C */
     int mqtt_max_packet;               /* bytes: a larger packet closes its connection */
     int mqtt_max_inflight;             /* QoS 1/2 messages sent to a client and not acknowledged */

@@ -14,6 +14,7 @@
 #include "core/keywait.h"
 #include "core/log.h"
 #include "core/siphash.h"
+#include "core/stream.h"
 #include "core/table.h"
 #include "engine/engine.h"
 #include "frontend/mqtt_int.h"
@@ -191,28 +192,45 @@ int mq_topic_claim(void)
     return t && !atomic_exchange_explicit(&t->indexed, 1, memory_order_relaxed);
 }
 
+/* A RESP2 array's header at *p: its length (0 when it is not an array: an empty
+ * or absent hash, or not a hash, holds nothing to learn). */
+static long long array_len(const char **p, const char *end)
+{
+    if (end - *p < 4 || **p != '*')
+        return 0;
+    char *e;
+    long long n = strtoll(*p + 1, &e, 10);
+    if (e + 2 > end || *e != '\r')
+        return 0;
+    *p = e + 2;
+    return n;
+}
+
+/* The next bulk string at *p: 0 and its bytes, -1 at anything else. */
+static int next_bulk(const char **p, const char *end, const char **s, size_t *n)
+{
+    if (*p >= end || **p != '$')
+        return -1;
+    char *e;
+    long long len = strtoll(*p + 1, &e, 10);
+    if (len < 0 || e + 2 > end || len > end - (e + 2) - 2)
+        return -1;
+    *s = e + 2;
+    *n = (size_t)len;
+    *p = e + 2 + len + 2;
+    return 0;
+}
+
 int mq_load_index(struct mq_broker *b, const char *p, size_t n)
 {
-    const char *end = p + n;
-    long long count = 0;
-    if (n < 4 || p[0] != '*')
-        return 0; /* no index (an empty or absent hash, or not a hash): nothing to learn */
-    char *e;
-    count = strtoll(p + 1, &e, 10);
-    p = e + 2;
+    const char *end = p + n, *name;
+    size_t len;
     int rc = 0;
     pthread_mutex_lock(&b->lock);
-    for (long long i = 0; i < count && p < end && !rc; i++) {
-        if (*p != '$')
-            break;
-        long long len = strtoll(p + 1, &e, 10);
-        if (len < 0 || e + 2 + len + 2 > end)
-            break;
-        const char *name = e + 2;
-        p = name + len + 2;
-        if (!mqtt_topic_ok((const uint8_t *)name, (size_t)len))
+    for (long long i = 0, count = array_len(&p, end); i < count && !rc && !next_bulk(&p, end, &name, &len); i++) {
+        if (!mqtt_topic_ok((const uint8_t *)name, len))
             continue;
-        struct mq_topic *t = topic_get(b, name, (size_t)len);
+        struct mq_topic *t = topic_get(b, name, len);
         if (t)
             atomic_store_explicit(&t->indexed, 1, memory_order_relaxed);
         else
@@ -220,6 +238,35 @@ int mq_load_index(struct mq_broker *b, const char *p, size_t n)
     }
     if (!rc)
         atomic_store(&b->indexed, 1);
+    pthread_mutex_unlock(&b->lock);
+    return rc;
+}
+
+int mq_load_retained(struct mq_broker *b, const char *p, size_t n)
+{
+    const char *end = p + n, *name, *v;
+    size_t len, vlen;
+    int rc = 0;
+    pthread_mutex_lock(&b->lock);
+    for (long long i = 0, count = array_len(&p, end) / 2;
+         i < count && !rc && !next_bulk(&p, end, &name, &len) && !next_bulk(&p, end, &v, &vlen); i++) {
+        if (!mqtt_topic_ok((const uint8_t *)name, len) || vlen < 2 || (uint8_t)v[0] > 2)
+            continue; /* not one this broker wrote */
+        struct mq_topic *t = topic_get(b, name, len);
+        if (!t) {
+            rc = -ENOMEM;
+        } else if (!t->has_retained) { /* (one retained in this run already is newer) */
+            t->retained.len = 0;
+            if (kvbuf_append(&t->retained, v, vlen)) {
+                rc = -ENOMEM;
+            } else {
+                t->has_retained = 1;
+                atomic_fetch_add_explicit(&b->st.retained, 1, memory_order_relaxed);
+            }
+        }
+    }
+    if (!rc)
+        atomic_store(&b->retained_loaded, 1);
     pthread_mutex_unlock(&b->lock);
     return rc;
 }
@@ -370,6 +417,7 @@ static void sess_restore(struct mq_broker *b, struct mq_sess *s, const char *sav
             memcpy(f->f, name, len);
             f->next = s->filters;
             s->filters = f;
+            s->nfilters++;
         } else if (mqtt_topic_ok((const uint8_t *)name, len)) {
             struct mq_topic *t = topic_get(b, name, len); /* (a new topic is linked to s by its filters) */
             int qos = -1;
@@ -421,9 +469,11 @@ int mq_sess_attach(struct mq_broker *b, struct mq_conn *m, const char *id, size_
     }
     if (s && s->conn) {
         /* 3.1.4-2: the existing client is disconnected; this CONNECT waits until it is
-         * gone (its poller closes it and publishes its will). */
+         * gone (its poller closes it, publishes its will and wakes this one). */
         if (!atomic_exchange(&s->conn->kicked, 1))
             shutdown(s->conn->c->fd, SHUT_RDWR);
+        s->waiter_mp = mp;
+        s->waiter_evfd = evfd;
         rc = -EBUSY;
         goto out;
     }
@@ -479,6 +529,12 @@ void mq_sess_detach(struct mq_broker *b, struct mq_conn *m)
     s->conn = NULL;
     s->mp = NULL;
     s->evfd = -1;
+    if (s->waiter_mp) { /* a CONNECT waits for this: its poller tries it again now */
+        atomic_store_explicit(&s->waiter_mp->wake, 1, memory_order_release);
+        uint64_t one = 1;
+        (void)!write(s->waiter_evfd, &one, sizeof one);
+        s->waiter_mp = NULL;
+    }
     if (s->clean)
         sess_end(b, s);
     pthread_mutex_unlock(&b->lock);
@@ -487,11 +543,26 @@ void mq_sess_detach(struct mq_broker *b, struct mq_conn *m)
 
 /* ---- subscriptions and retained messages */
 
+/* kvt_apply's read of a stream's last ID (arg: struct mq_id *): 1 if it is a stream. */
+static int64_t read_last_id(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
+{
+    (void)ch;
+    if (!cur->exists || cur->type != KVT_STREAM)
+        return 0;
+    struct mq_id *id = arg;
+    id->ms = cur->stream->last_id.ms;
+    id->seq = cur->stream->last_id.seq;
+    return 1;
+}
+
 int mq_subscribe(struct mq_broker *b, struct mq_conn *m, const char *f, size_t n, int qos, struct kvbuf *out)
 {
     struct mq_sess *s = m->sess;
     int64_t now = unix_ms();
     int rc = 0;
+    struct mq_topic **fresh = NULL; /* topics it matches that the session has no link to */
+    struct mq_id *last = NULL;
+    size_t nfresh = 0, cap = 0;
     pthread_mutex_lock(&b->lock);
     struct mq_filter *flt = s->filters;
     while (flt && !(flt->n == n && !memcmp(flt->f, f, n)))
@@ -499,8 +570,8 @@ int mq_subscribe(struct mq_broker *b, struct mq_conn *m, const char *f, size_t n
     if (flt) { /* 3.8.4-3: replaces the old one (links keep their cursors) */
         flt->qos = qos;
     } else {
-        if (!(flt = malloc(sizeof *flt + n + 1))) {
-            rc = -ENOMEM;
+        if (s->nfilters >= MQ_MAX_FILTERS || !(flt = malloc(sizeof *flt + n + 1))) {
+            rc = s->nfilters >= MQ_MAX_FILTERS ? -ENOSPC : -ENOMEM;
             goto out;
         }
         flt->qos = qos;
@@ -509,28 +580,72 @@ int mq_subscribe(struct mq_broker *b, struct mq_conn *m, const char *f, size_t n
         memcpy(flt->f, f, n);
         flt->next = s->filters;
         s->filters = flt;
+        s->nfilters++;
     }
     for (size_t i = 0; i < b->tcap && !rc; i++)
         for (struct mq_topic *t = b->topics[i]; t && !rc; t = t->hnext) {
             if (!mqtt_match((const uint8_t *)f, n, (const uint8_t *)t->name, t->n))
                 continue;
             struct mq_link *k = link_of(s, t);
-            if (k) /* its QoS: the largest its filters grant */
-                k->qos = qos;
-            else
-                rc = link_add(s, t, qos, flt->since_ms);
-            for (struct mq_filter *g = s->filters; k && g; g = g->next)
+            if (!k) {
+                if (nfresh == cap) {
+                    size_t nc = cap ? cap * 2 : 16;
+                    struct mq_topic **v = realloc(fresh, nc * sizeof *v);
+                    if (!v) {
+                        rc = -ENOMEM;
+                        break;
+                    }
+                    fresh = v, cap = nc;
+                }
+                fresh[nfresh++] = t;
+                continue;
+            }
+            k->qos = qos; /* its QoS: the largest its filters grant */
+            for (struct mq_filter *g = s->filters; g; g = g->next)
                 if (g->qos > k->qos && mqtt_match((const uint8_t *)g->f, g->n, (const uint8_t *)t->name, t->n))
                     k->qos = g->qos;
-            if (!rc && t->has_retained) { /* 3.3.1-6: sent with RETAIN set */
-                int q = t->retained.p[0] < qos ? t->retained.p[0] : qos;
+        }
+    pthread_mutex_unlock(&b->lock);
+    /* A new link starts after the last message its stream holds now: what was received
+     * before the SUBSCRIBE is not delivered, what comes after is. Read outside the
+     * broker lock (the table's hooks call the tap with a shard lock held); a stream not
+     * in memory starts at the subscription's time instead. Topics are never freed. */
+    last = nfresh ? calloc(nfresh, sizeof *last) : NULL;
+    struct kvbuf key = {0};
+    for (size_t i = 0; i < nfresh && last && !rc; i++) {
+        key.len = 0;
+        if (kvbuf_append(&key, b->prefix, b->plen) || kvbuf_append(&key, fresh[i]->name, fresh[i]->n)) {
+            rc = -ENOMEM;
+            break;
+        }
+        if (kvt_apply(b->eng->table, key.p, key.len, read_last_id, &last[i]) != 1)
+            last[i] = (struct mq_id){(uint64_t)now - 1, UINT64_MAX};
+    }
+    kvbuf_free(&key);
+    if (nfresh && !last)
+        rc = -ENOMEM;
+    pthread_mutex_lock(&b->lock);
+    for (size_t i = 0; i < nfresh && !rc; i++) {
+        struct mq_topic *t = fresh[i];
+        if (link_of(s, t)) /* linked meanwhile: a write made the topic's link (it has its cursor) */
+            continue;
+        rc = link_add(s, t, qos, 0);
+        struct mq_link *k = rc ? NULL : link_of(s, t);
+        if (k)
+            k->last = last[i];
+    }
+    for (size_t i = 0; i < b->tcap && !rc; i++)
+        for (struct mq_topic *t = b->topics[i]; t && !rc; t = t->hnext)
+            if (t->has_retained && mqtt_match((const uint8_t *)f, n, (const uint8_t *)t->name, t->n)) {
+                int q = t->retained.p[0] < qos ? t->retained.p[0] : qos; /* 3.3.1-6: sent with RETAIN set */
                 rc = mq_send_publish(s, out, q, 1, t, (struct mq_id){0, 0}, t->retained.p + 1, t->retained.len - 1);
                 if (!rc)
                     atomic_fetch_add_explicit(&b->st.out[q], 1, memory_order_relaxed);
             }
-        }
 out:
     pthread_mutex_unlock(&b->lock);
+    free(fresh);
+    free(last);
     return rc;
 }
 
@@ -544,6 +659,7 @@ void mq_unsubscribe(struct mq_broker *b, struct mq_sess *s, const char *f, size_
         struct mq_filter *gone = *p;
         *p = gone->next;
         free(gone);
+        s->nfilters--;
         /* links no remaining filter matches go; the others take the QoS left */
         for (int i = 0; i < s->nlinks;) {
             struct mq_link *k = s->links[i];
@@ -621,7 +737,7 @@ int mqtt_create(struct mq_broker **out, struct kv_engine *eng, char *err, size_t
     const struct kv_config *cfg = &eng->cfg;
     struct mq_broker *b = calloc(1, sizeof *b);
     if (!b || !(b->prefix = strdup(cfg->mqtt_topic_prefix ? cfg->mqtt_topic_prefix : "mqtt:")) ||
-        !(b->retained_prefix = strdup(cfg->mqtt_retained_prefix ? cfg->mqtt_retained_prefix : "mqtt-retained:")) ||
+        !(b->retained_key = strdup(cfg->mqtt_retained_key ? cfg->mqtt_retained_key : "mqtt-retained")) ||
         !(b->session_prefix = strdup(cfg->mqtt_session_prefix ? cfg->mqtt_session_prefix : "mqtt-session:"))) {
         mqtt_destroy(b);
         snprintf(err, errlen, "out of memory");
@@ -629,7 +745,7 @@ int mqtt_create(struct mq_broker **out, struct kv_engine *eng, char *err, size_t
     }
     b->eng = eng;
     b->plen = strlen(b->prefix);
-    b->rplen = strlen(b->retained_prefix);
+    b->rklen = strlen(b->retained_key);
     b->splen = strlen(b->session_prefix);
     pthread_mutex_init(&b->lock, NULL);
     list_init(&b->sessions);
@@ -661,7 +777,7 @@ void mqtt_destroy(struct mq_broker *b)
     free(b->topics);
     free(b->sess);
     free(b->prefix);
-    free(b->retained_prefix);
+    free(b->retained_key);
     free(b->session_prefix);
     pthread_mutex_destroy(&b->lock);
     free(b);

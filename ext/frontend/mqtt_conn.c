@@ -194,8 +194,9 @@ static int store(struct mq_conn *m, const void *topic, size_t tlen, const void *
         m->step = PUB_XADD;
         return SES_DONE;
     }
-    /* the retained message kept for new subscribers: QoS byte + payload, or gone */
-    if (argv_key(m, b->retained_prefix, b->rplen, topic, tlen))
+    /* the retained message kept for new subscribers (a field of the retained hash:
+     * QoS byte + payload), or gone */
+    if (argv_key(m, b->retained_key, b->rklen, "", 0))
         return -ENOMEM;
     int n = 0;
     if (plen) {
@@ -204,14 +205,16 @@ static int store(struct mq_conn *m, const void *topic, size_t tlen, const void *
             return -ENOMEM;
         v[0] = (char)qos;
         memcpy(v + 1, payload, plen);
-        mq_arg(m, &n, "SET", 3);
+        mq_arg(m, &n, "HSET", 4);
         n++;
+        mq_arg(m, &n, topic, tlen);
         mq_arg(m, &n, v, plen + 1);
         rc = mq_run(m, n, need);
         free(v);
     } else {
-        mq_arg(m, &n, "DEL", 3);
+        mq_arg(m, &n, "HDEL", 4);
         n++;
+        mq_arg(m, &n, topic, tlen);
         rc = mq_run(m, n, need);
     }
     if (rc == SES_STALL || rc < 0)
@@ -255,6 +258,39 @@ static int run_result(struct mq_conn *m, int rc, const char *what)
     if (rc < 0) {
         mq_logf(m, what, rc == -1 ? mq_run_error(m) : "out of memory");
         return H_CLOSE;
+    }
+    return H_OK;
+}
+
+/* What a restart left in the store, read once per run before it is needed: the
+ * topic index (which topics a restored session's filters match) and the retained
+ * messages (for subscriptions). H_OK, H_STALL (run the packet again), H_CLOSE. */
+static int load_state(struct mq_conn *m)
+{
+    struct mq_broker *b = m->b;
+    if (!atomic_load(&b->indexed)) {
+        int n = 0;
+        if (argv_key(m, b->prefix, b->plen, "", 0))
+            return H_CLOSE;
+        mq_arg(m, &n, "HKEYS", 5);
+        n++;
+        int h = run_result(m, mq_run(m, n, NULL), "reading the topic index");
+        if (h != H_OK)
+            return h;
+        if (mq_load_index(b, m->scratch.p, m->scratch.len))
+            return H_CLOSE;
+    }
+    if (!atomic_load(&b->retained_loaded)) {
+        int n = 0;
+        if (argv_key(m, b->retained_key, b->rklen, "", 0))
+            return H_CLOSE;
+        mq_arg(m, &n, "HGETALL", 7);
+        n++;
+        int h = run_result(m, mq_run(m, n, NULL), "reading the retained messages");
+        if (h != H_OK)
+            return h;
+        if (mq_load_retained(b, m->scratch.p, m->scratch.len))
+            return H_CLOSE;
     }
     return H_OK;
 }
@@ -320,18 +356,10 @@ static int on_connect(struct mq_conn *m, const uint8_t *body, size_t n)
         }
         m->loaded = 1;
     }
-    if (m->saved && !atomic_load(&b->indexed)) {
-        /* topics written before a restart, which its filters may match: the index */
-        int n = 0;
-        if (argv_key(m, b->prefix, b->plen, "", 0))
-            return H_CLOSE;
-        mq_arg(m, &n, "HKEYS", 5);
-        n++;
-        int g = run_result(m, mq_run(m, n, &need), "reading the topic index");
+    if (m->saved) { /* topics written before a restart, which its filters may match */
+        int g = load_state(m);
         if (g != H_OK)
             return g;
-        if (mq_load_index(b, m->scratch.p, m->scratch.len))
-            return H_CLOSE;
     }
     if (rc == 0 && !m->sess) {
         int a = mq_sess_attach(b, m, id, idlen, k.clean, c->p->evfd, &c->p->mq, m->saved, m->savedlen);
@@ -465,6 +493,11 @@ static int on_subscribe(struct mq_conn *m, const uint8_t *body, size_t n, int su
         atomic_fetch_add_explicit(&m->b->st.malformed, 1, memory_order_relaxed);
         return H_CLOSE;
     }
+    if (sub) { /* retained messages a restart left, and topics, known before any match */
+        int h = load_state(m);
+        if (h != H_OK)
+            return h;
+    }
     uint8_t codes[count];
     struct kvbuf retained = {0};
     size_t off = 2;
@@ -534,18 +567,24 @@ static int on_ack(struct mq_conn *m, int type, const uint8_t *body, size_t n)
     return H_OK;
 }
 
+/* A packet the protocol does not allow here: counted, logged, the connection closed. */
+static int violation(struct mq_conn *m, const char *what)
+{
+    atomic_fetch_add_explicit(&m->b->st.malformed, 1, memory_order_relaxed);
+    mq_logf(m, what, NULL);
+    return H_CLOSE;
+}
+
 static int packet(struct mq_conn *m, const struct mqtt_frame *f, const uint8_t *body)
 {
     struct conn *c = m->c;
     if (!m->connected && f->type != MQTT_CONNECT) {
-        mq_logf(m, "first packet is not CONNECT", NULL); /* 3.1.0-1 */
-        return H_CLOSE;
+        return violation(m, "first packet is not CONNECT"); /* 3.1.0-1 */
     }
     switch (f->type) {
     case MQTT_CONNECT:
         if (m->connected) {
-            mq_logf(m, "second CONNECT", NULL); /* 3.1.0-2 */
-            return H_CLOSE;
+            return violation(m, "second CONNECT"); /* 3.1.0-2 */
         }
         return on_connect(m, body, f->len);
     case MQTT_PUBLISH:
@@ -561,21 +600,18 @@ static int packet(struct mq_conn *m, const struct mqtt_frame *f, const uint8_t *
         return on_subscribe(m, body, f->len, 0);
     case MQTT_PINGREQ:
         if (f->len) {
-            mq_logf(m, "PINGREQ with a body", NULL);
-            return H_CLOSE;
+            return violation(m, "PINGREQ with a body");
         }
         return mqtt_put_header(&c->out, MQTT_PINGRESP, 0, 0) ? H_CLOSE : H_OK;
     case MQTT_DISCONNECT:
         if (f->len) {
-            mq_logf(m, "DISCONNECT with a body", NULL);
-            return H_CLOSE;
+            return violation(m, "DISCONNECT with a body");
         }
         m->disconnected = 1; /* 3.14.4-3: the will is discarded */
         c->ses.cl.close_after_reply = 1;
         return H_OK;
     default: /* CONNACK, SUBACK, UNSUBACK, PINGRESP: only a server sends them */
-        mq_logf(m, "a packet only a server sends", NULL);
-        return H_CLOSE;
+        return violation(m, "a packet only a server sends");
     }
 }
 
@@ -614,13 +650,13 @@ void mqtt_input(struct conn *c)
             atomic_fetch_add_explicit(&b->st.malformed, 1, memory_order_relaxed);
             st_inc(&c->p->st->protocol_errors, 1);
             mq_logf(m, "malformed packet", err);
-            pconn_close(c);
-            return;
+            c->ses.cl.close_after_reply = 1; /* what is queued before it still leaves (held ones too) */
+            break;
         }
         int h = packet(m, &f, (const uint8_t *)c->in.p + c->in_off + f.hlen);
         if (h == H_CLOSE) {
-            pconn_close(c);
-            return;
+            c->ses.cl.close_after_reply = 1;
+            break;
         }
         if (h == H_STALL) {
             pconn_stall(c);

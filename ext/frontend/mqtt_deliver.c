@@ -222,7 +222,7 @@ void mq_deliver(struct mq_conn *m)
 {
     struct conn *c = m->c;
     struct mq_sess *s = m->sess;
-    if (!s || c->closed || atomic_load_explicit(&m->kicked, memory_order_relaxed))
+    if (!s || c->closed || c->ses.cl.close_after_reply || atomic_load_explicit(&m->kicked, memory_order_relaxed))
         return;
     size_t out_before = c->out.len;
     for (int round = 0; round < DELIVER_ROUNDS; round++) {

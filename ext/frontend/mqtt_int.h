@@ -16,6 +16,8 @@
 
 struct kv_engine;
 
+#define MQ_MAX_FILTERS 1000 /* subscriptions of one session (a SUBSCRIBE past it: 0x80 for the rest) */
+
 /* A stream ID (core/stream.h's, without its header). */
 struct mq_id {
     uint64_t ms, seq;
@@ -73,6 +75,9 @@ struct mq_sess {
     int evfd;
     _Atomic int ready;           /* some link is dirty */
     int clean;
+    struct mq_poller *waiter_mp; /* a CONNECT waiting for this session's connection to go: */
+    int waiter_evfd;             /* woken when it has (broker lock) */
+    int nfilters;
     struct mq_filter *filters;   /* broker lock */
     struct mq_link **links;      /* broker lock */
     int nlinks, caplinks;
@@ -127,8 +132,8 @@ struct mq_stats {
 struct mq_broker {
     struct kv_engine *eng;
     pthread_mutex_t lock;
-    char *prefix, *retained_prefix, *session_prefix;
-    size_t plen, rplen, splen;
+    char *prefix, *retained_key, *session_prefix;
+    size_t plen, rklen, splen;
     /* topics and sessions by hash (chained; grown by doubling) */
     struct mq_topic **topics;
     size_t ntopics, tcap;
@@ -137,6 +142,7 @@ struct mq_broker {
     struct list sessions;
     uint64_t next_auto;          /* ids given to clients that sent none */
     _Atomic int indexed;         /* the topic index was read (mq_load_index) */
+    _Atomic int retained_loaded; /* the retained messages were read (mq_load_retained) */
     struct mq_stats st;
 };
 
@@ -157,6 +163,9 @@ int mq_topic_claim(void);
 /* The index read back (a RESP array of topics, HKEYS's reply): every topic known,
  * linked to the sessions whose filters match it. 0 or -ENOMEM. */
 int mq_load_index(struct mq_broker *b, const char *reply, size_t n);
+/* The retained messages read back (HGETALL's reply: topic, QoS byte + payload, ...):
+ * kept for topics that have none yet in this run. 0 or -ENOMEM. */
+int mq_load_retained(struct mq_broker *b, const char *reply, size_t n);
 /* Is a session of client id in memory? */
 int mq_sess_known(struct mq_broker *b, const char *id, size_t idlen);
 /* A persistent session as bytes (its filters, the cursors of its links up to what
