@@ -384,7 +384,7 @@ static int on_connect(struct mq_conn *m, const uint8_t *body, size_t n)
     c->ses.cl.authenticated = 1;
     /* kept (a new persistent session too, so a restart finds it), or a session a
      * clean CONNECT ends gone from the store: CONNACK once the log holds that */
-    if (k.clean) {
+    if (k.clean && k.client_id.n) { /* (an id the server assigned never had a saved session) */
         int n = 0;
         if (argv_key(m, b->session_prefix, b->splen, m->sess->id, m->sess->idlen))
             return H_CLOSE;
