@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "core/stream.h"
+#include "core/table.h"
 #include "engine/engine.h"
 #include "engine/session.h"
 #include "frontend/mqtt_int.h"
@@ -150,6 +152,105 @@ static int flight_room(const struct mq_conn *m)
     return m->sess->nflight < max ? max - m->sess->nflight : 0;
 }
 
+/* ---- the direct read: a stream's tail sent from under its shard lock */
+
+struct tail_read {
+    struct mq_conn *m;
+    struct mq_link *k;
+    long long count, n;
+    uint64_t by_qos[3];         /* what was sent, by QoS */
+};
+
+/* The entry's payload (its "payload" field, else its first value) and QoS (its
+ * "qos" field; none: 1, not published by MQTT: as reliably as the subscription asks). */
+static void entry_message(const struct xs_entry *e, const char **payload, size_t *plen, int *qos)
+{
+    const unsigned char *p = e->fields;
+    struct xs_field f;
+    int first = 1;
+    *payload = NULL, *plen = 0, *qos = -1;
+    while (xs_field_next(e, &p, &f) == 1) {
+        if ((f.flen == 7 && !memcmp(f.f, "payload", 7)) || (first && !*payload)) {
+            *payload = f.v;
+            *plen = f.vlen;
+        }
+        first = 0;
+        if (f.flen == 3 && !memcmp(f.f, "qos", 3) && f.vlen == 1 && f.v[0] >= '0' && f.v[0] <= '2')
+            *qos = f.v[0] - '0';
+    }
+    if (*qos < 0)
+        *qos = 1;
+}
+
+/* kvt_apply's read (arg: struct tail_read): PUBLISH packets of the entries after the
+ * link's cursor, up to count. The table throws the call's result away (-ENODATA) if
+ * a batch it needed has left memory; the caller then undoes what it appended. */
+static int64_t read_tail(void *arg, const struct kvt_state *cur, struct kvt_change *ch)
+{
+    (void)ch;
+    struct tail_read *d = arg;
+    if (!cur->exists)
+        return 0;
+    if (cur->type != KVT_STREAM)
+        return -EINVAL;
+    struct mq_link *k = d->k;
+    struct xs_id lo = k->last.seq == UINT64_MAX ? (struct xs_id){k->last.ms + 1, 0}
+                                                : (struct xs_id){k->last.ms, k->last.seq + 1};
+    if (k->last.ms == UINT64_MAX && k->last.seq == UINT64_MAX)
+        return 0;
+    struct xs_iter it;
+    xs_iter_init(&it, cur->stream, lo, XS_ID_MAX, 0, 0);
+    it.want = (uint64_t)d->count;
+    struct xs_entry e;
+    int rc = 0;
+    while (d->n < d->count && xs_iter_next(&it, &e) == 1) {
+        const char *payload;
+        size_t plen;
+        int qos;
+        entry_message(&e, &payload, &plen, &qos);
+        if (qos > k->qos)
+            qos = k->qos;
+        /* 3.3.1-9: RETAIN is 0 on messages for established subscriptions */
+        if ((rc = mq_send_publish(d->m->sess, &d->m->c->out, qos, 0, k->topic, (struct mq_id){e.id.ms, e.id.seq},
+                                  payload, plen)))
+            break;
+        k->last = (struct mq_id){e.id.ms, e.id.seq};
+        d->n++;
+        d->by_qos[qos]++;
+    }
+    xs_iter_done(&it);
+    return rc ? rc : d->n;
+}
+
+/* Send what link k's stream holds past its cursor, at most count, straight from the
+ * table: the entries read, -ENODATA (a batch or the key is out of memory: nothing
+ * sent, XREAD brings it back), -EINVAL (not a stream), -ENOMEM. */
+static long long direct_read(struct mq_conn *m, struct mq_link *k, long long count)
+{
+    struct mq_broker *b = m->b;
+    struct conn *c = m->c;
+    struct mq_sess *s = m->sess;
+    size_t out0 = c->out.len;
+    int flights0 = s->nflight;
+    struct mq_id last0 = k->last;
+    m->args.len = 0;
+    if (kvbuf_append(&m->args, b->prefix, b->plen) || kvbuf_append(&m->args, k->topic->name, k->topic->n))
+        return -ENOMEM;
+    struct tail_read d = {m, k, count, 0};
+    int64_t rc = kvt_apply(b->eng->table, m->args.p, m->args.len, read_tail, &d);
+    if (rc < 0) { /* undone: what it appended, the packet ids it took, the cursor */
+        c->out.len = out0;
+        while (s->nflight > flights0)
+            mq_flight_drop(s, &s->flight[s->nflight - 1]);
+        k->last = last0;
+        return rc;
+    }
+    for (int q = 0; q < 3; q++)
+        if (d.by_qos[q])
+            atomic_fetch_add_explicit(&b->st.out[q], d.by_qos[q], memory_order_relaxed);
+    return rc;
+}
+
 /* Send what the XREAD reply in m->scratch holds for the links m->dlinks. -1 if it
  * cannot be read (a bug: logged), -ENOMEM. */
 static int send_entries(struct mq_conn *m, long long count)
@@ -245,9 +346,45 @@ void mq_deliver(struct mq_conn *m)
                 atomic_store(&s->ready, 1); /* more links than one read takes */
             if (!m->ndlinks)
                 break;
+            /* straight from the table; what it cannot read there (out of memory) by XREAD */
+            int slow = 0;
+            for (int i = 0; i < m->ndlinks; i++) {
+                struct mq_link *k = m->dlinks[i];
+                long long want = DELIVER_COUNT;
+                room = flight_room(m);
+                if (k->qos > 0 && room < want)
+                    want = room;
+                if (want == 0) {
+                    atomic_store(&k->dirty, 1); /* waits for an acknowledgement */
+                    continue;
+                }
+                long long got = direct_read(m, k, want);
+                if (got == -ENODATA) {
+                    m->dlinks[slow++] = k;
+                } else if (got == -ENOMEM) {
+                    goto nomem;
+                } else if (got < 0) {
+                    kvlog_rated(&mq_bad_rate, KVLOG_WARNING, "mqtt: delivery of %.*s to %.*s failed: not a stream",
+                                (int)k->topic->n, k->topic->name, (int)s->idlen, s->id);
+                } else {
+                    if (got >= want) { /* maybe more: read again */
+                        atomic_store_explicit(&k->dirty, 1, memory_order_relaxed);
+                        atomic_store(&s->ready, 1);
+                    }
+                }
+            }
+            m->ndlinks = slow;
+            if (!slow)
+                continue;
+            room = flight_room(m);
             for (int i = 0; i < m->ndlinks; i++)
                 if (m->dlinks[i]->qos > 0 && room < count)
                     count = room;
+            if (count == 0) {
+                for (int i = 0; i < m->ndlinks; i++)
+                    atomic_store(&m->dlinks[i]->dirty, 1);
+                continue;
+            }
             /* XREAD COUNT n STREAMS key... id...: keys and IDs laid out in m->args */
             m->args.len = 0;
             int a = 0;

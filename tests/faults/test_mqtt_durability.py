@@ -181,3 +181,39 @@ def test_machine_loss_keeps_every_acknowledged_message_from_the_peer(pair):
     shutil.rmtree(pair.dirs["a"])
     a = pair.start("a", from_peer=True)
     check_streams(a.port, pubs)
+
+
+def test_a_subscriber_far_behind_gets_messages_whose_batches_left_memory(tmp_path):
+    """256 KiB of memory and a data file: a persistent session away while 3,000
+    messages arrive, whose sealed batches are written to the batch store and leave
+    memory; on reconnect every message comes, in order (the batches out of memory
+    are read back through XREAD, which waits for the loader)."""
+    from helpers.keyspace import SPILL, fill, wait_flushed
+    with fl.started_nodes(mqtt_port=0, **SPILL) as start:
+        n = start(tmp_path)
+        sub = Subscriber(n.mqtt_port, topic=b"far/#")
+        sub.subscribe()
+        time.sleep(0.5)
+        sub.close()
+        sent = [b"m:%05d:" % i + b"y" * 70 for i in range(3000)]
+        pub = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2, client_id="far-pub",
+                          protocol=mqtt.MQTTv311)
+        pub.connect("127.0.0.1", n.mqtt_port)
+        pub.loop_start()
+        for m in sent:
+            pub.publish("far/x", m, qos=1)
+        with client(n.port) as c:
+            wait_for(lambda: c.xlen(b"mqtt:far/x") == len(sent), "every message stored")
+        pub.disconnect()
+        pub.loop_stop()
+        fill(n.port, b"fill", 3000)
+        i = wait_flushed(n.port)
+        assert i["datafile_batches_evicted"] > 0, "no batch of the stream left memory"
+        loads = i["datafile_batches_loaded"]
+        sub = Subscriber(n.mqtt_port, topic=b"far/#")
+        assert sub.present is True
+        wait_for(lambda: len(sub.got) >= len(sent), "the messages to arrive", timeout=60)
+        assert sub.got[:len(sent)] == sent
+        assert fl.persistence(n.port)["datafile_batches_loaded"] > loads, "nothing was read back"
+        sub.close()
+        n.stop()
