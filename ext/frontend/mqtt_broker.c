@@ -161,9 +161,16 @@ int mq_dirty_links(struct mq_broker *b, struct mq_sess *s, struct mq_link **v, i
 {
     int n = 0;
     pthread_mutex_lock(&b->lock);
-    for (int i = 0; i < s->nlinks && n < max; i++)
-        if (atomic_exchange_explicit(&s->links[i]->dirty, 0, memory_order_acq_rel))
+    /* round robin from where the last call stopped: with the in-flight window
+     * full, the links first in the array would otherwise be served first always */
+    int start = s->nlinks ? s->next_link % s->nlinks : 0;
+    for (int j = 0; j < s->nlinks && n < max; j++) {
+        int i = (start + j) % s->nlinks;
+        if (atomic_exchange_explicit(&s->links[i]->dirty, 0, memory_order_acq_rel)) {
             v[n++] = s->links[i];
+            s->next_link = i + 1;
+        }
+    }
     pthread_mutex_unlock(&b->lock);
     return n;
 }

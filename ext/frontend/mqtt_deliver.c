@@ -146,10 +146,14 @@ static int put_id(struct kvbuf *b, struct mq_id id)
     return kvbuf_append(b, t, (size_t)n);
 }
 
+/* QoS 1/2 messages that may be sent now. While some are in flight, only once half
+ * the window is free: a read and a send per acknowledgement cost more than the
+ * message; refilled by halves, each read takes a run of entries. */
 static int flight_room(const struct mq_conn *m)
 {
-    int max = m->b->eng->cfg.mqtt_max_inflight;
-    return m->sess->nflight < max ? max - m->sess->nflight : 0;
+    int max = m->b->eng->cfg.mqtt_max_inflight, n = m->sess->nflight;
+    int room = n < max ? max - n : 0;
+    return n && room < (max + 1) / 2 ? 0 : room;
 }
 
 /* ---- the direct read: a stream's tail sent from under its shard lock */

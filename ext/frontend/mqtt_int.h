@@ -81,6 +81,7 @@ struct mq_sess {
     struct mq_filter *filters;   /* broker lock */
     struct mq_link **links;      /* broker lock */
     int nlinks, caplinks;
+    int next_link;               /* where mq_dirty_links goes on (broker lock) */
     /* the session's thread only */
     struct mq_flight *flight;
     int nflight, capflight;
