@@ -50,6 +50,9 @@ EXPERIMENTS = [
                "vs an XDP bounce-only packet rate (root, veth in a network namespace)"),
     Experiment("p004_spill", "004", "message queue: one durable stream larger than --max-memory (old batches in the "
                "data file's batch store) vs the same stream in memory: XADD msg/s, random XRANGE latency"),
+    Experiment("p004_mqtt", "004", "message queue over MQTT: 85-byte messages, publishers to many topics, "
+               "subscribers to t/#, QoS 0 and 1, kvstore memory/disk vs Mosquitto: delivered msg/s, latency, "
+               "CPU per message, messages dropped"),
     Experiment("kv_peer_compare", "kv", "kvstore vs Redis vs memcached, same loads, same run"),
     Experiment("kv_accept_modes", "kv", "connection placement: SO_REUSEPORT listeners vs accept-and-hand-off"),
     Experiment("kv_build_compare", "kv", "this build against a baseline build: throughput and CPU per request"),

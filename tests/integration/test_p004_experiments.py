@@ -44,6 +44,28 @@ def run_quick(name, tmp_path, timeout=280):
     return r, common.read_csv(tmp_path / f"{name}.csv")
 
 
+@pytest.mark.skipif(not shutil.which("mosquitto"), reason="p004_mqtt compares kvstore with mosquitto")
+@pytest.mark.timeout(300)
+def test_p004_mqtt_quick_publishes_and_delivers_on_every_server_and_load(tmp_path):
+    r, rows = run_quick("p004_mqtt", tmp_path)
+    # QUICK: 1 round, one subscriber; QoS 0 on the three servers, QoS 1 on the two durable-or-broker ones
+    assert {(x["load"], x["server"]) for x in rows} == {
+        ("qos0", "kvstore"), ("qos0", "kvstore-disk"), ("qos0", "mosquitto"), ("qos1", "kvstore-disk"),
+        ("qos1", "mosquitto")}
+    for x in rows:
+        assert x["subscribers"] == "1" and x["message_bytes"] == "85", x
+        assert int(x["published"]) > 0 and float(x["throughput"]) > 0, x
+        assert int(x["delivered"]) > 0 and float(x["deliver_throughput"]) > 0, x
+        assert int(x["lost"]) == max(0, int(x["published"]) * int(x["subscribers"]) - int(x["delivered"])), x
+        assert 0 < float(x["dlv_p50_us"]) <= float(x["dlv_p99_us"]) <= float(x["dlv_p999_us"]), x
+        assert 0 < float(x["ack_p50_us"]) <= float(x["ack_p99_us"]), x
+        assert x["cpu_us_per_delivered"] != "" and float(x["server_cpu_s"]) >= 0, x
+        if x["server"].startswith("kvstore"):  # subscribers read the streams' tails: nothing is dropped
+            assert x["lost"] == "0", x
+    assert "target qos0 subs 1: kvstore/mosquitto delivered msg/s" in r.stdout
+    assert "target qos1 subs 1: kvstore-disk/mosquitto delivered msg/s" in r.stdout
+
+
 @pytest.mark.skipif(not shutil.which("redis-server"), reason="p004_read compares kvstore with redis-server")
 @pytest.mark.timeout(300)
 def test_p004_read_quick_drains_every_server_and_counts_them(tmp_path):
