@@ -389,6 +389,11 @@ class ServerConfig:
                          "by the client id: its subscriptions, how far its client acknowledged each topic, and the "
                          "QoS 2 messages it sent that are not yet released; read back when the client reconnects "
                          "after a restart.", c="mqtt_session_prefix")
+    mqtt_users: str = setting(
+        "", "A password file for MQTT clients, as mosquitto_passwd writes it (user:$7$...; `mosquitto_passwd -c "
+            "FILE USER`): CONNECT must carry a user name in it and that user's password, else CONNACK 4 (wrong) or "
+            "5 (none given). Without it, --requirepass (if set) is the password, with any user name.",
+        shown=None, c="mqtt_users")
     mqtt_max_packet: int = setting(
         1 << 20, "The largest MQTT packet accepted, in bytes (fixed header included); a larger one closes its "
                  "connection with a log line. MQTT's own bound is 256 MB.", min=2, max=268435460,
@@ -449,6 +454,8 @@ class ServerConfig:
                               "(--arch poller, udp or dpdk)")
         if self.mqtt_port > 0 and self.mqtt_port in (self.port, self.tls_port):
             raise ConfigError(f"mqtt_port: must differ from the RESP ports, got {self.mqtt_port}")
+        if self.mqtt_users and not (os.path.isfile(self.mqtt_users) and os.access(self.mqtt_users, os.R_OK)):
+            raise ConfigError(f"mqtt_users: {self.mqtt_users!r} is not a readable file")
         if self.mqtt_port >= 0 and not self.mqtt_topic_prefix:
             raise ConfigError("mqtt_topic_prefix: must not be empty (every key would be a topic)")
         if self.tls_port >= 0:

@@ -304,7 +304,7 @@ static int dup_str(const char **dst, const char *src, const char *dflt)
 #define CFG_STRINGS(X) X(bind, "127.0.0.1") X(requirepass, NULL) X(accept, "reuseport") X(poll_policy, "direct") \
     X(config_file, NULL) X(version, "0") X(durability, "none") X(arch, "poller") X(dpdk_iface, NULL)               \
     X(dpdk_eal_args, NULL) X(mqtt_topic_prefix, "mqtt:") X(mqtt_retained_key, "mqtt-retained") \
-    X(mqtt_session_prefix, "mqtt-session:")
+    X(mqtt_session_prefix, "mqtt-session:") X(mqtt_users, NULL)
 
 static void stream_gone(void *arg, const void *key, size_t klen) { kw_signal(arg, key, klen); }
 

@@ -92,6 +92,7 @@ struct kv_config {
     const char *mqtt_topic_prefix;     /* topic T is the stream <prefix>T */
     const char *mqtt_retained_key;     /* the hash of retained messages: field topic, value QoS + payload */
     const char *mqtt_session_prefix;   /* client C's persistent session is the string <prefix>C */
+    const char *mqtt_users;            /* password file (mosquitto_passwd's format), NULL or "": none */
     int mqtt_max_packet;               /* bytes: a larger packet closes its connection */
     int mqtt_max_inflight;             /* QoS 1/2 messages sent to a client and not acknowledged */
     int mqtt_max_sessions;             /* a CONNECT past it: CONNACK 3 (server unavailable) */

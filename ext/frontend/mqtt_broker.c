@@ -756,7 +756,12 @@ int mqtt_create(struct mq_broker **out, struct kv_engine *eng, char *err, size_t
     b->splen = strlen(b->session_prefix);
     pthread_mutex_init(&b->lock, NULL);
     list_init(&b->sessions);
-    int rc = eng_info_add(eng, "mqtt", info, NULL, b);
+    int rc = 0;
+    if (cfg->mqtt_users && *cfg->mqtt_users && (rc = mq_users_load(cfg->mqtt_users, &b->users, err, errlen)) < 0) {
+        mqtt_destroy(b);
+        return rc;
+    }
+    rc = eng_info_add(eng, "mqtt", info, NULL, b);
     if (rc < 0) {
         snprintf(err, errlen, "cannot register INFO mqtt: %s", strerror(-rc));
         mqtt_destroy(b);
@@ -786,6 +791,7 @@ void mqtt_destroy(struct mq_broker *b)
     free(b->prefix);
     free(b->retained_key);
     free(b->session_prefix);
+    mq_users_free(b->users);
     pthread_mutex_destroy(&b->lock);
     free(b);
 }

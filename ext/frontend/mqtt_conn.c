@@ -13,6 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "core/counter.h"
 #include "core/log.h"
 #include "core/net.h"
@@ -318,10 +320,15 @@ static int on_connect(struct mq_conn *m, const uint8_t *body, size_t n)
         atomic_fetch_add_explicit(&b->st.malformed, 1, memory_order_relaxed);
         return H_CLOSE;
     }
+    /* the password file if there is one, else --requirepass (any user name) */
     const char *pass = b->eng->cfg.requirepass;
-    if (rc == 0 && pass && *pass &&
-        !(k.has_pass && k.pass.n == strlen(pass) && !memcmp(k.pass.p, pass, k.pass.n)))
+    if (rc == 0 && b->users && !(k.has_user && k.has_pass && mq_users_check(b->users, k.user.p, k.user.n, k.pass.p, k.pass.n)))
         rc = k.has_pass ? MQTT_CONN_CREDENTIALS : MQTT_CONN_NOT_AUTHORIZED;
+    else if (rc == 0 && !b->users && pass && *pass &&
+             !(k.has_pass && k.pass.n == strlen(pass) && CRYPTO_memcmp(k.pass.p, pass, k.pass.n) == 0))
+        rc = k.has_pass ? MQTT_CONN_CREDENTIALS : MQTT_CONN_NOT_AUTHORIZED;
+    if (rc == MQTT_CONN_CREDENTIALS || rc == MQTT_CONN_NOT_AUTHORIZED)
+        atomic_fetch_add_explicit(&b->eng->auth_denied, 1, memory_order_relaxed);
     char idbuf[40];
     const char *id = (const char *)k.client_id.p;
     size_t idlen = k.client_id.n;

@@ -144,6 +144,7 @@ struct mq_broker {
     uint64_t next_auto;          /* ids given to clients that sent none */
     _Atomic int indexed;         /* the topic index was read (mq_load_index) */
     _Atomic int retained_loaded; /* the retained messages were read (mq_load_retained) */
+    struct mq_users *users;      /* --mqtt-users, or NULL */
     struct mq_stats st;
 };
 
@@ -187,6 +188,14 @@ int mq_retain(struct mq_broker *b, const char *topic, size_t tlen, int qos, cons
 int mq_dirty_links(struct mq_broker *b, struct mq_sess *s, struct mq_link **v, int max);
 /* The tap (keywait): key was written. */
 void mq_tap(void *arg, const void *key, size_t klen);
+
+/* ---- mqtt_users.c: the password file (--mqtt-users, mosquitto_passwd's format) */
+struct mq_users;
+/* Read it: 0, or -errno with a message naming the line in err. */
+int mq_users_load(const char *path, struct mq_users **out, char *err, size_t errlen);
+void mq_users_free(struct mq_users *us);
+/* 1 if user is in the file and pass is its password (constant time), else 0. Any thread. */
+int mq_users_check(const struct mq_users *us, const void *user, size_t ulen, const void *pass, size_t plen);
 
 /* ---- mqtt_conn.c */
 

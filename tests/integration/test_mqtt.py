@@ -865,6 +865,45 @@ def test_requirepass(own_node, raws):
     r.close()
 
 
+def test_mqtt_users_file_as_mosquitto_passwd_writes_it(own_node, raws, tmp_path):
+    """--mqtt-users takes mosquitto_passwd's file ($7$: PBKDF2-SHA512; $6$: salted SHA-512):
+    the user's own password lets it in, a wrong one or another user's gets CONNACK 4,
+    none gets 5; --requirepass is then not a password for MQTT."""
+    need("mosquitto_passwd")
+    import base64
+    import hashlib
+    path = tmp_path / "users"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(path), "alice", "s3cret"], check=True, timeout=30)
+    subprocess.run(["mosquitto_passwd", "-b", str(path), "bob", "hunter2"], check=True, timeout=30)
+    salt = b"0123456789ab"
+    old = base64.b64encode(hashlib.sha512(b"legacy-pw" + salt).digest()).decode()
+    with open(path, "a") as f:
+        f.write(f"# a comment, then mosquitto's older form\ncarol:$6${base64.b64encode(salt).decode()}${old}\n")
+    n = own_node(mqtt_users=str(path), requirepass="resp-only")
+    for user, pw, code in [("alice", "s3cret", 0), ("bob", "hunter2", 0), ("carol", "legacy-pw", 0),
+                           ("alice", "hunter2", w.BAD_CREDENTIALS), ("mallory", "s3cret", w.BAD_CREDENTIALS),
+                           ("alice", "", w.BAD_CREDENTIALS), ("bob", "resp-only", w.BAD_CREDENTIALS),
+                           ("alice", None, w.NOT_AUTHORIZED), (None, None, w.NOT_AUTHORIZED)]:
+        c = raws(n.mqtt_port)
+        kw = {k: v for k, v in (("user", user), ("password", pw)) if v is not None}
+        c.send(w.connect(uid("users"), **kw))
+        p = c.expect(w.CONNACK)
+        assert p.code == code, (user, pw)
+        if code:
+            assert c.closed_within(10), (user, pw)
+    p = mosq_pub(n.mqtt_port, "users/m", "-q", "1", "-m", "hi", "-u", "alice", "-P", "s3cret")
+    assert p.returncode == 0, p.stderr
+    p = mosq_pub(n.mqtt_port, "users/m", "-q", "1", "-m", "no", "-u", "alice", "-P", "wrong")
+    assert p.returncode != 0
+
+
+def test_mqtt_users_file_that_is_not_mosquitto_passwd_format_refuses_the_start(tmp_path):
+    path = tmp_path / "users"
+    path.write_text("alice:plaintext\n")
+    with pytest.raises((ServerError, ConfigError), match="line 1"):
+        start_node(mqtt_port=0, mqtt_users=str(path))
+
+
 def test_mosquitto_mqtt31_is_refused(node):
     p = mosq_pub(node.mqtt_port, "v31", "-m", "x", "-V", "mqttv31")
     assert p.returncode != 0
