@@ -310,7 +310,7 @@ static void sess_end(struct mq_broker *b, struct mq_sess *s)
     atomic_fetch_sub_explicit(&b->st.sessions, 1, memory_order_relaxed);
 }
 
-static int64_t unix_ms(void)
+int64_t mq_unix_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -389,7 +389,7 @@ static int rd_num(const char **p, const char *end, unsigned long long *v)
 static void sess_restore(struct mq_broker *b, struct mq_sess *s, const char *saved, size_t n)
 {
     const char *p = saved, *end = saved + n;
-    int64_t now = unix_ms();
+    int64_t now = mq_unix_ms();
     if (n < 7 || memcmp(p, "KVMQ 1\n", 7))
         goto bad;
     p += 7;
@@ -565,7 +565,7 @@ static int64_t read_last_id(void *arg, const struct kvt_state *cur, struct kvt_c
 int mq_subscribe(struct mq_broker *b, struct mq_conn *m, const char *f, size_t n, int qos, struct kvbuf *out)
 {
     struct mq_sess *s = m->sess;
-    int64_t now = unix_ms();
+    int64_t now = mq_unix_ms();
     int rc = 0;
     struct mq_topic **fresh = NULL; /* topics it matches that the session has no link to */
     struct mq_id *last = NULL;
@@ -646,8 +646,12 @@ int mq_subscribe(struct mq_broker *b, struct mq_conn *m, const char *f, size_t n
             if (t->has_retained && mqtt_match((const uint8_t *)f, n, (const uint8_t *)t->name, t->n)) {
                 int q = t->retained.p[0] < qos ? t->retained.p[0] : qos; /* 3.3.1-6: sent with RETAIN set */
                 rc = mq_send_publish(s, out, q, 1, t, (struct mq_id){0, 0}, t->retained.p + 1, t->retained.len - 1);
-                if (!rc)
+                if (!rc) {
                     atomic_fetch_add_explicit(&b->st.out[q], 1, memory_order_relaxed);
+                } else if (rc == -EBUSY) { /* 65,535 in flight: no packet id left for it */
+                    atomic_fetch_add_explicit(&b->st.dropped, 1, memory_order_relaxed);
+                    rc = 0;
+                }
             }
 out:
     pthread_mutex_unlock(&b->lock);

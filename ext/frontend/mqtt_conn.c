@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
@@ -39,13 +38,6 @@ void mq_logf(struct mq_conn *m, const char *what, const char *why)
 {
     kvlog_rated(&mq_bad_rate, KVLOG_WARNING, "mqtt: closing client %s (%.*s): %s%s%s", m->c->ses.cl.addr,
                 m->sess ? (int)m->sess->idlen : 0, m->sess ? m->sess->id : "", what, why ? ": " : "", why ? why : "");
-}
-
-static int64_t unix_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 size_t mq_backlog(const struct conn *c) { return c->out.len - c->out_off; }
@@ -152,7 +144,7 @@ static int store(struct mq_conn *m, const void *topic, size_t tlen, const void *
     int rc;
     if (m->step == PUB_XADD) {
         if (!s->again) /* the same time when run again after a stall */
-            m->at[resp_ll2str(m->at, unix_ms())] = 0;
+            m->at[resp_ll2str(m->at, mq_unix_ms())] = 0;
         if (argv_key(m, b->prefix, b->plen, topic, tlen))
             return -ENOMEM;
         int n = 0;
@@ -329,6 +321,8 @@ static int on_connect(struct mq_conn *m, const uint8_t *body, size_t n)
         rc = k.has_pass ? MQTT_CONN_CREDENTIALS : MQTT_CONN_NOT_AUTHORIZED;
     if (rc == MQTT_CONN_CREDENTIALS || rc == MQTT_CONN_NOT_AUTHORIZED)
         atomic_fetch_add_explicit(&b->eng->auth_denied, 1, memory_order_relaxed);
+    if (rc == 0) /* before it runs anything: reading its saved session needs it with --requirepass */
+        c->ses.cl.authenticated = 1;
     char idbuf[40];
     const char *id = (const char *)k.client_id.p;
     size_t idlen = k.client_id.n;
@@ -388,7 +382,6 @@ static int on_connect(struct mq_conn *m, const uint8_t *body, size_t n)
         c->ses.cl.close_after_reply = 1; /* 3.2.2-5: CONNACK, then close */
         return mqtt_put_connack(&c->out, 0, rc) ? H_CLOSE : H_OK;
     }
-    c->ses.cl.authenticated = 1;
     /* kept (a new persistent session too, so a restart finds it), or a session a
      * clean CONNECT ends gone from the store: CONNACK once the log holds that */
     if (k.clean && k.client_id.n) { /* (an id the server assigned never had a saved session) */

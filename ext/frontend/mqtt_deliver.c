@@ -37,7 +37,9 @@ struct mq_flight *mq_flight_find(struct mq_sess *s, uint16_t id)
 void mq_flight_drop(struct mq_sess *s, struct mq_flight *f)
 {
     free(f->pkt);
-    *f = s->flight[--s->nflight];
+    /* in the order they were sent: a reconnect resends them so (4.6) */
+    size_t i = (size_t)(f - s->flight);
+    memmove(f, f + 1, (size_t)(--s->nflight - (int)i) * sizeof *f);
 }
 
 int mq_send_publish(struct mq_sess *s, struct kvbuf *out, int qos, int retain, struct mq_topic *topic,
@@ -45,6 +47,8 @@ int mq_send_publish(struct mq_sess *s, struct kvbuf *out, int qos, int retain, s
 {
     if (qos == 0)
         return mqtt_put_publish(out, 0, retain, 0, 0, topic->name, topic->n, payload, plen);
+    if (s->nflight >= 65535)
+        return -EBUSY; /* every packet id is taken */
     if (s->nflight == s->capflight) {
         int nc = s->capflight ? s->capflight * 2 : 16;
         struct mq_flight *v = realloc(s->flight, sizeof *v * (size_t)nc);
@@ -216,8 +220,17 @@ static int64_t read_tail(void *arg, const struct kvt_state *cur, struct kvt_chan
             qos = k->qos;
         /* 3.3.1-9: RETAIN is 0 on messages for established subscriptions */
         if ((rc = mq_send_publish(d->m->sess, &d->m->c->out, qos, 0, k->topic, (struct mq_id){e.id.ms, e.id.seq},
-                                  payload, plen)))
+                                  payload, plen))) {
+            if (rc == -E2BIG) { /* an entry XADDed larger than MQTT's 256 MB: skipped, counted */
+                atomic_fetch_add_explicit(&d->m->b->st.dropped, 1, memory_order_relaxed);
+                k->last = (struct mq_id){e.id.ms, e.id.seq};
+                rc = 0;
+                continue;
+            }
+            if (rc == -EBUSY) /* no packet id free: the rest after acknowledgements */
+                rc = 0;
             break;
+        }
         k->last = (struct mq_id){e.id.ms, e.id.seq};
         d->n++;
         d->by_qos[qos]++;
@@ -280,6 +293,7 @@ static int send_entries(struct mq_conn *m, long long count)
         }
         if (!k)
             return -1;
+        int full = 0; /* no packet id left: the rest of this stream after acknowledgements */
         for (long long e = 0; e < nent; e++) {
             struct mq_id id;
             if (rr_int(&r, '*', &two) || two != 2 || rr_bulk(&r, &ids, &idn) || parse_id(ids, idn, &id) ||
@@ -307,13 +321,21 @@ static int send_entries(struct mq_conn *m, long long count)
                 qos = 1; /* not published by MQTT: delivered as reliably as the subscription asks */
             if (qos > k->qos)
                 qos = k->qos;
+            if (full)
+                continue;
             /* 3.3.1-9: RETAIN is 0 on messages for established subscriptions */
-            if (mq_send_publish(m->sess, &c->out, qos, 0, k->topic, id, payload, plen))
+            int sr = mq_send_publish(m->sess, &c->out, qos, 0, k->topic, id, payload, plen);
+            if (sr == -EBUSY) {
+                full = 1;
+                continue;
+            }
+            if (sr == -ENOMEM)
                 return -ENOMEM;
-            atomic_fetch_add_explicit(&b->st.out[qos], 1, memory_order_relaxed);
+            /* sent, or larger than MQTT's 256 MB (an XADD's): skipped, counted */
+            atomic_fetch_add_explicit(sr ? &b->st.dropped : &b->st.out[qos], 1, memory_order_relaxed);
             k->last = id;
         }
-        if (nent >= count) /* maybe more: read again */
+        if (nent >= count || full) /* maybe more: read again */
             atomic_store_explicit(&k->dirty, 1, memory_order_relaxed), atomic_store(&m->sess->ready, 1);
     }
     return 0;

@@ -168,6 +168,8 @@ int mq_load_index(struct mq_broker *b, const char *reply, size_t n);
 /* The retained messages read back (HGETALL's reply: topic, QoS byte + payload, ...):
  * kept for topics that have none yet in this run. 0 or -ENOMEM. */
 int mq_load_retained(struct mq_broker *b, const char *reply, size_t n);
+/* The time now, Unix ms (CLOCK_REALTIME, as stream IDs). */
+int64_t mq_unix_ms(void);
 /* Is a session of client id in memory? */
 int mq_sess_known(struct mq_broker *b, const char *id, size_t idlen);
 /* A persistent session as bytes (its filters, the cursors of its links up to what

@@ -12,7 +12,9 @@
  * handoff queues (mutex), per-poller counters (single writer, read by INFO).
  * Connections from the TLS listener (tls-port) take the same path: their reads
  * and writes go through tlsio.h, which runs the handshake inside the first reads.
- * Reads untrusted bytes from sockets; the parser (proto/resp.c) bounds them. */
+ * Connections from the MQTT listener (mqtt-port) carry an mq_conn: their input
+ * goes to mqtt_input (frontend/mqtt.h), and the poller wakes their subscribers.
+ * Reads untrusted bytes from sockets; the parsers (proto/resp.c, proto/mqtt.c) bound them. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -493,10 +495,10 @@ static void conn_new(struct poller *p, int fd, int tls, int mqtt)
     list_init(&c->big_node);
     list_add(&p->all, &c->node);
     ses_connect(&c->ses, fd, p->now);
-    if (mqtt && mqtt_conn_new(ps->mqtt, c))
-        conn_close(c);
     st_inc(&p->st->accepted, 1);
     st_inc(&p->st->clients, 1);
+    if (mqtt && mqtt_conn_new(ps->mqtt, c))
+        conn_close(c); /* (out of memory) */
 }
 
 static void do_accept(struct poller *p, int lfd, int tls, int mqtt)

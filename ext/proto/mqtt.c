@@ -350,6 +350,8 @@ int mqtt_put_publish(struct kvbuf *out, int qos, int retain, int dup, uint16_t i
                      const void *payload, size_t plen)
 {
     size_t len = 2 + tlen + (qos ? 2 : 0) + plen;
+    if (len > MQTT_MAX_REMAINING || tlen > 65535)
+        return -E2BIG; /* no PUBLISH can carry it */
     if (kvbuf_reserve(out, len + 5) || mqtt_put_header(out, MQTT_PUBLISH, (dup ? 8 : 0) | qos << 1 | !!retain, len))
         return -ENOMEM;
     uint8_t *p = (uint8_t *)out->p + out->len;

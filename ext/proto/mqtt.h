@@ -99,6 +99,7 @@ int mqtt_put_header(struct kvbuf *out, int type, int flags, size_t len);
 int mqtt_put_connack(struct kvbuf *out, int session_present, int code);
 /* PUBACK, PUBREC, PUBREL (flags 2), PUBCOMP, UNSUBACK: a packet id and nothing else. */
 int mqtt_put_ack(struct kvbuf *out, int type, uint16_t id);
+/* PUBLISH: 0, -E2BIG (larger than a packet can be: nothing appended) or -ENOMEM. */
 int mqtt_put_publish(struct kvbuf *out, int qos, int retain, int dup, uint16_t id, const void *topic, size_t tlen,
                      const void *payload, size_t plen);
 int mqtt_put_suback(struct kvbuf *out, uint16_t id, const uint8_t *codes, size_t n);

@@ -865,6 +865,20 @@ def test_requirepass(own_node, raws):
     r.close()
 
 
+def test_persistent_session_with_a_password(own_node, raws):
+    """With --requirepass, a clean-session-0 CONNECT reads its saved session (a command run
+    for the client): it runs as the authenticated client, and the session is kept."""
+    n = own_node(requirepass="pw")
+    cid = uid("pwkeep")
+    for present in (0, 1):
+        c = raws(n.mqtt_port)
+        c.send(w.connect(cid, clean=False, user="u", password="pw"))
+        p = c.expect(w.CONNACK)
+        assert (p.code, p.session_present) == (0, present)
+        c.send(w.disconnect())
+        assert c.closed_within(10)
+
+
 def test_mqtt_users_file_as_mosquitto_passwd_writes_it(own_node, raws, tmp_path):
     """--mqtt-users takes mosquitto_passwd's file ($7$: PBKDF2-SHA512; $6$: salted SHA-512):
     the user's own password lets it in, a wrong one or another user's gets CONNACK 4,
