@@ -49,7 +49,7 @@ from helpers.servers import free_port, start_node, stop_node
 pytestmark = pytest.mark.timeout(120)
 
 WAIT = 10.0    # the most any wait for something that should happen takes
-GRACE = 0.5    # how long a check that nothing (more) arrives waits
+GRACE = 0.3    # how long a check that nothing (more) arrives waits
 
 SERVERS = ("kvstore", "mosquitto")
 NAMES = {w.CONNACK: "CONNACK", w.PUBLISH: "PUBLISH", w.PUBACK: "PUBACK", w.PUBREC: "PUBREC",
