@@ -61,10 +61,9 @@ static struct mq_topic *topic_find(struct mq_broker *b, const char *name, size_t
     return NULL;
 }
 
-static int link_add(struct mq_sess *s, struct mq_topic *t, int qos, int64_t since_ms);
 
 /* The topic, created (and linked to every session with a filter matching it) when new. */
-static struct mq_topic *topic_get(struct mq_broker *b, const char *name, size_t n)
+struct mq_topic *mq_topic_get(struct mq_broker *b, const char *name, size_t n)
 {
     uint64_t h = hash(name, n);
     struct mq_topic *t = topic_find(b, name, n, h);
@@ -90,7 +89,7 @@ static struct mq_topic *topic_get(struct mq_broker *b, const char *name, size_t 
                 qos = f->qos;
                 since = f->since_ms;
             }
-        if (qos >= 0 && link_add(s, t, qos, since))
+        if (qos >= 0 && mq_link_add(s, t, qos, since))
             kvlog_write(KVLOG_WARNING, "mqtt: out of memory linking topic %.*s to client %.*s", (int)n, name,
                         (int)s->idlen, s->id);
     }
@@ -99,7 +98,7 @@ static struct mq_topic *topic_get(struct mq_broker *b, const char *name, size_t 
 
 /* ---- links */
 
-static struct mq_link *link_of(struct mq_sess *s, struct mq_topic *t)
+struct mq_link *mq_link_of(struct mq_sess *s, struct mq_topic *t)
 {
     for (int i = 0; i < s->nlinks; i++)
         if (s->links[i]->topic == t)
@@ -121,9 +120,9 @@ static void raise_link(struct mq_link *k)
 /* Link s to t (or raise the QoS of its link). Messages with IDs from since_ms on
  * are due: the subscription's time, so a topic first seen now is read from its
  * start, and an old stream only from when the filter was subscribed. */
-static int link_add(struct mq_sess *s, struct mq_topic *t, int qos, int64_t since_ms)
+int mq_link_add(struct mq_sess *s, struct mq_topic *t, int qos, int64_t since_ms)
 {
-    struct mq_link *k = link_of(s, t);
+    struct mq_link *k = mq_link_of(s, t);
     if (k) {
         k->qos = qos > k->qos ? qos : k->qos;
         return 0;
@@ -184,7 +183,7 @@ void mq_tap(void *arg, const void *key, size_t klen)
     if (!mqtt_topic_ok((const uint8_t *)name, n))
         return; /* a key under the prefix that no client could subscribe to */
     pthread_mutex_lock(&b->lock);
-    struct mq_topic *t = topic_get(b, name, n);
+    struct mq_topic *t = mq_topic_get(b, name, n);
     if (t)
         for (struct list *l = t->links.next; l != &t->links; l = l->next)
             raise_link(list_entry(l, struct mq_link, tnode));
@@ -237,7 +236,7 @@ int mq_load_index(struct mq_broker *b, const char *p, size_t n)
     for (long long i = 0, count = array_len(&p, end); i < count && !rc && !next_bulk(&p, end, &name, &len); i++) {
         if (!mqtt_topic_ok((const uint8_t *)name, len))
             continue;
-        struct mq_topic *t = topic_get(b, name, len);
+        struct mq_topic *t = mq_topic_get(b, name, len);
         if (t)
             atomic_store_explicit(&t->indexed, 1, memory_order_relaxed);
         else
@@ -259,7 +258,7 @@ int mq_load_retained(struct mq_broker *b, const char *p, size_t n)
          i < count && !rc && !next_bulk(&p, end, &name, &len) && !next_bulk(&p, end, &v, &vlen); i++) {
         if (!mqtt_topic_ok((const uint8_t *)name, len) || vlen < 2 || (uint8_t)v[0] > 2)
             continue; /* not one this broker wrote */
-        struct mq_topic *t = topic_get(b, name, len);
+        struct mq_topic *t = mq_topic_get(b, name, len);
         if (!t) {
             rc = -ENOMEM;
         } else if (!t->has_retained) { /* (one retained in this run already is newer) */
@@ -325,140 +324,6 @@ int mq_sess_known(struct mq_broker *b, const char *id, size_t idlen)
     return known;
 }
 
-/* ---- a persistent session's bytes: "KVMQ 1\n", then lines
- *   f <qos> <since_ms> <len> <filter>\n     a subscription
- *   c <ms> <seq> <len> <topic>\n            a topic's cursor (messages after it are due)
- *   q <packet id>\n                         a QoS 2 id received, PUBREL not yet */
-
-/* The cursor a restart may go on from: before the first message in flight on
- * that topic (not acknowledged), else the last one sent. */
-static struct mq_id acked_cursor(const struct mq_sess *s, const struct mq_link *k)
-{
-    struct mq_id c = k->last;
-    for (int i = 0; i < s->nflight; i++) {
-        const struct mq_flight *f = &s->flight[i];
-        if (f->topic != k->topic || f->state != FLIGHT_PUBLISHED)
-            continue; /* (a QoS 2 message its client received: PUBREC came, not due again) */
-        struct mq_id before = f->eid.seq ? (struct mq_id){f->eid.ms, f->eid.seq - 1}
-                                         : (struct mq_id){f->eid.ms - 1, UINT64_MAX};
-        if (before.ms < c.ms || (before.ms == c.ms && before.seq < c.seq))
-            c = before;
-    }
-    return c;
-}
-
-int mq_sess_save(struct mq_broker *b, struct mq_sess *s, struct kvbuf *out)
-{
-    int rc = kvbuf_printf(out, "KVMQ 1\n");
-    pthread_mutex_lock(&b->lock);
-    for (struct mq_filter *f = s->filters; f && !rc; f = f->next)
-        rc = kvbuf_printf(out, "f %d %lld %zu ", f->qos, (long long)f->since_ms, f->n) ||
-             kvbuf_append(out, f->f, f->n) || kvbuf_append(out, "\n", 1);
-    for (int i = 0; i < s->nlinks && !rc; i++) {
-        struct mq_link *k = s->links[i];
-        if (k->qos == 0)
-            continue; /* QoS 0 is not kept for a client that is away: from the restart on */
-        struct mq_id c = acked_cursor(s, k);
-        rc = kvbuf_printf(out, "c %llu %llu %zu ", (unsigned long long)c.ms, (unsigned long long)c.seq, k->topic->n) ||
-             kvbuf_append(out, k->topic->name, k->topic->n) || kvbuf_append(out, "\n", 1);
-    }
-    pthread_mutex_unlock(&b->lock);
-    for (int id = 1; s->qos2_in && id < 65536 && !rc; id++)
-        if (s->qos2_in[id >> 3] >> (id & 7) & 1)
-            rc = kvbuf_printf(out, "q %d\n", id);
-    return rc ? -ENOMEM : 0;
-}
-
-/* Read "<number> " at *p (bounded by end). */
-static int rd_num(const char **p, const char *end, unsigned long long *v)
-{
-    const char *q = *p;
-    unsigned long long n = 0;
-    int digits = 0;
-    while (q < end && *q >= '0' && *q <= '9' && digits < 20)
-        n = n * 10 + (unsigned long long)(*q++ - '0'), digits++;
-    if (!digits || q >= end || (*q != ' ' && *q != '\n'))
-        return -1;
-    *v = n;
-    *p = q + 1;
-    return 0;
-}
-
-/* Restore s (new, listed, no links yet) from saved; broker lock held. A damaged
- * record is logged and what was read of it kept. */
-static void sess_restore(struct mq_broker *b, struct mq_sess *s, const char *saved, size_t n)
-{
-    const char *p = saved, *end = saved + n;
-    int64_t now = mq_unix_ms();
-    if (n < 7 || memcmp(p, "KVMQ 1\n", 7))
-        goto bad;
-    p += 7;
-    while (p < end) {
-        char kind = *p;
-        unsigned long long a = 0, bb = 0, len = 0;
-        if (p + 2 > end || p[1] != ' ')
-            goto bad;
-        p += 2;
-        if (kind == 'q') {
-            if (rd_num(&p, end, &a) || a == 0 || a > 65535)
-                goto bad;
-            if (!s->qos2_in && !(s->qos2_in = calloc(8192, 1)))
-                goto bad;
-            s->qos2_in[a >> 3] |= (uint8_t)(1 << (a & 7));
-            continue;
-        }
-        if ((kind != 'f' && kind != 'c') || rd_num(&p, end, &a) || rd_num(&p, end, &bb) || rd_num(&p, end, &len) ||
-            len > (unsigned long long)(end - p) - 1 || p[len] != '\n')
-            goto bad;
-        const char *name = p;
-        p += len + 1;
-        if (kind == 'f') {
-            if (a > 2 || !mqtt_filter_ok((const uint8_t *)name, len))
-                goto bad;
-            struct mq_filter *f = malloc(sizeof *f + len + 1);
-            if (!f)
-                goto bad;
-            f->qos = (int)a;
-            f->since_ms = (int64_t)bb;
-            f->n = len;
-            memcpy(f->f, name, len);
-            f->next = s->filters;
-            s->filters = f;
-            s->nfilters++;
-        } else if (mqtt_topic_ok((const uint8_t *)name, len)) {
-            struct mq_topic *t = topic_get(b, name, len); /* (a new topic is linked to s by its filters) */
-            int qos = -1;
-            for (struct mq_filter *f = s->filters; t && f; f = f->next)
-                if (f->qos > qos && mqtt_match((const uint8_t *)f->f, f->n, (const uint8_t *)name, len))
-                    qos = f->qos;
-            if (t && qos >= 0 && !link_of(s, t))
-                link_add(s, t, qos, 0);
-            struct mq_link *k = t ? link_of(s, t) : NULL;
-            if (k)
-                k->last = (struct mq_id){a, bb};
-        }
-    }
-    goto link;
-bad:
-    kvlog_write(KVLOG_WARNING, "mqtt: the saved session of client %.*s is damaged at byte %zu of %zu; kept what "
-                               "was read before it", (int)s->idlen, s->id, (size_t)(p - saved), n);
-link:
-    /* the topics its filters match that have no cursor: QoS 1/2 from the subscription's
-     * time (nothing acknowledged yet), QoS 0 from now */
-    for (size_t i = 0; i < b->tcap; i++)
-        for (struct mq_topic *t = b->topics[i]; t; t = t->hnext) {
-            int qos = -1;
-            int64_t since = now;
-            for (struct mq_filter *f = s->filters; f; f = f->next)
-                if (f->qos > qos && mqtt_match((const uint8_t *)f->f, f->n, (const uint8_t *)t->name, t->n)) {
-                    qos = f->qos;
-                    since = f->qos ? f->since_ms : now;
-                }
-            if (qos >= 0 && !link_of(s, t))
-                link_add(s, t, qos, since);
-        }
-}
-
 int mq_sess_attach(struct mq_broker *b, struct mq_conn *m, const char *id, size_t idlen, int clean, int evfd,
                    struct mq_poller *mp, const char *saved, size_t savedlen)
 {
@@ -508,7 +373,7 @@ int mq_sess_attach(struct mq_broker *b, struct mq_conn *m, const char *id, size_
         b->nsess++;
         atomic_fetch_add_explicit(&b->st.sessions, 1, memory_order_relaxed);
         if (saved && !clean) {
-            sess_restore(b, s, saved, savedlen);
+            mq_sess_restore(b, s, saved, savedlen);
             rc = 1; /* session present: it was kept */
         }
     }
@@ -593,7 +458,7 @@ int mq_subscribe(struct mq_broker *b, struct mq_conn *m, const char *f, size_t n
         for (struct mq_topic *t = b->topics[i]; t && !rc; t = t->hnext) {
             if (!mqtt_match((const uint8_t *)f, n, (const uint8_t *)t->name, t->n))
                 continue;
-            struct mq_link *k = link_of(s, t);
+            struct mq_link *k = mq_link_of(s, t);
             if (!k) {
                 if (nfresh == cap) {
                     size_t nc = cap ? cap * 2 : 16;
@@ -634,10 +499,10 @@ int mq_subscribe(struct mq_broker *b, struct mq_conn *m, const char *f, size_t n
     pthread_mutex_lock(&b->lock);
     for (size_t i = 0; i < nfresh && !rc; i++) {
         struct mq_topic *t = fresh[i];
-        if (link_of(s, t)) /* linked meanwhile: a write made the topic's link (it has its cursor) */
+        if (mq_link_of(s, t)) /* linked meanwhile: a write made the topic's link (it has its cursor) */
             continue;
-        rc = link_add(s, t, qos, 0);
-        struct mq_link *k = rc ? NULL : link_of(s, t);
+        rc = mq_link_add(s, t, qos, 0);
+        struct mq_link *k = rc ? NULL : mq_link_of(s, t);
         if (k)
             k->last = last[i];
     }
@@ -693,7 +558,7 @@ int mq_retain(struct mq_broker *b, const char *topic, size_t tlen, int qos, cons
 {
     int rc = 0;
     pthread_mutex_lock(&b->lock);
-    struct mq_topic *t = topic_get(b, topic, tlen);
+    struct mq_topic *t = mq_topic_get(b, topic, tlen);
     if (!t) {
         rc = -ENOMEM;
     } else if (plen == 0) { /* 3.3.1-10: a zero-byte retained message clears it */

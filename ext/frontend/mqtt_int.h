@@ -168,15 +168,17 @@ int mq_load_index(struct mq_broker *b, const char *reply, size_t n);
 /* The retained messages read back (HGETALL's reply: topic, QoS byte + payload, ...):
  * kept for topics that have none yet in this run. 0 or -ENOMEM. */
 int mq_load_retained(struct mq_broker *b, const char *reply, size_t n);
+/* Broker lock held: the topic (made, and linked to the sessions whose filters match
+ * it, when new; NULL out of memory); s's link to t or NULL; a link of s to t at qos
+ * whose cursor starts at since_ms (0: the stream's start), raised. */
+struct mq_topic *mq_topic_get(struct mq_broker *b, const char *name, size_t n);
+struct mq_link *mq_link_of(struct mq_sess *s, struct mq_topic *t);
+int mq_link_add(struct mq_sess *s, struct mq_topic *t, int qos, int64_t since_ms);
+
 /* The time now, Unix ms (CLOCK_REALTIME, as stream IDs). */
 int64_t mq_unix_ms(void);
 /* Is a session of client id in memory? */
 int mq_sess_known(struct mq_broker *b, const char *id, size_t idlen);
-/* A persistent session as bytes (its filters, the cursors of its links up to what
- * its client acknowledged, the QoS 2 ids it received and has not seen released)
- * appended to out: what the key <mqtt_session_prefix><client id> holds, read back
- * by mq_sess_attach after a restart. 0 or -ENOMEM. */
-int mq_sess_save(struct mq_broker *b, struct mq_sess *s, struct kvbuf *out);
 /* m's connection is gone: detach its session; a clean one is ended. */
 void mq_sess_detach(struct mq_broker *b, struct mq_conn *m);
 /* Subscribe s to filter f (granted qos); existing links keep their cursors. Appends
@@ -190,6 +192,16 @@ int mq_retain(struct mq_broker *b, const char *topic, size_t tlen, int qos, cons
 int mq_dirty_links(struct mq_broker *b, struct mq_sess *s, struct mq_link **v, int max);
 /* The tap (keywait): key was written. */
 void mq_tap(void *arg, const void *key, size_t klen);
+
+/* ---- mqtt_session.c */
+/* A persistent session as bytes (its filters, the cursors of its links up to what
+ * its client acknowledged, the QoS 2 ids it received and has not seen released)
+ * appended to out: what the key <mqtt_session_prefix><client id> holds, read back
+ * by mq_sess_attach after a restart. 0 or -ENOMEM. */
+int mq_sess_save(struct mq_broker *b, struct mq_sess *s, struct kvbuf *out);
+/* Restore s (new, listed, no links yet) from saved (mq_sess_save's bytes); broker
+ * lock held. */
+void mq_sess_restore(struct mq_broker *b, struct mq_sess *s, const char *saved, size_t n);
 
 /* ---- mqtt_users.c: the password file (--mqtt-users, mosquitto_passwd's format) */
 struct mq_users;
