@@ -198,42 +198,22 @@ int mq_topic_claim(void)
     return t && !atomic_exchange_explicit(&t->indexed, 1, memory_order_relaxed);
 }
 
-/* A RESP2 array's header at *p: its length (0 when it is not an array: an empty
- * or absent hash, or not a hash, holds nothing to learn). */
-static long long array_len(const char **p, const char *end)
+/* HKEYS's and HGETALL's replies: an array (anything else -- an empty or absent hash,
+ * not a hash -- holds nothing to learn), then bulk strings. */
+static long long array_len(struct mq_rr *r)
 {
-    if (end - *p < 4 || **p != '*')
-        return 0;
-    char *e;
-    long long n = strtoll(*p + 1, &e, 10);
-    if (e + 2 > end || *e != '\r')
-        return 0;
-    *p = e + 2;
-    return n;
-}
-
-/* The next bulk string at *p: 0 and its bytes, -1 at anything else. */
-static int next_bulk(const char **p, const char *end, const char **s, size_t *n)
-{
-    if (*p >= end || **p != '$')
-        return -1;
-    char *e;
-    long long len = strtoll(*p + 1, &e, 10);
-    if (len < 0 || e + 2 > end || len > end - (e + 2) - 2)
-        return -1;
-    *s = e + 2;
-    *n = (size_t)len;
-    *p = e + 2 + len + 2;
-    return 0;
+    long long n;
+    return mq_rr_int(r, '*', &n) || n < 0 ? 0 : n;
 }
 
 int mq_load_index(struct mq_broker *b, const char *p, size_t n)
 {
-    const char *end = p + n, *name;
+    struct mq_rr r = {p, p + n};
+    const char *name;
     size_t len;
     int rc = 0;
     pthread_mutex_lock(&b->lock);
-    for (long long i = 0, count = array_len(&p, end); i < count && !rc && !next_bulk(&p, end, &name, &len); i++) {
+    for (long long i = 0, count = array_len(&r); i < count && !rc && !mq_rr_bulk(&r, &name, &len); i++) {
         if (!mqtt_topic_ok((const uint8_t *)name, len))
             continue;
         struct mq_topic *t = mq_topic_get(b, name, len);
@@ -250,12 +230,13 @@ int mq_load_index(struct mq_broker *b, const char *p, size_t n)
 
 int mq_load_retained(struct mq_broker *b, const char *p, size_t n)
 {
-    const char *end = p + n, *name, *v;
+    struct mq_rr r = {p, p + n};
+    const char *name, *v;
     size_t len, vlen;
     int rc = 0;
     pthread_mutex_lock(&b->lock);
-    for (long long i = 0, count = array_len(&p, end) / 2;
-         i < count && !rc && !next_bulk(&p, end, &name, &len) && !next_bulk(&p, end, &v, &vlen); i++) {
+    for (long long i = 0, count = array_len(&r) / 2;
+         i < count && !rc && !mq_rr_bulk(&r, &name, &len) && !mq_rr_bulk(&r, &v, &vlen); i++) {
         if (!mqtt_topic_ok((const uint8_t *)name, len) || vlen < 2 || (uint8_t)v[0] > 2)
             continue; /* not one this broker wrote */
         struct mq_topic *t = mq_topic_get(b, name, len);

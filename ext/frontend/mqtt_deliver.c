@@ -80,12 +80,7 @@ int mq_send_publish(struct mq_sess *s, struct kvbuf *out, int qos, int retain, s
 
 /* ---- delivery from the stream tails */
 
-/* A reader of the XREAD reply (RESP2, written by this server): bounded all the same. */
-struct rr {
-    const char *p, *end;
-};
-
-static int rr_int(struct rr *r, char type, long long *v)
+int mq_rr_int(struct mq_rr *r, char type, long long *v)
 {
     if (r->p >= r->end || *r->p != type)
         return -1;
@@ -97,10 +92,10 @@ static int rr_int(struct rr *r, char type, long long *v)
     return 0;
 }
 
-static int rr_bulk(struct rr *r, const char **s, size_t *n)
+int mq_rr_bulk(struct mq_rr *r, const char **s, size_t *n)
 {
     long long len;
-    if (rr_int(r, '$', &len) || len < 0 || len > r->end - r->p - 2)
+    if (mq_rr_int(r, '$', &len) || len < 0 || len > r->end - r->p - 2)
         return -1;
     *s = r->p;
     *n = (size_t)len;
@@ -110,8 +105,8 @@ static int rr_bulk(struct rr *r, const char **s, size_t *n)
 
 int mq_reply_bulk(struct mq_conn *m, const char **v, size_t *n)
 {
-    struct rr r = {m->scratch.p, m->scratch.p + m->scratch.len};
-    return rr_bulk(&r, v, n);
+    struct mq_rr r = {m->scratch.p, m->scratch.p + m->scratch.len};
+    return mq_rr_bulk(&r, v, n);
 }
 
 /* "<ms>-<seq>" (as this server formats IDs) */
@@ -169,25 +164,33 @@ struct tail_read {
     uint64_t by_qos[3];         /* what was sent, by QoS */
 };
 
-/* The entry's payload (its "payload" field, else its first value) and QoS (its
- * "qos" field; none: 1, not published by MQTT: as reliably as the subscription asks). */
+/* What an entry's fields say of its message, one field at a time (i: the field's
+ * index): the payload is its "payload" field, else its first value; the QoS its
+ * "qos" field (none: 1, not published by MQTT: as reliably as the subscription asks). */
+struct message {
+    const char *payload;
+    size_t plen;
+    int qos;                    /* -1 until a "qos" field */
+};
+
+static void message_field(struct message *msg, long long i, const char *f, size_t flen, const char *v, size_t vlen)
+{
+    if ((flen == 7 && !memcmp(f, "payload", 7)) || i == 0) {
+        msg->payload = v;
+        msg->plen = vlen;
+    }
+    if (flen == 3 && !memcmp(f, "qos", 3) && vlen == 1 && v[0] >= '0' && v[0] <= '2')
+        msg->qos = v[0] - '0';
+}
+
 static void entry_message(const struct xs_entry *e, const char **payload, size_t *plen, int *qos)
 {
     const unsigned char *p = e->fields;
     struct xs_field f;
-    int first = 1;
-    *payload = NULL, *plen = 0, *qos = -1;
-    while (xs_field_next(e, &p, &f) == 1) {
-        if ((f.flen == 7 && !memcmp(f.f, "payload", 7)) || (first && !*payload)) {
-            *payload = f.v;
-            *plen = f.vlen;
-        }
-        first = 0;
-        if (f.flen == 3 && !memcmp(f.f, "qos", 3) && f.vlen == 1 && f.v[0] >= '0' && f.v[0] <= '2')
-            *qos = f.v[0] - '0';
-    }
-    if (*qos < 0)
-        *qos = 1;
+    struct message msg = {NULL, 0, -1};
+    for (long long i = 0; xs_field_next(e, &p, &f) == 1; i++)
+        message_field(&msg, i, f.f, f.flen, f.v, f.vlen);
+    *payload = msg.payload, *plen = msg.plen, *qos = msg.qos < 0 ? 1 : msg.qos;
 }
 
 /* kvt_apply's read (arg: struct tail_read): PUBLISH packets of the entries after the
@@ -274,16 +277,16 @@ static int send_entries(struct mq_conn *m, long long count)
 {
     struct mq_broker *b = m->b;
     struct conn *c = m->c;
-    struct rr r = {m->scratch.p, m->scratch.p + m->scratch.len};
+    struct mq_rr r = {m->scratch.p, m->scratch.p + m->scratch.len};
     long long nstreams, two, nent, nf;
     if (r.p < r.end && r.p[0] == '*' && r.p + 1 < r.end && r.p[1] == '-')
         return 0; /* nothing new */
-    if (rr_int(&r, '*', &nstreams))
+    if (mq_rr_int(&r, '*', &nstreams))
         return -1;
     for (long long i = 0; i < nstreams; i++) {
         const char *key, *ids;
         size_t klen, idn;
-        if (rr_int(&r, '*', &two) || two != 2 || rr_bulk(&r, &key, &klen) || rr_int(&r, '*', &nent))
+        if (mq_rr_int(&r, '*', &two) || two != 2 || mq_rr_bulk(&r, &key, &klen) || mq_rr_int(&r, '*', &nent))
             return -1;
         struct mq_link *k = NULL;
         for (int j = 0; j < m->ndlinks && !k; j++) {
@@ -296,29 +299,22 @@ static int send_entries(struct mq_conn *m, long long count)
         int full = 0; /* no packet id left: the rest of this stream after acknowledgements */
         for (long long e = 0; e < nent; e++) {
             struct mq_id id;
-            if (rr_int(&r, '*', &two) || two != 2 || rr_bulk(&r, &ids, &idn) || parse_id(ids, idn, &id) ||
-                rr_int(&r, '*', &nf))
+            if (mq_rr_int(&r, '*', &two) || two != 2 || mq_rr_bulk(&r, &ids, &idn) || parse_id(ids, idn, &id) ||
+                mq_rr_int(&r, '*', &nf))
                 return -1;
-            const char *payload = NULL;
-            size_t plen = 0;
-            int qos = -1, first = 1;
+            struct message msg = {NULL, 0, -1};
             if (nf % 2)
                 return -1;
             for (long long f = 0; f + 1 < nf; f += 2) {
                 const char *fk, *fv;
                 size_t fkn, fvn;
-                if (rr_bulk(&r, &fk, &fkn) || rr_bulk(&r, &fv, &fvn))
+                if (mq_rr_bulk(&r, &fk, &fkn) || mq_rr_bulk(&r, &fv, &fvn))
                     return -1;
-                if ((fkn == 7 && !memcmp(fk, "payload", 7)) || (first && !payload)) {
-                    payload = fv; /* an entry added by XADD without one: its first value */
-                    plen = fvn;
-                }
-                first = 0;
-                if (fkn == 3 && !memcmp(fk, "qos", 3) && fvn == 1 && fv[0] >= '0' && fv[0] <= '2')
-                    qos = fv[0] - '0';
+                message_field(&msg, f / 2, fk, fkn, fv, fvn);
             }
-            if (qos < 0)
-                qos = 1; /* not published by MQTT: delivered as reliably as the subscription asks */
+            const char *payload = msg.payload;
+            size_t plen = msg.plen;
+            int qos = msg.qos < 0 ? 1 : msg.qos;
             if (qos > k->qos)
                 qos = k->qos;
             if (full)

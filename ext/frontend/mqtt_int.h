@@ -230,6 +230,14 @@ void mq_arg(struct mq_conn *m, int *n, const void *s, size_t len);
  * -1 when the reply is an error (mq_run_error: its text), or -ENOMEM. */
 int mq_run(struct mq_conn *m, int argc, uint64_t *need);
 const char *mq_run_error(struct mq_conn *m);
+/* A reader of RESP2 replies this server wrote (XREAD's, HKEYS's, ...): bounded all
+ * the same. mq_rr_int: "<type><n>\r\n" (0 and n, or -1); mq_rr_bulk: a bulk string
+ * (0 and its bytes, or -1: nil or anything else). */
+struct mq_rr {
+    const char *p, *end;
+};
+int mq_rr_int(struct mq_rr *r, char type, long long *v);
+int mq_rr_bulk(struct mq_rr *r, const char **s, size_t *n);
 /* The bulk string mq_run's reply is: 0 and its bytes, or -1 (nil, or not a bulk). */
 int mq_reply_bulk(struct mq_conn *m, const char **v, size_t *n);
 /* Bytes queued to c and not yet sent. */
