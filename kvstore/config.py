@@ -402,6 +402,13 @@ class ServerConfig:
         20, "QoS 1 and 2 messages sent to one subscriber and not yet acknowledged (Mosquitto's "
             "max_inflight_messages): more wait in their streams until it acknowledges.", min=1, max=65535,
         c="mqtt_max_inflight")
+    mqtt_max_queued: int = setting(
+        1000, "A session's queue: messages written to the topics it subscribes to and not yet sent to it "
+              "(Mosquitto's max_queued_messages). Past it, messages it takes at QoS 0 are dropped, oldest first, "
+              "and counted (INFO mqtt_dropped_queue_full); a QoS 1/2 publisher to its topics is slowed: its "
+              "PUBACKs (PUBRECs) are withheld, so a client with an in-flight window waits, until the queue is "
+              "down to half. A session that is away slows no one (its messages wait in their streams). 0: no "
+              "bound.", min=0, c="mqtt_max_queued")
     mqtt_max_sessions: int = setting(
         100000, "MQTT sessions at once (connected, and persistent ones of clients away); a CONNECT past it is "
                 "refused with CONNACK 3 (server unavailable).", min=1, c="mqtt_max_sessions")

@@ -95,6 +95,8 @@ struct kv_config {
     const char *mqtt_users;            /* password file (mosquitto_passwd's format), NULL or "": none */
     int mqtt_max_packet;               /* bytes: a larger packet closes its connection */
     int mqtt_max_inflight;             /* QoS 1/2 messages sent to a client and not acknowledged */
+    long long mqtt_max_queued;         /* a session's queue: QoS 0 past it dropped, QoS 1/2 publishers
+                                          slowed (0: no bound) */
     int mqtt_max_sessions;             /* a CONNECT past it: CONNACK 3 (server unavailable) */
     long long mqtt_stream_maxlen;      /* MAXLEN ~ for each topic's stream (0: keep every message) */
 };

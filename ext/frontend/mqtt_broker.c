@@ -23,8 +23,10 @@
 
 static uint64_t hash(const void *p, size_t n) { return kvt_hash(p, n); }
 
-/* The topic the last tap on this thread found (topics live as long as the broker). */
+/* The topic the last tap on this thread found (topics live as long as the broker),
+ * and whether that write filled the queue of a session taking it at QoS 1/2. */
 static __thread struct mq_topic *tapped;
+static __thread int tapped_full;
 
 /* ---- hash tables (chained through the first member) */
 
@@ -148,9 +150,68 @@ int mq_link_add(struct mq_sess *s, struct mq_topic *t, int qos, int64_t since_ms
     return 0;
 }
 
+/* *v -= n, not below 0 (what was in a stream before its link was made is sent but
+ * was never counted); returns what is left. */
+static int64_t sub_floor(_Atomic int64_t *v, int64_t n)
+{
+    int64_t old = atomic_load(v), left;
+    do
+        left = old > n ? old - n : 0;
+    while (!atomic_compare_exchange_weak(v, &old, left));
+    return left;
+}
+
+void mq_wake_slowed(struct mq_broker *b, struct mq_sess *s)
+{
+    uint64_t mask = atomic_exchange(&s->slowed, 0);
+    for (int i = 0; mask; i++, mask >>= 1)
+        if (mask & 1) {
+            struct poller *p = atomic_load_explicit(&b->slow_p[i], memory_order_relaxed);
+            atomic_store_explicit(&p->mq.wake, 1, memory_order_release);
+            uint64_t one = 1;
+            (void)!write(p->evfd, &one, sizeof one);
+        }
+}
+
+void mq_dequeued(struct mq_broker *b, struct mq_link *k, int64_t n)
+{
+    sub_floor(&k->queued, n);
+    struct mq_sess *s = k->sess;
+    /* (seq_cst, as mq_slow's: either it sees the queue down or this sees its bit) */
+    if (sub_floor(&s->queued, n) <= b->eng->cfg.mqtt_max_queued / 2 && atomic_load(&s->slowed))
+        mq_wake_slowed(b, s);
+}
+
+static int queue_full(const struct mq_broker *b, const struct mq_link *k, int64_t at)
+{
+    return b->eng->cfg.mqtt_max_queued > 0 && k->qos > 0 && k->sess->conn && atomic_load(&k->sess->queued) > at;
+}
+
+int mq_slow(struct mq_broker *b, struct mq_conn *m)
+{
+    struct poller *p = m->c->p;
+    int bit = p->idx % 64, slowed = 0;
+    atomic_store_explicit(&b->slow_p[bit], p, memory_order_relaxed);
+    pthread_mutex_lock(&b->lock);
+    struct mq_topic *t = m->slowed_on;
+    for (struct list *l = t->links.next; l != &t->links; l = l->next) {
+        struct mq_link *k = list_entry(l, struct mq_link, tnode);
+        if (k->qos > 0 && k->sess->conn) {
+            atomic_fetch_or(&k->sess->slowed, (uint64_t)1 << bit); /* before the look at its queue */
+            if (queue_full(b, k, b->eng->cfg.mqtt_max_queued / 2))
+                slowed = 1;
+        }
+    }
+    pthread_mutex_unlock(&b->lock);
+    if (!slowed)
+        m->slowed_on = NULL;
+    return slowed;
+}
+
 static void link_free(struct mq_sess *s, int i)
 {
     struct mq_link *k = s->links[i];
+    sub_floor(&s->queued, atomic_load(&k->queued));
     list_del(&k->tnode);
     free(k);
     s->links[i] = s->links[--s->nlinks];
@@ -180,21 +241,29 @@ void mq_tap(void *arg, const void *key, size_t klen)
     const char *name = (const char *)key + b->plen;
     size_t n = klen - b->plen;
     tapped = NULL;
+    tapped_full = 0;
     if (!mqtt_topic_ok((const uint8_t *)name, n))
         return; /* a key under the prefix that no client could subscribe to */
     pthread_mutex_lock(&b->lock);
     struct mq_topic *t = mq_topic_get(b, name, n);
     if (t)
-        for (struct list *l = t->links.next; l != &t->links; l = l->next)
-            raise_link(list_entry(l, struct mq_link, tnode));
+        for (struct list *l = t->links.next; l != &t->links; l = l->next) {
+            struct mq_link *k = list_entry(l, struct mq_link, tnode);
+            atomic_fetch_add_explicit(&k->queued, 1, memory_order_relaxed);
+            atomic_fetch_add_explicit(&k->sess->queued, 1, memory_order_relaxed);
+            if (queue_full(b, k, b->eng->cfg.mqtt_max_queued - 1))
+                tapped_full = 1;
+            raise_link(k);
+        }
     pthread_mutex_unlock(&b->lock);
     tapped = t;
 }
 
-int mq_topic_claim(void)
+int mq_topic_claim(struct mq_topic **full)
 {
     struct mq_topic *t = tapped;
     tapped = NULL;
+    *full = tapped_full ? t : NULL;
     return t && !atomic_exchange_explicit(&t->indexed, 1, memory_order_relaxed);
 }
 
@@ -274,6 +343,7 @@ static void sess_end(struct mq_broker *b, struct mq_sess *s)
     if (*p == s)
         *p = s->hnext;
     list_del(&s->node);
+    mq_wake_slowed(b, s);
     while (s->nlinks)
         link_free(s, 0);
     free(s->links);
@@ -382,6 +452,7 @@ void mq_sess_detach(struct mq_broker *b, struct mq_conn *m)
     s->conn = NULL;
     s->mp = NULL;
     s->evfd = -1;
+    mq_wake_slowed(b, s); /* away, it slows no one */
     if (s->waiter_mp) { /* a CONNECT waits for this: its poller tries it again now */
         atomic_store_explicit(&s->waiter_mp->wake, 1, memory_order_release);
         uint64_t one = 1;
@@ -577,12 +648,14 @@ static void info(void *arg, struct kvbuf *out)
                  "mqtt_topics:%zu\r\nmqtt_retained:%llu\r\n"
                  "mqtt_messages_in_qos0:%llu\r\nmqtt_messages_in_qos1:%llu\r\nmqtt_messages_in_qos2:%llu\r\n"
                  "mqtt_messages_out_qos0:%llu\r\nmqtt_messages_out_qos1:%llu\r\nmqtt_messages_out_qos2:%llu\r\n"
-                 "mqtt_dropped:%llu\r\nmqtt_refused_connections:%llu\r\nmqtt_malformed_packets:%llu\r\n",
+                 "mqtt_dropped:%llu\r\nmqtt_dropped_queue_full:%llu\r\nmqtt_publishers_slowed:%llu\r\n"
+                 "mqtt_refused_connections:%llu\r\nmqtt_malformed_packets:%llu\r\n",
                  b->eng->mqtt_port, b->prefix, (unsigned long long)L(st->connections),
                  (unsigned long long)L(st->sessions), topics, (unsigned long long)L(st->retained),
                  (unsigned long long)L(st->in[0]), (unsigned long long)L(st->in[1]), (unsigned long long)L(st->in[2]),
                  (unsigned long long)L(st->out[0]), (unsigned long long)L(st->out[1]),
                  (unsigned long long)L(st->out[2]), (unsigned long long)L(st->dropped),
+                 (unsigned long long)L(st->queue_dropped), (unsigned long long)L(st->slowed),
                  (unsigned long long)L(st->refused), (unsigned long long)L(st->malformed));
 #undef L
 }

@@ -77,6 +77,7 @@ void mqtt_conn_free(struct conn *c)
         m->next->prev = m->prev;
     kvbuf_free(&m->scratch);
     kvbuf_free(&m->args);
+    free(m->acks);
     free(m->will);
     free(m);
     c->mq = NULL;
@@ -170,7 +171,12 @@ static int store(struct mq_conn *m, const void *topic, size_t tlen, const void *
         mq_arg(m, &n, m->at, strlen(m->at));
         if ((rc = mq_run(m, n, need)) == SES_STALL || rc < 0)
             return rc;
-        m->step = mq_topic_claim() ? PUB_INDEX : PUB_RETAIN;
+        struct mq_topic *full;
+        m->step = mq_topic_claim(&full) ? PUB_INDEX : PUB_RETAIN;
+        if (full && qos > 0 && !m->slowed_on) { /* a subscriber's queue is full: this publisher waits */
+            m->slowed_on = full;
+            atomic_fetch_add_explicit(&b->st.slowed, 1, memory_order_relaxed);
+        }
     }
     if (m->step == PUB_INDEX) { /* a topic new to this run: in the index a restart reads */
         int n = 0;
@@ -296,6 +302,39 @@ static int ack(struct conn *c, int type, uint16_t id, uint64_t need)
     if (mqtt_put_ack(&c->out, type, id))
         return -ENOMEM;
     return ses_hold(&c->ses, at, need);
+}
+
+/* A PUBACK or PUBREC: queued behind the ones withheld while the publisher is slowed
+ * (they leave in the order of their PUBLISHes, 4.6), else as ack. 0 or -ENOMEM. */
+static int pub_ack(struct mq_conn *m, int type, uint16_t id, uint64_t need)
+{
+    if (!m->slowed_on && !m->nacks)
+        return ack(m->c, type, id, need);
+    if (m->nacks == m->capacks) {
+        int nc = m->capacks ? m->capacks * 2 : 64;
+        struct mq_ack *v = realloc(m->acks, sizeof *v * (size_t)nc);
+        if (!v)
+            return -ENOMEM;
+        m->acks = v;
+        m->capacks = nc;
+    }
+    m->acks[m->nacks++] = (struct mq_ack){need, id, (uint8_t)type};
+    return 0;
+}
+
+void mq_release_acks(struct mq_conn *m)
+{
+    struct conn *c = m->c;
+    if (!m->nacks || c->closed || (m->slowed_on && mq_slow(m->b, m)))
+        return;
+    for (int i = 0; i < m->nacks; i++)
+        if (ack(c, m->acks[i].type, m->acks[i].id, m->acks[i].need)) {
+            mq_logf(m, "out of memory", NULL);
+            pconn_close(c);
+            return;
+        }
+    m->nacks = 0;
+    pconn_pending(c);
 }
 
 /* ---- packets */
@@ -432,7 +471,6 @@ static int on_connect(struct mq_conn *m, const uint8_t *body, size_t n)
 
 static int on_publish(struct mq_conn *m, int flags, const uint8_t *body, size_t n)
 {
-    struct conn *c = m->c;
     struct mq_broker *b = m->b;
     struct mqtt_publish pb;
     const char *err;
@@ -449,7 +487,7 @@ static int on_publish(struct mq_conn *m, int flags, const uint8_t *body, size_t 
          * everything logged so far. */
         need = eng_log_appended(b->eng);
         int h = run_result(m, save_session(m, &need), "saving its session");
-        return h != H_OK ? h : ack(c, MQTT_PUBREC, pb.id, need) ? H_CLOSE : H_OK;
+        return h != H_OK ? h : pub_ack(m, MQTT_PUBREC, pb.id, need) ? H_CLOSE : H_OK;
     }
     int rc = store(m, pb.topic.p, pb.topic.n, pb.payload.p, pb.payload.n, pb.qos, pb.retain, &need);
     if (rc == SES_STALL)
@@ -468,7 +506,7 @@ static int on_publish(struct mq_conn *m, int flags, const uint8_t *body, size_t 
     }
     atomic_fetch_add_explicit(&b->st.in[pb.qos], 1, memory_order_relaxed);
     if (pb.qos == 1)
-        return ack(c, MQTT_PUBACK, pb.id, need) ? H_CLOSE : H_OK;
+        return pub_ack(m, MQTT_PUBACK, pb.id, need) ? H_CLOSE : H_OK;
     if (pb.qos == 2) {
         if (!s->qos2_in && !(s->qos2_in = calloc(8192, 1)))
             return H_CLOSE;
@@ -477,7 +515,7 @@ static int on_publish(struct mq_conn *m, int flags, const uint8_t *body, size_t 
         int h = run_result(m, save_session(m, &need), "saving its session");
         if (h == H_STALL)
             return H_STALL; /* run again: the id is known now, the message is not stored again */
-        return h != H_OK ? h : ack(c, MQTT_PUBREC, pb.id, need) ? H_CLOSE : H_OK;
+        return h != H_OK ? h : pub_ack(m, MQTT_PUBREC, pb.id, need) ? H_CLOSE : H_OK;
     }
     return H_OK;
 }
@@ -630,6 +668,7 @@ void mqtt_input(struct conn *c)
             kvlog_rated(&mq_bad_rate, KVLOG_WARNING, "mqtt: saving the session of %.*s failed: %s",
                         (int)m->sess->idlen, m->sess->id, rc == -1 ? mq_run_error(m) : "out of memory");
     }
+    mq_release_acks(m);
     if (m->delivering) { /* a delivery stalled: it goes first */
         mq_deliver(m);
         if (c->closed || pconn_stalled(c))
@@ -639,6 +678,10 @@ void mqtt_input(struct conn *c)
     while (!c->closed && !pconn_stalled(c) && !c->ses.cl.close_after_reply) {
         if (mq_backlog(c) > OUT_PAUSE) {
             c->paused = 1; /* as RESP: no input until the client reads */
+            break;
+        }
+        if (m->nacks >= ACKS_MAX) {
+            pconn_stall(c); /* a client that does not wait for its acknowledgements: no input either */
             break;
         }
         struct mqtt_frame f;
@@ -717,6 +760,8 @@ void mqtt_cron(struct poller *p)
     for (struct mq_conn *m = p->mq.conns, *next; m; m = next) {
         next = m->next;
         struct conn *c = m->c;
+        if (m->nacks)
+            mq_release_acks(m); /* (were a wake-up missed) */
         if (c->closed)
             continue;
         int64_t idle = p->now - m->last_in_ms;

@@ -161,8 +161,39 @@ struct tail_read {
     struct mq_conn *m;
     struct mq_link *k;
     long long count, n;
+    int64_t over;               /* the session's queue past mqtt_max_queued: QoS 0 ones to drop */
+    long long skipped;          /* dropped */
     uint64_t by_qos[3];         /* what was sent, by QoS */
 };
+
+#define SKIP_MAX 4096 /* QoS 0 messages one read drops at most (under the shard lock) */
+
+/* How far the session's queue is past its bound (mqtt_max_queued; 0: none). */
+static int64_t queue_over(const struct mq_conn *m)
+{
+    int64_t max = m->b->eng->cfg.mqtt_max_queued, q = atomic_load_explicit(&m->sess->queued, memory_order_relaxed);
+    return max > 0 && q > max ? q - max : 0;
+}
+
+/* Messages delivered at QoS 0 past a full queue are dropped, oldest first (counted). */
+static int drop_it(int64_t *over, int qos)
+{
+    if (*over <= 0 || qos > 0)
+        return 0;
+    --*over;
+    return 1;
+}
+
+/* The end of a read of k: n sent or dropped, of which skipped dropped. */
+static void read_done(struct mq_broker *b, struct mq_link *k, long long n, long long skipped)
+{
+    if (skipped) {
+        atomic_fetch_add_explicit(&b->st.dropped, (uint64_t)skipped, memory_order_relaxed);
+        atomic_fetch_add_explicit(&b->st.queue_dropped, (uint64_t)skipped, memory_order_relaxed);
+    }
+    if (n)
+        mq_dequeued(b, k, n);
+}
 
 /* What an entry's fields say of its message, one field at a time (i: the field's
  * index): the payload is its "payload" field, else its first value; the QoS its
@@ -214,13 +245,18 @@ static int64_t read_tail(void *arg, const struct kvt_state *cur, struct kvt_chan
     it.want = (uint64_t)d->count;
     struct xs_entry e;
     int rc = 0;
-    while (d->n < d->count && xs_iter_next(&it, &e) == 1) {
+    while (d->n < d->count && d->skipped < SKIP_MAX && xs_iter_next(&it, &e) == 1) {
         const char *payload;
         size_t plen;
         int qos;
         entry_message(&e, &payload, &plen, &qos);
         if (qos > k->qos)
             qos = k->qos;
+        if (drop_it(&d->over, qos)) {
+            k->last = (struct mq_id){e.id.ms, e.id.seq};
+            d->skipped++;
+            continue;
+        }
         /* 3.3.1-9: RETAIN is 0 on messages for established subscriptions */
         if ((rc = mq_send_publish(d->m->sess, &d->m->c->out, qos, 0, k->topic, (struct mq_id){e.id.ms, e.id.seq},
                                   payload, plen))) {
@@ -239,11 +275,11 @@ static int64_t read_tail(void *arg, const struct kvt_state *cur, struct kvt_chan
         d->by_qos[qos]++;
     }
     xs_iter_done(&it);
-    return rc ? rc : d->n;
+    return rc ? rc : d->n + d->skipped;
 }
 
 /* Send what link k's stream holds past its cursor, at most count, straight from the
- * table: the entries read, -ENODATA (a batch or the key is out of memory: nothing
+ * table: the entries read (sent or dropped), -ENODATA (a batch or the key is out of memory: nothing
  * sent, XREAD brings it back), -EINVAL (not a stream), -ENOMEM. */
 static long long direct_read(struct mq_conn *m, struct mq_link *k, long long count)
 {
@@ -256,7 +292,7 @@ static long long direct_read(struct mq_conn *m, struct mq_link *k, long long cou
     m->args.len = 0;
     if (kvbuf_append(&m->args, b->prefix, b->plen) || kvbuf_append(&m->args, k->topic->name, k->topic->n))
         return -ENOMEM;
-    struct tail_read d = {m, k, count, 0};
+    struct tail_read d = {m, k, count, 0, queue_over(m), 0, {0}};
     int64_t rc = kvt_apply(b->eng->table, m->args.p, m->args.len, read_tail, &d);
     if (rc < 0) { /* undone: what it appended, the packet ids it took, the cursor */
         c->out.len = out0;
@@ -268,6 +304,7 @@ static long long direct_read(struct mq_conn *m, struct mq_link *k, long long cou
     for (int q = 0; q < 3; q++)
         if (d.by_qos[q])
             atomic_fetch_add_explicit(&b->st.out[q], d.by_qos[q], memory_order_relaxed);
+    read_done(b, k, rc, d.skipped);
     return rc;
 }
 
@@ -297,6 +334,8 @@ static int send_entries(struct mq_conn *m, long long count)
         if (!k)
             return -1;
         int full = 0; /* no packet id left: the rest of this stream after acknowledgements */
+        int64_t over = queue_over(m);
+        long long done = 0, skipped = 0;
         for (long long e = 0; e < nent; e++) {
             struct mq_id id;
             if (mq_rr_int(&r, '*', &two) || two != 2 || mq_rr_bulk(&r, &ids, &idn) || parse_id(ids, idn, &id) ||
@@ -319,10 +358,17 @@ static int send_entries(struct mq_conn *m, long long count)
                 qos = k->qos;
             if (full)
                 continue;
+            done++;
+            if (drop_it(&over, qos)) {
+                skipped++;
+                k->last = id;
+                continue;
+            }
             /* 3.3.1-9: RETAIN is 0 on messages for established subscriptions */
             int sr = mq_send_publish(m->sess, &c->out, qos, 0, k->topic, id, payload, plen);
             if (sr == -EBUSY) {
                 full = 1;
+                done--;
                 continue;
             }
             if (sr == -ENOMEM)
@@ -331,6 +377,7 @@ static int send_entries(struct mq_conn *m, long long count)
             atomic_fetch_add_explicit(sr ? &b->st.dropped : &b->st.out[qos], 1, memory_order_relaxed);
             k->last = id;
         }
+        read_done(b, k, done, skipped);
         if (nent >= count || full) /* maybe more: read again */
             atomic_store_explicit(&k->dirty, 1, memory_order_relaxed), atomic_store(&m->sess->ready, 1);
     }
@@ -500,6 +547,8 @@ void mqtt_wakeups(struct poller *p)
         next = m->next;
         if (m->c->closed)
             continue;
+        if (m->nacks)
+            mq_release_acks(m); /* woken by a subscriber whose queue went down */
         if (m->waiting) {
             mqtt_input(m->c);
             if (!m->c->closed)

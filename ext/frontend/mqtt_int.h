@@ -43,6 +43,8 @@ struct mq_link {
     struct mq_sess *sess;
     int qos;                     /* the largest QoS its session's matching filters grant */
     _Atomic int dirty;           /* the stream was written since the session last read it */
+    _Atomic int64_t queued;      /* writes to its stream counted by the tap, not yet sent to
+                                    its session or dropped (what was there before: not counted) */
     struct mq_id last;           /* messages after this one are due (the session's thread) */
 };
 
@@ -74,6 +76,8 @@ struct mq_sess {
     struct mq_poller *mp;        /* that connection's poller and eventfd (broker lock) */
     int evfd;
     _Atomic int ready;           /* some link is dirty */
+    _Atomic int64_t queued;      /* the sum of its links' queued: its queue (mqtt_max_queued) */
+    _Atomic uint64_t slowed;     /* pollers (bit idx % 64) where a publisher waits for it */
     int clean;
     struct mq_poller *waiter_mp; /* a CONNECT waiting for this session's connection to go: */
     int waiter_evfd;             /* woken when it has (broker lock) */
@@ -92,6 +96,13 @@ struct mq_sess {
     char id[];
 };
 
+struct mq_ack {
+    uint64_t need;               /* the LSN the log must hold first */
+    uint16_t id;
+    uint8_t type;
+};
+#define ACKS_MAX 65536 /* withheld; then its input waits too */
+
 struct mq_conn {
     struct mq_conn *prev, *next; /* on its poller's list */
     struct mq_broker *b;
@@ -102,6 +113,9 @@ struct mq_conn {
     _Atomic int kicked;          /* taken over by a new connection (set by its thread): closing */
     int keepalive;               /* seconds, 0: none */
     int64_t last_in_ms;          /* CLOCK_MONOTONIC_COARSE */
+    struct mq_topic *slowed_on;  /* its last QoS 1/2 message filled a connected session's queue */
+    struct mq_ack *acks;         /* the PUBACKs/PUBRECs withheld meanwhile, in order */
+    int nacks, capacks;
     int step;                    /* a publish resumed after a stall: its next part (PUB_*) */
     char at[24];                 /* that publish's receive time, kept across the stall */
     int delivering;              /* a delivery's XREAD stalled: it runs again first (argc) */
@@ -128,6 +142,7 @@ struct mq_conn {
 
 struct mq_stats {
     _Atomic uint64_t connections, sessions, in[3], out[3], retained, dropped, refused, malformed;
+    _Atomic uint64_t queue_dropped, slowed; /* QoS 0 past a session's queue bound; publishers slowed */
 };
 
 struct mq_broker {
@@ -145,6 +160,7 @@ struct mq_broker {
     _Atomic int indexed;         /* the topic index was read (mq_load_index) */
     _Atomic int retained_loaded; /* the retained messages were read (mq_load_retained) */
     struct mq_users *users;      /* --mqtt-users, or NULL */
+    struct poller *_Atomic slow_p[64]; /* the poller of slowed-bit i (idx % 64) */
     struct mq_stats st;
 };
 
@@ -160,8 +176,20 @@ int mq_sess_attach(struct mq_broker *b, struct mq_conn *m, const char *id, size_
 /* After an XADD by MQTT on this thread: 1 if its topic must be put in the topic
  * index (the hash whose key is the prefix itself, which no topic can be: HKEYS lists
  * every topic published), which the caller does; 0 if it is there already. The tap
- * (which that XADD ran) left the topic in a thread-local: no lock. */
-int mq_topic_claim(void);
+ * (which that XADD ran) left the topic in a thread-local: no lock. *full is that
+ * topic if the write filled the queue (mqtt_max_queued) of a connected session that
+ * takes it at QoS 1 or 2, else NULL. */
+int mq_topic_claim(struct mq_topic **full);
+/* m's publisher is slowed (m->slowed_on set: its PUBACKs/PUBRECs withheld) while a
+ * connected session taking that topic at QoS 1/2 has more than half of
+ * mqtt_max_queued queued: 1 still so (its poller is woken when that queue is down to
+ * half), 0 not (slowed_on cleared). */
+int mq_slow(struct mq_broker *b, struct mq_conn *m);
+/* n messages of link k were sent or dropped: its queue and its session's shrink;
+ * publishers waiting for the session are woken once that is down to half. */
+void mq_dequeued(struct mq_broker *b, struct mq_link *k, int64_t n);
+/* Wake the publishers waiting for s (any thread). */
+void mq_wake_slowed(struct mq_broker *b, struct mq_sess *s);
 /* The index read back (a RESP array of topics, HKEYS's reply): every topic known,
  * linked to the sessions whose filters match it. 0 or -ENOMEM. */
 int mq_load_index(struct mq_broker *b, const char *reply, size_t n);
@@ -242,6 +270,8 @@ int mq_rr_bulk(struct mq_rr *r, const char **s, size_t *n);
 int mq_reply_bulk(struct mq_conn *m, const char **v, size_t *n);
 /* Bytes queued to c and not yet sent. */
 size_t mq_backlog(const struct conn *c);
+/* The acknowledgements withheld from a slowed publisher go out once it is no longer so. */
+void mq_release_acks(struct mq_conn *m);
 /* Deliver what the session's raised links have (mqtt_deliver.c). */
 void mq_deliver(struct mq_conn *m);
 struct mq_flight *mq_flight_find(struct mq_sess *s, uint16_t id);

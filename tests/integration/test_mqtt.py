@@ -1314,6 +1314,95 @@ def test_max_inflight_holds_further_messages_until_acknowledged(own_node, raws):
     assert [next_publish(sub).payload for _ in range(2)] == [b"m3", b"m4"]
 
 
+def test_a_full_queue_drops_the_oldest_qos0_messages_and_counts_them(own_node, raws):
+    """--mqtt-max-queued: a persistent session away while 300 QoS 0 messages arrive finds the
+    newest 50 when it comes back; the 250 before them are dropped, oldest first, and counted.
+    A session taking its topic at QoS 1 loses nothing (and, away, slows no one)."""
+    n = own_node(mqtt_max_queued=50)
+    r = redis.Redis(host="127.0.0.1", port=n.port, socket_timeout=TIMEOUT)
+    for cid, qos in (("q0", 0), ("q1", 1)):
+        sub = raw_session(raws, n.mqtt_port, cid, clean=False)
+        sub.send(w.subscribe(1, [(f"{cid}/t", qos)]))
+        sub.expect(w.SUBACK)
+        sub.send(w.disconnect())
+        assert sub.closed_within(10)
+    pub = raw_session(raws, n.mqtt_port)
+    for i in range(300):
+        pub.send(w.publish("q0/t", f"m{i}"))
+    for i in range(300):
+        pub.send(w.publish("q1/t", f"k{i}", qos=1, pid=i + 1))
+        assert pub.expect(w.PUBACK).pid == i + 1
+    assert r.xlen(PREFIX + "q0/t") == 300
+    for cid, want in (("q0", [f"m{i}" for i in range(250, 300)]), ("q1", [f"k{i}" for i in range(300)])):
+        sub = raw_session(raws, n.mqtt_port, cid, clean=False)
+        assert [next_publish(sub).payload.decode() for _ in want] == want
+        assert_no_publish(sub)
+    info = mqtt_info(r)
+    assert info["mqtt_dropped_queue_full"] == 250
+    assert info["mqtt_dropped"] == 250
+    r.close()
+
+
+def test_a_full_queue_slows_qos1_publishers_and_loses_nothing(own_node, raws):
+    """A connected QoS 1 subscriber that does not acknowledge: once its queue holds
+    --mqtt-max-queued messages the publisher's PUBACKs are withheld (its messages are stored
+    all the same); they leave, in order, once the subscriber catches up, and it gets every
+    message once."""
+    n = own_node(mqtt_max_queued=20, mqtt_max_inflight=10)
+    r = redis.Redis(host="127.0.0.1", port=n.port, socket_timeout=TIMEOUT)
+    topic = "slow/t"
+    sub = raw_session(raws, n.mqtt_port)
+    sub.send(w.subscribe(1, [(topic, 1)]))
+    sub.expect(w.SUBACK)
+    pub = raw_session(raws, n.mqtt_port)
+    pub.send(b"".join(w.publish(topic, f"m{i}", qos=1, pid=i + 1) for i in range(100)))
+    wait_until(lambda: r.xlen(PREFIX + topic) == 100, what="all 100 stored")
+    acks = []
+    try:
+        while True:
+            acks.append(pub.expect(w.PUBACK, timeout=GRACE).pid)
+    except TimeoutError:
+        pass
+    # 10 in flight + 20 queued at most before the publisher waits (a little more: the queue
+    # is counted as entries are written, PUBACKs leave as the log takes them)
+    assert len(acks) < 100
+    assert acks == list(range(1, len(acks) + 1))
+    assert mqtt_info(r)["mqtt_publishers_slowed"] >= 1
+    ping_ok(pub)  # slowed, not stopped: its other packets are served
+    got = [next_publish(sub).payload.decode() for _ in range(100)]  # acknowledged now
+    assert got == [f"m{i}" for i in range(100)]
+    while len(acks) < 100:
+        acks.append(pub.expect(w.PUBACK).pid)
+    assert acks == list(range(1, 101))
+    assert_no_publish(sub)
+    assert mqtt_info(r)["mqtt_dropped"] == 0
+    r.close()
+
+
+def test_a_client_slowed_by_its_own_queue_goes_on(own_node, raws):
+    """One connection publishing QoS 1 to a topic it subscribes to at QoS 1, past its own
+    queue bound: its PUBACKs wait for its queue, which shrinks as it acknowledges what it
+    receives (its input is still read), so everything arrives and everything is acknowledged."""
+    n = own_node(mqtt_max_queued=10, mqtt_max_inflight=4)
+    c = raw_session(raws, n.mqtt_port)
+    c.send(w.subscribe(1, [("self/t", 1)]))
+    c.expect(w.SUBACK)
+    c.send(b"".join(w.publish("self/t", f"m{i}", qos=1, pid=i + 1) for i in range(200)))
+    acked, got = [], []
+    deadline = time.monotonic() + TIMEOUT
+    while len(acked) < 200 or len(got) < 200:
+        assert time.monotonic() < deadline, f"{len(acked)} PUBACKs, {len(got)} messages"
+        p = c.read(TIMEOUT)
+        if p.type == w.PUBACK:
+            acked.append(p.pid)
+        else:
+            assert p.type == w.PUBLISH and p.qos == 1
+            got.append(p.payload.decode())
+            c.send(w.puback(p.pid))
+    assert acked == list(range(1, 201))
+    assert got == [f"m{i}" for i in range(200)]
+
+
 def test_max_sessions_refuses_with_server_unavailable(own_node, raws):
     n = own_node(mqtt_max_sessions=2)
     raw_session(raws, n.mqtt_port, "s1")
