@@ -58,8 +58,11 @@ void mqtt_closed(struct conn *c);
 void mqtt_conn_free(struct conn *c);
 /* Its output drained (more may be delivered now). */
 void mqtt_drained(struct conn *c);
-/* The poller's eventfd fired: deliver to the sessions that were woken. */
+/* The poller's eventfd fired, or its round ends: deliver to the sessions that were
+ * woken (a write by this thread itself raises its sessions without the eventfd). */
 void mqtt_wakeups(struct poller *p);
+/* The calling thread is poller p's (at its start). */
+void mqtt_poller_thread(struct poller *p);
 /* Every TCP_CRON_MS: keep-alive expiry, takeovers that wait for the old connection. */
 void mqtt_cron(struct poller *p);
 

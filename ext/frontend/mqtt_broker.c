@@ -108,14 +108,21 @@ struct mq_link *mq_link_of(struct mq_sess *s, struct mq_topic *t)
     return NULL;
 }
 
+/* This thread's poller (NULL on other threads). */
+static __thread struct mq_poller *self;
+
+void mqtt_poller_thread(struct poller *p) { self = &p->mq; }
+
 static void raise_link(struct mq_link *k)
 {
     atomic_store_explicit(&k->dirty, 1, memory_order_release);
     struct mq_sess *s = k->sess;
     if (!atomic_exchange_explicit(&s->ready, 1, memory_order_acq_rel) && s->mp) {
         atomic_store_explicit(&s->mp->wake, 1, memory_order_release);
-        uint64_t one = 1;
-        (void)!write(s->evfd, &one, sizeof one);
+        if (s->mp != self) { /* its own poller looks at the flag before it sleeps */
+            uint64_t one = 1;
+            (void)!write(s->evfd, &one, sizeof one);
+        }
     }
 }
 

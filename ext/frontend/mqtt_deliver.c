@@ -541,7 +541,8 @@ void mqtt_drained(struct conn *c)
 
 void mqtt_wakeups(struct poller *p)
 {
-    if (!atomic_exchange_explicit(&p->mq.wake, 0, memory_order_acq_rel))
+    if (!atomic_load_explicit(&p->mq.wake, memory_order_relaxed) ||
+        !atomic_exchange_explicit(&p->mq.wake, 0, memory_order_acq_rel))
         return;
     for (struct mq_conn *m = p->mq.conns, *next; m; m = next) {
         next = m->next;

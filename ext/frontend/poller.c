@@ -651,10 +651,14 @@ void *poller_main(void *arg)
     struct epoll_event ev[MAX_EVENTS];
     int edge = ps->policy->edge;
     p->log_slot = -1;
+    if (ps->mqtt)
+        mqtt_poller_thread(p);
     while (!atomic_load_explicit(&ps->stopping, memory_order_acquire)) {
         struct wal *w = ps->eng->wal;
         int released = w && log_arm(p, w);
         int timeout = released ? 0 : TCP_CRON_MS;
+        if (ps->mqtt && atomic_load_explicit(&p->mq.wake, memory_order_relaxed))
+            timeout = 0; /* sessions this thread's own writes raised (the cron's too) */
         if (p->block_deadline != INT64_MAX && !released) { /* a parked read's time */
             int64_t left = p->block_deadline - kv_mono_ms();
             timeout = left <= 0 ? 0 : left < timeout ? (int)left : timeout;
@@ -695,6 +699,8 @@ void *poller_main(void *arg)
         }
         if (p->block_deadline != INT64_MAX && kv_mono_ms() >= p->block_deadline)
             retry_stalled(p); /* parked reads whose time is up reply now */
+        if (ps->mqtt)
+            mqtt_wakeups(p); /* subscribers this round's writes raised */
         flush_round(p);
         if (p->now - p->last_cron >= TCP_CRON_MS) {
             p->last_cron = p->now;
