@@ -37,16 +37,11 @@
 
 #include "core/kvbuf.h"
 #include "proto/mqtt.h"
+#include "rng.h"
 
-static uint64_t rng_s;
+static struct rng rng;
 
-static uint64_t rnd(void)
-{
-    rng_s ^= rng_s >> 12;
-    rng_s ^= rng_s << 25;
-    rng_s ^= rng_s >> 27;
-    return rng_s * 0x2545F4914F6CDD1DULL;
-}
+static uint64_t rnd(void) { return rng_next(&rng); }
 
 static size_t below(size_t n) { return n ? (size_t)(rnd() % n) : 0; }
 
@@ -1795,9 +1790,7 @@ int main(int argc, char **argv)
     }
     uint64_t seed = strtoull(argv[1], NULL, 0);
     long iters = argc > 2 ? strtol(argv[2], NULL, 0) : 200000;
-    rng_s = seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
-    if (!rng_s)
-        rng_s = 1;
+    rng_seed(&rng, seed, 0);
     check_frame();
     check_connect();
     check_publish();

@@ -22,16 +22,11 @@
 #include <string.h>
 
 #include "proto/nbd.h"
+#include "rng.h"
 
-static uint64_t rng_s;
+static struct rng rng;
 
-static uint64_t rnd(void)
-{
-    rng_s ^= rng_s >> 12;
-    rng_s ^= rng_s << 25;
-    rng_s ^= rng_s >> 27;
-    return rng_s * 0x2545F4914F6CDD1DULL;
-}
+static uint64_t rnd(void) { return rng_next(&rng); }
 
 static int failures;
 
@@ -145,7 +140,7 @@ static void parse_all(const uint8_t *src, size_t n, long *valid)
 
 int main(int argc, char **argv)
 {
-    rng_s = (argc > 1 ? strtoull(argv[1], NULL, 10) : 1) * 0x9E3779B97F4A7C15ull + 1;
+    rng_seed(&rng, argc > 1 ? strtoull(argv[1], NULL, 10) : 1, 0);
     long iters = argc > 2 ? strtol(argv[2], NULL, 10) : 200000;
     encoders();
     enum { CAP = 4 + NBD_MAX_NAME + 2 + 2 * NBD_MAX_INFO_REQS + 64 };

@@ -29,16 +29,11 @@
 #include <string.h>
 
 #include "proto/resp.h"
+#include "rng.h"
 
-static uint64_t rng_s;
+static struct rng rng;
 
-static uint64_t rnd(void)
-{
-    rng_s ^= rng_s >> 12;
-    rng_s ^= rng_s << 25;
-    rng_s ^= rng_s >> 27;
-    return rng_s * 0x2545F4914F6CDD1DULL;
-}
+static uint64_t rnd(void) { return rng_next(&rng); }
 
 static size_t below(size_t n) { return n ? (size_t)(rnd() % n) : 0; }
 
@@ -493,9 +488,7 @@ int main(int argc, char **argv)
     }
     uint64_t seed = strtoull(argv[1], NULL, 0);
     uint64_t iters = argc > 2 ? strtoull(argv[2], NULL, 0) : 200000;
-    rng_s = seed * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL;
-    if (!rng_s)
-        rng_s = 1;
+    rng_seed(&rng, seed, 0);
     check_encoders();
     struct bytes s = {0}, whole = {0}, split = {0};
     size_t cuts[64];

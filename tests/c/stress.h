@@ -1,5 +1,5 @@
 /* stress.h - what the C stress tests share: a failed check that says where and why,
- * and a deterministic PRNG (xorshift64*) seeded per thread from one seed. Header-only,
+ * and the deterministic PRNG of rng.h. Header-only,
  * included by the tests' .c files (never by ext/). */
 #ifndef KV_TESTS_STRESS_H
 #define KV_TESTS_STRESS_H
@@ -13,6 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+
+#include "rng.h"
 
 static void fail_at(const char *file, int line, const char *cond, const char *fmt, ...)
     __attribute__((noreturn, format(printf, 4, 5), unused));
@@ -37,30 +39,6 @@ static void fail_at(const char *file, int line, const char *cond, const char *fm
         if (!(cond))                                                         \
             fail_at(__FILE__, __LINE__, #cond, " " __VA_ARGS__);             \
     } while (0)
-
-struct rng {
-    uint64_t s;
-};
-
-static inline uint64_t rng_next(struct rng *r)
-{
-    r->s ^= r->s >> 12;
-    r->s ^= r->s << 25;
-    r->s ^= r->s >> 27;
-    return r->s * 0x2545F4914F6CDD1DULL;
-}
-
-static inline uint64_t rng_below(struct rng *r, uint64_t n) { return rng_next(r) % n; }
-
-/* Stream `stream` of seed `seed`: threads get independent, reproducible sequences. */
-static inline void rng_seed(struct rng *r, uint64_t seed, uint64_t stream)
-{
-    r->s = (seed + 1) * 0x9E3779B97F4A7C15ULL ^ (stream + 1) * 0xD1B54A32D192ED03ULL;
-    if (!r->s)
-        r->s = 1;
-    for (int i = 0; i < 8; i++)
-        rng_next(r);
-}
 
 /* The models' integer parse: Redis's string2ll, written independently of
  * ext/table.c's parse_ll. */
