@@ -78,6 +78,7 @@ import hashlib
 import shutil
 import subprocess
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -188,6 +189,40 @@ def _tree_digest():
 
 
 _TREE = []
+JOBS = os.cpu_count() or 1
+
+
+def _objects(sources, flags):
+    """Each source compiled (in parallel, JOBS at a time) to an object file of its own under
+    BIN/obj/<tree digest>/, named by its compile command: the table's, the log's and the
+    engine's files are compiled once per set of flags, not once per binary that links them.
+    Objects of other trees are removed first."""
+    objdir = BIN / "obj" / _TREE[0][:16]
+    if not objdir.exists():
+        for old in (BIN / "obj").glob("*"):
+            shutil.rmtree(old, ignore_errors=True)
+        objdir.mkdir(parents=True, exist_ok=True)
+    jobs, objs = [], []
+    for src in sources:
+        cmd = ["gcc", *COMMON, *flags, "-c", src]
+        obj = objdir / (hashlib.sha256(shlex.join(cmd).encode()).hexdigest()[:32] + ".o")
+        objs.append(str(obj))
+        if not obj.exists():
+            jobs.append((cmd, obj))
+
+    def compile_one(job):
+        cmd, obj = job
+        tmp = obj.with_name(f".{obj.name}.{uuid.uuid4().hex}")  # concurrent sessions must not clobber each other
+        r = subprocess.run([*cmd, "-o", str(tmp)], capture_output=True, text=True, timeout=300)
+        if r.returncode == 0:
+            os.replace(tmp, obj)
+            return None
+        tmp.unlink(missing_ok=True)
+        return f"$ {shlex.join(cmd)}\n{r.stderr[-5000:]}"
+
+    with ThreadPoolExecutor(JOBS) as pool:
+        errors = [e for e in pool.map(compile_one, jobs) if e]
+    return objs, errors
 
 
 def _build(name):
@@ -195,18 +230,22 @@ def _build(name):
     BIN.mkdir(exist_ok=True)
     out = BIN / name
     tmp = BIN / f".{name}.{uuid.uuid4().hex}"  # concurrent sessions must not clobber each other
-    cmd = ["gcc", *COMMON, *flags, *[str(HERE / s) if not os.path.isabs(s) else s for s in sources], *LIBS,
-           "-o", str(tmp)]
+    srcs = [str(HERE / s) if not os.path.isabs(s) else s for s in sources]
+    cmd = ["gcc", *COMMON, *flags, *srcs, *LIBS, "-o", str(tmp)]
     if not _TREE:
         _TREE.append(_tree_digest())
     key = hashlib.sha256((shlex.join(cmd[:-1]) + _TREE[0]).encode()).hexdigest()
     stamp = BIN / f"{name}.key"
     if out.exists() and stamp.exists() and stamp.read_text() == key:
         return out
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    objs, errors = _objects(srcs, flags)
+    if errors:
+        pytest.fail(f"build of {name} failed:\n" + "\n".join(errors))
+    link = ["gcc", *COMMON, *flags, *objs, *LIBS, "-o", str(tmp)]
+    r = subprocess.run(link, capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
         tmp.unlink(missing_ok=True)
-        pytest.fail(f"build of {name} failed:\n$ {shlex.join(cmd)}\n{r.stderr[-5000:]}")
+        pytest.fail(f"build of {name} failed:\n$ {shlex.join(link)}\n{r.stderr[-5000:]}")
     os.replace(tmp, out)
     stamp.write_text(key)
     return out
