@@ -60,8 +60,8 @@ from kvstore import server as kvserver
 from kvstore.experiments import common
 
 NAME = "p000_table1"
-QUICK = ["--archs", "threadpool", "poller-direct", "udp", "dpdk", "--rounds", "1", "--requests", "20000",
-         "--keyspace", "50000", "--conns", "20", "--workers", "8", "--full-memory", "4mb", "--warmup-seconds", "10",
+QUICK = ["--archs", "threadpool", "poller-direct", "udp", "dpdk", "--rounds", "1", "--requests", "10000",
+         "--keyspace", "20000", "--conns", "20", "--workers", "8", "--full-memory", "2mb", "--warmup-seconds", "10",
          "--full-warmup-seconds", "20", "--rewarm-seconds", "3", "--point-seconds", "4"]
 ROWS = ["N", "NH", "NHD", "NHL", "NHDL"]
 ARCHS = ["threadpool", "poller-strict", "poller-flexpoll", "poller-direct", "udp", "dpdk"]
