@@ -416,6 +416,13 @@ class ServerConfig:
         0, "Keep about this many of the newest messages in each topic's stream (XADD MAXLEN ~); 0 keeps every "
            "message (trim with XTRIM, or bound the node with --max-memory and a data file).", min=0,
         c="mqtt_stream_maxlen")
+    # ---- cluster (cmd/cluster.c)
+    cluster_enabled: bool = setting(
+        False, "Serve as a node of a cluster that Redis Cluster clients use (redis-cli -c, redis-py "
+               "RedisCluster): a keyed command is served only for a slot this node owns in the slot map the "
+               "control plane sets (CLUSTER SETMAP), else -MOVED/-ASK to the owner, -CROSSSLOT for keys of "
+               "several slots, -CLUSTERDOWN while the slot has no owner or the node's lease (CLUSTER LEASE) has "
+               "run out.", shown=None, cli="flag", c="cluster_enabled")
     config_file: str = setting(
         "", "the TOML file the settings came from (INFO shows it)", shown=None, cli=None, c="config_file")
 

@@ -59,6 +59,7 @@ struct cmd_client {
     int datagram;            /* a UDP front end's session: no connection, so no MULTI/WATCH */
     int internal;            /* the front end's own framed requests run now (UDP batch appends and
                                 pulls): the internal commands are found (dispatch.c) */
+    int asking;              /* ASKING came: the next command may use an importing slot (cluster.c) */
     struct cmd_tx *tx;       /* MULTI's queue and WATCH's keys (multi.c), NULL until used */
     struct cmd_block *block; /* a blocking read's wait (block.c), NULL when none */
     /* CLIENT LIST/KILL and MONITOR (client.c). A TCP connection is on the engine's
@@ -130,6 +131,9 @@ void cmd_stats_unblock(struct cmd_client *c);
  * commandstats, errorstats, latencystats) with e's INFO registry, after the
  * server's own. Control thread. 0 or eng_info_add's error. */
 int cmd_stats_register(struct kv_engine *e);
+
+/* Register INFO cluster (cluster_enabled) with e's registry. Control thread. */
+int cmd_cluster_register(struct kv_engine *e);
 
 /* ---- the client registry and MONITOR (client.c) */
 /* Put a TCP connection's client on the registry (CLIENT LIST, KILL). fd: its socket;

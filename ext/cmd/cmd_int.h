@@ -259,6 +259,14 @@ int c_hincrbyfloat(struct cmd_client *c, const struct cmd_args *a);
 int c_hrandfield(struct cmd_client *c, const struct cmd_args *a);
 int c_hscan(struct cmd_client *c, const struct cmd_args *a);
 /* multi.c (MULTI, EXEC, DISCARD, WATCH, UNWATCH) */
+/* cluster.c */
+int c_cluster(struct cmd_client *c, const struct cmd_args *a);
+int c_asking(struct cmd_client *c, const struct cmd_args *a);
+int c_readmode(struct cmd_client *c, const struct cmd_args *a);
+/* A cluster node's admission of d (admit, with cluster_enabled): 1 if this node
+ * serves it; else 0 with the redirection or refusal replied (*rc: its result). */
+int cmd_cluster_route(struct cmd_client *c, const struct cmd_def *d, int argc, const char **argv,
+                      const size_t *argl, int *rc);
 int c_multi(struct cmd_client *c, const struct cmd_args *a);
 int c_exec(struct cmd_client *c, const struct cmd_args *a);
 int c_discard(struct cmd_client *c, const struct cmd_args *a);

@@ -231,6 +231,10 @@ static const struct cmd_def commands[] = {
     {"hello", -1, F_NOAUTH | F_FAST, 0, 0, 0, c_hello, "connection", "Handshakes with the server.", "6.0.0"},
     {"select", 2, F_FAST, 0, 0, 0, c_select, "connection", "Changes the selected database (only 0 exists).", "1.0.0"},
     {"client", -2, 0, 0, 0, 0, c_client, "connection", "A container for client connection commands.", "2.4.0"},
+    {"cluster", -2, F_CONTAINER, 0, 0, 0, c_cluster, "cluster", "A container for Redis Cluster commands.", "3.0.0"},
+    {"asking", 1, F_FAST, 0, 0, 0, c_asking, "cluster", "Signals that a cluster client is following an -ASK redirect.", "3.0.0"},
+    {"readonly", 1, F_FAST, 0, 0, 0, c_readmode, "cluster", "Enables read-only queries for a connection to a Redis Cluster replica node.", "3.0.0"},
+    {"readwrite", 1, F_FAST, 0, 0, 0, c_readmode, "cluster", "Enables read-write queries for a connection to a Redis Cluster replica node.", "3.0.0"},
     {"dbsize", 1, F_READONLY | F_FAST, 0, 0, 0, c_dbsize, "server", "Returns the number of keys in the database.", "1.0.0"},
     {"flushall", -1, F_WRITE, 0, 0, 0, c_flushall, "server", "Removes all keys from all databases.", "1.0.0"},
     {"flushdb", -1, F_WRITE, 0, 0, 0, c_flushall, "server", "Remove all keys from the current database.", "1.0.0"},
@@ -472,6 +476,12 @@ static int admit(struct cmd_client *c, const struct cmd_def *d, int argc, const 
     if ((d->flags & F_WRITE || d->fn == c_ping) && eng_disk_refusal(c->eng, derr, sizeof derr)) {
         cmd_multi_flag(c);
         *rc = cmd_reply_err(c, derr);
+        return 0;
+    }
+    /* A cluster node serves the keys of its own slots (before MULTI queues: as Redis,
+     * a redirected command inside MULTI makes EXEC fail) */
+    if (c->eng->cfg.cluster_enabled && !c->internal && !cmd_cluster_route(c, d, argc, argv, argl, rc)) {
+        cmd_multi_flag(c);
         return 0;
     }
     *rejected = 0;

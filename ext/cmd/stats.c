@@ -27,6 +27,7 @@ static const struct container {
     {"client", {"caching", "getname", "getredir", "help", "id", "info", "kill", "list", "no-evict", "pause",
                 "reply", "setname", "tracking", "trackinginfo", "unblock", "unpause"}},
     {"config", {"get", "help", "resetstat", "rewrite", "set"}},
+    {"cluster", {"help", "info", "keyslot", "lease", "myid", "nodes", "setmap", "shards", "slots"}},
     {"command", {"count", "docs", "getkeys", "getkeysandflags", "help", "info", "list"}},
     {"object", {"encoding", "freq", "help", "idletime", "refcount"}},
     {"slowlog", {"get", "help", "len", "reset"}},

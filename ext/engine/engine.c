@@ -21,7 +21,8 @@
 
 static const char *const sections[] = {"server",       "clients",    "memory",       "persistence", "replication",
                                        "stats",        "pollers",    "cpu",          "commandstats", "errorstats",
-                                       "latencystats", "keyspace",   "blockdev",     "mqtt",         NULL};
+                                       "latencystats", "cluster",    "keyspace",     "blockdev",     "mqtt",
+                                       NULL};
 
 const char *eng_info_section(int i)
 {
@@ -332,6 +333,7 @@ int eng_create(struct kv_engine **out, struct kv_table *t, const struct kv_confi
     e->mqtt_port = -1; /* (the pollers bind it) */
     e->start_time = time(NULL);
     pthread_mutex_init(&e->clients_lock, NULL);
+    pthread_mutex_init(&e->slotmap_lock, NULL);
     list_init(&e->clients);
     list_init(&e->monitors);
     /* statistics: the log and the data file report to the latency monitor; they
@@ -370,7 +372,14 @@ void eng_destroy(struct kv_engine *e)
     if (e->keywait && e->table)
         kvt_set_gone_hook(e->table, NULL, NULL);
     kw_destroy(e->keywait);
-    if (e->clients.next) /* not when eng_create failed before it */
+    if (e->clients.next) { /* not when eng_create failed before it */
         pthread_mutex_destroy(&e->clients_lock);
+        pthread_mutex_destroy(&e->slotmap_lock);
+    }
+    free(atomic_load(&e->slotmap));
+    for (struct kv_slotmap *m = e->retired, *next; m; m = next) {
+        next = m->retired_next;
+        free(m);
+    }
     free(e);
 }

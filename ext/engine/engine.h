@@ -99,6 +99,31 @@ struct kv_config {
                                           slowed (0: no bound) */
     int mqtt_max_sessions;             /* a CONNECT past it: CONNACK 3 (server unavailable) */
     long long mqtt_stream_maxlen;      /* MAXLEN ~ for each topic's stream (0: keep every message) */
+    /* ---- cluster (cmd/cluster.c) */
+    int cluster_enabled;               /* keyed commands follow the slot map (CLUSTER SETMAP) */
+};
+
+/* ---- cluster: the slot map a cluster node serves by (cmd/cluster.c). Immutable once
+ * installed; a new one replaces it whole (CLUSTER SETMAP, with an epoch not older),
+ * the old one is freed some seconds later (commands read the map without a lock). */
+#define KV_SLOTS_N 16384
+#define KV_SLOT_NONE 0xFFFF
+#define KV_CLUSTER_NODES_MAX 1024
+struct kv_cnode {
+    char id[41];                       /* 40 hex digits */
+    char host[64];
+    int port;
+};
+struct kv_slotmap {
+    struct kv_slotmap *retired_next;   /* on the engine's list of maps replaced */
+    int64_t retired_ms;                /* when (monotonic) */
+    uint64_t epoch;                    /* the configuration epoch it belongs to */
+    int self;                          /* this node's index in nodes, -1: not a member */
+    int nnodes;
+    uint16_t owner[KV_SLOTS_N];        /* node index, KV_SLOT_NONE: unassigned */
+    uint16_t migrating[KV_SLOTS_N];    /* owned here, moving to that node (ASK for keys not here) */
+    uint16_t importing[KV_SLOTS_N];    /* owned there, coming here (served after ASKING) */
+    struct kv_cnode nodes[];
 };
 
 /* An INFO provider appends "field:value\r\n" lines of its section to out; reset
@@ -165,6 +190,12 @@ struct kv_engine {
     _Atomic int64_t mem_trim_peak;         /* mem_clients' peak since memory was last given back */
     _Atomic int64_t mem_dying;
     /* ---- disk errors (diskfull) */
+    /* ---- cluster (cmd/cluster.c) */
+    struct kv_slotmap *_Atomic slotmap; /* NULL until the control plane sets one */
+    pthread_mutex_t slotmap_lock;      /* replacing it; the retired list */
+    struct kv_slotmap *retired;
+    _Atomic int64_t lease_until_ms;    /* monotonic: keyed commands are served until then
+                                          (CLUSTER LEASE; fencing of a node cut off) */
 };
 
 /* Copy cfg (its strings too) into a new engine over table t (not owned) and register

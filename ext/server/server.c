@@ -166,6 +166,7 @@ int srv_create(struct srv **out, struct kv_table *t, const struct kv_config *cfg
     eng_info_add(s->eng, "clients", info_clients, NULL, s);
     eng_info_add(s->eng, "stats", info_stats, reset_stats, s);
     cmd_stats_register(s->eng);
+    cmd_cluster_register(s->eng);
     const char *names[MAX_FRONTENDS] = {0};
     int n = 0;
     while (n < MAX_FRONTENDS - 1 && a->fe[n]) {

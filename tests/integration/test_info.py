@@ -33,6 +33,7 @@ INFO_FIELDS = {
                 "total_read_calls", "total_write_calls"],
     "cpu": ["used_cpu_sys", "used_cpu_user"],
     "errorstats": [],
+    "cluster": ["cluster_enabled"],
     "keyspace": ["db0"],
 }
 
@@ -89,7 +90,7 @@ def test_info_counters_move(c):
 # ------------------------------------------------------------------ the text of today's INFO, exactly
 
 SECTIONS = ["Server", "Clients", "Memory", "Persistence", "Replication", "Stats", "Pollers", "Cpu", "Errorstats",
-            "Keyspace"]
+            "Cluster", "Keyspace"]
 FIELDS = {  # every field of each section, in order, in the default mode (--arch poller, 2 pollers, no log)
     "Server": ["kvstore_version", "redis_version", "redis_mode", "os", "arch_bits", "multiplexing_api", "arch",
                "poll_policy", "accept_mode", "pollers", "process_id", "tcp_port", "uptime_in_seconds",
@@ -111,6 +112,7 @@ FIELDS = {  # every field of each section, in order, in the default mode (--arch
                 "total_write_calls"],
     "Cpu": ["used_cpu_sys", "used_cpu_user"],
     "Errorstats": [],  # (a fresh server: no error replied yet)
+    "Cluster": ["cluster_enabled"],
     "Keyspace": ["db0"],
 }
 LOG_FIELDS = ["log_appended_lsn", "log_durable_lsn", "log_groups", "log_records", "log_bytes",
@@ -195,7 +197,7 @@ def test_default_all_and_everything_are_every_section(fresh):
         assert layout(raw(fresh.port, "INFO", arg)) == want, arg
     # as Redis: "all" and "everything" add commandstats and latencystats (whose lines
     # are the commands run so far), which "default" leaves out
-    every = SECTIONS[:-2] + ["Commandstats", "Errorstats", "Latencystats", "Keyspace"]
+    every = SECTIONS[:-3] + ["Commandstats", "Errorstats", "Latencystats", "Cluster", "Keyspace"]
     for arg in ("all", "everything", "ALL", "Everything"):
         got = layout(raw(fresh.port, "INFO", arg))
         assert [s for s, _ in got] == every, arg
