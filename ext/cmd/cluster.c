@@ -50,6 +50,10 @@ static const char *const cluster_help[] = {
     "    <id> <ip:port@cport> <flags> <master> <pings> <pongs> <epoch> <link> <slot> ...",
     "SHARDS",
     "    Return information about slot range mappings and the nodes associated with them.",
+    "COUNTKEYSINSLOT <slot>",
+    "    Return the number of keys in <slot>.",
+    "GETKEYSINSLOT <slot> <count>",
+    "    Return key names stored by current node in a slot.",
     "SLOTS",
     "    Return information about slots range mappings. Each range is made of:",
     "    start, end, master and replicas IP addresses, ports and ids",
@@ -453,6 +457,17 @@ int c_cluster(struct cmd_client *c, const struct cmd_args *a)
         return cmd_sub_arity(c, a, 2, "cluster|nodes") ? cluster_nodes(c) : 0;
     if (ARGIS(a, 1, "INFO"))
         return cmd_sub_arity(c, a, 2, "cluster|info") ? cluster_info(c) : 0;
+    if (ARGIS(a, 1, "COUNTKEYSINSLOT") || ARGIS(a, 1, "GETKEYSINSLOT")) {
+        int get = ARGIS(a, 1, "GETKEYSINSLOT");
+        long long slot, max = -1;
+        if (!cmd_sub_arity(c, a, get ? 4 : 3, get ? "cluster|getkeysinslot" : "cluster|countkeysinslot"))
+            return 0;
+        if (cmd_arg_ll(a, 2, &slot) || (get && cmd_arg_ll(a, 3, &max)))
+            return cmd_reply_err(c, ERR_INT);
+        if (slot < 0 || slot >= KV_SLOTS_N || (get && max < 0))
+            return cmd_reply_err(c, get ? "ERR Invalid slot or number of keys" : "ERR Invalid slot");
+        return cmd_keys_in_slot(c, (int)slot, max);
+    }
     if (ARGIS(a, 1, "SETMAP"))
         return cluster_setmap(c, a);
     if (ARGIS(a, 1, "LEASE"))

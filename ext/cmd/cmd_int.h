@@ -259,6 +259,10 @@ int c_hincrbyfloat(struct cmd_client *c, const struct cmd_args *a);
 int c_hrandfield(struct cmd_client *c, const struct cmd_args *a);
 int c_hscan(struct cmd_client *c, const struct cmd_args *a);
 /* multi.c (MULTI, EXEC, DISCARD, WATCH, UNWATCH) */
+/* scan.c: the keys (in memory and in the data file) that hash to a cluster slot:
+ * at most max of them replied (stalling for the data file's listings as KEYS does),
+ * or with max < 0 their number. */
+int cmd_keys_in_slot(struct cmd_client *c, int slot, long long max);
 /* cluster.c */
 int c_cluster(struct cmd_client *c, const struct cmd_args *a);
 int c_asking(struct cmd_client *c, const struct cmd_args *a);

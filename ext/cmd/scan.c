@@ -33,12 +33,14 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/glob.h"
+#include "core/slot.h"
 #include "core/table.h"
 #include "durability/bosc.h"
 #include "engine/engine.h"
@@ -106,6 +108,7 @@ struct filter {
     const char *pat;  /* NULL: every key */
     size_t plen;
     int type;         /* -1: any; KVT_STRING, KVT_HASH, KVT_STREAM; -2: a type kvstore has no keys of */
+    int slot;         /* -1: any; else the cluster slot (core/slot.h) the key must hash to */
 };
 
 static int filter_type(const char *name, size_t n)
@@ -123,6 +126,8 @@ static int filter_type(const char *name, size_t n)
 static int filter_pass(const struct filter *f, const char *key, size_t klen, int type)
 {
     if (f->type != -1 && f->type != type)
+        return 0;
+    if (f->slot >= 0 && kv_key_slot(key, klen) != f->slot)
         return 0;
     return !f->pat || glob_match(f->pat, f->plen, key, klen, 0);
 }
@@ -366,7 +371,7 @@ int c_scan(struct cmd_client *c, const struct cmd_args *a)
     uint64_t cursor;
     if (parse_cursor(a->argv[1], a->argl[1], &cursor))
         return cmd_reply_err(c, "ERR invalid cursor");
-    struct filter f = {NULL, 0, -1};
+    struct filter f = {NULL, 0, -1, -1};
     long long count = 10;
     for (int i = 2; i < a->argc; i += 2) {
         int has_arg = i + 1 < a->argc;
@@ -502,11 +507,12 @@ static int keys_file(struct cmd_client *c, struct cmd_keys *k, const struct filt
     return 1;
 }
 
-int c_keys(struct cmd_client *c, const struct cmd_args *a)
+/* KEYS's run (and CLUSTER COUNTKEYSINSLOT / GETKEYSINSLOT's): every key that passes f,
+ * in memory and in the data file (stalling for its listings). Replies the keys, at
+ * most max of them, or with max < 0 their number. */
+static int keys_run(struct cmd_client *c, const struct filter *f, uint64_t id, long long max)
 {
-    struct filter f = {NULL, 0, -1};
-    filter_pattern(&f, a->argv[1], a->argl[1]);
-    struct cmd_keys *k = state(c, KS_KEYS, kvt_hash(a->argv[1], a->argl[1]));
+    struct cmd_keys *k = state(c, KS_KEYS, id);
     if (!k)
         return -ENOMEM;
     int rc = 0;
@@ -514,11 +520,11 @@ int c_keys(struct cmd_client *c, const struct cmd_args *a)
      * their reply will, and a refusal closes the client as one in out would. */
     k->out.limit = kvbuf_room_limit(c->out);
     if (!k->file) {
-        rc = keys_memory(c, k, &f);
+        rc = keys_memory(c, k, f);
         k->file = 1;
     }
     if (!rc && c->eng->bosc) {
-        rc = keys_file(c, k, &f);
+        rc = keys_file(c, k, f);
         if (rc == 0)
             return 0; /* stalled: carry on from k->next when run again */
         rc = rc == 1 ? 0 : rc;
@@ -528,14 +534,28 @@ int c_keys(struct cmd_client *c, const struct cmd_args *a)
         }
     }
     c->out->over |= k->out.over;
+    long long n = max < 0 || (long long)k->nout < max ? (long long)k->nout : max;
     if (!rc)
-        rc = resp_add_array(c->out, (long long)k->nout);
+        rc = max < 0 ? resp_add_int(c->out, n) : resp_add_array(c->out, n);
     size_t off = 0;
     struct rec r;
-    while (!rc && rec_next(&k->out, &off, &r))
+    for (long long i = 0; !rc && max >= 0 && i < n && rec_next(&k->out, &off, &r); i++)
         rc = resp_add_bulk(c->out, r.key, r.klen);
     cmd_client_release(c);
     return rc;
+}
+
+int c_keys(struct cmd_client *c, const struct cmd_args *a)
+{
+    struct filter f = {NULL, 0, -1, -1};
+    filter_pattern(&f, a->argv[1], a->argl[1]);
+    return keys_run(c, &f, kvt_hash(a->argv[1], a->argl[1]), LLONG_MAX);
+}
+
+int cmd_keys_in_slot(struct cmd_client *c, int slot, long long max)
+{
+    struct filter f = {NULL, 0, -1, slot};
+    return keys_run(c, &f, 0x510700000000ull + (uint64_t)slot, max);
 }
 
 /* ---- RANDOMKEY */

@@ -260,3 +260,44 @@ def test_a_node_without_cluster_mode_says_so():
         assert r.set("foo", "bar") and r.get("foo") == b"bar"  # no slot rules
     finally:
         stop_node(n)
+
+
+def test_keys_in_a_slot_are_counted_and_listed_from_memory_and_the_data_file():
+    """CLUSTER COUNTKEYSINSLOT / GETKEYSINSLOT on a node whose memory holds a fraction of its
+    keys (durability disk, a data file, 256 KB of memory): the evicted ones count too."""
+    n = start_node(cluster_enabled=True, durability="disk", max_memory="256kb", flush_interval_ms=100,
+                   data_buckets=1024)
+    try:
+        r = redis.Redis(host="127.0.0.1", port=n.port, socket_timeout=30, protocol=2)
+        assert r.execute_command("CLUSTER", "SETMAP", 1, IDS[0], "NODES", 1, IDS[0], "127.0.0.1", n.port,
+                                 "SLOTS", 1, 0, 16383, 0) == b"OK"
+        assert r.execute_command("CLUSTER", "LEASE", 600000) == b"OK"
+        tags = ["alpha", "beta", "gamma"]
+        want = {key_slot(t.encode()): {f"{{{t}}}:{i}".encode() for i in range(k)}
+                for t, k in zip(tags, (2000, 500, 1))}
+        value = b"v" * 200
+        for keys in want.values():
+            p = r.pipeline(transaction=False)
+            for key in keys:
+                p.set(key, value)
+            p.execute()
+        others = [f"o{i}" for i in range(300)]  # keys of other slots
+        for key in others:
+            r.set(key, value)
+        info = r.info("persistence")
+        assert info["datafile_evicted_keys"] > 0 and info["memory_keys"] < 2000, info  # most are on disk only
+        for slot, keys in want.items():
+            expect = keys | {k.encode() for k in others if key_slot(k.encode()) == slot}
+            assert r.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == len(expect)
+            assert set(r.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100000)) == expect
+            some = r.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10)
+            assert len(some) == min(10, len(expect)) and set(some) <= expect
+        empty = next(s for s in range(16384) if s not in want and all(key_slot(k.encode()) != s for k in others))
+        assert r.execute_command("CLUSTER", "COUNTKEYSINSLOT", empty) == 0
+        assert r.execute_command("CLUSTER", "GETKEYSINSLOT", empty, 5) == []
+        assert error(n.port, "CLUSTER", "COUNTKEYSINSLOT", 16384) == "ERR Invalid slot"
+        assert error(n.port, "CLUSTER", "GETKEYSINSLOT", 0, -1) == "ERR Invalid slot or number of keys"
+        assert error(n.port, "CLUSTER", "GETKEYSINSLOT", "x", 1) == "ERR value is not an integer or out of range"
+        r.close()
+    finally:
+        stop_node(n)
