@@ -30,6 +30,8 @@ TEST_APT += liburing-dev pkg-config
 TEST_APT += clang llvm libbpf-dev linux-libc-dev ethtool
 # Mosquitto, the MQTT broker the message queue is measured against (p004_write), and its clients.
 TEST_APT += mosquitto mosquitto-clients
+# etcd, the cluster's source of truth (kvstore/etcd.py, kvstore/cluster.py), and etcdctl.
+TEST_APT += etcd-server etcd-client
 # DPDK 22.11 for --arch dpdk (built in only when pkg-config finds libdpdk) and ethtool (its
 # test turns veth checksum offload off), so CI runs that test; `make test DPDK=0` leaves
 # them out: everything else builds and runs, and --arch dpdk then says it is missing.

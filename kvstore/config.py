@@ -423,6 +423,19 @@ class ServerConfig:
                "control plane sets (CLUSTER SETMAP), else -MOVED/-ASK to the owner, -CROSSSLOT for keys of "
                "several slots, -CLUSTERDOWN while the slot has no owner or the node's lease (CLUSTER LEASE) has "
                "run out.", shown=None, cli="flag", c="cluster_enabled")
+    cluster_etcd: str = setting(
+        "", "etcd's client URL (http://HOST:PORT): the node's agent registers it there under a lease it renews, "
+            "gives the node its fence from each renewal (CLUSTER LEASE), and pushes every slot map the cluster's "
+            "controller writes (CLUSTER SETMAP). Needs --cluster-enabled.", shown=None)
+    cluster_name: str = setting(
+        "kvstore", "The cluster this node belongs to: its keys in etcd are under /kvstore/clusters/<name>/.")
+    cluster_lease_ttl: int = setting(
+        2, "Seconds of the node's etcd lease (renewed every third of it). The node serves keys until a quarter "
+           "of it before the lease can expire; the controller moves its slots only after it has.", min=1,
+        max=60)
+    cluster_announce: str = setting(
+        "", "The address clients are sent to for this node's slots (-MOVED/-ASK, CLUSTER SLOTS); default: --bind "
+            "(127.0.0.1 when it is 0.0.0.0).", shown=None)
     config_file: str = setting(
         "", "the TOML file the settings came from (INFO shows it)", shown=None, cli=None, c="config_file")
 
@@ -454,6 +467,14 @@ class ServerConfig:
             check_repl_tls_files(self.tls_cert_file, self.tls_key_file, self.tls_ca_cert_file)
         if self.arch in ("udp", "dpdk"):
             self._validate_udp()
+        if self.cluster_etcd:
+            if not self.cluster_enabled:
+                raise ConfigError("cluster_etcd: the agent keeps a cluster node's slot map: it needs --cluster-enabled")
+            if not re.fullmatch(r"http://[^/:\s]+:\d{1,5}/?", self.cluster_etcd):
+                raise ConfigError(f"cluster_etcd: expected etcd's client URL, http://HOST:PORT, got {self.cluster_etcd!r}")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.cluster_name):
+            raise ConfigError(f"cluster_name: expected 1 to 64 letters, digits, '_', '.' or '-', got "
+                              f"{self.cluster_name!r}")
         if self.pull_cache_slots and self.arch != "udp":
             raise ConfigError(f"pull_cache_slots: the pull cache serves the kernel-socket UDP front end: it needs "
                               f"--arch udp, got --arch {self.arch}")

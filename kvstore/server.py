@@ -8,6 +8,7 @@ import threading
 from kvstore import __version__, errors, log, metrics
 from kvstore._cstruct import as_dict, split_prefix
 from kvstore._native import ffi, lib
+from kvstore.client import Client
 from kvstore.config import ServerConfig
 from kvstore.durability import Durability, node_id
 from kvstore.store import Store
@@ -59,6 +60,7 @@ class Server:
         # A node that waits for its state (Durability.waiting): the thread that waits and
         # attaches it, the event that ends the wait, and why it failed (serve_forever raises it).
         self._loader = None
+        self._agent = None  # kvstore.cluster.Agent with --cluster-etcd
         self._loader_stop = threading.Event()
         self.loading_failure = None
 
@@ -135,7 +137,25 @@ class Server:
                 self.stop()
                 raise
             log.logger.info("metrics on http://%s:%d/metrics", c.metrics_bind, self._metrics.port)
+        if c.cluster_etcd:
+            self._start_agent()
         return self
+
+    def _start_agent(self):
+        """The cluster agent (kvstore/cluster.py): the node's lease and slot map from etcd."""
+        from kvstore.cluster import Agent, cluster_id
+        c = self.config
+        if self.port < 0:
+            self.stop()
+            raise errors.ConfigError("cluster_etcd: the agent talks to its node over --port; it is off (-1)")
+        host = c.cluster_announce or ("127.0.0.1" if c.bind in ("0.0.0.0", "") else c.bind)
+        client = Client(host="127.0.0.1" if c.bind in ("0.0.0.0", "") else c.bind, port=self.port,
+                        password=c.requirepass or None, socket_timeout=5, protocol=2)
+        self._agent = Agent(c.cluster_etcd, c.cluster_name, cluster_id(node_id(c.data_dir)), host, self.port,
+                            client, ttl=c.cluster_lease_ttl)
+        self._agent.start()
+        log.logger.info("cluster %s: node %s, etcd %s, lease %d s", c.cluster_name, self._agent.id, c.cluster_etcd,
+                        c.cluster_lease_ttl)
 
     def _show_identity(self):
         """INFO persistence's node_id and, while waiting, what the node waits for."""
@@ -268,7 +288,10 @@ class Server:
         return d
 
     def stop(self):
-        if self._metrics is not None:  # first: no scrape starts once the server is going
+        if self._agent is not None:  # first: the lease given back, so the cluster sees the node go
+            self._agent.stop()
+            self._agent = None
+        if self._metrics is not None:  # no scrape starts once the server is going
             self._metrics.close()
             self._metrics = None
         if self._loader is not None:  # it may be opening the durability pieces: let it finish

@@ -4,6 +4,7 @@ ports it listens on."""
 import os
 import resource
 import shutil
+import signal
 import socket
 import tempfile
 
@@ -122,3 +123,52 @@ def stop_node(n):
     rc = n.stop(timeout=60)
     shutil.rmtree(n.data_dir, ignore_errors=True)
     return rc
+
+
+class EtcdServer:
+    """A real etcd (Debian's etcd-server) on 127.0.0.1, its data in a temporary directory;
+    start() -> self, .url its client URL. Heartbeat 50 ms and election timeout 500 ms, so that
+    it accepts leases of 1 s (its least TTL is 1.5 election timeouts)."""
+
+    def __init__(self):
+        self.binary = shutil.which("etcd")
+        self.proc = None
+        self.dir = None
+        self.url = None
+
+    def start(self, timeout=30.0):
+        self.dir = tempfile.mkdtemp(prefix="etcd-test-")
+        why = None
+        for _ in range(5):  # the free ports may be taken in between: retry
+            client, peer = free_port(), free_port()
+            self.url = f"http://127.0.0.1:{client}"
+            argv = [self.binary, "--name", "test", "--data-dir", os.path.join(self.dir, "data"),
+                    "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                    "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                    "--initial-cluster", f"test=http://127.0.0.1:{peer}",
+                    "--heartbeat-interval", "50", "--election-timeout", "500", "--log-level", "warn"]
+            self.proc = Process(argv, port=client, log_path=os.path.join(self.dir, "etcd.log"), name="etcd")
+            try:
+                self.proc.start(timeout)
+                return self
+            except ServerError as e:
+                why = e
+                shutil.rmtree(os.path.join(self.dir, "data"), ignore_errors=True)
+        raise RuntimeError(f"etcd did not start: {why}")
+
+    def pause(self):
+        """SIGSTOP: etcd alive but answering nothing (a partition as its clients see it)."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self):
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self):
+        if self.proc:
+            self.resume()
+            self.proc.stop()
+            self.proc = None
+        if self.dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None

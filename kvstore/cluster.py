@@ -1,0 +1,175 @@
+"""The cluster's control plane, the parts each node runs: its identity, the slot map as etcd
+holds it, and the agent that keeps the node's lease and map (ext/cmd/cluster.c serves by them).
+
+etcd layout, under /kvstore/clusters/<name>/:
+    map          the slot map (JSON: epoch, nodes [[id, host, port]], slots [[first, last, node
+                 index]], moving [[slot, node index it goes to]]); written by the controller
+                 with a compare-and-swap, so epochs only grow
+    nodes/<id>   a live node (JSON: id, host, port, pid), put with the node's lease: it goes
+                 when the node stops renewing it
+
+The fence. The agent renews its etcd lease (TTL T seconds) every T/3 and, after each renewal
+that etcd confirms, tells its node to serve keys until (time the renewal was sent) + T -
+margin. etcd keeps the lease at least T after it received that renewal, and the controller
+moves a node's slots only once etcd says the lease is gone. So a node cut off from etcd stops
+serving before anyone else can be given its slots, as long as its clock and etcd's do not
+drift apart by more than the margin over T (a quarter of T by default: far beyond any real
+clock's rate error). The node's own lease is on the monotonic clock."""
+import hashlib
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kvstore.etcd import Etcd, EtcdError, Watcher
+
+SLOTS = 16384
+log = logging.getLogger("kvstore")
+
+
+def prefix(name):
+    return f"/kvstore/clusters/{name}/"
+
+
+def cluster_id(node_id):
+    """A node's cluster id (40 hex digits, as Redis Cluster's) from its identity (the 16 bytes
+    of <data-dir>/node-id): stable across restarts, and kept by a node recovered from its peer."""
+    return hashlib.sha1(b"kvstore-cluster-node:" + node_id).hexdigest()
+
+
+@dataclass
+class SlotMap:
+    """Who owns which slots, in one configuration epoch."""
+    epoch: int
+    nodes: list                                   # [(id, host, port)]
+    slots: list                                   # [(first, last, node index)]
+    moving: list = field(default_factory=list)    # [(slot, node index)]: its owner is handing it there
+
+    @classmethod
+    def even(cls, epoch, nodes):
+        """The slots split into len(nodes) ranges as even as can be, in order (as redis-cli
+        --cluster create splits them)."""
+        n = len(nodes)
+        bounds = [round(i * SLOTS / n) for i in range(n + 1)]
+        return cls(epoch, [tuple(x) for x in nodes], [(bounds[i], bounds[i + 1] - 1, i) for i in range(n)])
+
+    def to_json(self):
+        return json.dumps({"epoch": self.epoch, "nodes": [list(x) for x in self.nodes],
+                           "slots": [list(x) for x in self.slots], "moving": [list(x) for x in self.moving]},
+                          sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text):
+        d = json.loads(text)
+        return cls(int(d["epoch"]), [tuple(x) for x in d["nodes"]], [tuple(x) for x in d["slots"]],
+                   [tuple(x) for x in d.get("moving", [])])
+
+    def owner(self, slot):
+        return next((idx for first, last, idx in self.slots if first <= slot <= last), None)
+
+    def setmap_args(self, myid):
+        """CLUSTER SETMAP's arguments for node myid: the whole map, and of the moving slots
+        those it gives (MIGRATING, to their new node) and those it takes (IMPORTING, from
+        their owner)."""
+        me = next((i for i, n in enumerate(self.nodes) if n[0] == myid), None)
+        args = ["CLUSTER", "SETMAP", self.epoch, myid, "NODES", len(self.nodes)]
+        for nid, host, port in self.nodes:
+            args += [nid, host, port]
+        args += ["SLOTS", len(self.slots)]
+        for first, last, idx in self.slots:
+            args += [first, last, idx]
+        giving = [(s, to) for s, to in self.moving if me is not None and self.owner(s) == me]
+        taking = [(s, self.owner(s)) for s, to in self.moving if me is not None and to == me]
+        for word, pairs in (("MIGRATING", giving), ("IMPORTING", taking)):
+            if pairs:
+                args += [word, len(pairs)] + [x for p in pairs for x in p]
+        return args
+
+
+class Agent(threading.Thread):
+    """Beside a node (a thread of its `kvstore serve`): registers it in etcd under a lease,
+    renews the lease and pushes the fence to the node (CLUSTER LEASE), and pushes each slot map
+    etcd gets (CLUSTER SETMAP). Never on the request path."""
+
+    def __init__(self, etcd_url, name, node_id, host, port, client, ttl=2, margin=None):
+        super().__init__(name="cluster-agent", daemon=True)
+        self.etcd, self.name, self.id = Etcd(etcd_url, timeout=max(1.0, ttl / 3)), name, node_id
+        self.host, self.port, self.client, self.ttl = host, port, client, ttl
+        self.margin = ttl / 4 if margin is None else margin
+        self.lease = None
+        self.epoch = None               # of the map last pushed
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()   # the node's connection: the renewals' and the watcher's pushes
+        self._watcher = None
+        self.renewed = 0                # renewals confirmed (tests and status)
+
+    # ---- the node
+    def _call(self, *args):
+        with self._lock:
+            return self.client.execute_command(*args)
+
+    def _push_map(self, text):
+        m = SlotMap.from_json(text)
+        if self.epoch is not None and m.epoch < self.epoch:
+            return
+        try:
+            self._call(*m.setmap_args(self.id))
+            self.epoch = m.epoch
+            log.info("cluster %s: slot map of epoch %d in force", self.name, m.epoch)
+        except Exception as e:  # noqa: BLE001 - a refused map is logged; the next one may do
+            log.warning("cluster %s: slot map of epoch %d refused: %s", self.name, m.epoch, e)
+
+    def _on_event(self, key, value, revision):
+        if key == prefix(self.name) + "map" and value:
+            self._push_map(value)
+
+    # ---- the lease
+    def _register(self):
+        self.lease = self.etcd.grant(self.ttl)
+        self.etcd.put(prefix(self.name) + "nodes/" + self.id,
+                      json.dumps({"id": self.id, "host": self.host, "port": self.port}), lease=self.lease)
+
+    def run(self):
+        while not self._stopping.is_set():
+            sent = time.monotonic()
+            try:
+                if self.lease is None:
+                    self._register()
+                    text = self.etcd.get(prefix(self.name) + "map")
+                    if text:
+                        self._push_map(text)
+                    if self._watcher is None:
+                        _, rev = self.etcd.get_prefix(prefix(self.name) + "map")
+                        self._watcher = Watcher(self.etcd, prefix(self.name) + "map", self._on_event, rev + 1,
+                                                name="cluster-map-watch")
+                        self._watcher.start()
+                    ok = True
+                else:
+                    ok = self.etcd.keepalive(self.lease) > 0
+                if ok:
+                    left_ms = int((self.ttl - self.margin - (time.monotonic() - sent)) * 1000)
+                    self._call("CLUSTER", "LEASE", max(0, left_ms))
+                    self.renewed += 1
+                else:
+                    log.warning("cluster %s: lease of node %s expired; registering again", self.name, self.id)
+                    self.lease = None
+                    continue
+            except (EtcdError, OSError) as e:
+                log.warning("cluster %s: %s", self.name, e)
+            except Exception as e:  # noqa: BLE001 - the node refused: keep trying while it runs
+                log.warning("cluster %s: node: %s", self.name, e)
+            self._stopping.wait(self.ttl / 3)
+
+    def stop(self, revoke=True):
+        """Stop renewing; with revoke, give the lease back so the controller sees the node
+        gone at once (a clean stop)."""
+        self._stopping.set()
+        self.join(5)
+        if self._watcher:
+            self._watcher.stop()
+        if revoke and self.lease is not None:
+            try:
+                self.etcd.revoke(self.lease)
+            except EtcdError as e:
+                log.warning("cluster %s: %s", self.name, e)
