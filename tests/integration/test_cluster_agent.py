@@ -16,19 +16,10 @@ from kvstore.errors import ConfigError, ServerError
 from kvstore.etcd import Etcd, EtcdError, Watcher
 
 from helpers.conn import Raw
+from helpers.pair import wait_for
 from helpers.servers import EtcdServer, need, start_node, stop_node
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def wait_for(pred, timeout=20.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -95,12 +86,12 @@ def test_agents_register_push_maps_and_fence_their_nodes(etcd):
     nodes = [start_node(cluster_enabled=True, cluster_etcd=etcd.url, cluster_name=name, cluster_lease_ttl=1)
              for _ in range(3)]
     try:
-        members = wait_for(lambda: len(registered(e, name)) == 3 and registered(e, name), what="3 nodes in etcd")
+        members = wait_for("3 nodes in etcd", lambda: len(registered(e, name)) == 3 and registered(e, name))
         assert sorted(m[2] for m in members) == sorted(n.port for n in nodes)
         m = SlotMap.even(1, members)
         assert e.replace(prefix(name) + "map", None, m.to_json())
         clients = [redis.Redis(host="127.0.0.1", port=n.port, protocol=2) for n in nodes]
-        wait_for(lambda: all(c.cluster("INFO")["cluster_state"] == "ok" for c in clients), what="maps in force")
+        wait_for("maps in force", lambda: all(c.cluster("INFO")["cluster_state"] == "ok" for c in clients))
         rc = RedisCluster(host="127.0.0.1", port=nodes[0].port, socket_timeout=10)
         for i in range(200):
             assert rc.set(f"k{i}", i)
@@ -108,7 +99,7 @@ def test_agents_register_push_maps_and_fence_their_nodes(etcd):
         # epoch 2 gives everything to the first node; a map of an older epoch is not taken
         m2 = SlotMap(2, members, [(0, SLOTS - 1, 0)])
         assert e.replace(prefix(name) + "map", m.to_json().encode(), m2.to_json())
-        wait_for(lambda: all(int(c.cluster("INFO")["cluster_current_epoch"]) == 2 for c in clients), what="epoch 2")
+        wait_for("epoch 2", lambda: all(int(c.cluster("INFO")["cluster_current_epoch"]) == 2 for c in clients))
         e.put(prefix(name) + "map", SlotMap.even(1, members).to_json())
         time.sleep(0.5)
         assert all(int(c.cluster("INFO")["cluster_current_epoch"]) == 2 for c in clients)
@@ -118,7 +109,7 @@ def test_agents_register_push_maps_and_fence_their_nodes(etcd):
         etcd.pause()
         try:
             with Raw(owner.connection_pool.connection_kwargs["port"]) as r:
-                wait_for(lambda: r.call("GET", "foo") != b"bar", timeout=10, what="the fence")
+                wait_for("the fence", lambda: r.call("GET", "foo") != b"bar", timeout=10)
                 assert r.call("GET", "foo") == ("ERR", b"CLUSTERDOWN The cluster is down (this node's lease has "
                                                        b"run out)")
                 assert r.call("PING") == b"PONG"
@@ -126,7 +117,7 @@ def test_agents_register_push_maps_and_fence_their_nodes(etcd):
             etcd.resume()
         # ... and serves again once the agent renews a lease
         with Raw(owner.connection_pool.connection_kwargs["port"]) as r:
-            wait_for(lambda: r.call("GET", "foo") == b"bar", timeout=20, what="serving again")
+            wait_for("serving again", lambda: r.call("GET", "foo") == b"bar", timeout=20)
         # a clean stop gives the lease back: the node leaves etcd at once
         gone = nodes.pop()
         stop_node(gone)
