@@ -361,6 +361,7 @@ from kvstore.cli.experiment import experiment  # noqa: E402  (registered last: a
 main.add_command(experiment)
 from kvstore.cli.configfile import config  # noqa: E402  (`kvstore config example`)
 main.add_command(config)
+import kvstore.cli.cluster  # noqa: E402,F401  (`kvstore cluster ...`: registers itself)
 import kvstore.cli.blockdev  # noqa: E402,F401  (`kvstore blockdev serve`: it registers itself, as it uses
 #                                       this module's helpers and may be imported first)
 

@@ -18,6 +18,7 @@ clock's rate error). The node's own lease is on the monotonic clock."""
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -128,7 +129,8 @@ class Agent(threading.Thread):
     def _register(self):
         self.lease = self.etcd.grant(self.ttl)
         self.etcd.put(prefix(self.name) + "nodes/" + self.id,
-                      json.dumps({"id": self.id, "host": self.host, "port": self.port}), lease=self.lease)
+                      json.dumps({"id": self.id, "host": self.host, "port": self.port, "pid": os.getpid()}),
+                      lease=self.lease)
 
     def run(self):
         while not self._stopping.is_set():
@@ -173,3 +175,91 @@ class Agent(threading.Thread):
                 self.etcd.revoke(self.lease)
             except EtcdError as e:
                 log.warning("cluster %s: %s", self.name, e)
+
+
+class Controller(threading.Thread):
+    """The cluster's controller: any number may run; the one holding the `controller` key (put
+    under its own lease, created only if absent) acts, the others wait to take over. Acting:
+    once `nodes` nodes have registered and there is no map yet, it writes the first one (epoch
+    1, the slots split evenly over the nodes in id order)."""
+
+    def __init__(self, etcd_url, name, nodes, ttl=2, who=None):
+        super().__init__(name="cluster-controller", daemon=True)
+        self.etcd, self.name, self.want, self.ttl = Etcd(etcd_url, timeout=max(1.0, ttl / 3)), name, nodes, ttl
+        self.who = who or f"controller-{id(self):x}"
+        self.lease = None
+        self.leader = False
+        self._stopping = threading.Event()
+
+    def _campaign(self):
+        if self.lease is None or self.etcd.keepalive(self.lease) <= 0:
+            self.lease = self.etcd.grant(self.ttl)
+            self.leader = False
+        if not self.leader:
+            self.leader = self.etcd.create(prefix(self.name) + "controller", self.who, lease=self.lease)
+            if self.leader:
+                log.info("cluster %s: %s is the controller", self.name, self.who)
+
+    def _act(self):
+        p = prefix(self.name)
+        if self.etcd.get(p + "map") is not None:
+            return
+        kvs, _ = self.etcd.get_prefix(p + "nodes/")
+        nodes = sorted((d["id"], d["host"], d["port"]) for d in map(json.loads, kvs.values()))
+        if len(nodes) >= self.want:
+            m = SlotMap.even(1, nodes[:self.want])
+            if self.etcd.replace(p + "map", None, m.to_json()):
+                log.info("cluster %s: slot map of epoch 1 written: %d nodes", self.name, self.want)
+
+    def run(self):
+        while not self._stopping.is_set():
+            try:
+                self._campaign()
+                if self.leader:
+                    self._act()
+            except (EtcdError, OSError, ValueError) as e:
+                log.warning("cluster %s: controller: %s", self.name, e)
+                self.leader = False
+            self._stopping.wait(min(0.2, self.ttl / 3))
+
+    def stop(self):
+        self._stopping.set()
+        self.join(5)
+        if self.lease is not None:
+            try:
+                self.etcd.revoke(self.lease)  # the controller key goes: another takes over at once
+            except EtcdError as e:
+                log.warning("cluster %s: %s", self.name, e)
+
+
+def status(etcd_url, name, password=None):
+    """The cluster as etcd and its nodes see it: {"name", "epoch", "controller", "nodes": [{"id",
+    "host", "port", "live", "slots", "ranges", "keys", "ops_per_sec", "state"}]}."""
+    import redis
+    e = Etcd(etcd_url)
+    p = prefix(name)
+    text = e.get(p + "map")
+    m = SlotMap.from_json(text) if text else None
+    live, _ = e.get_prefix(p + "nodes/")
+    live = {json.loads(v)["id"]: json.loads(v) for v in live.values()}
+    ctl = e.get(p + "controller")
+    rows = []
+    ids = [n[0] for n in m.nodes] if m else []
+    ids += sorted(i for i in live if i not in ids)
+    for i, nid in enumerate(ids):
+        host, port = (m.nodes[i][1], m.nodes[i][2]) if m and i < len(m.nodes) else (live[nid]["host"],
+                                                                                      live[nid]["port"])
+        ranges = [(a, b) for a, b, idx in (m.slots if m else []) if idx == i and m and i < len(m.nodes)]
+        row = {"id": nid, "host": host, "port": port, "live": nid in live, "pid": live.get(nid, {}).get("pid"),
+               "slots": sum(b - a + 1 for a, b in ranges), "ranges": ranges, "keys": None, "ops_per_sec": None,
+               "state": None}
+        try:
+            with redis.Redis(host=host, port=port, socket_timeout=1, protocol=2, password=password) as c:
+                row["keys"] = c.dbsize()
+                row["ops_per_sec"] = c.info("stats").get("instantaneous_ops_per_sec")
+                row["state"] = c.execute_command("CLUSTER", "INFO").decode().split("\r\n")[0].split(":")[1]
+        except Exception as ex:  # noqa: BLE001 - a node down is what status must show
+            row["state"] = f"unreachable ({type(ex).__name__})"
+        rows.append(row)
+    return {"name": name, "epoch": m.epoch if m else None, "controller": ctl.decode() if ctl else None,
+            "nodes": rows}

@@ -1,0 +1,123 @@
+"""`kvstore cluster up|status|down|controller` (cli/cluster.py) and the controller's election
+(kvstore/cluster.py), as a user runs them: real processes (etcd, the nodes, the controller),
+real clients. Every wait has a deadline; every process started is stopped."""
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from redis.cluster import RedisCluster
+
+from kvstore.cluster import SLOTS, Controller, prefix
+from kvstore.etcd import Etcd
+
+from helpers.pair import wait_for
+from helpers.servers import EtcdServer, need
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def kv(*args, timeout=90):
+    return subprocess.run([sys.executable, "-m", "kvstore.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def free_base(n):
+    """A port b with b .. b+n-1 free a moment ago."""
+    rng = random.Random()
+    for _ in range(200):
+        b = rng.randrange(20000, 40000)
+        try:
+            socks = []
+            for p in range(b, b + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return b
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free ports")
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def test_up_status_down_and_up_again_with_the_data(tmp_path):
+    need("etcd")
+    d = str(tmp_path / "c")
+    base = free_base(3)
+    r = kv("cluster", "up", "--nodes", "3", "--dir", d, "--base-port", str(base))
+    state = json.load(open(os.path.join(d, "cluster.json"))) if os.path.exists(os.path.join(d, "cluster.json")) else None
+    try:
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert "waiting for every node to serve the slot map" in r.stdout and f"redis-cli -c -p {base}" in r.stdout
+        rc = RedisCluster(host="127.0.0.1", port=base + 1, socket_timeout=10)
+        for i in range(300):
+            assert rc.set(f"k{i}", i)
+        rc.close()
+        s = kv("cluster", "status", "--dir", d, "--json")
+        assert s.returncode == 0, s.stderr
+        st = json.loads(s.stdout)
+        assert st["epoch"] == 1 and st["controller"]
+        assert sorted(x["port"] for x in st["nodes"]) == [base, base + 1, base + 2]
+        assert all(x["live"] and x["state"] == "ok" and len(x["id"]) == 40 and alive(x["pid"]) for x in st["nodes"])
+        assert sum(x["slots"] for x in st["nodes"]) == SLOTS and sum(x["keys"] for x in st["nodes"]) == 300
+        table = kv("cluster", "status", "--dir", d)
+        assert table.returncode == 0 and "cluster kvstore: epoch 1" in table.stdout and table.stdout.count(" ok") == 3
+        again = kv("cluster", "up", "--nodes", "3", "--dir", d, "--base-port", str(base))
+        assert again.returncode != 0 and "holds a cluster already" in again.stderr
+        down = kv("cluster", "down", "--dir", d)
+        assert down.returncode == 0, down.stderr
+        assert "etcd: stopped" in down.stdout and "controller: stopped" in down.stdout
+        pids = [state["etcd_pid"], state["controller_pid"]] + [x["pid"] for x in state["nodes"]]
+        assert not any(alive(p) for p in pids)
+        # the same nodes again: their data (durability disk) and the map (etcd's data) kept
+        r = kv("cluster", "up", "--nodes", "3", "--dir", d, "--base-port", str(base))
+        assert r.returncode == 0, r.stderr + r.stdout
+        assert "start again with their data" in r.stdout
+        state = json.load(open(os.path.join(d, "cluster.json")))
+        rc = RedisCluster(host="127.0.0.1", port=base, socket_timeout=10)
+        assert [int(rc.get(f"k{i}")) for i in range(300)] == list(range(300))
+        rc.close()
+    finally:
+        if os.path.exists(os.path.join(d, "cluster.json")):
+            kv("cluster", "down", "--dir", d)
+        for p in ([state["etcd_pid"], state["controller_pid"]] + [x["pid"] for x in state["nodes"]] if state else []):
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+    assert "no cluster in" in kv("cluster", "status", "--dir", str(tmp_path / "none")).stderr
+
+
+def test_one_controller_leads_and_another_takes_over():
+    need("etcd")
+    etcd = EtcdServer().start()
+    try:
+        name = "election"
+        cs = [Controller(etcd.url, name, nodes=99, ttl=1, who=f"c{i}") for i in range(2)]
+        for c in cs:
+            c.start()
+        e = Etcd(etcd.url)
+        wait_for("a leader", lambda: sum(c.leader for c in cs) == 1)
+        time.sleep(1.5)  # renewals of the lease keep the same one leading
+        leader = next(c for c in cs if c.leader)
+        assert sum(c.leader for c in cs) == 1 and e.get(prefix(name) + "controller") == leader.who.encode()
+        leader.stop()  # its lease given back: the other takes over
+        other = next(c for c in cs if c is not leader)
+        wait_for("the other leading", lambda: other.leader and e.get(prefix(name) + "controller") == other.who.encode(),
+                 timeout=10)
+        other.stop()
+    finally:
+        etcd.stop()
