@@ -263,3 +263,190 @@ def status(etcd_url, name, password=None):
         rows.append(row)
     return {"name": name, "epoch": m.epoch if m else None, "controller": ctl.decode() if ctl else None,
             "nodes": rows}
+
+
+class Cluster:
+    """A local cluster from Python, as `kvstore cluster up|status|down` run it: etcd (unless
+    etcd_url names one), `nodes` nodes on base_port.. and a controller, each a process of its
+    own that outlives this object; what was started is in <dir>/cluster.json.
+
+    >>> c = Cluster(nodes=3, dir="cluster").up()   # returns once every node serves
+    >>> c.status()["nodes"][0]["slots"]
+    >>> c.down()
+    AsyncCluster is the same for asyncio (a notebook's event loop)."""
+
+    STATE = "cluster.json"
+
+    def __init__(self, nodes=3, dir="cluster", etcd_url=None, name="kvstore", base_port=7000, durability="disk",
+                 lease_ttl=2):
+        self.n, self.dir, self.etcd_url, self.name = nodes, os.path.abspath(dir), etcd_url, name
+        self.base_port, self.durability, self.lease_ttl = base_port, durability, lease_ttl
+        self.state = None
+
+    def _path(self, *p):
+        return os.path.join(self.dir, *p)
+
+    def load(self):
+        """The cluster `up` started in dir (its etcd URL and name too). ConfigError if none."""
+        from kvstore.errors import ConfigError
+        try:
+            with open(self._path(self.STATE)) as f:
+                self.state = json.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"no cluster in {self.dir} ({self.STATE} not found): start one with "
+                              f"`kvstore cluster up --dir {self.dir}`") from None
+        self.etcd_url, self.name = self.state["etcd"], self.state["name"]
+        return self
+
+    @staticmethod
+    def _spawn(argv, log_path):
+        import subprocess
+        with open(log_path, "ab") as out:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True).pid
+
+    def _wait(self, what, pred, timeout, children=()):
+        from kvstore.errors import ServerError
+        deadline = time.monotonic() + timeout
+        while not pred():
+            for who, pid, log_path in children:
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    with open(log_path, errors="replace") as f:
+                        tail = f.read()[-600:]
+                    raise ServerError(f"{who} exited while waiting for {what}; the end of {log_path}:\n{tail}")
+            if time.monotonic() > deadline:
+                raise ServerError(f"{what}: not after {timeout:.0f} s (the logs are in {self.dir})")
+            time.sleep(0.1)
+
+    def up(self, progress=None, timeout=60):
+        """Start it (or start it again: the same nodes of this dir, with their data and map)."""
+        import shutil
+        import socket
+        import sys
+        from kvstore.durability import node_id
+        from kvstore.errors import ConfigError
+        say = progress or (lambda text: None)
+        if os.path.exists(self._path(self.STATE)):
+            raise ConfigError(f"{self.dir} holds a cluster already ({self.STATE}): `kvstore cluster down --dir "
+                              f"{self.dir}` first, or another dir")
+        os.makedirs(self.dir, exist_ok=True)
+        st = {"name": self.name, "dir": self.dir, "etcd": self.etcd_url, "etcd_pid": None, "nodes": [],
+              "controller_pid": None}
+        if self.etcd_url is None:
+            if not shutil.which("etcd"):
+                raise ConfigError("etcd is not installed (Debian: apt-get install etcd-server), and no etcd URL "
+                                  "was given")
+            ports = []
+            for _ in range(2):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    ports.append(s.getsockname()[1])
+            url, peer = f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"
+            self.etcd_url = st["etcd"] = url
+            st["etcd_pid"] = self._spawn(["etcd", "--name", "kvstore", "--data-dir", self._path("etcd"),
+                                          "--listen-client-urls", url, "--advertise-client-urls", url,
+                                          "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                                          "--initial-cluster", f"kvstore={peer}", "--heartbeat-interval", "50",
+                                          "--election-timeout", "500"], self._path("etcd.log"))
+            say(f"etcd: {url} (pid {st['etcd_pid']})")
+        e = Etcd(self.etcd_url, timeout=2)
+
+        def etcd_up():
+            try:
+                e.get("/")
+                return True
+            except EtcdError:
+                return False
+        self._wait("etcd answering", etcd_up, 30,
+                   [("etcd", st["etcd_pid"], self._path("etcd.log"))] if st["etcd_pid"] else [])
+        text = e.get(prefix(self.name) + "map")
+        if text is not None:  # this cluster again (its data kept), or another one of that name
+            mine = [(cluster_id(node_id(self._path(f"node{i}"), create=False)), "127.0.0.1", self.base_port + i)
+                    for i in range(self.n) if os.path.exists(self._path(f"node{i}", "node-id"))]
+            if sorted(SlotMap.from_json(text).nodes) != sorted(mine):
+                raise ConfigError(f"etcd at {self.etcd_url} holds a cluster named {self.name!r} whose nodes are not "
+                                  f"the {self.n} at ports {self.base_port}.. in {self.dir}: another name, or the "
+                                  f"same nodes and base port as before")
+            say(f"cluster {self.name!r} found in etcd: its {self.n} nodes start again with their data")
+        for i in range(self.n):
+            nd = self._path(f"node{i}")
+            os.makedirs(nd, exist_ok=True)
+            port = self.base_port + i
+            pid = self._spawn([sys.executable, "-m", "kvstore.cli", "serve", "--port", str(port), "--data-dir", nd,
+                               "--durability", self.durability, "--cluster-enabled", "--cluster-etcd", self.etcd_url,
+                               "--cluster-name", self.name, "--cluster-lease-ttl", str(self.lease_ttl)],
+                              self._path(f"node{i}.log"))
+            st["nodes"].append({"port": port, "pid": pid, "dir": nd})
+            say(f"node {i}: 127.0.0.1:{port} (pid {pid})")
+        st["controller_pid"] = self._spawn([sys.executable, "-m", "kvstore.cli", "cluster", "controller", "--etcd",
+                                            self.etcd_url, "--name", self.name, "--nodes", str(self.n),
+                                            "--lease-ttl", str(self.lease_ttl)], self._path("controller.log"))
+        self.state = st
+        with open(self._path(self.STATE), "w") as f:
+            json.dump(st, f, indent=2)
+
+        def serving():
+            s = self.status()
+            return s["epoch"] is not None and sum(r["state"] == "ok" for r in s["nodes"]) == self.n
+        say("waiting for every node to serve the slot map ...")
+        children = [(f"node {i}", x["pid"], self._path(f"node{i}.log")) for i, x in enumerate(st["nodes"])]
+        children.append(("the controller", st["controller_pid"], self._path("controller.log")))
+        self._wait("the cluster serving", serving, timeout, children)
+        return self
+
+    def status(self):
+        """status() of this cluster (see the function)."""
+        if self.state is None and self.etcd_url is None:
+            self.load()
+        return status(self.etcd_url, self.name)
+
+    def down(self, progress=None):
+        """Stop the controller, the nodes (each gives its lease back) and etcd, last. The data
+        directories stay."""
+        import signal
+        say = progress or (lambda text: None)
+        st = self.state or self.load().state
+        pids = [("controller", st["controller_pid"])] + [(f"node {i}", x["pid"]) for i, x in enumerate(st["nodes"])]
+        pids += [("etcd", st["etcd_pid"])] if st["etcd_pid"] else []
+        for what, pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                say(f"{what}: not running")
+                continue
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                        break
+                except ChildProcessError:  # not our child (another process started it): poll
+                    try:
+                        os.kill(pid, 0)
+                    except ProcessLookupError:
+                        break
+                time.sleep(0.1)
+            else:
+                os.kill(pid, signal.SIGKILL)
+            say(f"{what}: stopped (pid {pid})")
+        os.replace(self._path(self.STATE), self._path(self.STATE + ".down"))
+        self.state = None
+
+
+class AsyncCluster:
+    """Cluster for asyncio: the same methods, awaited (each runs in a worker thread)."""
+
+    def __init__(self, **kw):
+        self.sync = Cluster(**kw)
+
+    async def up(self, progress=None, timeout=60):
+        import asyncio
+        await asyncio.to_thread(self.sync.up, progress, timeout)
+        return self
+
+    async def status(self):
+        import asyncio
+        return await asyncio.to_thread(self.sync.status)
+
+    async def down(self, progress=None):
+        import asyncio
+        await asyncio.to_thread(self.sync.down, progress)

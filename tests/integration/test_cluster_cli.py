@@ -121,3 +121,33 @@ def test_one_controller_leads_and_another_takes_over():
         other.stop()
     finally:
         etcd.stop()
+
+
+def test_the_same_from_python_with_asyncio(tmp_path):
+    """kvstore.AsyncCluster (and Cluster under it): up, status, down from an event loop."""
+    need("etcd")
+    import asyncio
+
+    import kvstore
+
+    base = free_base(2)
+    said = []
+
+    async def run():
+        c = kvstore.AsyncCluster(nodes=2, dir=str(tmp_path / "py"), base_port=base, durability="none")
+        await c.up(progress=said.append)
+        try:
+            st = await c.status()
+            assert [x["slots"] for x in st["nodes"]] == [8192, 8192] and st["epoch"] == 1
+            rc = RedisCluster(host="127.0.0.1", port=base, socket_timeout=10)
+            assert rc.set("{a}x", 1) and rc.set("{b}x", 2) and rc.get("{b}x") == b"2"
+            rc.close()
+            with pytest.raises(kvstore.ConfigError, match="holds a cluster already"):
+                kvstore.Cluster(nodes=2, dir=str(tmp_path / "py"), base_port=base).up()
+        finally:
+            await c.down(progress=said.append)
+        gone = json.load(open(tmp_path / "py" / "cluster.json.down"))
+        assert not any(alive(p) for p in [gone["etcd_pid"], gone["controller_pid"]] + [x["pid"] for x in gone["nodes"]])
+
+    asyncio.run(asyncio.wait_for(run(), 120))
+    assert "waiting for every node to serve the slot map ..." in said and "etcd: stopped" in " ".join(said)
