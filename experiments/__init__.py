@@ -61,6 +61,8 @@ EXPERIMENTS = [
     Experiment("kv_tls_cost", "kv", "TLS on the RESP port: kvstore vs Redis, plain vs TLS, P1 and P16, CPU per request"),
     Experiment("kv_repl_tls_cost", "kv", "--repl-tls: remote-mode SET with the replication link plain vs in TLS, "
                "P1 and P16, CPU per request"),
+    Experiment("kv_cluster_throughput", "kv", "a cluster of 1, 2, 4 nodes under redis-benchmark --cluster: "
+               "requests/s and requests per CPU-second of the nodes"),
     Experiment("kv_active_expiry", "kv", "active expiry: 1 M keys with a 1 s TTL reclaimed under a write load, and its cost"),
 ]
 BY_NAME = {e.name: e for e in EXPERIMENTS}

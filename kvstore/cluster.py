@@ -278,9 +278,10 @@ class Cluster:
     STATE = "cluster.json"
 
     def __init__(self, nodes=3, dir="cluster", etcd_url=None, name="kvstore", base_port=7000, durability="disk",
-                 lease_ttl=2):
+                 lease_ttl=2, serve_args=()):
         self.n, self.dir, self.etcd_url, self.name = nodes, os.path.abspath(dir), etcd_url, name
         self.base_port, self.durability, self.lease_ttl = base_port, durability, lease_ttl
+        self.serve_args = list(serve_args)  # more `kvstore serve` options for every node (e.g. --threads 1)
         self.state = None
 
     def _path(self, *p):
@@ -374,8 +375,8 @@ class Cluster:
             port = self.base_port + i
             pid = self._spawn([sys.executable, "-m", "kvstore.cli", "serve", "--port", str(port), "--data-dir", nd,
                                "--durability", self.durability, "--cluster-enabled", "--cluster-etcd", self.etcd_url,
-                               "--cluster-name", self.name, "--cluster-lease-ttl", str(self.lease_ttl)],
-                              self._path(f"node{i}.log"))
+                               "--cluster-name", self.name, "--cluster-lease-ttl", str(self.lease_ttl),
+                               *self.serve_args], self._path(f"node{i}.log"))
             st["nodes"].append({"port": port, "pid": pid, "dir": nd})
             say(f"node {i}: 127.0.0.1:{port} (pid {pid})")
         st["controller_pid"] = self._spawn([sys.executable, "-m", "kvstore.cli", "cluster", "controller", "--etcd",

@@ -151,3 +151,20 @@ def test_the_same_from_python_with_asyncio(tmp_path):
 
     asyncio.run(asyncio.wait_for(run(), 120))
     assert "waiting for every node to serve the slot map ..." in said and "etcd: stopped" in " ".join(said)
+
+
+def test_throughput_experiment_quick(tmp_path):
+    """kv_cluster_throughput at its --quick scale: a cluster of 1 and of 2 nodes, SET and GET."""
+    need("etcd")
+    need("redis-benchmark")
+    env = {k: v for k, v in os.environ.items() if k != "KVSTORE_RESULTS"}
+    r = subprocess.run([sys.executable, "-m", "kvstore.cli", "experiment", "run", "kv_cluster_throughput", "--quick",
+                        "--", "--out", str(tmp_path)], capture_output=True, text=True, timeout=170, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    from kvstore.experiments import common
+    rows = common.read_csv(tmp_path / "kv_cluster_throughput.csv")
+    assert {(x["nodes"], x["op"]) for x in rows} == {(n, op) for n in ("1", "2") for op in ("SET", "GET")}
+    for x in rows:
+        assert float(x["throughput"]) > 0 and x["requests"] == "20000" and float(x["server_cpu_s"]) >= 0, x
+    assert (tmp_path / "kv_cluster_throughput.png").read_bytes().startswith(b"\x89PNG")
+    assert "req per CPU-second" in r.stdout
