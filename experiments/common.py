@@ -306,6 +306,25 @@ def free_port(udp=False):
         return s.getsockname()[1]
 
 
+def free_port_run(n, start=21000, stop=40000):
+    """A TCP port b with b .. b+n-1 all free on 127.0.0.1 now (a cluster's nodes on consecutive
+    ports)."""
+    for b in range(start, stop - n, 97):
+        socks = []
+        try:
+            for p in range(b, b + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return b
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} free consecutive ports in {start}..{stop}")
+
+
 _SECRET = []
 
 

@@ -15,7 +15,6 @@ A B C within each round; medians with min-max over rounds.
 """
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -28,31 +27,13 @@ QUICK = ["--rounds", "1", "--requests", "20000", "--nodes", "1", "2"]
 OPS = ("SET", "GET")
 
 
-def free_base(n):
-    """A port b with b .. b+n-1 free a moment ago."""
-    for b in range(21000, 40000, 97):
-        socks = []
-        try:
-            for p in range(b, b + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return b
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise SystemExit(f"{NAME}: no {n} free consecutive ports")
-
-
 def measure(args):
     rows = []
     for rnd in range(args.rounds):
         order = args.nodes if rnd % 2 == 0 else args.nodes[::-1]
         for n in order:
             d = tempfile.mkdtemp(prefix="kv-cluster-")
-            base = free_base(n)
+            base = common.free_port_run(n)
             c = Cluster(nodes=n, dir=d, base_port=base, durability="none", serve_args=["--threads", "1"]).up()
             try:
                 pids = [x["pid"] for x in c.state["nodes"]]

@@ -3,9 +3,7 @@
 real clients. Every wait has a deadline; every process started is stopped."""
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +12,7 @@ import pytest
 from redis.cluster import RedisCluster
 
 from kvstore.cluster import SLOTS, Controller, prefix
+from kvstore.experiments import common
 from kvstore.etcd import Etcd
 
 from helpers.pair import wait_for
@@ -27,26 +26,6 @@ def kv(*args, timeout=90):
                           timeout=timeout)
 
 
-def free_base(n):
-    """A port b with b .. b+n-1 free a moment ago."""
-    rng = random.Random()
-    for _ in range(200):
-        b = rng.randrange(20000, 40000)
-        try:
-            socks = []
-            for p in range(b, b + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return b
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free ports")
-
-
 def alive(pid):
     try:
         os.kill(pid, 0)
@@ -58,7 +37,7 @@ def alive(pid):
 def test_up_status_down_and_up_again_with_the_data(tmp_path):
     need("etcd")
     d = str(tmp_path / "c")
-    base = free_base(3)
+    base = common.free_port_run(3)
     r = kv("cluster", "up", "--nodes", "3", "--dir", d, "--base-port", str(base))
     state = json.load(open(os.path.join(d, "cluster.json"))) if os.path.exists(os.path.join(d, "cluster.json")) else None
     try:
@@ -130,7 +109,7 @@ def test_the_same_from_python_with_asyncio(tmp_path):
 
     import kvstore
 
-    base = free_base(2)
+    base = common.free_port_run(2)
     said = []
 
     async def run():
@@ -161,7 +140,6 @@ def test_throughput_experiment_quick(tmp_path):
     r = subprocess.run([sys.executable, "-m", "kvstore.cli", "experiment", "run", "kv_cluster_throughput", "--quick",
                         "--", "--out", str(tmp_path)], capture_output=True, text=True, timeout=170, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
-    from kvstore.experiments import common
     rows = common.read_csv(tmp_path / "kv_cluster_throughput.csv")
     assert {(x["nodes"], x["op"]) for x in rows} == {(n, op) for n in ("1", "2") for op in ("SET", "GET")}
     for x in rows:
