@@ -35,6 +35,7 @@
 #include "engine/engine.h"
 
 #define RETIRE_MS 10000
+#define RETIRE_MAX 64 /* replaced maps younger than RETIRE_MS at most (each ~100 KB) */
 #define LEASE_MAX_MS 600000
 
 static const char *const cluster_help[] = {
@@ -252,8 +253,8 @@ static int cluster_setmap(struct cmd_client *c, const struct cmd_args *a)
         snprintf(why, sizeof why, "epoch %lld is older than the map's, %llu", epoch, (unsigned long long)old->epoch);
         return setmap_err(c, m, why);
     }
-    atomic_store_explicit(&e->slotmap, m, memory_order_release);
     /* maps replaced long enough ago are freed; the one just replaced joins them */
+    int young = 0;
     for (struct kv_slotmap **p = &e->retired; *p;) {
         if (now - (*p)->retired_ms > RETIRE_MS) {
             struct kv_slotmap *gone = *p;
@@ -261,8 +262,14 @@ static int cluster_setmap(struct cmd_client *c, const struct cmd_args *a)
             free(gone);
         } else {
             p = &(*p)->retired_next;
+            young++;
         }
     }
+    if (young >= RETIRE_MAX) { /* bounded memory: a control plane sets a map a few times a minute */
+        pthread_mutex_unlock(&e->slotmap_lock);
+        return setmap_err(c, m, "more than 64 maps in 10 seconds: try again later");
+    }
+    atomic_store_explicit(&e->slotmap, m, memory_order_release);
     if (old) {
         old->retired_ms = now;
         old->retired_next = e->retired;

@@ -200,6 +200,16 @@ def test_setmap_refuses_an_older_epoch_and_bad_maps_and_keeps_the_one_in_force(c
     info = c0.cluster("INFO")
     assert info["cluster_state"] == "ok" and int(info["cluster_current_epoch"]) == 1
     assert c0.execute_command("CLUSTER", "SLOTS")[0][:2] == [0, 5460]
+    # replaced maps are freed ten seconds later: more than 64 within that time are refused
+    accepted, refused = 1, 0
+    for epoch in range(2, 80):
+        try:
+            setmap(c0, epoch, IDS[0], ports)
+            accepted = epoch
+        except redis.ResponseError as e:
+            assert "CLUSTER SETMAP: more than 64 maps in 10 seconds: try again later" in str(e)
+            refused += 1
+    assert refused > 0 and int(c0.cluster("INFO")["cluster_current_epoch"]) == accepted
 
 
 def test_a_migrating_slot_asks_for_what_left_and_redis_py_follows(cluster):
