@@ -174,7 +174,7 @@ class Writer(threading.Thread):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)  # ~60 s on an idle machine: 8 runs of up to 8 s of writes, restarts, checks
+@pytest.mark.timeout(300)  # ~60 s on an idle machine: up to 8 runs of up to 8 s of writes, restarts, checks
 @pytest.mark.parametrize("arch", ["poller", "threadpool", "udp"])
 def test_kill9_under_write_load_loses_no_acknowledged_write(data_dir, nodes, monkeypatch, arch):
     """4 connections (pipelines of 1, 1, 8 and 32; with arch udp, UDP sockets with as many
@@ -182,10 +182,11 @@ def test_kill9_under_write_load_loses_no_acknowledged_write(data_dir, nodes, mon
     on 2,400 keys (each key has one writer); SIGKILL at a seeded random point; restart
     on the same directory; every acknowledged write must be there with its last
     acknowledged value (or, for keys with requests in flight, a prefix of those).
-    8 kills in a row on one directory. The node runs as deployed: with its BOSC data
-    file, and with memory bounded far below the data (512 KiB for ~1.5 MB), so keys
-    are flushed, evicted, loaded back on reads and INCR/APPEND, and writes wait for
-    the flusher; each recovery reads the data file and replays the log after it."""
+    8 kills in a row on one directory (5 with threadpool and udp). The node runs as
+    deployed: with its BOSC data file, and with memory bounded far below the data
+    (512 KiB for ~1.5 MB), so keys are flushed, evicted, loaded back on reads and
+    INCR/APPEND, and writes wait for the flusher; each recovery reads the data file and
+    replays the log after it."""
     depths = [1, 1, 8, 32]
     states = [{b"w%d:%s:%d" % (w, b"sca"[i % 3:i % 3 + 1], i): None for i in range(KEYS_PER_WRITER)}
               for w in range(len(depths))]
@@ -194,7 +195,9 @@ def test_kill9_under_write_load_loses_no_acknowledged_write(data_dir, nodes, mon
     rng = random.Random(seed)
     last_lsn = 0
     runs = []
-    iterations = 8
+    # 8 kills on the pollers; 5 on the other front ends, which share everything below the
+    # request runner and still meet each kind of kill point (it % 3) on both disk speeds
+    iterations = 8 if arch == "poller" else 5
     t_start = time.monotonic()
 
     def set_disk_speed(it):
