@@ -15,14 +15,24 @@ moves a node's slots only once etcd says the lease is gone. So a node cut off fr
 serving before anyone else can be given its slots, as long as its clock and etcd's do not
 drift apart by more than the margin over T (a quarter of T by default: far beyond any real
 clock's rate error). The node's own lease is on the monotonic clock."""
+import asyncio
 import hashlib
 import json
 import logging
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 
+import redis
+
+from kvstore.durability import node_id
+from kvstore.errors import ConfigError, ServerError
 from kvstore.etcd import Etcd, EtcdError, Watcher
 
 SLOTS = 16384
@@ -235,7 +245,6 @@ class Controller(threading.Thread):
 def status(etcd_url, name, password=None):
     """The cluster as etcd and its nodes see it: {"name", "epoch", "controller", "nodes": [{"id",
     "host", "port", "live", "slots", "ranges", "keys", "ops_per_sec", "state"}]}."""
-    import redis
     e = Etcd(etcd_url)
     p = prefix(name)
     text = e.get(p + "map")
@@ -289,7 +298,6 @@ class Cluster:
 
     def load(self):
         """The cluster `up` started in dir (its etcd URL and name too). ConfigError if none."""
-        from kvstore.errors import ConfigError
         try:
             with open(self._path(self.STATE)) as f:
                 self.state = json.load(f)
@@ -301,13 +309,11 @@ class Cluster:
 
     @staticmethod
     def _spawn(argv, log_path):
-        import subprocess
         with open(log_path, "ab") as out:
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True).pid
 
     def _wait(self, what, pred, timeout, children=()):
-        from kvstore.errors import ServerError
         deadline = time.monotonic() + timeout
         while not pred():
             for who, pid, log_path in children:
@@ -321,11 +327,6 @@ class Cluster:
 
     def up(self, progress=None, timeout=60):
         """Start it (or start it again: the same nodes of this dir, with their data and map)."""
-        import shutil
-        import socket
-        import sys
-        from kvstore.durability import node_id
-        from kvstore.errors import ConfigError
         say = progress or (lambda text: None)
         if os.path.exists(self._path(self.STATE)):
             raise ConfigError(f"{self.dir} holds a cluster already ({self.STATE}): `kvstore cluster down --dir "
@@ -404,7 +405,6 @@ class Cluster:
     def down(self, progress=None):
         """Stop the controller, the nodes (each gives its lease back) and etcd, last. The data
         directories stay."""
-        import signal
         say = progress or (lambda text: None)
         st = self.state or self.load().state
         pids = [("controller", st["controller_pid"])] + [(f"node {i}", x["pid"]) for i, x in enumerate(st["nodes"])]
@@ -440,14 +440,11 @@ class AsyncCluster:
         self.sync = Cluster(**kw)
 
     async def up(self, progress=None, timeout=60):
-        import asyncio
         await asyncio.to_thread(self.sync.up, progress, timeout)
         return self
 
     async def status(self):
-        import asyncio
         return await asyncio.to_thread(self.sync.status)
 
     async def down(self, progress=None):
-        import asyncio
         await asyncio.to_thread(self.sync.down, progress)

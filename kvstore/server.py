@@ -9,6 +9,7 @@ from kvstore import __version__, errors, log, metrics
 from kvstore._cstruct import as_dict, split_prefix
 from kvstore._native import ffi, lib
 from kvstore.client import Client
+from kvstore.cluster import Agent, cluster_id
 from kvstore.config import ServerConfig
 from kvstore.durability import Durability, node_id
 from kvstore.store import Store
@@ -143,7 +144,6 @@ class Server:
 
     def _start_agent(self):
         """The cluster agent (kvstore/cluster.py): the node's lease and slot map from etcd."""
-        from kvstore.cluster import Agent, cluster_id
         c = self.config
         if self.port < 0:
             self.stop()
