@@ -40,7 +40,7 @@ def up(n, d, etcd_url, name, base_port, durability, lease_ttl):
                 lease_ttl=lease_ttl)
     try:
         c.up(progress=click.echo)
-    except KVError as e:
+    except (KVError, EtcdError, ValueError) as e:  # (ValueError: an --etcd that is not http://HOST:PORT)
         _fail(e)
     _print_status(c.status())
     click.echo(f"\nredis-cli -c -p {base_port}        # any node; -c follows the redirections")
@@ -55,7 +55,7 @@ def status_cmd(d, etcd_url, name, as_json):
     """The cluster's nodes as etcd and the nodes see them: slots, liveness, keys, ops/s."""
     try:
         s = Cluster(dir=d).load().status() if etcd_url is None else status(etcd_url, name or "kvstore")
-    except (KVError, EtcdError) as ex:
+    except (KVError, EtcdError, ValueError) as ex:
         _fail(ex)
     if as_json:
         click.echo(json.dumps(s, indent=2))

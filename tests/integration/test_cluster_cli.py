@@ -78,6 +78,8 @@ def test_up_status_down_and_up_again_with_the_data(tmp_path):
             if alive(p):
                 os.kill(p, signal.SIGKILL)
     assert "no cluster in" in kv("cluster", "status", "--dir", str(tmp_path / "none")).stderr
+    bad = kv("cluster", "up", "--etcd", "nope", "--dir", str(tmp_path / "bad"))
+    assert bad.returncode == 1 and "etcd URL: expected http://HOST:PORT, got 'nope'" in bad.stderr
 
 
 def test_one_controller_leads_and_another_takes_over():
