@@ -43,6 +43,26 @@ def prefix(name):
     return f"/kvstore/clusters/{name}/"
 
 
+def etcd_command(name, data_dir, client_url, peer_url):
+    """argv of a one-member etcd for a cluster run here: heartbeat 50 ms and election timeout
+    500 ms, so that it grants leases of 1 s (its least TTL is 1.5 election timeouts)."""
+    return ["etcd", "--name", name, "--data-dir", data_dir, "--listen-client-urls", client_url,
+            "--advertise-client-urls", client_url, "--listen-peer-urls", peer_url,
+            "--initial-advertise-peer-urls", peer_url, "--initial-cluster", f"{name}={peer_url}",
+            "--heartbeat-interval", "50", "--election-timeout", "500"]
+
+
+def live_nodes(etcd, name):
+    """{id: {"id", "host", "port", "pid"}} of the nodes registered now (their leases alive)."""
+    kvs, _ = etcd.get_prefix(prefix(name) + "nodes/")
+    return {d["id"]: d for d in map(json.loads, kvs.values())}
+
+
+def members(etcd, name):
+    """The registered nodes as a slot map names them: sorted (id, host, port)."""
+    return sorted((d["id"], d["host"], d["port"]) for d in live_nodes(etcd, name).values())
+
+
 def cluster_id(node_id):
     """A node's cluster id (40 hex digits, as Redis Cluster's) from its identity (the 16 bytes
     of <data-dir>/node-id): stable across restarts, and kept by a node recovered from its peer."""
@@ -214,8 +234,7 @@ class Controller(threading.Thread):
         p = prefix(self.name)
         if self.etcd.get(p + "map") is not None:
             return
-        kvs, _ = self.etcd.get_prefix(p + "nodes/")
-        nodes = sorted((d["id"], d["host"], d["port"]) for d in map(json.loads, kvs.values()))
+        nodes = members(self.etcd, self.name)
         if len(nodes) >= self.want:
             m = SlotMap.even(1, nodes[:self.want])
             if self.etcd.replace(p + "map", None, m.to_json()):
@@ -249,8 +268,7 @@ def status(etcd_url, name, password=None):
     p = prefix(name)
     text = e.get(p + "map")
     m = SlotMap.from_json(text) if text else None
-    live, _ = e.get_prefix(p + "nodes/")
-    live = {json.loads(v)["id"]: json.loads(v) for v in live.values()}
+    live = live_nodes(e, name)
     ctl = e.get(p + "controller")
     rows = []
     ids = [n[0] for n in m.nodes] if m else []
@@ -345,11 +363,8 @@ class Cluster:
                     ports.append(s.getsockname()[1])
             url, peer = f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"
             self.etcd_url = st["etcd"] = url
-            st["etcd_pid"] = self._spawn(["etcd", "--name", "kvstore", "--data-dir", self._path("etcd"),
-                                          "--listen-client-urls", url, "--advertise-client-urls", url,
-                                          "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-                                          "--initial-cluster", f"kvstore={peer}", "--heartbeat-interval", "50",
-                                          "--election-timeout", "500"], self._path("etcd.log"))
+            st["etcd_pid"] = self._spawn(etcd_command("kvstore", self._path("etcd"), url, peer),
+                                         self._path("etcd.log"))
             say(f"etcd: {url} (pid {st['etcd_pid']})")
         e = Etcd(self.etcd_url, timeout=2)
 

@@ -6,7 +6,6 @@ linearizable (tests/helpers/linearizable.py) and every acknowledged write readab
     once their agents renew.
 
 Loads are bounded in time and operations; every wait has a deadline."""
-import json
 import random
 import threading
 import time
@@ -15,7 +14,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
-from kvstore.cluster import SlotMap, prefix
+from kvstore.cluster import SlotMap, members, prefix
 from kvstore.etcd import Etcd
 
 from helpers.linearizable import Op, check
@@ -86,13 +85,10 @@ def test_etcd_stopped_for_seconds_fences_the_nodes_and_histories_stay_linearizab
     try:
         e = Etcd(etcd.url)
 
-        def registered():
-            kvs, _ = e.get_prefix(prefix(name) + "nodes/")
-            return len(kvs) == 3 and sorted((d["id"], d["host"], d["port"]) for d in map(json.loads, kvs.values()))
-        members = wait_for("3 nodes registered", registered)
-        m = SlotMap.even(1, members)
+        joined = wait_for("3 nodes registered", lambda: len(members(e, name)) == 3 and members(e, name))
+        m = SlotMap.even(1, joined)
         assert e.replace(prefix(name) + "map", None, m.to_json())
-        ports = [p for _, _, p in members]
+        ports = [p for _, _, p in joined]
         for p in ports:
             wait_for("the map in force", lambda p=p: redis.Redis(port=p, protocol=2).cluster("INFO")[
                 "cluster_state"] == "ok")

@@ -11,6 +11,7 @@ import tempfile
 import pytest
 
 from kvstore import Node
+from kvstore.cluster import etcd_command
 from kvstore.errors import ServerError
 from kvstore.process import Process
 
@@ -127,11 +128,9 @@ def stop_node(n):
 
 class EtcdServer:
     """A real etcd (Debian's etcd-server) on 127.0.0.1, its data in a temporary directory;
-    start() -> self, .url its client URL. Heartbeat 50 ms and election timeout 500 ms, so that
-    it accepts leases of 1 s (its least TTL is 1.5 election timeouts)."""
+    start() -> self, .url its client URL; run as `kvstore cluster up` runs its own (etcd_command)."""
 
     def __init__(self):
-        self.binary = shutil.which("etcd")
         self.proc = None
         self.dir = None
         self.url = None
@@ -142,12 +141,8 @@ class EtcdServer:
         for _ in range(5):  # the free ports may be taken in between: retry
             client, peer = free_port(), free_port()
             self.url = f"http://127.0.0.1:{client}"
-            argv = [self.binary, "--name", "test", "--data-dir", os.path.join(self.dir, "data"),
-                    "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-                    "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                    "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                    "--initial-cluster", f"test=http://127.0.0.1:{peer}",
-                    "--heartbeat-interval", "50", "--election-timeout", "500", "--log-level", "warn"]
+            argv = etcd_command("test", os.path.join(self.dir, "data"), self.url, f"http://127.0.0.1:{peer}")
+            argv += ["--log-level", "warn"]
             self.proc = Process(argv, port=client, log_path=os.path.join(self.dir, "etcd.log"), name="etcd")
             try:
                 self.proc.start(timeout)

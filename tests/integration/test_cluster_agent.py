@@ -2,7 +2,6 @@
 client against a real etcd started by the test, and nodes started with --cluster-etcd whose
 agents register them under leases, push the slot maps written to etcd, and fence their node
 when etcd stops answering. Every wait has a deadline."""
-import json
 import threading
 import time
 
@@ -11,7 +10,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from kvstore import Node
-from kvstore.cluster import SLOTS, SlotMap, cluster_id, prefix
+from kvstore.cluster import SLOTS, SlotMap, cluster_id, members, prefix
 from kvstore.errors import ConfigError, ServerError
 from kvstore.etcd import Etcd, EtcdError, Watcher
 
@@ -75,20 +74,15 @@ def test_slot_map_splits_as_redis_cli_and_tells_each_node_its_part():
     assert len(cluster_id(b"\x01" * 16)) == 40 and cluster_id(b"\x01" * 16) != cluster_id(b"\x02" * 16)
 
 
-def registered(e, name):
-    kvs, _ = e.get_prefix(prefix(name) + "nodes/")
-    return sorted((d["id"], d["host"], d["port"]) for d in map(json.loads, kvs.values()))
-
-
 def test_agents_register_push_maps_and_fence_their_nodes(etcd):
     name = f"agents-{time.monotonic_ns()}"
     e = Etcd(etcd.url)
     nodes = [start_node(cluster_enabled=True, cluster_etcd=etcd.url, cluster_name=name, cluster_lease_ttl=1)
              for _ in range(3)]
     try:
-        members = wait_for("3 nodes in etcd", lambda: len(registered(e, name)) == 3 and registered(e, name))
-        assert sorted(m[2] for m in members) == sorted(n.port for n in nodes)
-        m = SlotMap.even(1, members)
+        joined = wait_for("3 nodes in etcd", lambda: len(members(e, name)) == 3 and members(e, name))
+        assert sorted(m[2] for m in joined) == sorted(n.port for n in nodes)
+        m = SlotMap.even(1, joined)
         assert e.replace(prefix(name) + "map", None, m.to_json())
         clients = [redis.Redis(host="127.0.0.1", port=n.port, protocol=2) for n in nodes]
         wait_for("maps in force", lambda: all(c.cluster("INFO")["cluster_state"] == "ok" for c in clients))
@@ -97,13 +91,13 @@ def test_agents_register_push_maps_and_fence_their_nodes(etcd):
             assert rc.set(f"k{i}", i)
         assert [int(rc.get(f"k{i}")) for i in range(200)] == list(range(200))
         # epoch 2 gives everything to the first node; a map of an older epoch is not taken
-        m2 = SlotMap(2, members, [(0, SLOTS - 1, 0)])
+        m2 = SlotMap(2, joined, [(0, SLOTS - 1, 0)])
         assert e.replace(prefix(name) + "map", m.to_json().encode(), m2.to_json())
         wait_for("epoch 2", lambda: all(int(c.cluster("INFO")["cluster_current_epoch"]) == 2 for c in clients))
-        e.put(prefix(name) + "map", SlotMap.even(1, members).to_json())
+        e.put(prefix(name) + "map", SlotMap.even(1, joined).to_json())
         time.sleep(0.5)
         assert all(int(c.cluster("INFO")["cluster_current_epoch"]) == 2 for c in clients)
-        owner = next(c for c, n in zip(clients, nodes) if n.port == members[0][2])
+        owner = next(c for c, n in zip(clients, nodes) if n.port == joined[0][2])
         assert owner.set("foo", "bar")
         # etcd stops answering: within the lease (1 s) every node stops serving keys ...
         etcd.pause()
@@ -121,7 +115,7 @@ def test_agents_register_push_maps_and_fence_their_nodes(etcd):
         # a clean stop gives the lease back: the node leaves etcd at once
         gone = nodes.pop()
         stop_node(gone)
-        assert all(mm[2] != gone.port for mm in registered(e, name))
+        assert all(mm[2] != gone.port for mm in members(e, name))
         for c in clients:
             c.close()
         rc.close()
