@@ -94,14 +94,8 @@ static int key_args(const struct cmd_def *d, int argc, const char **argv, const 
             }
         return 0;
     }
-    if (!d->first || d->first >= argc)
-        return 0;
-    *first = d->first;
-    *last = d->last >= 0 ? d->last : argc + d->last;
-    if (*last >= argc)
-        *last = argc - 1;
     *step = d->step > 0 ? d->step : 1;
-    return *last >= *first;
+    return cmd_key_range(d, argc, first, last);
 }
 
 static int reply_redirect(struct cmd_client *c, const char *kind, int slot, const struct kv_cnode *n)

@@ -259,6 +259,10 @@ int c_hincrbyfloat(struct cmd_client *c, const struct cmd_args *a);
 int c_hrandfield(struct cmd_client *c, const struct cmd_args *a);
 int c_hscan(struct cmd_client *c, const struct cmd_args *a);
 /* multi.c (MULTI, EXEC, DISCARD, WATCH, UNWATCH) */
+/* dispatch.c: the key arguments of d called with argc arguments, [*first, *last] by d's
+ * step (movable keys not included: those of XREAD/XREADGROUP are found by parsing). 0 if
+ * it names none. */
+int cmd_key_range(const struct cmd_def *d, int argc, int *first, int *last);
 /* scan.c: the keys (in memory and in the data file) that hash to a cluster slot:
  * at most max of them replied (stalling for the data file's listings as KEYS does),
  * or with max < 0 their number. */

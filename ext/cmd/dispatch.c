@@ -494,6 +494,17 @@ static int admit(struct cmd_client *c, const struct cmd_def *d, int argc, const 
     return 1;
 }
 
+int cmd_key_range(const struct cmd_def *d, int argc, int *first, int *last)
+{
+    if (!d->first || d->first >= argc)
+        return 0;
+    *first = d->first;
+    *last = d->last >= 0 ? d->last : argc + d->last;
+    if (*last >= argc)
+        *last = argc - 1;
+    return *last >= *first;
+}
+
 /* Statistics (cmd/stats.c) see every request: its time is the handler's alone
  * (two reads of the monotonic clock), so parsing, queueing and waiting for the
  * log are not in it, as in Redis's call(). */

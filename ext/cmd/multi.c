@@ -217,19 +217,6 @@ int c_watch(struct cmd_client *c, const struct cmd_args *a)
     return cmd_reply_ok(c);
 }
 
-/* The i-th key argument range of a queued command: [first, last] step. */
-static int key_range(const struct queued *q, int *first, int *last)
-{
-    const struct cmd_def *d = q->def;
-    if (!d->first || d->first >= q->argc)
-        return 0;
-    *first = d->first;
-    *last = d->last >= 0 ? d->last : q->argc + d->last;
-    if (*last >= q->argc)
-        *last = q->argc - 1;
-    return *last >= *first;
-}
-
 /* A transaction's stream batches out of memory come back before it runs, up to
  * this many per key (a command that reads more gets EXEC's error below). */
 #define TX_BATCHES 1024
@@ -259,7 +246,7 @@ static int need_loads(struct cmd_client *c, struct cmd_tx *t)
             return 1;
     for (int i = 0; i < t->nq; i++) {
         int first, last;
-        if (!key_range(&t->q[i], &first, &last))
+        if (!cmd_key_range(t->q[i].def, t->q[i].argc, &first, &last))
             continue;
         for (int k = first; k <= last; k += t->q[i].def->step > 0 ? t->q[i].def->step : 1)
             if (need_load(c, t, t->q[i].argv[k], t->q[i].argl[k]))
